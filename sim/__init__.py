@@ -1,0 +1,1 @@
+"""servesim's simulator: pure Python + numpy + SimPy (never torch or triton)."""

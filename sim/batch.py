@@ -1,0 +1,40 @@
+"""What one engine iteration computes, as the cost model sees it.
+
+The scheduler builds a `BatchStats` for every iteration; the cost model turns it into seconds.
+The cost model never sees scheduler internals and never branches on a scheduler's name.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class BatchStats:
+    # Tokens each prefill chunk computes this iteration (static batching: padded prompt length).
+    prefill_lens: np.ndarray = field(default_factory=lambda: _EMPTY)
+    # Tokens already in the KV cache before each chunk (0 for a fresh prompt), same order.
+    prefill_contexts: np.ndarray = field(default_factory=lambda: _EMPTY)
+    # Sequences computing exactly one token (decodes), padded idle rows of a static batch included.
+    num_decodes: int = 0
+    # Sum over those decodes of the context each attends to, in tokens, the new token included.
+    decode_context_sum: int = 0
+    # Tokens above that are computed but produce nothing (static padding, finished rows). Already
+    # counted in prefill_lens / num_decodes; reported separately for utilisation and waste.
+    padded_tokens: int = 0
+
+    @property
+    def prefill_tokens(self) -> int:
+        return int(self.prefill_lens.sum())
+
+    @property
+    def total_tokens(self) -> int:
+        """Tokens run through the model's linear layers this iteration."""
+        return self.prefill_tokens + self.num_decodes
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.prefill_lens) + self.num_decodes

@@ -1,0 +1,388 @@
+"""Scenario YAML -> validated, frozen dataclasses with presets resolved.
+
+    load_scenario(path, overrides=(), seed=None) -> Scenario
+    scenario_from_dict(raw, source=None, base_dir=".", overrides=(), seed=None) -> Scenario
+
+`overrides` are "dotted.key=value" strings (CLI --set), each value parsed as YAML, applied to the
+raw mapping before validation. Bad input raises ScenarioError: one line naming the file (or the
+--set), the key path and what is allowed. Relative paths resolve against the YAML file's folder.
+A model that does not fit in GPU memory is reported here, as a config error. The workload section
+and cost-model specs are validated by sim/workload.py and sim/cost.py; the rest is checked here.
+`dataclasses.replace` on a Scenario skips validation: to vary a scenario safely, call
+scenario_from_dict again with overrides.
+"""
+from __future__ import annotations
+
+import copy
+import difflib
+import math
+import re
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+import yaml
+
+from . import cost, hardware, memory, models, workload
+from .errors import ScenarioError
+from .hardware import HardwareSpec
+from .models import ModelSpec
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    scheduler: str = "continuous"          # static | continuous | chunked
+    max_num_seqs: int = 256                # static: the batch size
+    max_num_batched_tokens: int = 8192     # token budget per iteration (continuous, chunked)
+    block_size: int = 16                   # tokens per KV block
+    gpu_memory_utilization: float = 0.9    # fraction of GPU memory the engine may use
+    num_gpu_blocks: int | None = None      # override of the derived KV capacity
+    tensor_parallel_size: int = 1
+    replicas: int = 1
+    router: str = "round_robin"            # round_robin | least_loaded
+    policy: str = "fcfs"                   # fcfs | sjf | priority
+    batch_timeout_s: float = 0.0           # static only: how long a partial batch waits
+
+
+@dataclass(frozen=True)
+class SLOConfig:
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    percentile: float = 99.0
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    seed: int
+    model: ModelSpec
+    hardware: HardwareSpec
+    cost_model: Any            # "roofline" | "unit" | {"profile": Path} (path resolved against base_dir)
+    engine: EngineConfig
+    workload: Any              # WorkloadConfig (sim/workload.py owns its shape)
+    slo: SLOConfig | None
+    source: Path | None = None  # the YAML file, for error messages
+    base_dir: Path = Path(".")  # relative paths (traces, profiles, hf_config) resolve against it
+
+
+SCHEDULER_NAMES = ("static", "continuous", "chunked")
+ROUTER_NAMES = ("round_robin", "least_loaded")
+POLICY_NAMES = ("fcfs", "sjf", "priority")
+TOP_KEYS = ("name", "seed", "model", "hardware", "cost_model", "engine", "workload", "slo")
+MAX_BLOCK_SIZE = 1024  # tokens; bigger "pages" make paging pointless and usually mean a typo
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # the name becomes the folder runs/<name>
+
+Where = Callable[[str], str]  # key path -> "file: key.path", or "--set key.path" if a --set wrote it
+
+
+def load_scenario(path: str | Path, overrides: Iterable[str] = (), seed: int | None = None) -> Scenario:
+    path = Path(path)
+    return scenario_from_dict(_read_yaml(path), source=path, base_dir=path.absolute().parent,
+                              overrides=overrides, seed=seed)
+
+
+def scenario_from_dict(raw: Mapping[str, Any], source: str | Path | None = None,
+                       base_dir: str | Path = ".", overrides: Iterable[str] = (),
+                       seed: int | None = None) -> Scenario:
+    """Validate a scenario mapping (as YAML would give it); `raw` itself is not modified."""
+    label = str(source) if source is not None else "scenario"
+    if not isinstance(raw, Mapping):
+        raise ScenarioError(f"{label}: top level is {_show(raw)}; expected a mapping with keys "
+                            + ", ".join(TOP_KEYS))
+    raw = copy.deepcopy(dict(raw))
+    overridden = _apply_overrides(raw, overrides)
+    w = _where_fn(label, overridden)
+    base_dir = Path(base_dir)
+    _check_keys(raw, "", w, TOP_KEYS)
+    for key in ("model", "hardware", "workload"):
+        if raw.get(key) is None:
+            raise ScenarioError(f"{w(key)}: missing; required: {_HINTS[key]()}")
+    name = raw.get("name", Path(label).stem if source is not None else "scenario")
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+        raise ScenarioError(f"{w('name')}: {_show(name)} is not a name of letters, digits, "
+                            "'.', '_', '-' (it names the default output folder runs/<name>)")
+    seed = _int(raw.get("seed", 0), w("seed"), lo=0) if seed is None else _int(seed, "--seed", lo=0)
+
+    model = _parse_model(raw["model"], w, base_dir)
+    hw = _parse_hardware(raw["hardware"], w)
+    engine = _parse_engine(raw.get("engine"), w)
+    _check_fits(engine, model, hw, w)
+    cost_model = _delegate(overridden, "cost_model", lambda: _parse_cost_model(
+        raw.get("cost_model", "roofline"), w, base_dir, model, hw, engine))
+    work = _delegate(overridden, "workload", lambda: workload.parse_workload(
+        raw["workload"], label, base_dir))  # its messages read "<label>: workload.<key>: ..."
+    return Scenario(name=name, seed=seed, model=model, hardware=hw, cost_model=cost_model,
+                    engine=engine, workload=work, slo=_parse_slo(raw.get("slo"), w),
+                    source=Path(source) if source is not None else None, base_dir=base_dir)
+
+
+# ---------------------------------------------------------------- YAML and --set
+
+class _StrictLoader(yaml.SafeLoader):
+    """safe_load that rejects duplicate keys (plain safe_load silently keeps the last one)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen = set()
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode):
+                if key_node.value in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key_node.value!r}", key_node.start_mark)
+                seen.add(key_node.value)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ScenarioError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise ScenarioError(f"{path}: is a directory, not a scenario .yaml file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ScenarioError(f"{path}: cannot read: {e}") from None
+    try:
+        raw = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f" line {mark.line + 1}:" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ScenarioError(f"{path}:{line} invalid YAML: {problem}") from None
+    if raw is None:
+        raise ScenarioError(f"{path}: empty file; expected a mapping with keys " + ", ".join(TOP_KEYS))
+    return raw
+
+
+def _apply_overrides(raw: dict, overrides: Iterable[str]) -> dict[str, str]:
+    """Set each "a.b.c=value" in `raw`, creating missing mappings. Returns {key path: value text}."""
+    done: dict[str, str] = {}
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        parts = key.strip().split(".")
+        if not sep or not all(parts):
+            raise ScenarioError(f"--set {item}: expected KEY=VALUE with a dotted key, "
+                                "e.g. --set engine.max_num_seqs=128")
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError:
+            raise ScenarioError(f"--set {key}: {text!r} is not a YAML value") from None
+        node = raw
+        for i, part in enumerate(parts[:-1]):
+            if node.get(part) is None:
+                node[part] = {}
+            node = node[part]
+            if not isinstance(node, dict):
+                raise ScenarioError(f"--set {key}: {'.'.join(parts[:i + 1])} is {_show(node)}, "
+                                    f"not a mapping, so it has no key {parts[i + 1]!r}")
+        node[parts[-1]] = value
+        done[".".join(parts)] = text
+    return done
+
+
+def _where_fn(label: str, overridden: Mapping[str, str]) -> Where:
+    def where(path: str) -> str:
+        if any(path == k or path.startswith(k + ".") for k in overridden):
+            return f"--set {path}"
+        return f"{label}: {path}"
+    return where
+
+
+def _delegate(overridden: Mapping[str, str], section: str, parse: Callable[[], Any]) -> Any:
+    """Run a section parser owned by another module; if a --set touched the section, say so."""
+    try:
+        return parse()
+    except ScenarioError as e:
+        sets = [f"--set {k}={v}" for k, v in overridden.items() if k.split(".")[0] == section]
+        if not sets or "--set" in str(e):
+            raise
+        raise ScenarioError(f"{e} (after {', '.join(sets)})") from None
+
+
+# ---------------------------------------------------------------- value checks
+
+def _show(v: Any) -> str:
+    """A value as YAML spells it, for messages."""
+    if v is None or isinstance(v, bool):
+        return {None: "null", True: "true", False: "false"}[v]
+    if isinstance(v, (dict, list)):
+        return "a mapping" if isinstance(v, dict) else "a list"
+    return repr(v)
+
+
+def _number_hint(v: Any) -> str:
+    if isinstance(v, str):
+        try:
+            float(v)
+        except ValueError:
+            return ""
+        return " (YAML 1.1 reads 1e3 as a string; write 1000 or 1.0e+3)"
+    return ""
+
+
+def _int(v: Any, where: str, lo: int, hi: int | None = None) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
+        allowed = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise ScenarioError(f"{where}: {_show(v)} is not an integer {allowed}{_number_hint(v)}")
+    return v
+
+
+def _num(v: Any, where: str, lo: float, hi: float | None = None, open_lo: bool = False,
+         open_hi: bool = False) -> float:
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    if not ok or v < lo or (open_lo and v == lo) or (hi is not None and (v > hi or open_hi and v == hi)):
+        allowed = (f"{'>' if open_lo else '>='} {lo}" if hi is None else
+                   f"in {'(' if open_lo else '['}{lo}, {hi}{')' if open_hi else ']'}")
+        raise ScenarioError(f"{where}: {_show(v)} is not a number {allowed}{_number_hint(v)}")
+    return float(v)
+
+
+def _choice(v: Any, where: str, allowed: Iterable[str]) -> str:
+    if not isinstance(v, str) or v not in allowed:
+        raise ScenarioError(f"{where}: {_show(v)} is not one of {', '.join(allowed)}")
+    return v
+
+
+def _check_keys(m: dict, prefix: str, w: Where, allowed: Iterable[str]) -> None:
+    for key in m:
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            path = f"{prefix}.{key}" if prefix else str(key)
+            raise ScenarioError(f"{w(path)}: unknown key{hint}; allowed: {', '.join(allowed)}")
+
+
+def _section(v: Any, key: str, w: Where, allowed: tuple[str, ...]) -> dict:
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise ScenarioError(f"{w(key)}: {_show(v)} is not a mapping; allowed keys: {', '.join(allowed)}")
+    _check_keys(v, key, w, allowed)
+    return v
+
+
+def _existing_path(v: Any, key: str, w: Where, base_dir: Path, what: str) -> Path:
+    if not isinstance(v, str) or not v:
+        raise ScenarioError(f"{w(key)}: {_show(v)} is not {what}")
+    path = base_dir / Path(v).expanduser()
+    if not path.exists():
+        raise ScenarioError(f"{w(key)}: no such file {v!r} (looked in {base_dir})")
+    return path
+
+
+# ---------------------------------------------------------------- sections
+
+_HINTS = {
+    "model": lambda: "a preset name (" + ", ".join(sorted(models.MODEL_PRESETS))
+                     + "), {hf_config: path/to/config.json} or a mapping of ModelSpec fields",
+    "hardware": lambda: "a preset name (" + ", ".join(sorted(hardware.HARDWARE_PRESETS))
+                        + ") or a mapping of HardwareSpec fields",
+    "workload": lambda: "a mapping with a trace, or an arrival process and length distributions",
+}
+
+
+def _parse_model(v: Any, w: Where, base_dir: Path) -> ModelSpec:
+    if isinstance(v, str):
+        if v not in models.MODEL_PRESETS:
+            raise ScenarioError(f"{w('model')}: unknown preset {v!r}; presets: "
+                                + ", ".join(sorted(models.MODEL_PRESETS)))
+        return models.MODEL_PRESETS[v]
+    if not isinstance(v, dict):
+        raise ScenarioError(f"{w('model')}: {_show(v)} is not {_HINTS['model']()}")
+    if "hf_config" not in v:
+        return models.model_from_fields(v, w("model"))
+    _check_keys(v, "model", w, ("hf_config", "name"))
+    path = _existing_path(v["hf_config"], "model.hf_config", w, base_dir,
+                          "a path to a HF config.json (or its folder)")
+    name = v.get("name")
+    if name is not None and not (isinstance(name, str) and name):
+        raise ScenarioError(f"{w('model.name')}: {_show(name)} is not a non-empty string")
+    try:
+        return models.model_from_hf_config(path, name=name)
+    except ScenarioError as e:  # its messages start with the config.json path
+        raise ScenarioError(f"{w('model.hf_config')}: {e}") from None
+
+
+def _parse_hardware(v: Any, w: Where) -> HardwareSpec:
+    if isinstance(v, str):
+        if v not in hardware.HARDWARE_PRESETS:
+            raise ScenarioError(f"{w('hardware')}: unknown preset {v!r}; presets: "
+                                + ", ".join(sorted(hardware.HARDWARE_PRESETS)))
+        return hardware.HARDWARE_PRESETS[v]
+    if not isinstance(v, dict):
+        raise ScenarioError(f"{w('hardware')}: {_show(v)} is not {_HINTS['hardware']()}")
+    return hardware.hardware_from_fields(v, w("hardware"))
+
+
+def _parse_engine(v: Any, w: Where) -> EngineConfig:
+    m = _section(v, "engine", w, tuple(f.name for f in fields(EngineConfig)))
+    get = lambda key: m.get(key, getattr(EngineConfig, key))  # noqa: E731 - YAML value or default
+    at = lambda key: w("engine." + key)  # noqa: E731
+    block_size = _int(get("block_size"), at("block_size"), lo=1, hi=MAX_BLOCK_SIZE)
+    if block_size & (block_size - 1):
+        raise ScenarioError(f"{at('block_size')}: {block_size} is not a power of two "
+                            f"in [1, {MAX_BLOCK_SIZE}] (vLLM uses 16)")
+    blocks = get("num_gpu_blocks")
+    engine = EngineConfig(
+        scheduler=_choice(get("scheduler"), at("scheduler"), SCHEDULER_NAMES),
+        max_num_seqs=_int(get("max_num_seqs"), at("max_num_seqs"), lo=1),
+        max_num_batched_tokens=_int(get("max_num_batched_tokens"), at("max_num_batched_tokens"), lo=1),
+        block_size=block_size,
+        gpu_memory_utilization=_num(get("gpu_memory_utilization"), at("gpu_memory_utilization"),
+                                    0, 1, open_lo=True),
+        num_gpu_blocks=None if blocks is None else _int(blocks, at("num_gpu_blocks"), lo=1),
+        tensor_parallel_size=_int(get("tensor_parallel_size"), at("tensor_parallel_size"), lo=1),
+        replicas=_int(get("replicas"), at("replicas"), lo=1),
+        # router (replicas > 1) and batch_timeout_s (static) are accepted and ignored where they do
+        # not apply, so that a sweep over replicas or schedulers can start from any scenario.
+        router=_choice(get("router"), at("router"), ROUTER_NAMES),
+        policy=_choice(get("policy"), at("policy"), POLICY_NAMES),
+        batch_timeout_s=_num(get("batch_timeout_s"), at("batch_timeout_s"), 0),
+    )
+    if engine.scheduler != "static" and engine.max_num_batched_tokens < engine.max_num_seqs:
+        # vLLM's rule: every running sequence must be able to decode one token per iteration.
+        rule = f"the {engine.scheduler} scheduler needs max_num_batched_tokens >= max_num_seqs"
+        if at("max_num_seqs").startswith("--set"):
+            raise ScenarioError(f"{at('max_num_seqs')}: {engine.max_num_seqs} is more than "
+                                f"max_num_batched_tokens ({engine.max_num_batched_tokens}); {rule}")
+        raise ScenarioError(f"{at('max_num_batched_tokens')}: {engine.max_num_batched_tokens} is "
+                            f"less than max_num_seqs ({engine.max_num_seqs}); {rule}")
+    return engine
+
+
+def _check_fits(engine: EngineConfig, model: ModelSpec, hw: HardwareSpec, w: Where) -> None:
+    """Tensor parallelism must split the heads evenly, and weights + KV blocks must fit."""
+    tp = engine.tensor_parallel_size
+    if model.num_attention_heads % tp:
+        raise ScenarioError(f"{w('engine.tensor_parallel_size')}: {tp} does not divide "
+                            f"{model.name}'s {model.num_attention_heads} attention heads")
+    # Blame the engine key a --set changed, if any: that is what made the model stop fitting.
+    keys = ("tensor_parallel_size", "gpu_memory_utilization", "max_num_batched_tokens", "num_gpu_blocks")
+    where = next((w(f"engine.{k}") for k in keys if w(f"engine.{k}").startswith("--set")), w("model"))
+    memory.kv_budget(model, hw, tensor_parallel_size=tp,
+                     gpu_memory_utilization=engine.gpu_memory_utilization,
+                     block_size=engine.block_size, max_num_batched_tokens=engine.max_num_batched_tokens,
+                     num_gpu_blocks=engine.num_gpu_blocks, where=where)
+
+
+def _parse_cost_model(v: Any, w: Where, base_dir: Path, model: ModelSpec, hw: HardwareSpec,
+                      engine: EngineConfig) -> Any:
+    """sim/cost.py validates the spec; here only the profile path is resolved against base_dir."""
+    if isinstance(v, dict) and "profile" in v:
+        v = {**v, "profile": _existing_path(v["profile"], "cost_model.profile", w, base_dir,
+                                            "a path to a profile .yaml")}
+    # Built once now so that a malformed profile is a config error, not a crash mid-run.
+    cost.make_cost_model(v, model, hw, engine.tensor_parallel_size, w("cost_model"))
+    return v
+
+
+def _parse_slo(v: Any, w: Where) -> SLOConfig | None:
+    if v is None:
+        return None
+    m = _section(v, "slo", w, tuple(f.name for f in fields(SLOConfig)))
+    limits = {k: None if m.get(k) is None else _num(m[k], w(f"slo.{k}"), 0, open_lo=True)
+              for k in ("ttft_ms", "tpot_ms")}
+    if limits["ttft_ms"] is None and limits["tpot_ms"] is None:
+        raise ScenarioError(f"{w('slo')}: give ttft_ms and/or tpot_ms (milliseconds), or leave slo out")
+    pct = _num(m.get("percentile", SLOConfig.percentile), w("slo.percentile"), 0, 100,
+               open_lo=True, open_hi=True)
+    return SLOConfig(percentile=pct, **limits)

@@ -1,0 +1,291 @@
+"""Step-cost models: how long one engine iteration (one forward pass) of a batch takes.
+
+CONTRACT (owned by the cost-model engineer):
+    CostModel Protocol: step_times(stats, steps=1) -> np.ndarray of seconds, shape [steps].
+    COST_MODELS = {"unit": UnitCost, "roofline": RooflineCost, "profile": ProfileCost}
+    make_cost_model(spec, model, hardware, tensor_parallel_size, where="") -> CostModel
+        spec: "unit" | "roofline" | {"roofline": {constant: value}} | {"profile": Path}
+    load_profile(path, where="") -> StepProfile   (format: docs/cost_models.md)
+
+Every model is called ~1e5-1e6 times per run, so per-call work is a handful of float operations
+on constants precomputed in __init__; `steps > 1` (decode fast-forward) is one numpy expression.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import yaml
+
+from .batch import BatchStats
+from .errors import ScenarioError
+from .hardware import HardwareSpec
+from .memory import kv_bytes_per_token_per_rank
+from .models import ModelSpec
+
+PROFILE_FORMAT = "servesim-step-profile/v1"
+
+
+class CostModel(Protocol):
+    def step_times(self, stats: BatchStats, steps: int = 1) -> np.ndarray:
+        """Durations in seconds of `steps` consecutive iterations of this batch; iteration j
+        (0-based) has every decode's context grown by j tokens (decode_context_sum + j*num_decodes).
+        steps > 1 is only asked for batches without prefill chunks."""
+        ...
+
+
+def _fail(where: str, msg: str) -> ScenarioError:
+    return ScenarioError(f"{where}: {msg}" if where else msg)
+
+
+def prefill_attention_work(stats: BatchStats) -> float:
+    """Sum over prefill chunks of chunk x context + chunk^2 / 2: (query, key) pairs of causal
+    attention, the unit of the profile's `prefill_attention_work` coefficient."""
+    c = stats.prefill_lens.astype(np.float64)
+    return float(c @ stats.prefill_contexts + 0.5 * (c @ c))
+
+
+class UnitCost:
+    """Every iteration costs 1.0, so simulated time counts iterations."""
+
+    def step_times(self, stats: BatchStats, steps: int = 1) -> np.ndarray:
+        return np.ones(steps)
+
+
+class RooflineCost:
+    """Per layer group, time = max(FLOPs / (peak x eff), bytes / (bandwidth x eff)), summed over
+    groups (no overlap between groups), plus TP all-reduces and a CPU overhead per iteration.
+    Groups: linear layers + lm_head; prefill attention; decode attention. All per TP rank."""
+
+    def __init__(self, model: ModelSpec, hardware: HardwareSpec, tensor_parallel_size: int = 1, *,
+                 compute_efficiency: float = 0.7, bandwidth_efficiency: float = 0.85,
+                 interconnect_efficiency: float = 0.7, allreduce_latency_s: float = 10e-6,
+                 overhead_s: float = 2e-3, overhead_per_seq_s: float = 5e-6):
+        tp = tensor_parallel_size
+        flop_s = hardware.bf16_flops * compute_efficiency          # FLOP/s achieved
+        byte_s = hardware.hbm_bandwidth * bandwidth_efficiency     # B/s achieved
+        head_params = model.vocab_size * model.hidden_size
+        layer_params = model.num_layers * model.layer_matmul_params
+        # Linear layers: 2 FLOPs per weight per token; lm_head only for one token per sequence.
+        self._s_per_token = 2 * layer_params / tp / flop_s
+        self._s_per_seq_logits = 2 * head_params / tp / flop_s
+        # Every weight is read once per iteration; the embedding only gathers rows (ignored).
+        self._weight_read_s = (layer_params + head_params) / tp * model.dtype_bytes / byte_s
+        # Attention: QK^T and PV, 2 + 2 FLOPs per (query, key) pair per head per head_dim.
+        q_heads = model.num_attention_heads // tp
+        self._s_per_pair = 4 * model.num_layers * q_heads * model.head_dim / flop_s
+        self._s_per_kv_token = kv_bytes_per_token_per_rank(model, tp) / byte_s
+        # Ring all-reduce of the hidden state, twice per layer (after attention and after MLP).
+        self._allreduce_fixed_s = 0.0
+        self._allreduce_s_per_token = 0.0
+        if tp > 1:
+            link = hardware.interconnect_bandwidth * interconnect_efficiency
+            calls = 2 * model.num_layers
+            self._allreduce_fixed_s = calls * allreduce_latency_s
+            self._allreduce_s_per_token = (calls * 2 * (tp - 1) / tp * model.hidden_size
+                                           * model.dtype_bytes / link)
+        self._overhead_s = overhead_s
+        self._overhead_per_seq_s = overhead_per_seq_s
+
+    def _fixed_time(self, stats: BatchStats) -> float:
+        """Everything that does not change as decode contexts grow."""
+        tokens, seqs = stats.total_tokens, stats.num_seqs
+        linear = max(self._s_per_token * tokens + self._s_per_seq_logits * seqs,
+                     self._weight_read_s)
+        t = (self._overhead_s + self._overhead_per_seq_s * seqs + linear
+             + self._allreduce_fixed_s + self._allreduce_s_per_token * tokens)
+        if len(stats.prefill_lens):
+            c = stats.prefill_lens.astype(np.float64)
+            pairs = float(c @ stats.prefill_contexts + 0.5 * (c @ (c + 1.0)))  # causal
+            # Read the cached context, write and read back the chunk's own K and V.
+            kv_tokens = float(stats.prefill_contexts.sum() + 2.0 * c.sum())
+            t += max(self._s_per_pair * pairs, self._s_per_kv_token * kv_tokens)
+        return t
+
+    def step_times(self, stats: BatchStats, steps: int = 1) -> np.ndarray:
+        fixed = self._fixed_time(stats)
+        n = stats.num_decodes
+        if n == 0:
+            return np.full(steps, fixed)
+        # Decode attention reads each context token's K and V once and writes one new token each.
+        if steps == 1:
+            ctx = float(stats.decode_context_sum)
+            return np.array([fixed + max(self._s_per_pair * ctx,
+                                         self._s_per_kv_token * (ctx + n))])
+        ctx = stats.decode_context_sum + n * np.arange(steps, dtype=np.float64)
+        return fixed + np.maximum(self._s_per_pair * ctx, self._s_per_kv_token * (ctx + n))
+
+
+@dataclass(frozen=True)
+class StepProfile:
+    """A fitted step-cost model read from a profile YAML (written by calibrate/fit.py)."""
+    knots: np.ndarray               # total tokens per iteration, strictly increasing, >= 0
+    seconds: np.ndarray             # piecewise-linear time at each knot, non-decreasing, >= 0
+    intercept: float                # seconds per iteration
+    decode_context_sum: float       # seconds per decode context token
+    prefill_attention_work: float   # seconds per unit of prefill_attention_work()
+    num_seqs: float                 # seconds per sequence in the batch
+    metadata: dict
+    source: Path
+
+    def tokens_time(self, tokens: float) -> float:
+        """Piecewise-linear in total tokens; past the last knot, the last segment continues."""
+        k, s = self.knots, self.seconds
+        if tokens <= k[-1]:
+            return float(np.interp(tokens, k, s))
+        slope = (s[-1] - s[-2]) / (k[-1] - k[-2])
+        return float(s[-1] + slope * (tokens - k[-1]))
+
+
+class ProfileCost:
+    """t = intercept + f(total_tokens) + a x decode_context_sum + b x prefill_attention_work
+    + c x num_seqs, with f monotone piecewise-linear and a, b, c >= 0."""
+
+    def __init__(self, profile: StepProfile):
+        self.profile = profile
+
+    @classmethod
+    def from_file(cls, path: Path, where: str = "") -> "ProfileCost":
+        return cls(load_profile(path, where))
+
+    def step_times(self, stats: BatchStats, steps: int = 1) -> np.ndarray:
+        p = self.profile
+        t = (p.intercept + p.tokens_time(stats.total_tokens) + p.num_seqs * stats.num_seqs
+             + p.decode_context_sum * stats.decode_context_sum)
+        if len(stats.prefill_lens):
+            t += p.prefill_attention_work * prefill_attention_work(stats)
+        if steps == 1:
+            return np.array([t])
+        growth = p.decode_context_sum * stats.num_decodes  # seconds added per step
+        return t + growth * np.arange(steps, dtype=np.float64)
+
+
+# ---- profile YAML parsing (format documented in docs/cost_models.md) ----
+
+_META_REQUIRED = ("device", "model", "dtype", "tensor_parallel_size", "measured")
+_META_OPTIONAL = ("torch", "triton", "date", "grid", "heldout_mape", "heldout_max_error", "notes")
+_TERMS = ("intercept", "total_tokens", "decode_context_sum", "prefill_attention_work", "num_seqs")
+
+
+def _keys(value: Any, where: str, required: tuple, optional: tuple = ()) -> dict:
+    allowed = required + optional
+    if not isinstance(value, dict):
+        raise _fail(where, f"must be a mapping with keys {', '.join(allowed)}")
+    unknown = sorted(set(value) - set(allowed), key=str)
+    if unknown:
+        raise _fail(where, f"unknown key {unknown[0]!r}; allowed: {', '.join(allowed)}")
+    missing = [k for k in required if k not in value]
+    if missing:
+        raise _fail(where, f"missing key {missing[0]!r}; required: {', '.join(required)}")
+    return value
+
+
+def _nonneg(value: Any, where: str) -> float:
+    if isinstance(value, str):  # PyYAML reads 6e-11 (no dot) as a string
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _fail(where, f"must be a finite number, got {value!r}")
+    if value < 0:
+        raise _fail(where, f"must be >= 0, got {value!r}")
+    return float(value)
+
+
+def _check_metadata(meta: Any, where: str) -> dict:
+    meta = _keys(meta, where, _META_REQUIRED, _META_OPTIONAL)
+    for key in ("device", "model", "dtype"):
+        if not isinstance(meta[key], str) or not meta[key]:
+            raise _fail(f"{where}.{key}", f"must be a non-empty string, got {meta[key]!r}")
+    tp = meta["tensor_parallel_size"]
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise _fail(f"{where}.tensor_parallel_size", f"must be a positive integer, got {tp!r}")
+    if not isinstance(meta["measured"], bool):
+        raise _fail(f"{where}.measured", f"must be true or false, got {meta['measured']!r}")
+    for key in ("heldout_mape", "heldout_max_error"):
+        if meta.get(key) is not None:
+            _nonneg(meta[key], f"{where}.{key}")
+    return meta
+
+
+def _check_curve(curve: Any, where: str) -> tuple[np.ndarray, np.ndarray]:
+    curve = _keys(curve, where, ("knots", "seconds"))
+    knots, secs = curve["knots"], curve["seconds"]
+    for key, seq in (("knots", knots), ("seconds", secs)):
+        if not isinstance(seq, list) or len(seq) < 2:
+            raise _fail(f"{where}.{key}", "must be a list of at least 2 numbers")
+    if len(knots) != len(secs):
+        raise _fail(where, f"knots and seconds must have the same length, got {len(knots)} "
+                           f"and {len(secs)}")
+    k = np.array([_nonneg(v, f"{where}.knots[{i}]") for i, v in enumerate(knots)])
+    s = np.array([_nonneg(v, f"{where}.seconds[{i}]") for i, v in enumerate(secs)])
+    if np.any(np.diff(k) <= 0):
+        raise _fail(f"{where}.knots", f"must be strictly increasing, got {knots}")
+    if np.any(np.diff(s) < 0):
+        raise _fail(f"{where}.seconds", f"must be non-decreasing (more tokens never cheaper), "
+                                        f"got {secs}")
+    return k, s
+
+
+def load_profile(path: Path, where: str = "") -> StepProfile:
+    """Read and strictly validate a step-cost profile YAML. Errors name the file and key path."""
+    path = Path(path)
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise _fail(where, f"profile file {path} not found") from None
+    except (OSError, yaml.YAMLError) as exc:
+        raise ScenarioError(f"{path}: not a readable YAML file ({str(exc).splitlines()[0]})") \
+            from None
+    doc = _keys(doc, str(path), ("format", "metadata", "model"))
+    if doc["format"] != PROFILE_FORMAT:
+        raise ScenarioError(f"{path}: format: got {doc['format']!r}; allowed: {PROFILE_FORMAT}")
+    meta = _check_metadata(doc["metadata"], f"{path}: metadata")
+    terms = _keys(doc["model"], f"{path}: model", _TERMS)
+    knots, seconds = _check_curve(terms["total_tokens"], f"{path}: model.total_tokens")
+    coef = {k: _nonneg(terms[k], f"{path}: model.{k}") for k in _TERMS if k != "total_tokens"}
+    return StepProfile(knots=knots, seconds=seconds, metadata=meta, source=path, **coef)
+
+
+COST_MODELS = {"unit": UnitCost, "roofline": RooflineCost, "profile": ProfileCost}
+_ROOFLINE_KWARGS = ("compute_efficiency", "bandwidth_efficiency", "interconnect_efficiency",
+                    "allreduce_latency_s", "overhead_s", "overhead_per_seq_s")
+_ALLOWED = "unit, roofline, {roofline: {constant: value}}, {profile: PATH}"
+
+
+def _roofline(options: Any, model, hardware, tp, where: str) -> RooflineCost:
+    options = _keys(options or {}, f"{where}.roofline", (), _ROOFLINE_KWARGS)
+    kwargs = {k: _nonneg(v, f"{where}.roofline.{k}") for k, v in options.items()}
+    for key in ("compute_efficiency", "bandwidth_efficiency", "interconnect_efficiency"):
+        if key in kwargs and not 0 < kwargs[key] <= 1:
+            raise _fail(f"{where}.roofline.{key}", f"must be in (0, 1], got {kwargs[key]}")
+    if tp > 1 and hardware.interconnect_bandwidth <= 0:
+        raise _fail(where, f"roofline needs {hardware.name}.interconnect_bandwidth > 0 for "
+                           f"tensor_parallel_size={tp}")
+    return RooflineCost(model, hardware, tp, **kwargs)
+
+
+def make_cost_model(spec: Any, model: ModelSpec, hardware: HardwareSpec,
+                    tensor_parallel_size: int, where: str = "") -> CostModel:
+    """Build a cost model from a scenario's `cost_model` value; `where` is e.g.
+    "chat.yaml: cost_model". Raises ScenarioError listing the valid specs."""
+    name, options = spec, None
+    if isinstance(spec, dict) and len(spec) == 1:
+        name, options = next(iter(spec.items()))
+    if name == "unit" and options is None:
+        return UnitCost()
+    if name == "roofline":
+        return _roofline(options, model, hardware, tensor_parallel_size, where)
+    if name == "profile" and isinstance(options, (str, Path)):
+        profile = load_profile(Path(options), f"{where}.profile" if where else "profile")
+        fitted_tp = profile.metadata["tensor_parallel_size"]
+        if fitted_tp != tensor_parallel_size:
+            raise ScenarioError(f"{profile.source}: metadata.tensor_parallel_size is {fitted_tp} "
+                                f"but the scenario runs tensor_parallel_size="
+                                f"{tensor_parallel_size}; use a profile fitted at that size")
+        return ProfileCost(profile)
+    raise _fail(where, f"unknown cost model {spec!r}; allowed: {_ALLOWED}")

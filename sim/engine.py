@@ -1,0 +1,65 @@
+"""One engine replica as a SimPy process: one timeout per iteration, or per run of identical decode
+iterations (fast-forward).
+
+    batch = scheduler.schedule(now)             # what the iteration computes
+    times = cost.step_times(batch.stats, n)     # how long it (and up to n - 1 identical ones) take
+    yield env.timeout(sum of the iterations run)
+    scheduler.update(batch, steps, now)         # tokens sampled, requests finished
+
+Timing semantics: an idle replica starts an iteration the moment a request arrives; a busy one
+admits arrivals at its next iteration boundary, and everything that has arrived by then (same
+instant included) is visible to the scheduler.
+
+Fast-forward: between arrivals, admissions, completions and KV-block shortages a decode batch keeps
+its shape, so the scheduler says how many iterations it may repeat (`batch.max_steps`) and the
+engine runs them as one timeout, cut at the first iteration boundary at or after the next arrival
+when an arrival could change the batch. Results equal stepping one iteration at a time.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from .cost import CostModel
+from .recorder import Recorder
+from .schedulers import Scheduler
+
+
+class Replica:
+    def __init__(self, env, index: int, scheduler: Scheduler, cost: CostModel, recorder: Recorder,
+                 inbox, fast_forward: bool = True, on_iteration: Callable[[], None] | None = None):
+        self.env, self.index = env, index
+        self.scheduler, self.cost, self.recorder, self.inbox = scheduler, cost, recorder, inbox
+        self.fast_forward = fast_forward
+        self.on_iteration = on_iteration
+        self.process = env.process(self.run())
+
+    def run(self):
+        env, scheduler, inbox = self.env, self.scheduler, self.inbox
+        while True:
+            for rid in inbox.arrived(env.now):
+                scheduler.add(rid)
+            batch = scheduler.schedule(env.now) if scheduler.has_work() else None
+            if batch is None:
+                wake = inbox.wait(env, scheduler.retry_at)
+                if wake is None:
+                    return  # nothing will ever arrive and nothing is left to do
+                yield wake
+                continue
+            start = env.now
+            durations = self.cost.step_times(batch.stats, batch.max_steps if self.fast_forward else 1)
+            steps = len(durations)
+            if steps > 1 and batch.arrival_sensitive:
+                steps = self._steps_before_arrival(start, durations)
+                durations = durations[:steps]
+            yield env.timeout(float(durations.sum()) if steps > 1 else float(durations[0]))
+            scheduler.update(batch, steps, env.now)
+            self.recorder.record(self.index, start, durations, batch)
+            if self.on_iteration is not None:
+                self.on_iteration()
+
+    def _steps_before_arrival(self, start: float, durations: np.ndarray) -> int:
+        """Iterations up to and including the first one that ends at or after the next arrival."""
+        ends = start + np.cumsum(durations)
+        return min(len(durations), int(np.searchsorted(ends, self.inbox.next_arrival(), "left")) + 1)

@@ -1,0 +1,80 @@
+"""GPU presets: memory, HBM bandwidth, dense bf16 FLOP/s, interconnect.
+
+CONTRACT (owned by the cost-model engineer):
+    HardwareSpec fields below; HARDWARE_PRESETS: dict[str, HardwareSpec]
+    hardware_from_fields(fields, where) -> HardwareSpec
+
+Numbers are vendor datasheet peaks (decimal units: 1 GB = 1e9 bytes). Memory is the marketed
+capacity (80 GB for H100), which is ~6% below what the driver reports (H100: 81,559 MiB =
+85.5e9 B): conservative, and it keeps "0.9 x 80 GB = 72.0 GB usable" easy to check by hand.
+Prices are rounded on-demand estimates per GPU-hour from GPU clouds (mid-2025), not quotes;
+override `usd_per_hour` in a scenario for your own contract. See docs/cost_models.md.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields as dc_fields
+from typing import Any
+
+from .errors import ScenarioError
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    name: str
+    memory_bytes: float        # HBM capacity per GPU, bytes
+    hbm_bandwidth: float       # bytes/s
+    bf16_flops: float          # dense bf16 FLOP/s (no sparsity)
+    interconnect_bandwidth: float = 0.0  # bytes/s per direction per GPU (NVLink), for TP all-reduce
+    usd_per_hour: float = 0.0  # on-demand list price, for cost reports
+
+
+HARDWARE_PRESETS: dict[str, HardwareSpec] = {
+    # H100 SXM5 80GB: HBM3 3.35 TB/s, 989 TFLOP/s dense bf16, NVLink4 900 GB/s bidirectional.
+    "h100-sxm": HardwareSpec("h100-sxm", 80e9, 3.35e12, 989e12, 450e9, 3.00),
+    # H200 SXM 141GB: HBM3e 4.8 TB/s, same compute and NVLink as H100.
+    "h200": HardwareSpec("h200", 141e9, 4.8e12, 989e12, 450e9, 3.80),
+    # A100 SXM4 80GB: HBM2e 2.039 TB/s, 312 TFLOP/s bf16, NVLink3 600 GB/s bidirectional.
+    "a100-80gb": HardwareSpec("a100-80gb", 80e9, 2.039e12, 312e12, 300e9, 1.80),
+    # L40S 48GB GDDR6: 864 GB/s, 362 TFLOP/s dense bf16; no NVLink, PCIe Gen4 x16 ~32 GB/s.
+    "l40s": HardwareSpec("l40s", 48e9, 0.864e12, 362e12, 32e9, 1.00),
+}
+
+_FIELDS = tuple(f.name for f in dc_fields(HardwareSpec))
+_REQUIRED = ("memory_bytes", "hbm_bandwidth", "bf16_flops")
+
+
+def _fail(where: str, msg: str) -> ScenarioError:
+    return ScenarioError(f"{where}: {msg}" if where else msg)
+
+
+def _number(value: Any, where: str, key: str, *, positive: bool) -> float:
+    # PyYAML reads "80e9" (no dot) as a string, so numeric strings are accepted too.
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise _fail(where, f"{key} must be a number, got {value!r}")
+    if value < 0 or (positive and value == 0):
+        raise _fail(where, f"{key} must be {'> 0' if positive else '>= 0'}, got {value!r}")
+    return float(value)
+
+
+def hardware_from_fields(fields: dict, where: str) -> HardwareSpec:
+    """Explicit HardwareSpec mapping (e.g. a scenario's `hardware:` block); units: bytes,
+    bytes/s, FLOP/s, USD/hour. `where` prefixes messages, e.g. "chat.yaml: hardware"."""
+    if not isinstance(fields, dict):
+        raise _fail(where, f"must be a mapping of {', '.join(_FIELDS)}")
+    unknown = sorted(set(fields) - set(_FIELDS))
+    if unknown:
+        raise _fail(where, f"unknown key {unknown[0]!r}; allowed: {', '.join(_FIELDS)}")
+    missing = [k for k in _REQUIRED if k not in fields]
+    if missing:
+        raise _fail(where, f"missing key {missing[0]!r}; required: {', '.join(_REQUIRED)}")
+    name = fields.get("name", "custom")
+    if not isinstance(name, str) or not name:
+        raise _fail(where, f"name must be a non-empty string, got {name!r}")
+    values = {k: _number(fields[k], where, k, positive=k in _REQUIRED)
+              for k in _FIELDS if k != "name" and k in fields}
+    return HardwareSpec(name=name, **values)

@@ -1,0 +1,131 @@
+"""From the run's arrays to requests.csv, steps.csv and summary.json, vectorised."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .recorder import STEP_COLUMNS, Recorder
+from .request import RequestTable
+
+REQUEST_COLUMNS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "first_token_s",
+                   "finish_s", "ttft_s", "tpot_s", "e2e_s", "queue_s", "preemptions", "replica")
+PERCENTILES = (50, 90, 95, 99)
+_INT_STEP_COLUMNS = [c for c in STEP_COLUMNS if c not in ("start_s", "duration_s")]
+
+
+def requests_frame(req: RequestTable) -> pd.DataFrame:
+    e2e = req.finish - req.arrival
+    ttft = req.first_token - req.arrival
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(req.output > 1, (e2e - ttft) / (req.output - 1), np.nan)
+    return pd.DataFrame({
+        "request_id": np.arange(len(req)), "arrival_s": req.arrival, "prompt_tokens": req.prompt,
+        "output_tokens": req.output, "first_token_s": req.first_token, "finish_s": req.finish,
+        "ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e, "queue_s": req.first_scheduled - req.arrival,
+        "preemptions": req.preemptions, "replica": req.replica,
+    }, columns=list(REQUEST_COLUMNS))
+
+
+def steps_frame(recorder: Recorder) -> pd.DataFrame:
+    steps = pd.DataFrame(recorder.steps(), columns=list(STEP_COLUMNS))
+    return steps.astype({c: np.int64 for c in _INT_STEP_COLUMNS})
+
+
+def weighted_percentiles(values: np.ndarray, weights: np.ndarray, qs) -> np.ndarray:
+    """np.percentile (linear) of the array in which values[i] appears weights[i] times, without
+    building it (a long run has tens of millions of inter-token gaps)."""
+    keep = weights > 0
+    values, weights = values[keep], weights[keep]
+    if len(values) == 0:
+        return np.full(len(qs), np.nan)
+    order = np.argsort(values, kind="stable")
+    values, ends = values[order], np.cumsum(weights[order])  # ends[i]: expanded index after value i
+    pos = np.asarray(qs, dtype=np.float64) / 100.0 * (ends[-1] - 1)
+    lo, hi = np.floor(pos), np.ceil(pos)
+    at = lambda p: values[np.searchsorted(ends, p, side="right")]  # noqa: E731
+    return at(lo) + (at(hi) - at(lo)) * (pos - lo)
+
+
+def distribution(values: np.ndarray, weights: np.ndarray | None = None, scale: float = 1e3) -> dict:
+    """mean and percentiles of `values` (s), reported in ms."""
+    if weights is None:
+        values = values[~np.isnan(values)]
+        weights = np.ones(len(values))
+    total = weights.sum()
+    if total == 0:
+        return {k: None for k in ("mean", *(f"p{q}" for q in PERCENTILES))}
+    out = {"mean": float((values * weights).sum() / total * scale)}
+    for q, v in zip(PERCENTILES, weighted_percentiles(values, weights, PERCENTILES)):
+        out[f"p{q}"] = float(v * scale)
+    return out
+
+
+def inter_token_latencies(steps: pd.DataFrame, recorder: Recorder, req: RequestTable):
+    """Every gap between two tokens of a request: one iteration for each decode it ran in, plus the
+    longer gaps across recompute preemptions."""
+    durations = recorder.iteration_durations()
+    weights = np.repeat(steps["decode_tokens"].to_numpy(np.float64), steps["count"].to_numpy())
+    gaps = np.asarray(req.resume_gaps, dtype=np.float64)
+    return np.concatenate((durations, gaps)), np.concatenate((weights, np.ones(len(gaps))))
+
+
+def summarize(req: RequestTable, steps: pd.DataFrame, recorder: Recorder, *, max_num_seqs: int,
+              replicas: int, gpus: int, flops_per_token: float, weight_bytes: float,
+              kv_bytes_per_token: float, peak_flops: float, hbm_bandwidth: float,
+              slo=None) -> dict:
+    rq = requests_frame(req)
+    done = rq[~rq["finish_s"].isna()]
+    duration = float(done["finish_s"].max() - rq["arrival_s"].min()) if len(done) else 0.0
+    per_s = (lambda x: x / duration) if duration > 0 else (lambda x: 0.0)  # noqa: E731
+    count = steps["count"].to_numpy()
+    iterations = int(count.sum())
+    useful = float((steps["prefill_tokens"] + steps["decode_tokens"] * steps["count"]).sum())
+    padded = float((steps["padded_tokens"] * steps["count"]).sum())
+    busy_gpu_s = duration * gpus
+    itl, itl_w = inter_token_latencies(steps, recorder, req)
+    out = {
+        "completed": int(len(done)),
+        "duration_s": duration,
+        "iterations": iterations,
+        "request_throughput": per_s(len(done)),
+        "output_throughput": per_s(float(done["output_tokens"].sum())),
+        "total_token_throughput": per_s(float((done["prompt_tokens"] + done["output_tokens"]).sum())),
+        "preemptions": int(req.preemptions.sum()),
+        "ttft_ms": distribution(done["ttft_s"].to_numpy()),
+        "tpot_ms": distribution(done["tpot_s"].to_numpy()),
+        "itl_ms": distribution(itl, itl_w),
+        "e2el_ms": distribution(done["e2e_s"].to_numpy()),
+        "slot_utilization": float((steps["num_seqs"] * count).sum() / (max_num_seqs * iterations))
+        if iterations else 0.0,
+        "kv_utilization": recorder.kv_block_seconds / (steps["kv_blocks_total"].iloc[0] * duration * replicas)
+        if iterations and duration > 0 else 0.0,
+        "kv_waste": 1.0 - recorder.kv_token_seconds / recorder.kv_slot_seconds
+        if recorder.kv_slot_seconds > 0 else 0.0,
+        "padding_waste": padded / (useful + padded) if useful + padded > 0 else 0.0,
+        # estimates: matmul FLOPs of useful tokens; weights read once per iteration plus decode KV reads
+        "mfu": useful * flops_per_token / (busy_gpu_s * peak_flops) if busy_gpu_s > 0 else 0.0,
+        "mbu": (iterations * weight_bytes + recorder.decode_context_tokens * kv_bytes_per_token)
+        / (busy_gpu_s * hbm_bandwidth) if busy_gpu_s > 0 else 0.0,
+    }
+    if slo is not None:
+        out["goodput"] = goodput(done, slo, duration)
+    return out
+
+
+def goodput(done: pd.DataFrame, slo, duration: float) -> dict:
+    """Requests meeting every SLO per second (vLLM's goodput), and whether the SLO percentile holds."""
+    ok = np.ones(len(done), dtype=bool)
+    result = {"percentile": slo.percentile}
+    for key, column in (("ttft_ms", "ttft_s"), ("tpot_ms", "tpot_s")):
+        target = getattr(slo, key)
+        if target is None:
+            continue
+        values = done[column].to_numpy() * 1e3
+        ok &= ~(values > target)  # a one-token request has no TPOT and cannot miss it
+        observed = np.nanpercentile(values, slo.percentile) if np.isfinite(values).any() else np.nan
+        result[key] = {"target": target, "observed": float(observed),
+                       "met": bool(not observed > target)}
+    result["requests_per_s"] = float(ok.sum() / duration) if duration > 0 else 0.0
+    result["fraction"] = float(ok.mean()) if len(ok) else 0.0
+    result["met"] = all(v["met"] for v in result.values() if isinstance(v, dict))
+    return result

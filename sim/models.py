@@ -1,0 +1,201 @@
+"""Model presets and the sizes derived from them (weights, KV bytes per token, FLOPs per token).
+
+CONTRACT (owned by the cost-model engineer; fields and property names are used across sim/):
+    ModelSpec fields below; derived properties: num_params, weight_bytes, kv_bytes_per_token,
+    flops_per_token (2 x matmul params, attention excluded).
+    MODEL_PRESETS: dict[str, ModelSpec]
+    model_from_hf_config(path, name=None) -> ModelSpec
+    model_from_fields(fields, where) -> ModelSpec
+
+Only Llama-style decoders: RMSNorm, rotary positions (no position-embedding table), GQA attention,
+SwiGLU MLP (gate/up/down). Preset numbers are copied from each model's Hugging Face config.json.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields as dc_fields
+from pathlib import Path
+from typing import Any
+
+from .errors import ScenarioError
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    dtype_bytes: int = 2  # bf16/fp16 weights and KV cache
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # q/k/v projections carry a bias (Qwen2/2.5); o_proj never does
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def layer_matmul_params(self) -> int:
+        """Weights of one decoder layer's linear layers: q, k, v, o + gate, up, down."""
+        h = self.hidden_size
+        attn = h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h
+        mlp = 3 * h * self.intermediate_size
+        return attn + mlp
+
+    @property
+    def matmul_params(self) -> int:
+        """Parameters used as matmul weights per token: all layers + lm_head (tied or not)."""
+        return self.num_layers * self.layer_matmul_params + self.vocab_size * self.hidden_size
+
+    @property
+    def num_params(self) -> int:
+        h = self.hidden_size
+        bias = (self.q_dim + 2 * self.kv_dim) if self.attention_bias else 0
+        per_layer = self.layer_matmul_params + bias + 2 * h  # + input/post-attention RMSNorm
+        embed = self.vocab_size * h
+        lm_head = 0 if self.tie_word_embeddings else self.vocab_size * h
+        return embed + self.num_layers * per_layer + h + lm_head  # + final norm
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.num_params * self.dtype_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V for every layer, whole model (divide by TP for one rank). Bytes."""
+        return 2 * self.num_layers * self.kv_dim * self.dtype_bytes
+
+    @property
+    def flops_per_token(self) -> int:
+        """2 FLOPs per matmul weight. Excludes attention scores (QK^T, PV), which grow with
+        context; cost models add those separately. Biases, norms, activations are negligible."""
+        return 2 * self.matmul_params
+
+
+def _llama(name, layers, hidden, heads, kv, inter, vocab, **kw) -> ModelSpec:
+    return ModelSpec(name, layers, hidden, heads, kv, hidden // heads, inter, vocab, **kw)
+
+
+# name -> ModelSpec, numbers from the published config.json of each checkpoint.
+MODEL_PRESETS: dict[str, ModelSpec] = {
+    "llama-2-7b": _llama("llama-2-7b", 32, 4096, 32, 32, 11008, 32000),
+    "llama-2-13b": _llama("llama-2-13b", 40, 5120, 40, 40, 13824, 32000),
+    "llama-2-70b": _llama("llama-2-70b", 80, 8192, 64, 8, 28672, 32000),
+    "llama-3-8b": _llama("llama-3-8b", 32, 4096, 32, 8, 14336, 128256),
+    "llama-3-70b": _llama("llama-3-70b", 80, 8192, 64, 8, 28672, 128256),
+    "mistral-7b": _llama("mistral-7b", 32, 4096, 32, 8, 14336, 32000),  # v0.1
+    "qwen2.5-7b": _llama("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, attention_bias=True),
+    "qwen2.5-32b": _llama("qwen2.5-32b", 64, 5120, 40, 8, 27648, 152064, attention_bias=True),
+    # Small enough for CPU calibration runs and fast tests.
+    "tiny": ModelSpec("tiny", 2, 64, 4, 2, 16, 128, 256),
+}
+
+# Hugging Face torch_dtype (or dtype) string -> bytes per element.
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
+
+_REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
+_FIELDS = tuple(f.name for f in dc_fields(ModelSpec))
+
+
+def _fail(where: str, msg: str) -> ScenarioError:
+    return ScenarioError(f"{where}: {msg}" if where else msg)
+
+
+def _positive_int(value: Any, where: str, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise _fail(where, f"{key} must be a positive integer, got {value!r}")
+    return value
+
+
+def _as_bool(value: Any, where: str, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise _fail(where, f"{key} must be true or false, got {value!r}")
+    return value
+
+
+def model_from_fields(fields: dict, where: str) -> ModelSpec:
+    """Explicit ModelSpec mapping (e.g. a scenario's `model:` block). `where` prefixes messages,
+    e.g. "chat.yaml: model". num_kv_heads defaults to num_attention_heads, head_dim to
+    hidden_size // num_attention_heads, name to "custom"."""
+    if not isinstance(fields, dict):
+        raise _fail(where, f"must be a mapping of {', '.join(_FIELDS)}")
+    unknown = sorted(set(fields) - set(_FIELDS))
+    if unknown:
+        raise _fail(where, f"unknown key {unknown[0]!r}; allowed: {', '.join(_FIELDS)}")
+    missing = [k for k in _REQUIRED if k not in fields]
+    if missing:
+        raise _fail(where, f"missing key {missing[0]!r}; required: {', '.join(_REQUIRED)}")
+    v = {k: _positive_int(fields[k], where, k) for k in _REQUIRED}
+    heads = v["num_attention_heads"]
+    v["num_kv_heads"] = _positive_int(fields.get("num_kv_heads", heads), where, "num_kv_heads")
+    if heads % v["num_kv_heads"]:
+        raise _fail(where, f"num_attention_heads ({heads}) must be a multiple of "
+                           f"num_kv_heads ({v['num_kv_heads']})")
+    default_hd = v["hidden_size"] // heads
+    v["head_dim"] = _positive_int(fields.get("head_dim", default_hd), where, "head_dim")
+    dtype_bytes = fields.get("dtype_bytes", 2)
+    if dtype_bytes not in (1, 2, 4) or isinstance(dtype_bytes, bool):
+        raise _fail(where, f"dtype_bytes must be 1, 2 or 4, got {dtype_bytes!r}")
+    name = fields.get("name", "custom")
+    if not isinstance(name, str) or not name:
+        raise _fail(where, f"name must be a non-empty string, got {name!r}")
+    return ModelSpec(
+        name=name, dtype_bytes=dtype_bytes,
+        tie_word_embeddings=_as_bool(fields.get("tie_word_embeddings", False), where,
+                                     "tie_word_embeddings"),
+        attention_bias=_as_bool(fields.get("attention_bias", False), where, "attention_bias"),
+        **v,
+    )
+
+
+# config.json key -> ModelSpec field, for the keys every Llama-style config has.
+_HF_KEYS = {
+    "num_hidden_layers": "num_layers",
+    "hidden_size": "hidden_size",
+    "num_attention_heads": "num_attention_heads",
+    "intermediate_size": "intermediate_size",
+    "vocab_size": "vocab_size",
+}
+
+
+def model_from_hf_config(path: Path, name: str | None = None) -> ModelSpec:
+    """ModelSpec from a Llama-style Hugging Face config.json (or the folder holding one).
+
+    name defaults to the folder's name (e.g. "Meta-Llama-3-8B"). Qwen2 configs have no
+    `attention_bias` key but always use q/k/v biases, so model_type "qwen2" implies it."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ScenarioError(f"{path}: file not found") from None
+    except (OSError, ValueError) as exc:
+        raise ScenarioError(f"{path}: not a readable JSON file ({exc})") from None
+    if not isinstance(cfg, dict):
+        raise ScenarioError(f"{path}: expected a JSON object")
+    missing = [k for k in _HF_KEYS if k not in cfg]
+    if missing:
+        raise ScenarioError(f"{path}: missing key {missing[0]!r}; a Llama-style config.json "
+                            f"needs {', '.join(_HF_KEYS)}")
+    fields = {ours: cfg[theirs] for theirs, ours in _HF_KEYS.items()}
+    for theirs, ours in (("num_key_value_heads", "num_kv_heads"), ("head_dim", "head_dim")):
+        if cfg.get(theirs) is not None:  # some configs write "head_dim": null
+            fields[ours] = cfg[theirs]
+    dtype = cfg.get("torch_dtype", cfg.get("dtype", "bfloat16"))
+    if dtype not in DTYPE_BYTES:
+        raise ScenarioError(f"{path}: torch_dtype {dtype!r} not supported; "
+                            f"allowed: {', '.join(DTYPE_BYTES)}")
+    fields["dtype_bytes"] = DTYPE_BYTES[dtype]
+    fields["tie_word_embeddings"] = bool(cfg.get("tie_word_embeddings", False))
+    fields["attention_bias"] = bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2"))
+    fields["name"] = name or path.resolve().parent.name or "custom"
+    return model_from_fields(fields, str(path))

@@ -1,0 +1,55 @@
+"""Per-request state as columns of numpy arrays (one row per request, indexed by request id).
+
+A request is never an object or a SimPy process: a million of them must simulate in seconds.
+Token bookkeeping follows vLLM V1: there are no prefill/decode phases, only `computed` (tokens whose
+KV is in the cache) catching up with `seq_len` (prompt + output tokens sampled so far). An iteration
+that brings `computed` up to `seq_len` samples one more output token.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .workload import Workload
+
+
+@dataclass
+class RequestTable:
+    arrival: np.ndarray      # float64 s
+    prompt: np.ndarray       # int64 tokens
+    output: np.ndarray       # int64 tokens to generate (known to the simulator, not to schedulers' policy)
+    priority: np.ndarray     # int64, lower = more urgent
+    computed: np.ndarray     # int64 tokens with KV in the cache (reset to 0 by a recompute preemption)
+    generated: np.ndarray    # int64 output tokens sampled so far
+    first_scheduled: np.ndarray  # float64 s, first time any of its tokens was scheduled (nan: never)
+    first_token: np.ndarray  # float64 s, end of the iteration that sampled output token 1
+    finish: np.ndarray       # float64 s, end of the iteration that sampled the last output token
+    resume_from: np.ndarray  # float64 s, time of the last token before a preemption (for ITL), nan
+    preemptions: np.ndarray  # int64
+    replica: np.ndarray      # int64, -1 until routed
+    # gaps (s) before the first token after each recompute preemption: inter-token latencies that
+    # are not one iteration long
+    resume_gaps: list = field(default_factory=list)
+
+    @classmethod
+    def from_workload(cls, w: Workload) -> "RequestTable":
+        n = len(w)
+        nan = lambda: np.full(n, np.nan)  # noqa: E731 - a fresh array each call
+        zeros = lambda: np.zeros(n, dtype=np.int64)  # noqa: E731
+        return cls(
+            arrival=np.asarray(w.arrival_s, dtype=np.float64),
+            prompt=np.asarray(w.prompt_tokens, dtype=np.int64),
+            output=np.asarray(w.output_tokens, dtype=np.int64),
+            priority=np.asarray(w.priority, dtype=np.int64),
+            computed=zeros(), generated=zeros(),
+            first_scheduled=nan(), first_token=nan(), finish=nan(), resume_from=nan(),
+            preemptions=zeros(), replica=np.full(n, -1, dtype=np.int64),
+        )
+
+    def __len__(self) -> int:
+        return len(self.arrival)
+
+    def seq_len(self, rids):
+        """Tokens the request has: its prompt plus the outputs sampled so far."""
+        return self.prompt[rids] + self.generated[rids]

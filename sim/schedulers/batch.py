@@ -1,0 +1,34 @@
+"""The typed hand-off from a scheduler to the engine: what one iteration (or a run of identical
+decode iterations) computes."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..batch import BatchStats
+
+
+@dataclass
+class Batch:
+    rids: np.ndarray          # int64 [n] requests computing tokens this iteration
+    num_tokens: np.ndarray    # int64 [n] tokens each computes
+    stats: BatchStats         # what the cost model sees
+    num_seqs: int             # sequences doing useful work (padded idle rows excluded)
+    prefill_tokens: int       # useful prefill tokens (padding excluded)
+    decode_tokens: int        # sequences sampling a token after a decode (one each)
+    # KV cache during each of the (up to) max_steps iterations:
+    kv_slots: np.ndarray      # int64 [max_steps] token slots allocated (paged: blocks x block size)
+    kv_blocks_total: int      # capacity in blocks
+    kv_tokens: int            # tokens held during iteration 0 (useful ones, after this iteration's writes)
+    # Fast-forward: the batch repeats unchanged, every decode one token further, for up to max_steps
+    # iterations; an arrival can change that only if arrival_sensitive.
+    max_steps: int = 1
+    arrival_sensitive: bool = True
+    waiting: int = 0          # requests left waiting when this batch was formed
+    preempted: bool = False   # this schedule preempted someone
+
+    @property
+    def kv_token_growth(self) -> int:
+        """Tokens added to the cache per iteration of a decode run."""
+        return self.decode_tokens

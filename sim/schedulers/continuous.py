@@ -1,0 +1,11 @@
+"""Continuous batching (Orca, vLLM without chunked prefill): a waiting request joins only if its
+whole prompt fits in what is left of the iteration's token budget, and is prefilled in the
+iteration it joins, alongside the running requests' decodes."""
+from __future__ import annotations
+
+from .iteration_level import IterationLevelScheduler
+
+
+class ContinuousScheduler(IterationLevelScheduler):
+    def admit_tokens(self, want: int, budget: int) -> int:
+        return want if want <= budget else 0

@@ -1,0 +1,147 @@
+"""`servesim run` as a library call: scenario -> workload -> replicas -> metrics -> files."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from .cluster import make_inboxes
+from .config import Scenario
+from .cost import make_cost_model
+from .engine import Replica
+from .errors import ScenarioError
+from .kv_cache import ContiguousKVCache, PagedKVCache
+from .memory import kv_budget
+from .metrics import requests_frame, steps_frame, summarize
+from .queues import make_queue
+from .recorder import Recorder
+from .request import RequestTable
+from .schedulers import make_scheduler
+from .workload import Workload, build_workload
+
+
+@dataclass
+class SimResult:
+    requests: pd.DataFrame   # requests.csv
+    steps: pd.DataFrame      # steps.csv
+    summary: dict            # summary.json
+
+
+def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = None, *,
+             workload: Workload | None = None, fast_forward: bool = True) -> SimResult:
+    """Run `scenario` to completion. `progress(completed, total)` is called a few times a second;
+    `workload` replaces the scenario's (tests, planners); fast_forward=False steps every iteration."""
+    if workload is None:
+        workload = build_workload(scenario.workload, np.random.default_rng(scenario.seed))
+    e, where = scenario.engine, _where(scenario)
+    budget = kv_budget(scenario.model, scenario.hardware, tensor_parallel_size=e.tensor_parallel_size,
+                       gpu_memory_utilization=e.gpu_memory_utilization, block_size=e.block_size,
+                       max_num_batched_tokens=e.max_num_batched_tokens,
+                       num_gpu_blocks=e.num_gpu_blocks, where=f"{where}engine")
+    _check_servable(workload, e, budget.num_gpu_blocks, where)
+    cost = make_cost_model(scenario.cost_model, scenario.model, scenario.hardware,
+                           e.tensor_parallel_size, where=f"{where}cost_model")
+    req = RequestTable.from_workload(workload)
+    env = simpy.Environment()
+    recorder = Recorder(e.block_size)
+    schedulers = [_scheduler(e, req, budget.num_gpu_blocks, workload) for _ in range(e.replicas)]
+    inboxes = make_inboxes(e.router, env, req.arrival, schedulers, req.replica)
+    tick = _progress_ticker(req, progress)
+    for i, (sched, inbox) in enumerate(zip(schedulers, inboxes)):
+        Replica(env, i, sched, cost, recorder, inbox, fast_forward=fast_forward, on_iteration=tick)
+    env.run()
+    if progress is not None:
+        progress(len(req), len(req))
+    steps = steps_frame(recorder)
+    m, hw = scenario.model, scenario.hardware
+    summary = summarize(req, steps, recorder, max_num_seqs=e.max_num_seqs, replicas=e.replicas,
+                        gpus=e.replicas * e.tensor_parallel_size, flops_per_token=m.flops_per_token,
+                        weight_bytes=m.weight_bytes, kv_bytes_per_token=m.kv_bytes_per_token,
+                        peak_flops=hw.bf16_flops, hbm_bandwidth=hw.hbm_bandwidth, slo=scenario.slo)
+    summary = {"scenario": scenario.name, **summary}
+    return SimResult(requests=requests_frame(req), steps=steps, summary=summary)
+
+
+def _where(scenario: Scenario) -> str:
+    return f"{scenario.source}: " if scenario.source else ""
+
+
+def _scheduler(e, req: RequestTable, num_blocks: int, workload: Workload):
+    kv_cls = ContiguousKVCache if e.scheduler == "static" else PagedKVCache
+    return make_scheduler(e.scheduler, requests=req, kv=kv_cls(num_blocks, e.block_size, len(req)),
+                          queue=make_queue(e.policy, req), max_num_seqs=e.max_num_seqs,
+                          max_num_batched_tokens=e.max_num_batched_tokens,
+                          batch_timeout_s=e.batch_timeout_s,
+                          max_output_tokens=int(workload.output_tokens.max(initial=1)))
+
+
+def _check_servable(w: Workload, e, num_blocks: int, where: str) -> None:
+    """A request that could never be scheduled would hang the replica: refuse it up front."""
+    if len(w) == 0:
+        raise ScenarioError(f"{where}workload: no requests to simulate")
+    capacity = num_blocks * e.block_size  # KV token slots per replica
+    if e.scheduler == "static":
+        need = w.prompt_tokens + int(w.output_tokens.max())
+        what = "its prompt + the longest output (static batching reserves both)"
+    else:
+        need = -(-(w.prompt_tokens + w.output_tokens - 1) // e.block_size) * e.block_size
+        what = "prompt + output - 1 tokens of KV"
+    worst = int(np.argmax(need))
+    if need[worst] > capacity:
+        raise ScenarioError(
+            f"{where}workload: request {worst} needs {int(need[worst])} KV token slots "
+            f"({what}) but the cache holds {capacity} ({num_blocks} blocks x {e.block_size}); "
+            f"raise engine.num_gpu_blocks / gpu_memory_utilization or shorten the request")
+    if e.scheduler == "continuous":
+        longest = w.prompt_tokens + w.output_tokens - 1
+        worst = int(np.argmax(longest))
+        if longest[worst] > e.max_num_batched_tokens:
+            raise ScenarioError(
+                f"{where}engine.max_num_batched_tokens: {e.max_num_batched_tokens} is below request "
+                f"{worst}'s {int(longest[worst])} tokens (prompt + output - 1, what a recompute "
+                f"prefills); the continuous scheduler prefills whole prompts, so raise it to at "
+                f"least {int(longest[worst])} or use scheduler: chunked")
+
+
+def _progress_ticker(req: RequestTable, progress):
+    """A cheap per-iteration hook that reports progress at most ~10 times a wall-second."""
+    if progress is None:
+        return None
+    state = {"n": 0, "next": time.perf_counter() + 0.1}
+
+    def tick() -> None:
+        state["n"] += 1
+        if state["n"] & 255 == 0 and time.perf_counter() >= state["next"]:
+            state["next"] = time.perf_counter() + 0.1
+            progress(int(np.count_nonzero(~np.isnan(req.finish))), len(req))
+    return tick
+
+
+def write_outputs(result: SimResult, out_dir: Path) -> None:
+    """Write requests.csv, steps.csv and summary.json. Each file is written to a temporary name and
+    renamed, summary.json last, so a directory with summary.json holds a complete run."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "summary.json").unlink(missing_ok=True)
+    _atomic(out_dir / "requests.csv", lambda f: result.requests.to_csv(f, index=False))
+    _atomic(out_dir / "steps.csv", lambda f: result.steps.to_csv(f, index=False))
+    _atomic(out_dir / "summary.json", lambda f: f.write(json.dumps(result.summary, indent=2) + "\n"))
+
+
+def _atomic(path: Path, write) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

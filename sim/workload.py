@@ -1,0 +1,298 @@
+"""Requests to replay: arrival times and lengths as numpy arrays, from a trace or a seeded generator.
+
+CONTRACT (owned by the workload engineer):
+    Workload dataclass below.
+    parse_workload(raw: dict, where: str, base_dir: Path) -> WorkloadConfig
+        Validates the scenario's `workload:` mapping; `where` is the scenario file as the user should
+        read it. Relative paths resolve against base_dir and must exist. Raises ScenarioError
+        ("<where>: workload.<key path>: <what is allowed>").
+    build_workload(cfg: WorkloadConfig, rng: np.random.Generator) -> Workload
+        Vectorised and deterministic for a given rng; draws arrivals, prompt, output, priority in
+        that order. Trace problems raise ScenarioError naming the trace file and line.
+The YAML format is in docs/workload.md.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from .errors import ScenarioError
+from .traces import read_trace, shown
+
+
+@dataclass(frozen=True)
+class Workload:
+    arrival_s: np.ndarray      # float64 [n], seconds from the start, sorted ascending
+    prompt_tokens: np.ndarray  # int64 [n], >= 1
+    output_tokens: np.ndarray  # int64 [n], >= 1
+    priority: np.ndarray       # int64 [n], lower = more urgent (policy: priority); 0 when unknown
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+
+# ---- arrival processes: n arrival times in seconds, the first at t=0 (burst: at `at`) ----
+
+class ArrivalProcess(Protocol):
+    def times(self, rng: np.random.Generator, n: int) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class Poisson:
+    rate: float  # requests/s; gaps are exponential with mean 1/rate
+
+    def times(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return _cumulative(rng.exponential(1.0 / self.rate, size=n - 1))
+
+
+@dataclass(frozen=True)
+class Gamma:
+    rate: float  # requests/s
+    cv: float    # coefficient of variation of the gaps: 1 = Poisson, > 1 burstier, < 1 smoother
+
+    def times(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        shape = 1.0 / self.cv**2  # gamma(k, theta) has cv 1/sqrt(k) and mean k*theta = 1/rate
+        return _cumulative(rng.gamma(shape, 1.0 / (self.rate * shape), size=n - 1))
+
+
+@dataclass(frozen=True)
+class Constant:
+    rate: float  # requests/s, exactly 1/rate apart
+
+    def times(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return np.arange(n, dtype=np.float64) / self.rate
+
+
+@dataclass(frozen=True)
+class Burst:
+    at: float = 0.0  # seconds; every request arrives then
+
+    def times(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return np.full(n, self.at, dtype=np.float64)
+
+
+def _cumulative(gaps: np.ndarray) -> np.ndarray:
+    out = np.zeros(len(gaps) + 1, dtype=np.float64)
+    np.cumsum(gaps, out=out[1:])
+    return out
+
+
+# ---- length (and priority) distributions: n int64 values ----
+
+class LengthDist(Protocol):
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class Fixed:
+    value: int
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return np.full(n, self.value, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Uniform:
+    low: int
+    high: int  # inclusive
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return rng.integers(self.low, self.high, size=n, endpoint=True, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Lognormal:
+    mean: float       # tokens: mean and std of the lognormal itself, not of its logarithm
+    std: float
+    min: int = 1      # after rounding, values are clipped to [min, max]
+    max: int | None = None
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        sigma2 = np.log1p((self.std / self.mean) ** 2)  # from mean = e^(mu + s^2/2), var = (e^s^2 - 1) mean^2
+        x = rng.lognormal(np.log(self.mean) - sigma2 / 2, np.sqrt(sigma2), size=n)
+        return np.clip(np.rint(x), self.min, self.max).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class Empirical:
+    trace: Path   # absolute
+    column: str   # prompt | output: which of the trace's lengths to resample
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        lengths = read_trace(self.trace)[f"{self.column}_tokens"].to_numpy()
+        return lengths[rng.integers(0, len(lengths), size=n)]  # with replacement
+
+
+ARRIVALS = {"poisson": Poisson, "gamma": Gamma, "constant": Constant, "burst": Burst}
+LENGTHS = {"fixed": Fixed, "uniform": Uniform, "lognormal": Lognormal, "empirical": Empirical}
+PRIORITIES = {"fixed": Fixed, "uniform": Uniform}
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    trace: Path | None = None                   # absolute; set = replay it, None = generate
+    arrival: ArrivalProcess | None = None       # generator only
+    prompt_tokens: LengthDist | None = None     # generator only
+    output_tokens: LengthDist | None = None     # generator only
+    num_requests: int | None = None             # generator: how many; trace: the first N (None = all)
+    time_scale: float = 1.0                     # arrival offsets are divided by it (2 = twice the rate)
+    priority: LengthDist | None = None          # None: the trace's `priority` column, else all 0
+
+
+def build_workload(cfg: WorkloadConfig, rng: np.random.Generator) -> Workload:
+    """The requests `cfg` describes; every random draw comes from `rng`."""
+    if cfg.trace is not None:
+        arrival, prompt, output, priority = _replay(cfg.trace, cfg.num_requests)
+    else:
+        n = cfg.num_requests
+        arrival = cfg.arrival.times(rng, n)
+        prompt = cfg.prompt_tokens.sample(rng, n)
+        output = cfg.output_tokens.sample(rng, n)
+        priority = np.zeros(n, dtype=np.int64)
+    if cfg.priority is not None:
+        priority = cfg.priority.sample(rng, len(arrival))
+    return Workload(arrival_s=arrival / cfg.time_scale, prompt_tokens=prompt,
+                    output_tokens=output, priority=priority)
+
+
+def _replay(trace: Path, num_requests: int | None) -> tuple[np.ndarray, ...]:
+    table = read_trace(trace)
+    if num_requests is not None:
+        if num_requests > len(table):
+            raise ScenarioError(f"{shown(trace)}: has {len(table)} requests, fewer than "
+                                f"workload.num_requests = {num_requests}")
+        table = table.iloc[:num_requests]
+    return tuple(table[c].to_numpy(copy=True) for c in
+                 ("arrival_s", "prompt_tokens", "output_tokens", "priority"))
+
+
+# ---- parsing the YAML section ----
+
+GENERATOR_KEYS = ("arrival", "prompt_tokens", "output_tokens", "num_requests")
+SECTION_KEYS = ("trace", "time_scale", "priority", *GENERATOR_KEYS)
+
+
+def parse_workload(raw: dict, where: str, base_dir: Path) -> WorkloadConfig:
+    """The validated `workload:` section: a trace XOR a generator (see the module docstring)."""
+    top = _Keys(raw, where, "workload", SECTION_KEYS)
+    top.only()
+    priority = raw.get("priority")
+    common = dict(time_scale=top.number("time_scale", default=1.0),
+                  num_requests=top.integer("num_requests", 1, default=None),
+                  priority=None if priority is None else _dist(top, "priority", PRIORITIES, 0, base_dir))
+    if raw.get("trace") is not None:
+        clash = [k for k in GENERATOR_KEYS[:3] if raw.get(k) is not None]
+        if clash:
+            raise top.fail(clash[0], "not allowed with workload.trace (a trace gives arrivals and "
+                                     "lengths: use either trace or a generator)")
+        return WorkloadConfig(trace=top.file("trace", base_dir), **common)
+    missing = [k for k in GENERATOR_KEYS if raw.get(k) is None]
+    if missing:
+        raise ScenarioError(f"{where}: workload: needs either trace or all of "
+                            f"{', '.join(GENERATOR_KEYS)} (missing {', '.join(missing)})")
+    return WorkloadConfig(arrival=_arrival(top), **common,
+                          prompt_tokens=_dist(top, "prompt_tokens", LENGTHS, 1, base_dir),
+                          output_tokens=_dist(top, "output_tokens", LENGTHS, 1, base_dir))
+
+
+def _arrival(top: _Keys) -> ArrivalProcess:
+    keys = top.sub("arrival", "process")
+    process = keys.choice("process", tuple(ARRIVALS))
+    keys.only(ARRIVALS[process])
+    if process == "burst":
+        return Burst(keys.number("at", default=0.0, low=0.0))
+    if process == "gamma":
+        return Gamma(keys.number("rate"), keys.number("cv"))
+    return ARRIVALS[process](keys.number("rate"))
+
+
+def _dist(top: _Keys, key: str, table: dict, lo: int, base_dir: Path) -> LengthDist:
+    """One `{dist: ..., ...}` mapping; values (lengths, priorities) must be integers >= lo."""
+    keys = top.sub(key, "dist")
+    dist = keys.choice("dist", tuple(table))
+    keys.only(table[dist])
+    if dist == "fixed":
+        return Fixed(keys.integer("value", lo))
+    if dist == "uniform":
+        low = keys.integer("low", lo)
+        return Uniform(low, keys.integer("high", low))
+    if dist == "lognormal":
+        lowest = keys.integer("min", 1, default=1)
+        return Lognormal(keys.number("mean"), keys.number("std"), lowest,
+                         keys.integer("max", lowest, default=None))
+    default_column = {"prompt_tokens": "prompt", "output_tokens": "output"}[key]
+    return Empirical(keys.file("trace", base_dir),
+                     keys.choice("column", ("prompt", "output"), default_column))
+
+
+_REQUIRED = object()
+
+
+class _Keys:
+    """One mapping of the section: typed getters whose errors name the file and the key path."""
+
+    def __init__(self, raw: Any, where: str, path: str, allowed: tuple[str, ...]):
+        if not isinstance(raw, dict):
+            raise ScenarioError(f"{where}: {path}: expected a mapping, got {type(raw).__name__}")
+        self.raw, self.where, self.path, self.allowed = raw, where, path, allowed
+
+    def only(self, cls: type | None = None) -> None:
+        """Reject keys outside `allowed` (plus the fields of `cls`, once the dist is known)."""
+        if cls is not None:
+            self.allowed = self.allowed + tuple(f.name for f in fields(cls))
+        unknown = [k for k in self.raw if k not in self.allowed]
+        if unknown:
+            raise ScenarioError(f"{self.where}: {self.path}: unknown key {unknown[0]!r} "
+                                f"(allowed: {', '.join(self.allowed)})")
+
+    def sub(self, key: str, kind_key: str) -> _Keys:
+        return _Keys(self.raw[key], self.where, f"{self.path}.{key}", (kind_key,))
+
+    def fail(self, key: str, what: str) -> ScenarioError:
+        return ScenarioError(f"{self.where}: {self.path}.{key}: {what}")
+
+    def _get(self, key: str, default: Any, allowed: str) -> Any:
+        if self.raw.get(key) is not None:  # YAML `key:` with no value (null) counts as absent
+            return self.raw[key]
+        if default is _REQUIRED:
+            raise self.fail(key, f"missing (expected {allowed})")
+        return default
+
+    def integer(self, key: str, low: int, default: Any = _REQUIRED) -> int | None:
+        allowed = f"an integer >= {low}"
+        value = self._get(key, default, allowed)
+        if value is default:
+            return value
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise self.fail(key, f"{value!r} is not {allowed}")
+        return value
+
+    def number(self, key: str, default: Any = _REQUIRED, low: float | None = None) -> float:
+        """A finite number > 0 (or >= low when `low` is given)."""
+        allowed = "a number > 0" if low is None else f"a number >= {low:g}"
+        value = self._get(key, default, allowed)
+        if value is default:
+            return value
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value)
+        if not ok or (value <= 0 if low is None else value < low):
+            raise self.fail(key, f"{value!r} is not {allowed}")
+        return float(value)
+
+    def choice(self, key: str, options: tuple[str, ...], default: Any = _REQUIRED) -> str:
+        allowed = f"one of {', '.join(options)}"
+        value = self._get(key, default, allowed)
+        if value not in options:
+            raise self.fail(key, f"{value!r} is not {allowed}")
+        return value
+
+    def file(self, key: str, base_dir: Path) -> Path:
+        value = self._get(key, _REQUIRED, "a file path")
+        if not isinstance(value, str) or not value.strip():
+            raise self.fail(key, f"{value!r} is not a file path")
+        resolved = (Path(base_dir) / Path(value).expanduser()).resolve()
+        if not resolved.is_file():
+            raise self.fail(key, f"no such file {value!r} (looked in {shown(Path(base_dir).resolve())})")
+        return resolved

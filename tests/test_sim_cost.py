@@ -1,0 +1,230 @@
+"""Step-cost models: unit, roofline (checked against hand formulas), profile (parsing + errors),
+the steps-vectorisation contract, and monotonicity."""
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from hypothesis import given, settings, strategies as st
+
+from sim.batch import BatchStats
+from sim.cost import (COST_MODELS, ProfileCost, RooflineCost, UnitCost, load_profile,
+                      make_cost_model, prefill_attention_work)
+from sim.errors import ScenarioError
+from sim.hardware import HARDWARE_PRESETS
+from sim.models import MODEL_PRESETS
+
+EXAMPLE = Path(__file__).parent.parent / "scenarios/profiles/example-h100-llama-3-8b.yaml"
+LLAMA3, H100 = MODEL_PRESETS["llama-3-8b"], HARDWARE_PRESETS["h100-sxm"]
+EFF_FLOPS, EFF_BW = 989e12 * 0.7, 3.35e12 * 0.85  # default efficiencies
+
+
+def batch(prefill=(), contexts=None, decodes=0, ctx_sum=0):
+    lens = np.array(prefill, dtype=np.int64)
+    ctxs = np.zeros_like(lens) if contexts is None else np.array(contexts, dtype=np.int64)
+    return BatchStats(prefill_lens=lens, prefill_contexts=ctxs, num_decodes=decodes,
+                      decode_context_sum=ctx_sum)
+
+
+def test_unit_cost_counts_iterations():
+    np.testing.assert_array_equal(UnitCost().step_times(batch([5]), 1), [1.0])
+    np.testing.assert_array_equal(UnitCost().step_times(batch(decodes=3, ctx_sum=9), 4), [1.0] * 4)
+
+
+def test_roofline_decode_batch1_is_bandwidth_bound():
+    t = RooflineCost(LLAMA3, H100).step_times(batch(decodes=1, ctx_sum=1024))[0]
+    # Weights read once: 32 layers x 218,103,808 + lm_head 128256 x 4096, 2 bytes each.
+    weights = (32 * 218_103_808 + 128256 * 4096) * 2
+    kv = (1024 + 1) * 131_072  # context read + one new token written
+    expected = 2e-3 + 5e-6 + weights / EFF_BW + kv / EFF_BW
+    assert t == pytest.approx(expected, rel=1e-12)
+    assert t - 2e-3 == pytest.approx(16e9 / EFF_BW, rel=0.1)  # the "~5.6 ms" envelope
+
+
+def test_roofline_prefill_8k_is_compute_bound():
+    t = RooflineCost(LLAMA3, H100).step_times(batch([8192]))[0]
+    linear = 2 * (32 * 218_103_808 * 8192 + 128256 * 4096 * 1) / EFF_FLOPS  # logits: 1 row
+    attention = 4 * 32 * 32 * 128 * (8192 * 8193 / 2) / EFF_FLOPS
+    assert t == pytest.approx(2e-3 + 5e-6 + linear + attention, rel=1e-12)
+    assert linear == pytest.approx(2 * 8e9 * 8192 / EFF_FLOPS, rel=0.15)  # the "~190 ms"
+    assert 0.17 < t < 0.22
+
+
+def test_roofline_tensor_parallel_adds_allreduce():
+    m70 = MODEL_PRESETS["llama-3-70b"]
+    one = RooflineCost(m70, H100, 4, allreduce_latency_s=0.0)
+    lat = RooflineCost(m70, H100, 4)
+    b = batch(decodes=8, ctx_sum=8000)
+    # 160 all-reduces of 8 tokens x 8192 x 2 bytes, ring factor 2 x 3/4, at 450e9 x 0.7 B/s
+    ring = 160 * 1.5 * 8 * 8192 * 2 / (450e9 * 0.7)
+    no_comm = RooflineCost(m70, H100, 1)._weight_read_s / 4  # weights split over 4 ranks
+    assert lat.step_times(b)[0] - one.step_times(b)[0] == pytest.approx(160 * 10e-6)
+    assert one.step_times(b)[0] == pytest.approx(
+        2e-3 + 8 * 5e-6 + no_comm + ring + (8000 + 8) * (327_680 / 4) / EFF_BW, rel=1e-9)
+
+
+def test_prefill_attention_work():
+    assert prefill_attention_work(batch([4, 10], [6, 0])) == 4 * 6 + 8 + 50
+    assert prefill_attention_work(batch(decodes=3, ctx_sum=10)) == 0.0
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {"unit": UnitCost(), "roofline": RooflineCost(LLAMA3, H100),
+            "roofline-tp2": RooflineCost(LLAMA3, H100, 2),
+            "profile": ProfileCost.from_file(EXAMPLE)}
+
+
+@settings(max_examples=60, deadline=None)
+@given(decodes=st.integers(0, 512), ctx=st.integers(0, 4000), steps=st.integers(1, 300),
+       prefill=st.lists(st.integers(1, 2048), max_size=2))
+def test_steps_vectorisation_matches_one_by_one(models, decodes, ctx, steps, prefill):
+    if not decodes and not prefill:
+        return
+    b = batch(prefill, decodes=decodes, ctx_sum=decodes * ctx)
+    for name, model in models.items():
+        times = model.step_times(b, steps)
+        assert times.shape == (steps,)
+        for j in sorted({0, min(1, steps - 1), steps // 2, steps - 1}):
+            advanced = replace(b, decode_context_sum=b.decode_context_sum + j * decodes)
+            single = model.step_times(advanced, 1)
+            assert single.shape == (1,)
+            assert times[j] == pytest.approx(single[0], rel=1e-12), (name, j)
+
+
+chunks = st.lists(st.tuples(st.integers(1, 4096), st.integers(0, 8192)), max_size=4)
+
+
+@settings(max_examples=150, deadline=None)
+@given(chunks=chunks, decodes=st.integers(0, 256), ctx=st.integers(1, 8192),
+       grow=st.sampled_from(["chunk", "context", "new_chunk", "decode", "decode_ctx"]),
+       by=st.integers(1, 5000))
+def test_more_work_is_never_cheaper(models, chunks, decodes, ctx, grow, by):
+    lens, ctxs = [c for c, _ in chunks], [p for _, p in chunks]
+    small = batch(lens, ctxs, decodes, decodes * ctx)
+    if grow in ("chunk", "context") and not lens:
+        return
+    if grow == "chunk":
+        lens[0] += by
+    elif grow == "context":
+        ctxs[0] += by
+    elif grow == "new_chunk":
+        lens, ctxs = lens + [by], ctxs + [0]
+    big = batch(lens, ctxs, decodes + (grow == "decode"),
+                decodes * ctx + by * (grow in ("decode", "decode_ctx")))
+    for name, model in models.items():
+        assert model.step_times(big)[0] >= model.step_times(small)[0], name
+
+
+def test_profile_cost_formula():
+    p = load_profile(EXAMPLE)
+    assert p.metadata["measured"] is False and p.metadata["model"] == "llama-3-8b"
+    b = batch([100, 30], [0, 50], decodes=10, ctx_sum=5000)  # 140 tokens, 12 seqs
+    tokens = 5.8e-3 + (6.8e-3 - 5.8e-3) * (140 - 128) / 128
+    work = 100 * 100 / 2 + 30 * 50 + 30 * 30 / 2
+    expected = 2e-3 + tokens + 6.0e-11 * 5000 + 8.8e-10 * work + 4e-6 * 12
+    assert ProfileCost(p).step_times(b)[0] == pytest.approx(expected, rel=1e-12)
+    # Past the last knot the last segment's slope continues: 20k tokens.
+    slope = (334e-3 - 167e-3) / 8192
+    assert p.tokens_time(20000) == pytest.approx(334e-3 + slope * (20000 - 16384), rel=1e-12)
+
+
+def _doc():
+    return yaml.safe_load(EXAMPLE.read_text())
+
+
+def _write(tmp_path, doc):
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(doc) if not isinstance(doc, str) else doc)
+    return path
+
+
+def _set(doc, dotted, value):
+    *parents, last = dotted.split(".")
+    node = doc
+    for key in parents:
+        node = node[key]
+    if value is KeyError:
+        del node[last]
+    else:
+        node[last] = value
+    return doc
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("format", "servesim-step-profile/v0", "p.yaml: format: got 'servesim-step-profile/v0'; "
+                                           "allowed: servesim-step-profile/v1"),
+    ("extra", 1, "p.yaml: unknown key 'extra'; allowed: format, metadata, model"),
+    ("model", KeyError, "p.yaml: missing key 'model'"),
+    ("metadata.device", KeyError, "p.yaml: metadata: missing key 'device'"),
+    ("metadata.colour", "red", "p.yaml: metadata: unknown key 'colour'; allowed: device"),
+    ("metadata.tensor_parallel_size", 0, "p.yaml: metadata.tensor_parallel_size: must be a "
+                                         "positive integer, got 0"),
+    ("metadata.measured", "no", "p.yaml: metadata.measured: must be true or false"),
+    ("metadata.model", 3, "p.yaml: metadata.model: must be a non-empty string"),
+    ("metadata.heldout_mape", -0.1, "p.yaml: metadata.heldout_mape: must be >= 0"),
+    ("model.num_seqs", KeyError, "p.yaml: model: missing key 'num_seqs'"),
+    ("model.slope", 1.0, "p.yaml: model: unknown key 'slope'; allowed: intercept"),
+    ("model.intercept", -1e-3, "p.yaml: model.intercept: must be >= 0, got -0.001"),
+    ("model.decode_context_sum", "fast", "p.yaml: model.decode_context_sum: must be a finite "
+                                         "number, got 'fast'"),
+    ("model.num_seqs", float("inf"), "p.yaml: model.num_seqs: must be a finite number"),
+    ("model.total_tokens", [1, 2], "p.yaml: model.total_tokens: must be a mapping"),
+    ("model.total_tokens.knots", [0, 5, 5] + list(range(6, 14)), "p.yaml: model.total_tokens."
+                                                              "knots: must be strictly increasing"),
+    ("model.total_tokens.knots", [0], "p.yaml: model.total_tokens.knots: must be a list of at "
+                                      "least 2"),
+    ("model.total_tokens.seconds", [1.0, 0.5] + [2.0] * 9, "p.yaml: model.total_tokens.seconds: "
+                                                            "must be non-decreasing"),
+    ("model.total_tokens.seconds", [1.0, 2.0], "p.yaml: model.total_tokens: knots and seconds "
+                                               "must have the same length, got 11 and 2"),
+    ("model.total_tokens.knots", [-1] + list(range(1, 11)), "p.yaml: model.total_tokens."
+                                                             "knots\\[0\\]: must be >= 0"),
+])
+def test_profile_errors(tmp_path, key, value, message):
+    path = _write(tmp_path, _set(_doc(), key, value))
+    with pytest.raises(ScenarioError, match="^" + message.replace("p.yaml", str(path))):
+        load_profile(path)
+
+
+def test_profile_file_errors(tmp_path):
+    with pytest.raises(ScenarioError, match="^s.yaml: cost_model.profile: profile file .*nope"):
+        make_cost_model({"profile": tmp_path / "nope.yaml"}, LLAMA3, H100, 1, "s.yaml: cost_model")
+    with pytest.raises(ScenarioError, match="p.yaml: not a readable YAML file"):
+        load_profile(_write(tmp_path, "model: [unclosed"))
+    with pytest.raises(ScenarioError, match="p.yaml: must be a mapping with keys format"):
+        load_profile(_write(tmp_path, "- just a list"))
+    # PyYAML reads 6e-11 (no dot) as a string; it is still accepted as a number.
+    text = EXAMPLE.read_text().replace("6.0e-11", "6e-11")
+    assert load_profile(_write(tmp_path, text)).decode_context_sum == 6e-11
+
+
+def test_make_cost_model():
+    assert set(COST_MODELS) == {"unit", "roofline", "profile"}
+    assert isinstance(make_cost_model("unit", LLAMA3, H100, 1), UnitCost)
+    assert isinstance(make_cost_model("roofline", LLAMA3, H100, 1), RooflineCost)
+    assert isinstance(make_cost_model({"profile": EXAMPLE}, LLAMA3, H100, 1), ProfileCost)
+    slow = make_cost_model({"roofline": {"overhead_s": 0.01}}, LLAMA3, H100, 1)
+    fast = make_cost_model("roofline", LLAMA3, H100, 1)
+    b = batch(decodes=1, ctx_sum=10)
+    assert slow.step_times(b)[0] - fast.step_times(b)[0] == pytest.approx(0.008)
+
+
+@pytest.mark.parametrize("spec, tp, hw, message", [
+    ("vidur", 1, "h100-sxm", "^s.yaml: cost_model: unknown cost model 'vidur'; allowed: unit, "
+                             "roofline, "),
+    ({"unit": 1}, 1, "h100-sxm", "unknown cost model \\{'unit': 1\\}"),
+    ({"roofline": {"speed": 2}}, 1, "h100-sxm", "s.yaml: cost_model.roofline: unknown key "
+                                                "'speed'; allowed: compute_efficiency"),
+    ({"roofline": {"compute_efficiency": 1.5}}, 1, "h100-sxm",
+     "cost_model.roofline.compute_efficiency: must be in \\(0, 1\\], got 1.5"),
+    ("roofline", 2, "custom", "roofline needs custom.interconnect_bandwidth > 0 for "
+                              "tensor_parallel_size=2"),
+    ({"profile": EXAMPLE}, 2, "h100-sxm", "metadata.tensor_parallel_size is 1 but the scenario "
+                                          "runs tensor_parallel_size=2"),
+])
+def test_make_cost_model_errors(spec, tp, hw, message):
+    hardware = HARDWARE_PRESETS.get(hw) or replace(H100, name="custom", interconnect_bandwidth=0.0)
+    with pytest.raises(ScenarioError, match=message):
+        make_cost_model(spec, LLAMA3, hardware, tp, "s.yaml: cost_model")
