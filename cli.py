@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -39,12 +39,12 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
 def run(
     scenario: Annotated[Path, typer.Argument(help="Scenario YAML, e.g. scenarios/quickstart.yaml.",
                                              show_default=False)],
-    out: Annotated[Optional[Path], typer.Option(
+    out: Annotated[Path | None, typer.Option(
         "--out", "-o", help="Output directory for requests.csv, steps.csv, summary.json. "
                             "\\[default: runs/<scenario name>]", metavar="DIR", show_default=False)] = None,
-    seed: Annotated[Optional[int], typer.Option(
+    seed: Annotated[int | None, typer.Option(
         help="Override the scenario's seed.", metavar="N", show_default=False)] = None,
-    set_: Annotated[Optional[list[str]], typer.Option(
+    set_: Annotated[list[str] | None, typer.Option(
         "--set", help="Override a scenario key, e.g. [bold]--set engine.max_num_seqs=128[/]; "
                       "the value is parsed as YAML. Repeatable.", metavar="KEY=VALUE",
         show_default=False)] = None,
@@ -73,7 +73,7 @@ def run(
     except OSError as e:  # e.g. the output directory is not writable
         raise _fail(f"{e.filename or ''}: {e.strerror or e}".lstrip(": "), code=1) from None
     except KeyboardInterrupt:
-        raise _fail("interrupted; no output written", code=130) from None
+        raise _fail("interrupted; the run is incomplete (no summary.json written)", code=130) from None
     if not quiet:
         from rich.console import Console
 
@@ -88,7 +88,7 @@ class _LazyProgress:
     def __init__(self, enabled: bool = True):
         self.enabled, self.start, self.bar, self.task = enabled, time.monotonic(), None, None
 
-    def __enter__(self) -> "_LazyProgress":
+    def __enter__(self) -> _LazyProgress:
         self.start = time.monotonic()
         return self
 
@@ -99,8 +99,7 @@ class _LazyProgress:
             if time.monotonic() - self.start < PROGRESS_AFTER_S:
                 return
             from rich.console import Console
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                       TimeRemainingColumn)
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
             self.bar = Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(),
                                 TextColumn("requests, ETA"), TimeRemainingColumn(),
@@ -109,7 +108,7 @@ class _LazyProgress:
             self.task = self.bar.add_task("simulating", total=total, completed=done)
         self.bar.update(self.task, completed=done, total=total)
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self.bar is not None:
             self.bar.stop()
 

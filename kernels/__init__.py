@@ -19,7 +19,7 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 from .decode import choose_num_splits, paged_decode  # noqa: E402
+from .kv_write import write_kv  # noqa: E402
 from .prefill import paged_prefill  # noqa: E402
-from .write_kv import write_kv  # noqa: E402
 
 __all__ = ["write_kv", "paged_decode", "paged_prefill", "choose_num_splits"]

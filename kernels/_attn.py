@@ -7,12 +7,50 @@ independent of the cache's page size: every key position is mapped through the b
 ``(physical block, offset)``, so a tile may span several pages or a fraction of one.
 
 Scores live in the log2 domain (``qk_scale`` already includes log2(e)) so the kernels use ``exp2``.
+
+The kernels call only Triton builtins and ``@triton.jit`` functions of this package, never the
+``@jit`` helpers of ``triton.language.standard`` (``tl.max``, ``tl.sum``, ``tl.zeros``, ``tl.cdiv``):
+those are bound to compiled or interpreted mode when ``triton`` is first imported, so a process that
+imported triton before ``kernels`` turned the interpreter on would otherwise fail on a CPU.
+``row_max`` / ``row_sum`` are the same ``tl.reduce`` calls that ``tl.max`` / ``tl.sum`` make.
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def _max_combine(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _sum_combine(a, b):
+    return a + b
+
+
+# The combine functions behind tl.max / tl.sum where this triton has them: the interpreter recognises
+# them and reduces with numpy instead of calling the combine function element by element.
+_MAX_COMBINE = getattr(tl.standard, "_elementwise_max", _max_combine)
+_SUM_COMBINE = getattr(tl.standard, "_sum_combine", _sum_combine)
+
+
+@triton.jit
+def row_max(
+    x,  # fp32 tile
+    AXIS: tl.constexpr,  # axis to reduce
+):
+    return tl.reduce(x, AXIS, _MAX_COMBINE)
+
+
+@triton.jit
+def row_sum(
+    x,  # fp32 tile
+    AXIS: tl.constexpr,  # axis to reduce
+):
+    return tl.reduce(x, AXIS, _SUM_COMBINE)
 
 
 @triton.jit
@@ -60,11 +98,11 @@ def attend_tiles(
         if MASKED:
             visible = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
             s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_new = tl.maximum(m_i, row_max(s, 1))
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
         alpha = tl.exp2(m_i - m_ref)
         p = tl.exp2(s - m_ref[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+        l_i = l_i * alpha + row_sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
     return acc, m_i, l_i

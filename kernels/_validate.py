@@ -20,6 +20,11 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``."""
+    return str(dtype).removeprefix("torch.")
+
+
 def require(condition: bool, message: str) -> None:
     """Raise ``ValueError(message)`` unless ``condition`` holds."""
     if not condition:
@@ -30,8 +35,8 @@ def check_tensor(name: str, t: object, ndim: int, dtypes: tuple[torch.dtype, ...
     """Check that ``t`` is a tensor with ``ndim`` dimensions and one of ``dtypes``."""
     require(isinstance(t, torch.Tensor), f"{name} must be a torch.Tensor, got {type(t).__name__}")
     require(t.dim() == ndim, f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
-    allowed = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
-    require(t.dtype in dtypes, f"{name} must have dtype {allowed}, got {str(t.dtype).removeprefix('torch.')}")
+    allowed = " or ".join(dtype_name(d) for d in dtypes)
+    require(t.dtype in dtypes, f"{name} must have dtype {allowed}, got {dtype_name(t.dtype)}")
     return t
 
 
@@ -58,7 +63,8 @@ def check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int,
             f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must have the same "
             "shape [num_blocks, block_size, num_kv_heads, head_dim]")
     require(k_cache.dtype == v_cache.dtype,
-            f"k_cache ({k_cache.dtype}) and v_cache ({v_cache.dtype}) must have the same dtype")
+            f"k_cache ({dtype_name(k_cache.dtype)}) and v_cache ({dtype_name(v_cache.dtype)}) "
+            "must have the same dtype")
     num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
     require(min(num_blocks, block_size, num_kv_heads, head_dim) > 0,
             f"k_cache has an empty dimension: shape {tuple(k_cache.shape)}")
@@ -69,7 +75,8 @@ def check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int,
 def check_query(q: torch.Tensor, k_cache: torch.Tensor, num_kv_heads: int, head_dim: int) -> int:
     """Validate ``q: [tokens, num_q_heads, head_dim]`` against the cache; returns the GQA group size."""
     check_tensor("q", q, 3, FLOAT_DTYPES)
-    require(q.dtype == k_cache.dtype, f"q dtype {q.dtype} must match the cache dtype {k_cache.dtype}")
+    require(q.dtype == k_cache.dtype,
+            f"q dtype {dtype_name(q.dtype)} must match the cache dtype {dtype_name(k_cache.dtype)}")
     require(q.shape[2] == head_dim, f"q head_dim {q.shape[2]} must match the cache head_dim {head_dim}")
     num_q_heads = q.shape[1]
     require(num_q_heads > 0 and num_q_heads % num_kv_heads == 0,
@@ -83,22 +90,20 @@ def check_out(out: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
         return torch.empty_like(like, memory_format=torch.contiguous_format)
     require(isinstance(out, torch.Tensor) and out.shape == like.shape and out.dtype == like.dtype
             and out.device == like.device,
-            f"out must be a {like.dtype} tensor of shape {tuple(like.shape)} on {like.device}")
+            f"out must be a {dtype_name(like.dtype)} tensor of shape {tuple(like.shape)} on {like.device}")
     return out
 
 
-def check_lengths(name: str, lengths: torch.Tensor, num_seqs: int, *, minimum: int,
-                  max_len: int | None) -> int:
-    """Validate per-sequence int32 lengths; returns their maximum (read from the device unless given)."""
+def host_range(t: torch.Tensor) -> tuple[int, int]:
+    """(min, max) of a non-empty integer tensor, read back to the host in one transfer."""
+    lo, hi = torch.stack(torch.aminmax(t)).tolist()
+    return int(lo), int(hi)
+
+
+def check_lengths(name: str, lengths: torch.Tensor, num_seqs: int) -> None:
+    """``lengths: [num_seqs]`` int32, one entry per sequence."""
     check_tensor(name, lengths, 1, (torch.int32,))
     require(lengths.shape[0] == num_seqs, f"{name} has {lengths.shape[0]} entries for {num_seqs} sequences")
-    if max_len is not None:  # trusted hint: no device->host sync
-        return int(max_len)
-    if num_seqs == 0:
-        return 0
-    lo, hi = torch.aminmax(lengths)
-    require(int(lo) >= minimum, f"{name} must be >= {minimum}, got {int(lo)}")
-    return int(hi)
 
 
 def check_block_tables(block_tables: torch.Tensor, num_seqs: int, block_size: int,

@@ -15,13 +15,26 @@ chunk see the most keys) to shorten the tail.
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import torch
 import triton
 import triton.language as tl
 
 from ._attn import attend_tiles, normalise
-from ._validate import (check_block_tables, check_cache, check_devices, check_lengths, check_out,
-                        check_query, check_tensor, dot_options, head_dim_tile, next_pow2, require)
+from ._validate import (
+    check_block_tables,
+    check_cache,
+    check_devices,
+    check_lengths,
+    check_out,
+    check_query,
+    check_tensor,
+    dot_options,
+    head_dim_tile,
+    next_pow2,
+    require,
+)
 
 LOG2E = 1.4426950408889634
 
@@ -92,9 +105,9 @@ def _prefill_kernel(
     diag_lo = (offset + first + 1) // BLOCK_N * BLOCK_N  # keys below this are visible to every row
     hi = offset + last + 1  # one past the last key any row sees
 
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    acc = tl.full([BLOCK_M, BLOCK_D], 0.0, tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    l_i = tl.full([BLOCK_M], 0.0, tl.float32)
     q_pos = offset + tokens
     k_head_ptr = k_cache_ptr + kv_head.to(tl.int64) * stride_kh
     v_head_ptr = v_cache_ptr + kv_head.to(tl.int64) * stride_vh
@@ -124,17 +137,18 @@ def default_config(head_dim: int, dtype: torch.dtype, group: int, max_seqlen_q: 
             "num_warps": 8 if block_m >= 128 else 4, "num_stages": 3}
 
 
-def _check_cu_seqlens(cu_seqlens_q: torch.Tensor, num_tokens: int, context_lens: torch.Tensor) -> int:
-    """Validate the ragged query layout against the contexts; returns the longest chunk (host sync)."""
-    starts = cu_seqlens_q.tolist()
+def _check_ragged(cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor, num_tokens: int) -> tuple[int, int]:
+    """Validate the ragged layout against the contexts (one host sync); returns (max q_len, max context)."""
+    values = torch.cat([cu_seqlens_q, context_lens]).tolist()
+    starts, contexts = values[: len(cu_seqlens_q)], values[len(cu_seqlens_q) :]
     require(starts[0] == 0 and starts[-1] == num_tokens,
             f"cu_seqlens_q must start at 0 and end at total_q_tokens={num_tokens}, got {starts[0]}..{starts[-1]}")
-    q_lens = [b - a for a, b in zip(starts, starts[1:])]
+    q_lens = [b - a for a, b in pairwise(starts)]
     require(min(q_lens, default=0) >= 0, "cu_seqlens_q must be non-decreasing")
-    for i, (q_len, ctx) in enumerate(zip(q_lens, context_lens.tolist())):
+    for i, (q_len, ctx) in enumerate(zip(q_lens, contexts, strict=True)):
         require(q_len <= ctx, f"sequence {i} has {q_len} query tokens but context_lens[{i}] = {ctx}; "
                               "the chunk must already be in the cache")
-    return max(q_lens, default=0)
+    return max(q_lens, default=0), max(contexts, default=0)
 
 
 def paged_prefill(
@@ -173,12 +187,10 @@ def paged_prefill(
                   cu_seqlens_q=cu_seqlens_q, context_lens=context_lens)
     num_seqs = cu_seqlens_q.shape[0] - 1
     require(num_seqs >= 0, "cu_seqlens_q must have num_seqs + 1 >= 1 entries")
-    trusted = max_seqlen_q is not None and max_context_len is not None
-    max_ctx = check_lengths("context_lens", context_lens, num_seqs, minimum=0,
-                            max_len=max_context_len if trusted else None)
-    if not trusted:
-        max_seqlen_q = _check_cu_seqlens(cu_seqlens_q, q.shape[0], context_lens)
-    check_block_tables(block_tables, num_seqs, block_size, max_ctx)
+    check_lengths("context_lens", context_lens, num_seqs)
+    if max_seqlen_q is None or max_context_len is None:  # no hints: validate the lengths on the host
+        max_seqlen_q, max_context_len = _check_ragged(cu_seqlens_q, context_lens, q.shape[0])
+    check_block_tables(block_tables, num_seqs, block_size, max_context_len)
     out = check_out(out, q)
     if num_seqs == 0 or q.shape[0] == 0 or max_seqlen_q == 0:
         return out

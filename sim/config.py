@@ -14,16 +14,16 @@ scenario_from_dict again with overrides.
 from __future__ import annotations
 
 import copy
-import difflib
-import math
 import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 import yaml
 
 from . import cost, hardware, memory, models, workload
+from .checks import Where, _check_keys, _choice, _existing_path, _int, _num, _or, _section, _show
 from .errors import ScenarioError
 from .hardware import HardwareSpec
 from .models import ModelSpec
@@ -57,7 +57,7 @@ class Scenario:
     seed: int
     model: ModelSpec
     hardware: HardwareSpec
-    cost_model: Any            # "roofline" | "unit" | {"profile": Path} (path resolved against base_dir)
+    cost_model: Any            # "roofline" | "unit" | {"roofline": {...}} | {"profile": absolute Path}
     engine: EngineConfig
     workload: Any              # WorkloadConfig (sim/workload.py owns its shape)
     slo: SLOConfig | None
@@ -72,7 +72,6 @@ TOP_KEYS = ("name", "seed", "model", "hardware", "cost_model", "engine", "worklo
 MAX_BLOCK_SIZE = 1024  # tokens; bigger "pages" make paging pointless and usually mean a typo
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # the name becomes the folder runs/<name>
 
-Where = Callable[[str], str]  # key path -> "file: key.path", or "--set key.path" if a --set wrote it
 
 
 def load_scenario(path: str | Path, overrides: Iterable[str] = (), seed: int | None = None) -> Scenario:
@@ -97,18 +96,18 @@ def scenario_from_dict(raw: Mapping[str, Any], source: str | Path | None = None,
     for key in ("model", "hardware", "workload"):
         if raw.get(key) is None:
             raise ScenarioError(f"{w(key)}: missing; required: {_HINTS[key]()}")
-    name = raw.get("name", Path(label).stem if source is not None else "scenario")
+    name = _or(raw.get("name"), Path(label).stem if source is not None else "scenario")
     if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         raise ScenarioError(f"{w('name')}: {_show(name)} is not a name of letters, digits, "
                             "'.', '_', '-' (it names the default output folder runs/<name>)")
-    seed = _int(raw.get("seed", 0), w("seed"), lo=0) if seed is None else _int(seed, "--seed", lo=0)
+    seed = _int(_or(raw.get("seed"), 0), w("seed"), lo=0) if seed is None else _int(seed, "--seed", lo=0)
 
     model = _parse_model(raw["model"], w, base_dir)
     hw = _parse_hardware(raw["hardware"], w)
     engine = _parse_engine(raw.get("engine"), w)
     _check_fits(engine, model, hw, w)
     cost_model = _delegate(overridden, "cost_model", lambda: _parse_cost_model(
-        raw.get("cost_model", "roofline"), w, base_dir, model, hw, engine))
+        _or(raw.get("cost_model"), "roofline"), w, base_dir, model, hw, engine))
     work = _delegate(overridden, "workload", lambda: workload.parse_workload(
         raw["workload"], label, base_dir))  # its messages read "<label>: workload.<key>: ..."
     return Scenario(name=name, seed=seed, model=model, hardware=hw, cost_model=cost_model,
@@ -142,7 +141,7 @@ def _read_yaml(path: Path) -> Any:
     except (OSError, UnicodeDecodeError) as e:
         raise ScenarioError(f"{path}: cannot read: {e}") from None
     try:
-        raw = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+        raw = yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = f" line {mark.line + 1}:" if mark is not None else ""
@@ -181,7 +180,8 @@ def _apply_overrides(raw: dict, overrides: Iterable[str]) -> dict[str, str]:
 
 def _where_fn(label: str, overridden: Mapping[str, str]) -> Where:
     def where(path: str) -> str:
-        if any(path == k or path.startswith(k + ".") for k in overridden):
+        # A --set wrote this key, a mapping around it, or a key inside it.
+        if any(path == k or path.startswith(k + ".") or k.startswith(path + ".") for k in overridden):
             return f"--set {path}"
         return f"{label}: {path}"
     return where
@@ -196,77 +196,6 @@ def _delegate(overridden: Mapping[str, str], section: str, parse: Callable[[], A
         if not sets or "--set" in str(e):
             raise
         raise ScenarioError(f"{e} (after {', '.join(sets)})") from None
-
-
-# ---------------------------------------------------------------- value checks
-
-def _show(v: Any) -> str:
-    """A value as YAML spells it, for messages."""
-    if v is None or isinstance(v, bool):
-        return {None: "null", True: "true", False: "false"}[v]
-    if isinstance(v, (dict, list)):
-        return "a mapping" if isinstance(v, dict) else "a list"
-    return repr(v)
-
-
-def _number_hint(v: Any) -> str:
-    if isinstance(v, str):
-        try:
-            float(v)
-        except ValueError:
-            return ""
-        return " (YAML 1.1 reads 1e3 as a string; write 1000 or 1.0e+3)"
-    return ""
-
-
-def _int(v: Any, where: str, lo: int, hi: int | None = None) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
-        allowed = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
-        raise ScenarioError(f"{where}: {_show(v)} is not an integer {allowed}{_number_hint(v)}")
-    return v
-
-
-def _num(v: Any, where: str, lo: float, hi: float | None = None, open_lo: bool = False,
-         open_hi: bool = False) -> float:
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-    if not ok or v < lo or (open_lo and v == lo) or (hi is not None and (v > hi or open_hi and v == hi)):
-        allowed = (f"{'>' if open_lo else '>='} {lo}" if hi is None else
-                   f"in {'(' if open_lo else '['}{lo}, {hi}{')' if open_hi else ']'}")
-        raise ScenarioError(f"{where}: {_show(v)} is not a number {allowed}{_number_hint(v)}")
-    return float(v)
-
-
-def _choice(v: Any, where: str, allowed: Iterable[str]) -> str:
-    if not isinstance(v, str) or v not in allowed:
-        raise ScenarioError(f"{where}: {_show(v)} is not one of {', '.join(allowed)}")
-    return v
-
-
-def _check_keys(m: dict, prefix: str, w: Where, allowed: Iterable[str]) -> None:
-    for key in m:
-        if key not in allowed:
-            close = difflib.get_close_matches(str(key), allowed, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            path = f"{prefix}.{key}" if prefix else str(key)
-            raise ScenarioError(f"{w(path)}: unknown key{hint}; allowed: {', '.join(allowed)}")
-
-
-def _section(v: Any, key: str, w: Where, allowed: tuple[str, ...]) -> dict:
-    if v is None:
-        return {}
-    if not isinstance(v, dict):
-        raise ScenarioError(f"{w(key)}: {_show(v)} is not a mapping; allowed keys: {', '.join(allowed)}")
-    _check_keys(v, key, w, allowed)
-    return v
-
-
-def _existing_path(v: Any, key: str, w: Where, base_dir: Path, what: str) -> Path:
-    if not isinstance(v, str) or not v:
-        raise ScenarioError(f"{w(key)}: {_show(v)} is not {what}")
-    path = base_dir / Path(v).expanduser()
-    if not path.exists():
-        raise ScenarioError(f"{w(key)}: no such file {v!r} (looked in {base_dir})")
-    return path
 
 
 # ---------------------------------------------------------------- sections
@@ -315,8 +244,8 @@ def _parse_hardware(v: Any, w: Where) -> HardwareSpec:
 
 def _parse_engine(v: Any, w: Where) -> EngineConfig:
     m = _section(v, "engine", w, tuple(f.name for f in fields(EngineConfig)))
-    get = lambda key: m.get(key, getattr(EngineConfig, key))  # noqa: E731 - YAML value or default
-    at = lambda key: w("engine." + key)  # noqa: E731
+    get = lambda key: _or(m.get(key), getattr(EngineConfig, key))
+    at = lambda key: w("engine." + key)
     block_size = _int(get("block_size"), at("block_size"), lo=1, hi=MAX_BLOCK_SIZE)
     if block_size & (block_size - 1):
         raise ScenarioError(f"{at('block_size')}: {block_size} is not a power of two "
@@ -383,6 +312,6 @@ def _parse_slo(v: Any, w: Where) -> SLOConfig | None:
               for k in ("ttft_ms", "tpot_ms")}
     if limits["ttft_ms"] is None and limits["tpot_ms"] is None:
         raise ScenarioError(f"{w('slo')}: give ttft_ms and/or tpot_ms (milliseconds), or leave slo out")
-    pct = _num(m.get("percentile", SLOConfig.percentile), w("slo.percentile"), 0, 100,
+    pct = _num(_or(m.get("percentile"), SLOConfig.percentile), w("slo.percentile"), 0, 100,
                open_lo=True, open_hi=True)
     return SLOConfig(percentile=pct, **limits)

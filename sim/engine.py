@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Callable
 
 import numpy as np
+import simpy
 
 from .cost import CostModel
 from .recorder import Recorder
@@ -53,11 +54,21 @@ class Replica:
             if steps > 1 and batch.arrival_sensitive:
                 steps = self._steps_before_arrival(start, durations)
                 durations = durations[:steps]
-            yield env.timeout(float(durations.sum()) if steps > 1 else float(durations[0]))
+            yield self._iteration_end(float(durations.sum()) if steps > 1 else float(durations[0]))
             scheduler.update(batch, steps, env.now)
             self.recorder.record(self.index, start, durations, batch)
             if self.on_iteration is not None:
                 self.on_iteration()
+            if inbox.routed_live:
+                yield env.timeout(0)  # let the router place arrivals at this instant first
+
+    def _iteration_end(self, delay: float):
+        """A timeout that fires before same-instant NORMAL events (a router's arrivals), so that at
+        every instant iterations end first, then arrivals are routed, then replicas schedule."""
+        event = simpy.Event(self.env)
+        event._ok, event._value = True, None  # what simpy.Timeout sets; only the priority differs
+        self.env.schedule(event, simpy.core.URGENT, delay)
+        return event
 
     def _steps_before_arrival(self, start: float, durations: np.ndarray) -> int:
         """Iterations up to and including the first one that ends at or after the next arrival."""

@@ -10,6 +10,9 @@ of values up to ~4, since rounding the fp32 result can land one ulp either side)
 """
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
 
@@ -73,7 +76,9 @@ def decode_case(dtype, group, context_lens, *, num_kv_heads=2, head_dim=64, bloc
     return q, k_cache, v_cache, tables, ctx
 
 
-def prefill_case(dtype, group, q_lens, context_lens, *, num_kv_heads=2, head_dim=64, block_size=16, seed=0):
+def prefill_case(dtype, group, q_lens, earlier, *, num_kv_heads=2, head_dim=64, block_size=16, seed=0):
+    """Chunks of ``q_lens`` tokens, each after ``earlier`` tokens already cached for its sequence."""
+    context_lens = [q + e for q, e in zip(q_lens, earlier, strict=True)]
     num_blocks = sum(-(-c // block_size) for c in context_lens) + 5
     k_cache, v_cache = make_cache(num_blocks, block_size, num_kv_heads, head_dim, dtype, seed)
     tables = make_block_tables(context_lens, block_size, num_blocks, seed)
@@ -138,12 +143,13 @@ def test_paged_decode_scale_strides_and_length_hint():
 
 
 def test_choose_num_splits_follows_occupancy():
-    h100 = 132
+    h100, wave = 132, 2 * 132  # two resident decode programs per SM
     assert kernels.choose_num_splits(1, 8, 32768, h100, 64) > 8  # one sequence: fill the SMs
-    assert kernels.choose_num_splits(128, 8, 32768, h100, 64) == 1  # grid already full
-    assert kernels.choose_num_splits(1, 8, 200, h100, 64) == 1  # too short to be worth it
+    assert kernels.choose_num_splits(32, 8, 32768, h100, 64) == 1  # 256 programs: grid already full
+    assert kernels.choose_num_splits(1, 8, 200, h100, 64) == 1  # too few key tiles to be worth it
     splits = kernels.choose_num_splits(4, 8, 8192, h100, 64)
-    assert 1 < splits and 4 * 8 * splits <= 2 * h100
+    assert 1 < splits and 0.8 * wave <= 4 * 8 * splits <= wave
+    assert kernels.choose_num_splits(1, 8, 32768, 1, 64) == 1  # the interpreter: one "SM"
 
 
 # ---------------------------------------------------------------- prefill
@@ -155,8 +161,7 @@ def test_choose_num_splits_follows_occupancy():
 def test_paged_prefill_matches_reference(dtype, group, with_context):
     q_lens = [9, 20, 1]
     earlier = [23, 30, 45] if with_context else [0, 0, 0]  # tokens cached before this chunk
-    q, k_cache, v_cache, tables, cu, ctx = prefill_case(dtype, group, q_lens,
-                                                        [a + b for a, b in zip(q_lens, earlier)])
+    q, k_cache, v_cache, tables, cu, ctx = prefill_case(dtype, group, q_lens, earlier)
     out = poisoned(q)
     kernels.paged_prefill(q, k_cache, v_cache, tables, cu, ctx, out=out, block_m=32, block_n=16)
     assert_close(out, paged_prefill_ref(q, k_cache, v_cache, tables, cu, ctx))
@@ -164,7 +169,7 @@ def test_paged_prefill_matches_reference(dtype, group, with_context):
 
 def test_paged_prefill_odd_shapes_default_tiles():
     # group 3 (tile rows not a multiple of it), padded head_dim, page size 8, an empty sequence
-    q, k_cache, v_cache, tables, cu, ctx = prefill_case(torch.float16, 3, [12, 0, 5], [40, 7, 5],
+    q, k_cache, v_cache, tables, cu, ctx = prefill_case(torch.float16, 3, [12, 0, 5], [28, 7, 0],
                                                         head_dim=48, block_size=8, seed=5)
     out = poisoned(q)
     kernels.paged_prefill(q, k_cache, v_cache, tables, cu, ctx, out=out, max_seqlen_q=12, max_context_len=40)
@@ -184,8 +189,8 @@ def test_chunked_prefill_through_write_kv_equals_whole_prompt():
     k_cache, v_cache = (poisoned(c) for c in make_cache(8, block_size, heads, head_dim, dtype))
     tables = make_block_tables([prompt], block_size, 8, seed=2)
     q, k, v = (rand((prompt, h, head_dim), dtype, seed=s) for s, h in [(1, heads * group), (2, heads), (3, heads)])
-    pages = tables[0].long()
-    slots = pages[torch.arange(prompt, device=DEVICE) // block_size] * block_size + torch.arange(prompt, device=DEVICE) % block_size
+    positions = torch.arange(prompt, device=DEVICE)
+    slots = tables[0].long()[positions // block_size] * block_size + positions % block_size
     chunks = []
     for lo, hi in [(0, 20), (20, 45)]:  # two chunks: the second attends to the first
         kernels.write_kv(k[lo:hi], v[lo:hi], k_cache, v_cache, slots[lo:hi])
@@ -209,7 +214,7 @@ def _decode_args(**changes):
 
 
 DECODE_ERRORS = {
-    "q dtype must match": {"q": lambda a: a["q"].bfloat16()},
+    "must match the cache dtype": {"q": lambda a: a["q"].bfloat16()},
     "same shape": {"v_cache": lambda a: a["v_cache"][:, :8]},
     "3 dimensions": {"q": lambda a: a["q"][0]},
     "head_dim": {"q": lambda a: a["q"][..., :32]},
@@ -239,7 +244,7 @@ def test_paged_decode_rejects_bad_knobs_and_out():
 
 
 def _prefill_args(**changes):
-    q, k_cache, v_cache, tables, cu, ctx = prefill_case(torch.bfloat16, 2, [6, 3], [10, 3])
+    q, k_cache, v_cache, tables, cu, ctx = prefill_case(torch.bfloat16, 2, [6, 3], [4, 0])
     args = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "block_tables": tables, "cu_seqlens_q": cu,
             "context_lens": ctx}
     args.update({k: f(args) for k, f in changes.items()})
@@ -292,6 +297,13 @@ def test_cpu_tensors_need_the_interpreter(monkeypatch):
         kernels.paged_decode(**_decode_args())
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU exit path")
+def test_bench_exits_2_without_a_gpu():
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, "bench/kernels.py", "--quick"], cwd=root, capture_output=True, text=True)
+    assert run.returncode == 2 and "needs a CUDA GPU" in run.stderr
+
+
 # ---------------------------------------------------------------- GPU only: serving-sized shapes
 
 
@@ -311,8 +323,7 @@ def test_gpu_paged_decode_large(dtype, num_splits):
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_gpu_paged_prefill_large(dtype, head_dim):
     q_lens, earlier = [1024, 300, 1, 77], [2048, 0, 900, 5]
-    q, k_cache, v_cache, tables, cu, ctx = prefill_case(dtype, 4, q_lens, [a + b for a, b in zip(q_lens, earlier)],
-                                                        num_kv_heads=8, head_dim=head_dim)
+    q, k_cache, v_cache, tables, cu, ctx = prefill_case(dtype, 4, q_lens, earlier, num_kv_heads=8, head_dim=head_dim)
     out = poisoned(q)
     kernels.paged_prefill(q, k_cache, v_cache, tables, cu, ctx, out=out)
     assert_close(out, paged_prefill_ref(q, k_cache, v_cache, tables, cu, ctx))

@@ -109,8 +109,10 @@ class IterationLevelScheduler:
         self.kv.release(rid)
         req.computed[rid] = 0
         req.preemptions[rid] += 1
-        if req.generated[rid] > 0:
-            req.resume_from[rid] = now  # it sampled a token when the previous iteration ended
+        if req.generated[rid] > 0 and np.isnan(req.resume_from[rid]):
+            # its last token came when the previous iteration ended (unless it was preempted
+            # again before sampling since: then the gap still starts at that older token)
+            req.resume_from[rid] = now
         self.waiting.push_front(rid)
 
     # -- waiting requests -----------------------------------------------------------------------
@@ -136,7 +138,10 @@ class IterationLevelScheduler:
     def _batch(self, running, computed, want, take, admitted, admit_take, preempted) -> Batch:
         req = self.req
         n = len(running)
-        num_decodes = int(np.count_nonzero((want == 1) & (take == 1) & (req.generated[running] > 0)))
+        # a decode: one token after a sampled one; the last 1-token chunk of a recompute is not
+        is_decode = ((want == 1) & (take == 1) & (req.generated[running] > 0)
+                     & np.isnan(req.resume_from[running]))
+        num_decodes = int(np.count_nonzero(is_decode))
         pure_decode = num_decodes == n and not preempted and len(admitted) == 0
         if pure_decode:  # the common case: no masks needed
             rids, num_tokens = running, take
@@ -144,7 +149,6 @@ class IterationLevelScheduler:
             decode_ctx_sum = int(computed.sum()) + n
             max_steps, kv_slots = self._run_length(running, computed)
         else:
-            is_decode = (want == 1) & (take == 1) & (req.generated[running] > 0)
             chunk = (take > 0) & ~is_decode
             decode_ctx_sum = int(computed[is_decode].sum()) + num_decodes
             prefill_lens = np.concatenate((take[chunk], admit_take))

@@ -10,7 +10,16 @@ import torch
 import triton
 import triton.language as tl
 
-from ._validate import FLOAT_DTYPES, check_cache, check_devices, check_tensor, next_pow2, require
+from ._validate import (
+    FLOAT_DTYPES,
+    check_cache,
+    check_devices,
+    check_tensor,
+    dtype_name,
+    host_range,
+    next_pow2,
+    require,
+)
 
 
 @triton.jit
@@ -81,7 +90,8 @@ def write_kv(
     check_devices(k=k, v=v, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping)
     require(k.shape == v.shape, f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape")
     require(k.dtype == v.dtype == k_cache.dtype,
-            f"k ({k.dtype}), v ({v.dtype}) and the cache ({k_cache.dtype}) must share one dtype")
+            f"k ({dtype_name(k.dtype)}), v ({dtype_name(v.dtype)}) and the cache "
+            f"({dtype_name(k_cache.dtype)}) must share one dtype")
     require(tuple(k.shape[1:]) == (num_kv_heads, head_dim),
             f"k/v rows are [{k.shape[1]}, {k.shape[2]}] but the cache holds [num_kv_heads={num_kv_heads}, "
             f"head_dim={head_dim}]")
@@ -91,10 +101,10 @@ def write_kv(
     if num_tokens == 0:
         return
     if check_slots:
-        lo, hi = torch.aminmax(slot_mapping)
+        lo, hi = host_range(slot_mapping)
         num_slots = num_blocks * block_size
-        require(int(lo) >= -1 and int(hi) < num_slots,
-                f"slot_mapping values must be -1 or in [0, {num_slots}), got min {int(lo)}, max {int(hi)}")
+        require(lo >= -1 and hi < num_slots,
+                f"slot_mapping values must be -1 or in [0, {num_slots}), got min {lo}, max {hi}")
     block_h, block_d = next_pow2(num_kv_heads), next_pow2(head_dim)
     _write_kv_kernel[(num_tokens,)](
         k, v, k_cache, v_cache, slot_mapping, *k.stride(), *v.stride(), *k_cache.stride(), *v_cache.stride(),

@@ -1,0 +1,197 @@
+"""cli.py: `servesim run` end to end, its help, and its one-line errors (exit code 2)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+import cli
+from cli import app
+
+REPO = Path(__file__).parents[1]
+SCENARIOS = REPO / "scenarios"
+OUTPUTS = ("requests.csv", "steps.csv", "summary.json")
+REQUEST_COLUMNS = ["request_id", "arrival_s", "prompt_tokens", "output_tokens", "first_token_s",
+                   "finish_s", "ttft_s", "tpot_s", "e2e_s", "queue_s", "preemptions", "replica"]
+STEP_COLUMNS = ["replica", "start_s", "duration_s", "count", "num_seqs", "prefill_tokens",
+                "decode_tokens", "padded_tokens", "kv_blocks_used", "kv_blocks_total", "waiting"]
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def assert_one_line_error(result, *substrings: str) -> str:
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for s in substrings:
+        assert s in lines[0]
+    return lines[0]
+
+
+def small_scenario(tmp_path: Path, **changes) -> Path:
+    raw = yaml.safe_load((SCENARIOS / "quickstart.yaml").read_text())
+    raw["workload"]["num_requests"] = 20
+    raw.update(changes)
+    path = tmp_path / "small.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+# ---------------------------------------------------------------- help
+
+def test_help():
+    result = invoke("--help")
+    assert result.exit_code == 0
+    assert "run" in result.output and "simulator" in result.output
+
+
+def test_run_help():
+    result = invoke("run", "--help")
+    assert result.exit_code == 0
+    for option in ("--out", "--seed", "--set", "--quiet", "runs/<scenario name>"):
+        assert option in result.output
+
+
+def test_importing_the_cli_is_light():
+    # `servesim --help` must stay fast: sim/, numpy and pandas load only inside commands.
+    code = "import cli, sys; print(sorted(m for m in ('sim', 'numpy', 'pandas', 'simpy', 'torch') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_console_script_is_declared():
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert project["project"]["scripts"]["servesim"] == "cli:app"
+
+
+# ---------------------------------------------------------------- successful runs
+
+def test_run_quickstart_writes_the_three_files(tmp_path):
+    out = tmp_path / "out"
+    result = invoke("run", SCENARIOS / "quickstart.yaml", "--out", out)
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out.iterdir()) == sorted(OUTPUTS)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["completed"] == 300
+    assert list(pd.read_csv(out / "requests.csv").columns) == REQUEST_COLUMNS
+    assert list(pd.read_csv(out / "steps.csv").columns) == STEP_COLUMNS
+    assert len(pd.read_csv(out / "requests.csv")) == 300
+    for text in ("completed requests", "TTFT", "TPOT", "ITL", "E2E", "slot utilisation",
+                 "goodput", str(out)):
+        assert text in result.output
+
+
+def test_toy_static_matches_the_textbook(tmp_path):
+    result = invoke("run", SCENARIOS / "toy-static-8.yaml", "--out", tmp_path, "--quiet")
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["iterations"] == 573
+    assert summary["slot_utilization"] == pytest.approx(3274 / (8 * 573))  # 71.4%
+
+
+def test_quiet_prints_only_the_output_dir(tmp_path):
+    result = invoke("run", small_scenario(tmp_path), "--out", tmp_path / "o", "-q")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == str(tmp_path / "o")
+
+
+def test_default_out_is_runs_slash_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = invoke("run", SCENARIOS / "toy-continuous-8.yaml", "-q")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "runs" / "toy-continuous-8" / "summary.json").is_file()
+
+
+def test_seed_and_set_reach_the_simulation(tmp_path):
+    path = small_scenario(tmp_path)
+    runs = {}
+    for label, extra in (("a", ()), ("b", ("--seed", "1")), ("c", ("--set", "workload.num_requests=7"))):
+        assert invoke("run", path, "--out", tmp_path / label, "-q", *extra).exit_code == 0
+        runs[label] = pd.read_csv(tmp_path / label / "requests.csv")
+    assert len(runs["a"]) == 20 and len(runs["c"]) == 7
+    assert not runs["a"]["prompt_tokens"].equals(runs["b"]["prompt_tokens"])
+
+
+def test_progress_bar_shows_after_the_delay(monkeypatch):
+    monkeypatch.setattr(cli, "PROGRESS_AFTER_S", 0.0)
+    with cli._LazyProgress() as progress:
+        progress(3, 10)
+        assert progress.bar is not None
+        assert progress.bar.tasks[0].completed == 3 and progress.bar.tasks[0].total == 10
+    quiet = cli._LazyProgress(enabled=False)
+    quiet(3, 10)
+    assert quiet.bar is None
+
+
+# ---------------------------------------------------------------- errors: one line, exit 2, no output
+
+def test_missing_scenario(tmp_path):
+    assert_one_line_error(invoke("run", tmp_path / "nope.yaml", "--out", tmp_path / "o"),
+                          "nope.yaml: no such file")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("", "empty file"),
+    ("model: [llama\n", "line 2: invalid YAML"),
+    ("- 1\n", "top level is a list"),
+])
+def test_bad_yaml(tmp_path, text, expected):
+    (tmp_path / "bad.yaml").write_text(text)
+    assert_one_line_error(invoke("run", tmp_path / "bad.yaml", "--out", tmp_path / "o"),
+                          "bad.yaml", expected)
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("args,expected", [
+    (("--set", "engine.scheduler=fifo"), ("--set engine.scheduler: 'fifo' is not one of static, "
+                                         "continuous, chunked")),
+    (("--set", "engine.nope=1"), "--set engine.nope: unknown key; allowed: scheduler"),
+    (("--set", "engine.max_num_seqs"), "--set engine.max_num_seqs: expected KEY=VALUE"),
+    (("--set", "model=llama-3-70b"), "--set model: llama-3-70b needs 141.1 GB"),
+    (("--seed", "-1"), "--seed: -1 is not an integer >= 0"),
+])
+def test_bad_options(tmp_path, args, expected):
+    out = tmp_path / "o"
+    assert_one_line_error(invoke("run", small_scenario(tmp_path), "--out", out, *args), expected)
+    assert not out.exists()
+
+
+def test_bad_key_in_the_file(tmp_path):
+    path = small_scenario(tmp_path, engine={"scheduler": "fifo"})
+    assert_one_line_error(invoke("run", path, "--out", tmp_path / "o"),
+                          "small.yaml: engine.scheduler: 'fifo' is not one of static, continuous, chunked")
+
+
+def test_out_is_a_file(tmp_path):
+    (tmp_path / "file").write_text("x")
+    assert_one_line_error(invoke("run", small_scenario(tmp_path), "--out", tmp_path / "file"),
+                          "is not a directory")
+
+
+def test_malformed_trace_row(tmp_path):
+    (tmp_path / "t.csv").write_text("arrival_s,prompt_tokens,output_tokens\n0,16,4\n1,lots,4\n")
+    path = small_scenario(tmp_path, workload={"trace": "t.csv"})
+    out = tmp_path / "o"
+    assert_one_line_error(invoke("run", path, "--out", out), "t.csv:3:", "prompt_tokens")
+    assert not out.exists()
+
+
+def test_failed_run_leaves_nothing_that_looks_finished(tmp_path):
+    # Fails inside the simulation (a request larger than the KV cache), after loading succeeded.
+    path = small_scenario(tmp_path, engine={"scheduler": "chunked", "num_gpu_blocks": 2})
+    out = tmp_path / "o"
+    assert_one_line_error(invoke("run", path, "--out", out), "KV")
+    assert not any((out / name).exists() for name in OUTPUTS)

@@ -1,0 +1,221 @@
+"""The engine replica loop, routing, fast-forward and determinism.
+
+Timing contract: an idle replica starts an iteration the moment a request arrives; a busy one
+admits arrivals at its next iteration boundary; same-instant arrivals are all visible; a request
+arriving exactly when an iteration ends is visible to the next schedule. Unit cost: 1 s/iteration.
+"""
+import json
+
+import numpy as np
+import pytest
+from simhelpers import make_scenario, run
+
+from sim.simulate import simulate, write_outputs
+
+CHAT = {"arrival": {"process": "poisson", "rate": 5.0}, "num_requests": 300,
+        "prompt_tokens": {"dist": "lognormal", "mean": 400, "std": 300, "max": 2048},
+        "output_tokens": {"dist": "lognormal", "mean": 150, "std": 100, "max": 1024}}
+SCHEDULERS = ["static", "continuous", "chunked"]
+
+
+# ------------------------------------------------------------------ timing
+
+@pytest.mark.parametrize("ff", [True, False])
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_idle_replica_starts_at_the_arrival(scheduler, ff):
+    r = run([2.5, 10.0], 4, 3, scheduler=scheduler, max_num_seqs=4, max_num_batched_tokens=16,
+            fast_forward=ff)
+    # A: [2.5,3.5] prefill -> tok 1 @ 3.5, decodes to tok 3 @ 5.5; idle until B at 10 -> 11, 13
+    assert r.requests["first_token_s"].tolist() == [3.5, 11.0]
+    assert r.requests["finish_s"].tolist() == [5.5, 13.0]
+    assert r.requests["queue_s"].tolist() == [0.0, 0.0]
+    assert r.steps["start_s"].iloc[0] == 2.5
+    assert 10.0 in r.steps["start_s"].tolist()
+
+
+@pytest.mark.parametrize("ff", [True, False])
+@pytest.mark.parametrize("scheduler", ["continuous", "chunked"])
+def test_busy_replica_admits_at_the_next_boundary(scheduler, ff):
+    r = run([0.0, 0.5, 2.0], 4, [5, 2, 2], scheduler=scheduler, max_num_seqs=4,
+            max_num_batched_tokens=16, fast_forward=ff)
+    # A: [0,1] prefill; B arrives at 0.5 while A computes -> joins [1,2] -> B tok 1 @ 2, done @ 3
+    # C arrives at 2.0 exactly when [1,2] ends -> joins [2,3] -> tok 1 @ 3, done @ 4
+    assert r.requests["first_token_s"].tolist() == [1.0, 2.0, 3.0]
+    assert r.requests["finish_s"].tolist() == [5.0, 3.0, 4.0]
+    assert r.requests["queue_s"].tolist() == [0.0, 0.5, 0.0]
+
+
+@pytest.mark.parametrize("ff", [True, False])
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_same_instant_arrivals_share_the_first_iteration(scheduler, ff):
+    r = run([1.0, 1.0, 1.0], 4, 2, scheduler=scheduler, max_num_seqs=4, max_num_batched_tokens=16,
+            fast_forward=ff)
+    # all three arrive at 1.0: [1,2] prefills 3 x 4 tokens, [2,3] decodes -> done @ 3
+    assert r.steps["num_seqs"].iloc[0] == 3
+    assert r.steps["prefill_tokens"].iloc[0] == 12
+    assert r.requests["finish_s"].tolist() == [3.0, 3.0, 3.0]
+
+
+@pytest.mark.parametrize("ff", [True, False])
+def test_static_arrival_at_batch_end_joins_the_next_batch(ff):
+    r = run([0.0, 3.0, 3.0], 4, 3, scheduler="static", max_num_seqs=4, fast_forward=ff)
+    # batch [0] on [0,3]; B, C arrive at 3.0 exactly as it ends -> batch [1,2] on [3,6]
+    assert r.requests["first_token_s"].tolist() == [1.0, 4.0, 4.0]
+    assert r.requests["finish_s"].tolist() == [3.0, 6.0, 6.0]
+
+
+def test_decode_run_is_cut_by_an_arrival_that_can_join():
+    r = run([0.0, 3.5], 4, [10, 2], scheduler="continuous", max_num_seqs=4, fast_forward=True)
+    # A decodes [1,2]..; B arrives at 3.5, joins at 4 -> tok 1 @ 5, done @ 6
+    assert r.requests["first_token_s"].tolist() == [1.0, 5.0]
+    assert r.requests["finish_s"].tolist() == [10.0, 6.0]
+    # fast-forward rows: [0,1] prefill; [1,4] decode run cut at the boundary after 3.5; [4,5] A
+    # decode + B prefill; [5,6] both decode (B finishes); [6,10] A alone
+    assert [tuple(x) for x in r.steps[["start_s", "count"]].itertuples(index=False)] == [
+        (0.0, 1), (1.0, 3), (4.0, 1), (5.0, 1), (6.0, 4)]
+
+
+# ------------------------------------------------------------------ replicas and routing
+
+def test_round_robin_routes_request_i_to_replica_i_mod_r():
+    r = run([0.0] * 7, 4, 3, scheduler="continuous", max_num_seqs=4, replicas=3,
+            router="round_robin")
+    assert r.requests["replica"].tolist() == [0, 1, 2, 0, 1, 2, 0]
+    # each replica runs its own requests from t=0: everyone done @ 3
+    assert r.requests["finish_s"].tolist() == [3.0] * 7
+    assert sorted(r.steps["replica"].unique().tolist()) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("ff", [True, False])
+def test_least_loaded_routes_to_the_fewest_unfinished(ff):
+    r = run([0.0, 0.0, 0.0, 0.0, 2.5, 2.5], 1, [2, 10, 10, 10, 10, 10], scheduler="continuous",
+            max_num_seqs=8, replicas=2, router="least_loaded", fast_forward=ff)
+    # t=0: loads (0,0) -> 0; (1,0) -> 1; (1,1) tie -> 0; (2,1) -> 1
+    # request 0 (output 2) finishes on replica 0 @ 2, so at 2.5 loads are (1,2) -> 0; then (2,2) -> 0
+    # (round robin would give 0,1,0,1,0,1)
+    assert r.requests["replica"].tolist() == [0, 1, 0, 1, 0, 0]
+    # 4 and 5 arrive at 2.5 while replica 0 computes [2,3] -> join [3,4] -> tok 1 @ 4, done @ 13
+    assert r.requests["first_token_s"].tolist() == [1.0, 1.0, 1.0, 1.0, 4.0, 4.0]
+    assert r.requests["finish_s"].tolist() == [2.0, 10.0, 10.0, 10.0, 13.0, 13.0]
+
+
+@pytest.mark.parametrize("ff", [True, False])
+def test_least_loaded_arrival_at_iteration_end_is_visible_to_the_next_schedule(ff):
+    r = run([0.0, 0.0, 0.0, 0.0, 1.5, 2.0], 1, 10, scheduler="continuous", max_num_seqs=8,
+            replicas=2, router="least_loaded", fast_forward=ff)
+    # t=0: replicas 0,1,0,1 (loads tie, then alternate); 1.5: loads (2,2) -> 0; 2.0: (3,2) -> 1
+    # replica 1 is mid-run ([1,2] ends at 2.0); request 5 arriving at 2.0 is visible to the schedule
+    # at 2.0 -> joins [2,3] -> tok 1 @ 3 (exactly as with round_robin, where it also lands on 1)
+    assert r.requests["replica"].tolist() == [0, 1, 0, 1, 0, 1]
+    assert r.requests["first_token_s"].tolist() == [1.0, 1.0, 1.0, 1.0, 3.0, 3.0]
+    assert r.requests["finish_s"].tolist() == [10.0, 10.0, 10.0, 10.0, 12.0, 12.0]
+
+
+@pytest.mark.parametrize("ff", [True, False])
+def test_least_loaded_counts_completions_at_the_arrival_instant(ff):
+    r = run([0.0, 0.0, 0.0, 0.0, 1.5, 3.0], 1, [3, 1, 1, 1, 1, 1], scheduler="static",
+            max_num_seqs=1, replicas=2, router="least_loaded", fast_forward=ff)
+    # t=0: 0 -> replica 0, 1 -> 1, 2 -> 0 (tie), 3 -> 1. Replica 0 runs 0 on [0,3], then 2;
+    # replica 1 runs 1 on [0,1], 3 on [1,2]. t=1.5: loads (2, 1) -> 4 to replica 1, on [2,3].
+    # t=3: request 0 and request 4 both finish as 5 arrives: loads (1: request 2, 0) -> replica 1,
+    # idle, so 5 runs on [3,4]. Whether a replica's iteration ending at 3.0 was a 1-iteration step
+    # or the end of a fast-forwarded run must not matter.
+    assert r.requests["replica"].tolist() == [0, 1, 0, 1, 1, 1]
+    assert r.requests["first_token_s"].tolist() == [1.0, 1.0, 4.0, 2.0, 3.0, 4.0]
+    assert r.requests["finish_s"].tolist() == [3.0, 1.0, 4.0, 2.0, 3.0, 4.0]
+
+
+def test_least_loaded_static_batch_timeout():
+    r = run([0.0, 0.5, 1.0], 4, 2, scheduler="static", max_num_seqs=4, batch_timeout_s=2.0,
+            replicas=2, router="least_loaded")
+    # 0 -> replica 0, 0.5 -> replica 1 (loads 1,0), 1.0 -> replica 0 (tie 1,1)
+    # replica 0 waits until 0 + 2 = 2: batch [0,2] on [2,4]; replica 1 until 2.5: [2.5,4.5]
+    assert r.requests["replica"].tolist() == [0, 1, 0]
+    assert r.requests["first_token_s"].tolist() == [3.0, 3.5, 3.0]
+    assert r.requests["finish_s"].tolist() == [4.0, 4.5, 4.0]
+
+
+# ------------------------------------------------------------------ fast-forward
+
+def _numbers(summary, prefix=""):
+    for key, value in summary.items():
+        if isinstance(value, dict):
+            yield from _numbers(value, f"{prefix}{key}.")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            yield f"{prefix}{key}", value
+
+
+def assert_same_run(a, b):
+    """Fast-forwarded and stepped runs agree (up to float rounding of summed durations)."""
+    assert list(a.requests.columns) == list(b.requests.columns)
+    # Times agree to 1e-9 relative. Differences of two times (queue_s of a request admitted
+    # microseconds after arriving) keep the times' absolute rounding error, ~1e-13 s over a
+    # 70 s run, so they get an absolute tolerance of 1e-9 of the run's length as well.
+    atol = 1e-9 * a.summary["duration_s"]
+    assert np.allclose(a.requests.to_numpy(np.float64), b.requests.to_numpy(np.float64),
+                       rtol=1e-9, atol=atol, equal_nan=True)
+    first_scheduled = [(r.requests["arrival_s"] + r.requests["queue_s"]).to_numpy() for r in (a, b)]
+    assert np.allclose(*first_scheduled, rtol=1e-9, atol=0)
+    na, nb = dict(_numbers(a.summary)), dict(_numbers(b.summary))
+    assert na.keys() == nb.keys()
+    for key in na:
+        assert na[key] == pytest.approx(nb[key], rel=1e-9, abs=0, nan_ok=True), key
+    assert a.steps["count"].sum() == b.steps["count"].sum() == a.summary["iterations"]
+    assert a.steps["duration_s"].sum() == pytest.approx(b.steps["duration_s"].sum(), rel=1e-9)
+
+
+FF_CASES = {
+    "static": dict(scheduler="static", max_num_seqs=32),
+    "continuous": dict(scheduler="continuous", max_num_seqs=64, max_num_batched_tokens=4096),
+    "chunked": dict(scheduler="chunked", max_num_seqs=64, max_num_batched_tokens=512),
+    "static-small-kv": dict(scheduler="static", max_num_seqs=32, num_gpu_blocks=400),
+    "continuous-preempting": dict(scheduler="continuous", max_num_seqs=64,
+                                  max_num_batched_tokens=4096, num_gpu_blocks=300),
+    "chunked-preempting": dict(scheduler="chunked", max_num_seqs=64, max_num_batched_tokens=512,
+                               num_gpu_blocks=300),
+    "chunked-2x-least-loaded": dict(scheduler="chunked", max_num_seqs=64,
+                                    max_num_batched_tokens=512, replicas=2, router="least_loaded",
+                                    num_gpu_blocks=250),
+    "continuous-2x-least-loaded-sjf": dict(scheduler="continuous", max_num_seqs=16,
+                                           max_num_batched_tokens=4096, replicas=2,
+                                           router="least_loaded", policy="sjf"),
+}
+
+
+@pytest.mark.parametrize("name", list(FF_CASES))
+def test_fast_forward_equals_stepping(name):
+    workload = CHAT
+    if "least-loaded" in name:  # twice the rate for two replicas
+        workload = {**CHAT, "arrival": {"process": "poisson", "rate": 10.0}}
+    scenario = make_scenario(cost_model="roofline", workload=workload, seed=3, **FF_CASES[name])
+    fast, stepped = simulate(scenario, fast_forward=True), simulate(scenario, fast_forward=False)
+    assert fast.summary["completed"] == 300
+    if "preempting" in name:
+        assert fast.summary["preemptions"] > 0  # the case exercises recompute preemption
+    assert len(fast.steps) < len(stepped.steps)  # fast-forward did merge iterations
+    assert_same_run(fast, stepped)
+
+
+# ------------------------------------------------------------------ determinism
+
+def _write(scenario, tmp_path, name):
+    out = tmp_path / name
+    write_outputs(simulate(scenario), out)
+    return {f: (out / f).read_bytes() for f in ("requests.csv", "steps.csv", "summary.json")}
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_same_seed_gives_byte_identical_outputs(scheduler, tmp_path):
+    small = {**CHAT, "num_requests": 80}
+
+    def scenario(seed):
+        return make_scenario(cost_model="roofline", workload=small, seed=seed, scheduler=scheduler,
+                             max_num_seqs=16, max_num_batched_tokens=4096)
+
+    first, again = _write(scenario(7), tmp_path, "a"), _write(scenario(7), tmp_path, "b")
+    assert first == again
+    other = _write(scenario(8), tmp_path, "c")
+    for name in first:
+        assert other[name] != first[name], name
+    summary = json.loads(first["summary.json"])
+    assert summary["completed"] == 80

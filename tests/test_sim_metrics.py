@@ -1,0 +1,207 @@
+"""Metrics: weighted percentiles, the per-request frame, goodput, utilisation and waste, ITL — on
+hand-computed unit-cost runs (every iteration lasts 1 s)."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from simhelpers import run
+
+from sim.hardware import HARDWARE_PRESETS
+from sim.metrics import distribution, weighted_percentiles
+from sim.models import MODEL_PRESETS
+
+TOY_OUTPUTS = [444, 480, 91, 315, 573, 547, 464, 360]
+QS = (50, 90, 95, 99)
+
+
+# ------------------------------------------------------------------ percentiles
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.lists(st.tuples(st.floats(-1e6, 1e6, allow_nan=False), st.integers(0, 6)),
+                     min_size=1, max_size=30).filter(lambda d: sum(w for _, w in d) > 0),
+       qs=st.lists(st.floats(0, 100), min_size=1, max_size=5))
+def test_weighted_percentiles_equal_numpy_on_the_expanded_array(data, qs):
+    values = np.array([v for v, _ in data])
+    weights = np.array([w for _, w in data], dtype=np.float64)
+    expanded = np.repeat(values, weights.astype(np.int64))
+    got = weighted_percentiles(values, weights, qs)
+    np.testing.assert_allclose(got, np.percentile(expanded, qs), rtol=1e-9, atol=1e-9)
+
+
+def test_weighted_percentiles_by_hand():
+    # expanded: [1, 1, 1, 5, 9, 9] -> positions q/100 * 5
+    values, weights = np.array([9.0, 1.0, 5.0, 7.0]), np.array([2.0, 3.0, 1.0, 0.0])
+    got = weighted_percentiles(values, weights, [0, 50, 60, 100])
+    # 50 -> 2.5: between 1 (index 2) and 5 (index 3) -> 3;  60 -> 3.0 -> 5
+    np.testing.assert_array_equal(got, [1.0, 3.0, 5.0, 9.0])
+    assert np.isnan(weighted_percentiles(values, np.zeros(4), [50])).all()
+
+
+def test_distribution_reports_ms_and_skips_nan():
+    d = distribution(np.array([0.001, np.nan, 0.003]))
+    assert d["mean"] == pytest.approx(2.0)
+    assert d["p50"] == pytest.approx(2.0)
+    assert d["p99"] == pytest.approx(2.98)
+    assert distribution(np.array([np.nan])) == {"mean": None, "p50": None, "p90": None,
+                                                "p95": None, "p99": None}
+
+
+# ------------------------------------------------------------------ per-request frame
+
+def test_request_columns_by_hand():
+    r = run([0.0, 0.0, 0.5], 4, [1, 3, 4], scheduler="continuous", max_num_seqs=2,
+            max_num_batched_tokens=16)
+    # [0,1] A, B prefill -> A done @ 1 (1 token), B tok 1 @ 1
+    # [1,2] B decode + C (arrived 0.5) prefill -> B tok 2, C tok 1 @ 2;  [2,3] -> B done @ 3
+    # [3,4] [4,5] C -> tok 4 @ 5, done
+    rq = r.requests
+    assert rq["finish_s"].tolist() == [1.0, 3.0, 5.0]
+    assert rq["ttft_s"].tolist() == [1.0, 1.0, 1.5]
+    assert rq["e2e_s"].tolist() == [1.0, 3.0, 4.5]
+    assert rq["queue_s"].tolist() == [0.0, 0.0, 0.5]
+    # tpot = (e2e - ttft) / (output - 1); undefined for a single token
+    assert np.isnan(rq["tpot_s"].iloc[0])
+    assert rq["tpot_s"].tolist()[1:] == [(3.0 - 1.0) / 2, (4.5 - 1.5) / 3]
+    s = r.summary
+    assert s["duration_s"] == 5.0  # last finish 5 - first arrival 0
+    assert s["request_throughput"] == pytest.approx(3 / 5)
+    assert s["output_throughput"] == pytest.approx(8 / 5)
+    assert s["total_token_throughput"] == pytest.approx((12 + 8) / 5)
+    assert s["ttft_ms"]["mean"] == pytest.approx(3500 / 3)
+    assert s["tpot_ms"]["mean"] == pytest.approx(1000.0)  # the NaN of request 0 is skipped
+    assert s["e2el_ms"]["p50"] == pytest.approx(3000.0)  # median of 1, 3, 4.5 s
+
+
+# ------------------------------------------------------------------ goodput
+
+GOODPUT_CASE = dict(arrival=[0.0] * 4, prompt=1, output=[1, 2, 3, 4])
+# one seat, fcfs: [0,1] [1,3] [3,6] [6,10] -> ttft 1, 2, 4, 7 s; tpot -, 1, 1, 1 s
+
+
+def test_goodput_counts_requests_meeting_every_slo():
+    c = GOODPUT_CASE
+    r = run(c["arrival"], c["prompt"], c["output"], scheduler="continuous", max_num_seqs=1,
+            slo={"ttft_ms": 2500, "tpot_ms": 1000, "percentile": 50})
+    g = r.summary["goodput"]
+    # ttft <= 2.5 s: requests 0, 1; tpot 1000 is not above 1000; request 0 has no tpot
+    assert g["requests_per_s"] == pytest.approx(2 / 10)
+    assert g["fraction"] == 0.5
+    # p50 of ttft [1000, 2000, 4000, 7000] = 3000 > 2500: missed; p50 of tpot [1000]*3 = 1000: met
+    assert g["ttft_ms"] == {"target": 2500, "observed": 3000.0, "met": False}
+    assert g["tpot_ms"] == {"target": 1000, "observed": 1000.0, "met": True}
+    assert g["percentile"] == 50
+    assert g["met"] is False
+
+
+def test_goodput_tpot_only():
+    c = GOODPUT_CASE
+    r = run(c["arrival"], c["prompt"], c["output"], scheduler="continuous", max_num_seqs=1,
+            slo={"tpot_ms": 999})
+    g = r.summary["goodput"]
+    # every multi-token request decodes at 1000 ms/token > 999: only request 0 (no tpot) is good
+    assert g["fraction"] == 0.25
+    assert g["requests_per_s"] == pytest.approx(1 / 10)
+    assert "ttft_ms" not in g
+    assert g["tpot_ms"]["met"] is False and g["met"] is False
+
+
+# ------------------------------------------------------------------ utilisation and waste
+
+@pytest.mark.parametrize("ff", [True, False])
+def test_static_toy_utilisation_and_waste(ff):
+    r = run([0.0] * 8, 16, TOY_OUTPUTS, scheduler="static", max_num_seqs=8, block_size=16,
+            num_gpu_blocks=400, fast_forward=ff)
+    s, out = r.summary, np.array(TOY_OUTPUTS)
+    iters = 573
+    # seats: 8 in the prefill + the rows still generating in each decode = sum(output) = 3274
+    assert s["slot_utilization"] == pytest.approx(3274 / (8 * iters), rel=1e-12)
+    # padding: prompts are all 16, so only finished rows that keep decoding are idle:
+    # 8 x 572 decode row-iterations - 3266 useful = 1310 idle, over 128 prefill + 3266 decode + 1310
+    assert s["padding_waste"] == pytest.approx(1310 / (128 + 3266 + 1310), rel=1e-12)
+    # KV: each row reserves 16 + 573 slots for the whole run (8 x 589 = 4712 slots, 295 blocks);
+    # a row holds 16 tokens in the prefill and 16 + k during decode k while it generates
+    held = sum(16 * o + o * (o - 1) // 2 for o in TOY_OUTPUTS)
+    assert s["kv_waste"] == pytest.approx(1 - held / (4712 * iters), rel=1e-12)
+    assert s["kv_utilization"] == pytest.approx(295 / 400, rel=1e-12)
+    # MFU counts useful tokens only (prompts + sampled decodes), never padding
+    m, hw = MODEL_PRESETS["llama-3-8b"], HARDWARE_PRESETS["h100-sxm"]
+    useful = 8 * 16 + int((out - 1).sum())
+    assert s["mfu"] == pytest.approx(useful * m.flops_per_token / (iters * hw.bf16_flops), rel=1e-12)
+    assert s["ttft_ms"]["p99"] == 1000.0
+    assert s["e2el_ms"]["p50"] == pytest.approx(1e3 * np.percentile(out, 50))
+
+
+@pytest.mark.parametrize("ff", [True, False])
+def test_paged_kv_waste_by_hand(ff):
+    r = run([0.0], 5, 4, scheduler="continuous", max_num_seqs=1, max_num_batched_tokens=8,
+            block_size=4, num_gpu_blocks=4, fast_forward=ff)
+    # [0,1] prefill 5 tokens: 2 blocks = 8 slots; decodes write positions 6, 7, 8 (still 2 blocks)
+    # tokens held 5, 6, 7, 8 against 8 slots each -> waste 1 - 26/32
+    assert r.summary["kv_waste"] == pytest.approx(1 - 26 / 32, rel=1e-12)
+    # 2 of 4 blocks for the whole 4 s
+    assert r.summary["kv_utilization"] == pytest.approx(0.5, rel=1e-12)
+    assert r.summary["padding_waste"] == 0.0
+    assert r.summary["slot_utilization"] == 1.0
+
+
+# ------------------------------------------------------------------ inter-token latency
+
+def assert_itl(summary, gaps):
+    gaps = np.asarray(gaps, dtype=np.float64) * 1e3
+    assert summary["itl_ms"]["mean"] == pytest.approx(gaps.mean(), rel=1e-12)
+    for q in QS:
+        assert summary["itl_ms"][f"p{q}"] == pytest.approx(np.percentile(gaps, q), rel=1e-12)
+
+
+@pytest.mark.parametrize("ff", [True, False])
+def test_itl_without_preemption(ff):
+    r = run([0.0, 0.0], [4, 12], [3, 5], scheduler="chunked", max_num_seqs=2,
+            max_num_batched_tokens=8, fast_forward=ff)
+    # [0,1] A 4 + B chunk 4 -> A tok 1 @ 1;  [1,2] A decode + B chunk 7 (budget 8 - 1)
+    # [2,3] A decode -> done @ 3, B last 1 -> B tok 1 @ 3;  B decodes -> tok 5 @ 7
+    assert r.requests["finish_s"].tolist() == [3.0, 7.0]
+    assert_itl(r.summary, [1, 1] + [1, 1, 1, 1])
+
+
+@pytest.mark.parametrize("ff", [True, False])
+def test_itl_spans_a_recompute_preemption(ff):
+    # the continuous preemption timeline of test_sim_schedulers: A tokens @ 1..7;
+    # B tokens @ 1..5, preempted @ 5, tok 6 @ 8 after its recompute, tok 7 @ 9
+    r = run([0.0, 0.0], 4, 7, scheduler="continuous", max_num_seqs=2, max_num_batched_tokens=16,
+            block_size=4, num_gpu_blocks=4, fast_forward=ff)
+    assert r.requests["finish_s"].tolist() == [7.0, 9.0]
+    assert_itl(r.summary, [1] * 6 + [1, 1, 1, 1, 3, 1])
+
+
+@pytest.mark.parametrize("ff", [True, False])
+def test_itl_spans_two_preemptions_of_one_recompute(ff):
+    # test_chunked_preempted_twice_during_recompute: A tokens @ 1..6; B tokens @ 1, 2, 3, then
+    # preempted @ 3, re-admitted @ 4, preempted again @ 5 before sampling, tok 4 @ 8:
+    # B's last gap is 8 - 3 = 5 s, from its last token, not from the second preemption
+    r = run([0.0, 0.0], 1, [6, 4], scheduler="chunked", max_num_seqs=2, max_num_batched_tokens=2,
+            block_size=1, num_gpu_blocks=6, fast_forward=ff)
+    assert r.requests["finish_s"].tolist() == [6.0, 8.0]
+    assert_itl(r.summary, [1] * 5 + [1, 1, 5])
+
+
+@pytest.mark.parametrize("ff", [True, False])
+def test_itl_recompute_ending_in_a_one_token_chunk(ff):
+    # test_chunked_recompute_ending_in_one_token_is_a_prefill: A tokens @ 1, 2, 3; B tokens @ 1, 2,
+    # preempted @ 2, recomputes 2 + 1 tokens, tok 3 @ 5: gaps A 1, 1; B 1, 3 (each counted once)
+    r = run([0.0, 0.0], 1, 3, scheduler="chunked", max_num_seqs=2, max_num_batched_tokens=2,
+            block_size=1, num_gpu_blocks=4, fast_forward=ff)
+    assert r.requests["finish_s"].tolist() == [3.0, 5.0]
+    assert_itl(r.summary, [1, 1, 1, 3])
+
+
+@pytest.mark.parametrize("ff", [True, False])
+def test_itl_resumed_token_inside_a_decode_run(ff):
+    # chunked, budget 2, 1-token blocks, 4 of them; six 1-token requests go two by two first.
+    # Requests 6 (output 3) and 7 (output 4) prefill [3,4] -> tok 1 @ 4; both decode [4,5] -> @ 5;
+    # t=5: 6 needs a block -> 7 preempted (2 tokens); [5,6] 6 done @ 6;
+    # [6,7] 7 recomputes 2 of 3, [7,8] the last 1 -> tok 3 @ 8; [8,9] decode -> tok 4 @ 9.
+    # gaps: request 6: 1, 1; request 7: 1, 3, 1
+    r = run([0.0] * 8, 1, [1] * 6 + [3, 4], scheduler="chunked", max_num_seqs=2,
+            max_num_batched_tokens=2, block_size=1, num_gpu_blocks=4, fast_forward=ff)
+    assert r.requests["finish_s"].tolist() == [1.0, 1.0, 2.0, 2.0, 3.0, 3.0, 6.0, 9.0]
+    assert_itl(r.summary, [1, 1, 1, 3, 1])
