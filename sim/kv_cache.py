@@ -14,11 +14,13 @@ import numpy as np
 
 
 class PagedKVCache:
-    def __init__(self, num_blocks: int, block_size: int, num_requests: int):
+    """Blocks of `block_size` tokens from a shared pool. A request holding `c` tokens holds
+    `blocks_for(c)` blocks; the scheduler asks for the difference when a request grows."""
+
+    def __init__(self, num_blocks: int, block_size: int):
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.free = num_blocks                               # blocks on the free list
-        self.held = np.zeros(num_requests, dtype=np.int64)  # blocks each request holds
+        self.free = num_blocks  # blocks on the free list
 
     @property
     def used(self) -> int:
@@ -28,30 +30,19 @@ class PagedKVCache:
         """Blocks that hold `num_tokens` tokens (ceil division; works on arrays)."""
         return -(-num_tokens // self.block_size)
 
-    def allocate(self, rid: int, num_tokens: int) -> bool:
-        """Grow request `rid` to hold `num_tokens` tokens. False (and no change) if it doesn't fit."""
-        need = self.blocks_for(num_tokens) - self.held[rid]
-        if need > self.free:
+    def growth(self, computed: int, new_tokens: int) -> int:
+        """Blocks a request holding `computed` tokens must add to hold `new_tokens` more."""
+        return self.blocks_for(computed + new_tokens) - self.blocks_for(computed)
+
+    def allocate(self, blocks: int) -> bool:
+        """Take `blocks` from the free list. False (and no change) if there are not that many."""
+        if blocks > self.free:
             return False
-        if need > 0:
-            self.held[rid] += need
-            self.free -= need
+        self.free -= blocks
         return True
 
-    def allocate_many(self, rids: np.ndarray, num_tokens: np.ndarray) -> bool:
-        """All-or-nothing `allocate` for many requests at once."""
-        need = np.maximum(self.blocks_for(num_tokens) - self.held[rids], 0)
-        total = int(need.sum())
-        if total > self.free:
-            return False
-        self.held[rids] += need
-        self.free -= total
-        return True
-
-    def release(self, rid) -> None:
-        """Return every block of `rid` (one id or an array of ids) to the free list."""
-        self.free += int(self.held[rid].sum())
-        self.held[rid] = 0
+    def release(self, blocks: int) -> None:
+        self.free += blocks
 
 
 class ContiguousKVCache:

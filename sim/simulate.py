@@ -75,8 +75,9 @@ def _where(scenario: Scenario) -> str:
 
 
 def _scheduler(e, req: RequestTable, num_blocks: int, workload: Workload):
-    kv_cls = ContiguousKVCache if e.scheduler == "static" else PagedKVCache
-    return make_scheduler(e.scheduler, requests=req, kv=kv_cls(num_blocks, e.block_size, len(req)),
+    kv = (ContiguousKVCache(num_blocks, e.block_size, len(req)) if e.scheduler == "static"
+          else PagedKVCache(num_blocks, e.block_size))
+    return make_scheduler(e.scheduler, requests=req, kv=kv,
                           queue=make_queue(e.policy, req), max_num_seqs=e.max_num_seqs,
                           max_num_batched_tokens=e.max_num_batched_tokens,
                           batch_timeout_s=e.batch_timeout_s,

@@ -2,7 +2,7 @@
 decode iterations) computes."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -11,8 +11,6 @@ from ..batch import BatchStats
 
 @dataclass
 class Batch:
-    rids: np.ndarray          # int64 [n] requests computing tokens this iteration
-    num_tokens: np.ndarray    # int64 [n] tokens each computes
     stats: BatchStats         # what the cost model sees
     num_seqs: int             # sequences doing useful work (padded idle rows excluded)
     prefill_tokens: int       # useful prefill tokens (padding excluded)
@@ -20,13 +18,17 @@ class Batch:
     # KV cache during each of the (up to) max_steps iterations:
     kv_slots: np.ndarray      # int64 [max_steps] token slots allocated (paged: blocks x block size)
     kv_blocks_total: int      # capacity in blocks
-    kv_tokens: int            # tokens held during iteration 0 (useful ones, after this iteration's writes)
+    kv_tokens: int            # tokens held during iteration 0 (useful ones, after its writes)
     # Fast-forward: the batch repeats unchanged, every decode one token further, for up to max_steps
     # iterations; an arrival can change that only if arrival_sensitive.
     max_steps: int = 1
     arrival_sensitive: bool = True
     waiting: int = 0          # requests left waiting when this batch was formed
     preempted: bool = False   # this schedule preempted someone
+    # scheduler's own bookkeeping, opaque to the engine:
+    chunks: list = field(default_factory=list)  # (request id, prompt tokens) computed this iteration
+    run_new_blocks: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    # ^ KV blocks opened by iterations 1..max_steps-1 of a decode run, cumulative
 
     @property
     def kv_token_growth(self) -> int:

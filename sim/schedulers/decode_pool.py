@@ -1,0 +1,86 @@
+"""Running requests in steady decode, advanced together in O(1) per iteration.
+
+Every member computes one token and samples one per iteration, so rather than adding 1 to each
+member's counters every iteration, the pool keeps one `clock` (decode iterations it has run) and
+stores each member's `computed` and `generated` in the RequestTable *minus* that clock; `leave`
+writes the true values back. What a decode batch needs is kept as running aggregates:
+
+- the context sum (stored computed sum + size x clock),
+- when the next member finishes (a heap of the clock value at which each samples its last token),
+- how many members cross into a new KV block at each step: a member with stored computed `s`
+  computes token position `s + D` in the iteration that starts at clock `D`, which opens a new block
+  when `(s + D) % block_size == 0`, i.e. when `D % block_size == (-s) % block_size`.
+"""
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+from ..request import RequestTable
+
+
+class DecodePool:
+    def __init__(self, requests: RequestTable, block_size: int):
+        self.req, self.block_size = requests, block_size
+        self.clock = 0              # decode iterations run
+        self.members: set[int] = set()
+        self._stored_sum = 0        # sum over members of (computed - clock at any time)
+        self.phase_count = np.zeros(block_size, dtype=np.int64)  # members opening a block at D % bs
+        self._finish_heap: list[tuple[int, int]] = []  # (clock when its last token is sampled, rid)
+
+    @property
+    def size(self) -> int:
+        return len(self.members)
+
+    def context_sum(self) -> int:
+        """Tokens the members hold in the KV cache before this iteration's decode."""
+        return self._stored_sum + self.size * self.clock
+
+    def computed(self, rid: int) -> int:
+        return int(self.req.computed[rid]) + self.clock
+
+    def join(self, rid: int) -> None:
+        req, clock = self.req, self.clock
+        req.computed[rid] -= clock
+        req.generated[rid] -= clock
+        stored = int(req.computed[rid])
+        self.members.add(rid)
+        self._stored_sum += stored
+        self.phase_count[(-stored) % self.block_size] += 1
+        heapq.heappush(self._finish_heap, (int(req.output[rid] - req.generated[rid]), rid))
+
+    def leave(self, rid: int) -> None:
+        req, clock = self.req, self.clock
+        stored = int(req.computed[rid])
+        self.members.remove(rid)
+        self._stored_sum -= stored
+        self.phase_count[(-stored) % self.block_size] -= 1
+        req.computed[rid] += clock
+        req.generated[rid] += clock
+
+    def steps_to_next_finish(self) -> int:
+        heap, req = self._finish_heap, self.req
+        while heap and not self._current(*heap[0]):
+            heapq.heappop(heap)  # a member that left (or left and came back with a new entry)
+        return heap[0][0] - self.clock
+
+    def new_blocks_at(self, first: int, count: int) -> np.ndarray:
+        """Blocks the members open in each of `count` iterations, the first `first` steps ahead."""
+        clocks = np.arange(self.clock + first, self.clock + first + count)
+        return self.phase_count[clocks % self.block_size]
+
+    def advance(self, steps: int) -> list[int]:
+        """Run `steps` decode iterations; members that sampled their last token leave (returned)."""
+        self.clock += steps
+        heap, done = self._finish_heap, []
+        while heap and heap[0][0] <= self.clock:
+            key, rid = heapq.heappop(heap)
+            if self._current(key, rid):
+                self.leave(rid)
+                done.append(rid)
+        return done
+
+    def _current(self, key: int, rid: int) -> bool:
+        """Is this heap entry the live one for a current member?"""
+        return rid in self.members and key == int(self.req.output[rid] - self.req.generated[rid])
