@@ -28,7 +28,7 @@ class BatchStats:
 
     @property
     def prefill_tokens(self) -> int:
-        return int(self.prefill_lens.sum())
+        return int(self.prefill_lens.sum()) if len(self.prefill_lens) else 0
 
     @property
     def total_tokens(self) -> int:

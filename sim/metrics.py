@@ -27,15 +27,18 @@ def requests_frame(req: RequestTable) -> pd.DataFrame:
 
 
 def steps_frame(recorder: Recorder) -> pd.DataFrame:
-    steps = pd.DataFrame(recorder.steps(), columns=list(STEP_COLUMNS))
-    return steps.astype({c: np.int64 for c in _INT_STEP_COLUMNS})
+    columns = recorder.step_columns()
+    for c in _INT_STEP_COLUMNS:
+        columns[c] = columns[c].astype(np.int64)
+    return pd.DataFrame(columns, columns=list(STEP_COLUMNS), copy=False)
 
 
 def weighted_percentiles(values: np.ndarray, weights: np.ndarray, qs) -> np.ndarray:
     """np.percentile (linear) of the array in which values[i] appears weights[i] times, without
     building it (a long run has tens of millions of inter-token gaps)."""
     keep = weights > 0
-    values, weights = values[keep], weights[keep]
+    if not keep.all():
+        values, weights = values[keep], weights[keep]
     if len(values) == 0:
         return np.full(len(qs), np.nan)
     order = np.argsort(values, kind="stable")
@@ -54,7 +57,7 @@ def distribution(values: np.ndarray, weights: np.ndarray | None = None, scale: f
     total = weights.sum()
     if total == 0:
         return {k: None for k in ("mean", *(f"p{q}" for q in PERCENTILES))}
-    out = {"mean": float((values * weights).sum() / total * scale)}
+    out = {"mean": float(values @ weights / total * scale)}
     for q, v in zip(PERCENTILES, weighted_percentiles(values, weights, PERCENTILES)):
         out[f"p{q}"] = float(v * scale)
     return out
@@ -64,16 +67,18 @@ def inter_token_latencies(steps: pd.DataFrame, recorder: Recorder, req: RequestT
     """Every gap between two tokens of a request: one iteration for each decode it ran in, plus the
     longer gaps across recompute preemptions."""
     durations = recorder.iteration_durations()
-    weights = np.repeat(steps["decode_tokens"].to_numpy(np.float64), steps["count"].to_numpy())
+    weights = np.repeat(steps["decode_tokens"].to_numpy(np.int32), steps["count"].to_numpy())
+    decoding = weights > 0  # prefill-only iterations hold no inter-token gap
     gaps = np.asarray(req.resume_gaps, dtype=np.float64)
-    return np.concatenate((durations, gaps)), np.concatenate((weights, np.ones(len(gaps))))
+    return (np.concatenate((durations[decoding], gaps)),
+            np.concatenate((weights[decoding], np.ones(len(gaps), dtype=np.int32))))
 
 
-def summarize(req: RequestTable, steps: pd.DataFrame, recorder: Recorder, *, max_num_seqs: int,
+def summarize(req: RequestTable, rq: pd.DataFrame, steps: pd.DataFrame, recorder: Recorder, *,
+              max_num_seqs: int,
               replicas: int, gpus: int, flops_per_token: float, weight_bytes: float,
               kv_bytes_per_token: float, peak_flops: float, hbm_bandwidth: float,
               slo=None) -> dict:
-    rq = requests_frame(req)
     done = rq[~rq["finish_s"].isna()]
     duration = float(done["finish_s"].max() - rq["arrival_s"].min()) if len(done) else 0.0
     per_s = (lambda x: x / duration) if duration > 0 else (lambda x: 0.0)  # noqa: E731

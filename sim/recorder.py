@@ -27,31 +27,33 @@ class Recorder:
         self.decode_context_tokens = 0.0  # sum over iterations of decode_context_sum (KV tokens read)
 
     def record(self, replica: int, start: float, durations: np.ndarray, batch) -> None:
-        count = len(durations)
-        slots = batch.kv_slots[:count]
-        stats = batch.stats
-        if count == 1:
-            d = float(durations[0])
-            total, slot_s = d, float(slots[0]) * d
-            token_s = batch.kv_tokens * d
-            block_s = -(-int(slots[0]) // self.block_size) * d
+        count, stats, bs = len(durations), batch.stats, self.block_size
+        if count == 1:  # scalar arithmetic: most rows are single iterations
+            total = float(durations[0])
+            slots_last = batch.kv_slots
+            self.kv_slot_seconds += slots_last * total
+            self.kv_token_seconds += batch.kv_tokens * total
+            self.kv_block_seconds += -(-slots_last // bs) * total
+            self.decode_context_tokens += stats.decode_context_sum
+            self.durations.append(total)
         else:
             total = float(durations.sum())
-            slot_s = float(slots @ durations)
-            grown = batch.kv_tokens + batch.kv_token_growth * np.arange(count)
-            token_s = float(grown @ durations)
-            block_s = float((-(-slots // self.block_size)) @ durations)
-        self.kv_slot_seconds += slot_s
-        self.kv_token_seconds += token_s
-        self.kv_block_seconds += block_s
-        # decode contexts grow by one token per decode per iteration
-        self.decode_context_tokens += (count * stats.decode_context_sum
-                                       + stats.num_decodes * count * (count - 1) / 2)
-        self.durations.frombytes(np.ascontiguousarray(durations, dtype=np.float64).tobytes())
+            later = durations[1:]
+            growth = batch.kv_slot_growth[: count - 1]
+            grown_slots = float(growth @ later) if len(growth) else 0.0
+            slots_last = batch.kv_slots + (int(growth[-1]) if len(growth) else 0)
+            self.kv_slot_seconds += batch.kv_slots * total + grown_slots
+            # every decode adds one token per iteration
+            self.kv_token_seconds += (batch.kv_tokens * total
+                                      + batch.kv_token_growth * float(np.arange(count) @ durations))
+            # a run's growth comes in whole blocks (paged); a constant reservation rounds up once
+            self.kv_block_seconds += -(-batch.kv_slots // bs) * total + grown_slots / bs
+            self.decode_context_tokens += (count * stats.decode_context_sum
+                                           + stats.num_decodes * count * (count - 1) / 2)
+            self.durations.frombytes(np.ascontiguousarray(durations, dtype=np.float64).tobytes())
         self._rows.append((replica, start, total, count, batch.num_seqs, batch.prefill_tokens,
-                           batch.decode_tokens, stats.padded_tokens,
-                           -(-int(slots[-1]) // self.block_size), batch.kv_blocks_total,
-                           batch.waiting))
+                           batch.decode_tokens, stats.padded_tokens, -(-slots_last // bs),
+                           batch.kv_blocks_total, batch.waiting))
         if len(self._rows) >= _CHUNK:
             self._pack()
 
@@ -60,12 +62,13 @@ class Recorder:
             self._packed.append(np.array(self._rows, dtype=np.float64))
             self._rows = []
 
-    def steps(self) -> np.ndarray:
-        """All rows as a float64 [rows, len(STEP_COLUMNS)] array."""
+    def step_columns(self) -> dict[str, np.ndarray]:
+        """All rows, column by column (float64); the packed blocks are released as they are read."""
         self._pack()
-        if not self._packed:
-            return np.zeros((0, len(STEP_COLUMNS)))
-        return np.concatenate(self._packed)
+        blocks, self._packed = self._packed, []
+        if not blocks:
+            return {c: np.zeros(0) for c in STEP_COLUMNS}
+        return {c: np.concatenate([b[:, i] for b in blocks]) for i, c in enumerate(STEP_COLUMNS)}
 
     def iteration_durations(self) -> np.ndarray:
         return np.frombuffer(self.durations, dtype=np.float64)

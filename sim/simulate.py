@@ -61,13 +61,14 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
     if progress is not None:
         progress(len(req), len(req))
     steps = steps_frame(recorder)
+    requests = requests_frame(req)
     m, hw = scenario.model, scenario.hardware
-    summary = summarize(req, steps, recorder, max_num_seqs=e.max_num_seqs, replicas=e.replicas,
+    summary = summarize(req, requests, steps, recorder, max_num_seqs=e.max_num_seqs, replicas=e.replicas,
                         gpus=e.replicas * e.tensor_parallel_size, flops_per_token=m.flops_per_token,
                         weight_bytes=m.weight_bytes, kv_bytes_per_token=m.kv_bytes_per_token,
                         peak_flops=hw.bf16_flops, hbm_bandwidth=hw.hbm_bandwidth, slo=scenario.slo)
     summary = {"scenario": scenario.name, **summary}
-    return SimResult(requests=requests_frame(req), steps=steps, summary=summary)
+    return SimResult(requests=requests, steps=steps, summary=summary)
 
 
 def _where(scenario: Scenario) -> str:

@@ -15,8 +15,9 @@ class Batch:
     num_seqs: int             # sequences doing useful work (padded idle rows excluded)
     prefill_tokens: int       # useful prefill tokens (padding excluded)
     decode_tokens: int        # sequences sampling a token after a decode (one each)
-    # KV cache during each of the (up to) max_steps iterations:
-    kv_slots: np.ndarray      # int64 [max_steps] token slots allocated (paged: blocks x block size)
+    # KV cache: token slots allocated (paged: blocks x block size) during iteration 0, and in
+    # iteration j >= 1 of a run kv_slots + kv_slot_growth[j - 1]
+    kv_slots: int
     kv_blocks_total: int      # capacity in blocks
     kv_tokens: int            # tokens held during iteration 0 (useful ones, after its writes)
     # Fast-forward: the batch repeats unchanged, every decode one token further, for up to max_steps
@@ -29,6 +30,8 @@ class Batch:
     chunks: list = field(default_factory=list)  # (request id, prompt tokens) computed this iteration
     run_new_blocks: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     # ^ KV blocks opened by iterations 1..max_steps-1 of a decode run, cumulative
+    kv_slot_growth: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    # ^ token slots added by iterations 1..max_steps-1, cumulative (empty: constant)
 
     @property
     def kv_token_growth(self) -> int:

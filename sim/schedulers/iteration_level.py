@@ -171,21 +171,24 @@ class IterationLevelScheduler:
     def _batch(self, chunks, preempted: bool) -> Batch:
         req, pool, kv = self.req, self.pool, self.kv
         chunks = [(rid, t) for rid, t in chunks if t > 0]
-        lens = np.array([t for _, t in chunks], dtype=np.int64)
-        contexts = np.array([int(req.computed[rid]) for rid, _ in chunks], dtype=np.int64)
+        if chunks:
+            lens = np.array([t for _, t in chunks], dtype=np.int64)
+            contexts = np.array([int(req.computed[rid]) for rid, _ in chunks], dtype=np.int64)
+        else:
+            lens = contexts = _NO_IDS
         decodes = pool.size
         held = pool.context_sum() + sum(int(req.computed[rid]) for rid in self.prefilling)
         stats = BatchStats(prefill_lens=lens, prefill_contexts=contexts, num_decodes=decodes,
                            decode_context_sum=pool.context_sum() + decodes)
-        prefill_tokens = int(lens.sum())
+        prefill_tokens = stats.prefill_tokens
         max_steps, run_new_blocks = 1, _NO_IDS
         if decodes and not self.prefilling and not preempted:
             max_steps, run_new_blocks = self._run_length()
-        kv_slots = kv.used + np.concatenate(([0], run_new_blocks[: max_steps - 1]))
         return Batch(
             chunks=chunks, stats=stats, num_seqs=decodes + len(chunks),
             prefill_tokens=prefill_tokens, decode_tokens=decodes,
-            kv_slots=kv_slots * kv.block_size, kv_blocks_total=kv.num_blocks,
+            kv_slots=kv.used * kv.block_size, kv_slot_growth=run_new_blocks * kv.block_size,
+            kv_blocks_total=kv.num_blocks,
             kv_tokens=held + decodes + prefill_tokens, max_steps=max_steps,
             run_new_blocks=run_new_blocks, arrival_sensitive=self._arrival_sensitive(),
             waiting=len(self.waiting), preempted=preempted)

@@ -110,6 +110,6 @@ class StaticScheduler:
     def _batch(self, stats, *, num_seqs, prefill_tokens, decode_tokens, kv_tokens, max_steps):
         reserved = self.kv.capacity - self.kv.free_tokens
         return Batch(stats=stats, num_seqs=num_seqs, prefill_tokens=prefill_tokens, decode_tokens=decode_tokens,
-                     kv_slots=np.full(max_steps, reserved, dtype=np.int64),
+                     kv_slots=reserved,
                      kv_blocks_total=self.kv.num_blocks, kv_tokens=kv_tokens, max_steps=max_steps,
                      arrival_sensitive=False, waiting=len(self.waiting))
