@@ -85,3 +85,16 @@ def _existing_path(v: Any, key: str, w: Where, base_dir: Path, what: str) -> Pat
     if not path.exists():
         raise ScenarioError(f"{w(key)}: no such file {v!r} (looked in {base_dir})")
     return path
+
+
+def check_fields(fields: Any, where: str, allowed: tuple[str, ...], required: tuple[str, ...]) -> None:
+    """A mapping of dataclass fields: no unknown keys, none of the required ones missing."""
+    at = f"{where}: " if where else ""
+    if not isinstance(fields, dict):
+        raise ScenarioError(f"{at}must be a mapping of {', '.join(allowed)}")
+    unknown = sorted(set(fields) - set(allowed))
+    if unknown:
+        raise ScenarioError(f"{at}unknown key {unknown[0]!r}; allowed: {', '.join(allowed)}")
+    missing = [k for k in required if k not in fields]
+    if missing:
+        raise ScenarioError(f"{at}missing key {missing[0]!r}; required: {', '.join(required)}")

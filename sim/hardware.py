@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields as dc_fields
 from typing import Any
 
+from .checks import check_fields
 from .errors import ScenarioError
 
 
@@ -64,14 +65,7 @@ def _number(value: Any, where: str, key: str, *, positive: bool) -> float:
 def hardware_from_fields(fields: dict, where: str) -> HardwareSpec:
     """Explicit HardwareSpec mapping (e.g. a scenario's `hardware:` block); units: bytes,
     bytes/s, FLOP/s, USD/hour. `where` prefixes messages, e.g. "chat.yaml: hardware"."""
-    if not isinstance(fields, dict):
-        raise _fail(where, f"must be a mapping of {', '.join(_FIELDS)}")
-    unknown = sorted(set(fields) - set(_FIELDS))
-    if unknown:
-        raise _fail(where, f"unknown key {unknown[0]!r}; allowed: {', '.join(_FIELDS)}")
-    missing = [k for k in _REQUIRED if k not in fields]
-    if missing:
-        raise _fail(where, f"missing key {missing[0]!r}; required: {', '.join(_REQUIRED)}")
+    check_fields(fields, where, _FIELDS, _REQUIRED)
     name = fields.get("name", "custom")
     if not isinstance(name, str) or not name:
         raise _fail(where, f"name must be a non-empty string, got {name!r}")

@@ -17,6 +17,7 @@ from dataclasses import dataclass, fields as dc_fields
 from pathlib import Path
 from typing import Any
 
+from .checks import check_fields
 from .errors import ScenarioError
 
 
@@ -125,14 +126,7 @@ def model_from_fields(fields: dict, where: str) -> ModelSpec:
     """Explicit ModelSpec mapping (e.g. a scenario's `model:` block). `where` prefixes messages,
     e.g. "chat.yaml: model". num_kv_heads defaults to num_attention_heads, head_dim to
     hidden_size // num_attention_heads, name to "custom"."""
-    if not isinstance(fields, dict):
-        raise _fail(where, f"must be a mapping of {', '.join(_FIELDS)}")
-    unknown = sorted(set(fields) - set(_FIELDS))
-    if unknown:
-        raise _fail(where, f"unknown key {unknown[0]!r}; allowed: {', '.join(_FIELDS)}")
-    missing = [k for k in _REQUIRED if k not in fields]
-    if missing:
-        raise _fail(where, f"missing key {missing[0]!r}; required: {', '.join(_REQUIRED)}")
+    check_fields(fields, where, _FIELDS, _REQUIRED)
     v = {k: _positive_int(fields[k], where, k) for k in _REQUIRED}
     heads = v["num_attention_heads"]
     v["num_kv_heads"] = _positive_int(fields.get("num_kv_heads", heads), where, "num_kv_heads")
