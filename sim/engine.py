@@ -26,6 +26,8 @@ from .cost import CostModel
 from .recorder import Recorder
 from .schedulers import Scheduler
 
+_PROBE_STEPS = 32  # iterations priced before looking for the next arrival in a run
+
 
 class Replica:
     def __init__(self, env, index: int, scheduler: Scheduler, cost: CostModel, recorder: Recorder,
@@ -49,11 +51,8 @@ class Replica:
                 yield wake
                 continue
             start = env.now
-            durations = self.cost.step_times(batch.stats, batch.max_steps if self.fast_forward else 1)
+            durations = self._durations(batch, start)
             steps = len(durations)
-            if steps > 1 and batch.arrival_sensitive:
-                steps = self._steps_before_arrival(start, durations)
-                durations = durations[:steps]
             yield self._iteration_end(float(durations.sum()) if steps > 1 else float(durations[0]))
             scheduler.update(batch, steps, env.now)
             self.recorder.record(self.index, start, durations, batch)
@@ -70,7 +69,17 @@ class Replica:
         self.env.schedule(event, simpy.core.URGENT, delay)
         return event
 
-    def _steps_before_arrival(self, start: float, durations: np.ndarray) -> int:
-        """Iterations up to and including the first one that ends at or after the next arrival."""
+    def _durations(self, batch, start: float) -> np.ndarray:
+        """Durations of the iterations to run now: one, or a run of up to batch.max_steps that ends
+        with the first iteration ending at or after the next arrival (if that could matter)."""
+        steps = batch.max_steps if self.fast_forward else 1
+        if steps == 1 or not batch.arrival_sensitive:
+            return self.cost.step_times(batch.stats, steps)
+        arrival = self.inbox.next_arrival()
+        probe = min(steps, _PROBE_STEPS)  # an arrival usually cuts a run long before it ends
+        durations = self.cost.step_times(batch.stats, probe)
         ends = start + np.cumsum(durations)
-        return min(len(durations), int(np.searchsorted(ends, self.inbox.next_arrival(), "left")) + 1)
+        if ends[-1] < arrival and probe < steps:
+            durations = self.cost.step_times(batch.stats, steps)
+            ends = start + np.cumsum(durations)
+        return durations[: int(np.searchsorted(ends, arrival, "left")) + 1]

@@ -15,8 +15,8 @@ class Batch:
     num_seqs: int             # sequences doing useful work (padded idle rows excluded)
     prefill_tokens: int       # useful prefill tokens (padding excluded)
     decode_tokens: int        # sequences sampling a token after a decode (one each)
-    # KV cache: token slots allocated (paged: blocks x block size) during iteration 0, and in
-    # iteration j >= 1 of a run kv_slots + kv_slot_growth[j - 1]
+    # KV cache: token slots allocated (paged: blocks x block size) during iteration 0; iteration
+    # j >= 1 of a run has kv_slots + kv_slot_growth[j - 1]
     kv_slots: int
     kv_blocks_total: int      # capacity in blocks
     kv_tokens: int            # tokens held during iteration 0 (useful ones, after its writes)
@@ -26,12 +26,11 @@ class Batch:
     arrival_sensitive: bool = True
     waiting: int = 0          # requests left waiting when this batch was formed
     preempted: bool = False   # this schedule preempted someone
-    # scheduler's own bookkeeping, opaque to the engine:
-    chunks: list = field(default_factory=list)  # (request id, prompt tokens) computed this iteration
-    run_new_blocks: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    # ^ KV blocks opened by iterations 1..max_steps-1 of a decode run, cumulative
+    # token slots added by iterations 1.. of a run that ran, cumulative (empty: constant); the
+    # scheduler fills it in `update`, once it knows how many ran
     kv_slot_growth: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    # ^ token slots added by iterations 1..max_steps-1, cumulative (empty: constant)
+    # the scheduler's own bookkeeping, opaque to the engine:
+    chunks: list = field(default_factory=list)  # (request id, prompt tokens) computed this iteration
 
     @property
     def kv_token_growth(self) -> int:

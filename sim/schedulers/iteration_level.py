@@ -72,7 +72,9 @@ class IterationLevelScheduler:
         req, kv = self.req, self.kv
         if batch.decode_tokens:
             if steps > 1:  # the later iterations of a run; _run_length checked they fit
-                kv.allocate(int(batch.run_new_blocks[steps - 2]))
+                opened = np.cumsum(self.pool.new_blocks_at(1, steps - 1))
+                kv.allocate(int(opened[-1]))
+                batch.kv_slot_growth = opened * kv.block_size
             self._finish(self.pool.advance(steps), now)
         for rid, t in batch.chunks:
             req.computed[rid] += t
@@ -181,26 +183,24 @@ class IterationLevelScheduler:
         stats = BatchStats(prefill_lens=lens, prefill_contexts=contexts, num_decodes=decodes,
                            decode_context_sum=pool.context_sum() + decodes)
         prefill_tokens = stats.prefill_tokens
-        max_steps, run_new_blocks = 1, _NO_IDS
-        if decodes and not self.prefilling and not preempted:
-            max_steps, run_new_blocks = self._run_length()
+        max_steps = self._run_length() if decodes and not self.prefilling and not preempted else 1
         return Batch(
             chunks=chunks, stats=stats, num_seqs=decodes + len(chunks),
             prefill_tokens=prefill_tokens, decode_tokens=decodes,
-            kv_slots=kv.used * kv.block_size, kv_slot_growth=run_new_blocks * kv.block_size,
-            kv_blocks_total=kv.num_blocks,
+            kv_slots=kv.used * kv.block_size, kv_blocks_total=kv.num_blocks,
             kv_tokens=held + decodes + prefill_tokens, max_steps=max_steps,
-            run_new_blocks=run_new_blocks, arrival_sensitive=self._arrival_sensitive(),
+            arrival_sensitive=self._arrival_sensitive(),
             waiting=len(self.waiting), preempted=preempted)
 
-    def _run_length(self) -> tuple[int, np.ndarray]:
+    def _run_length(self) -> int:
         """Iterations this decode batch repeats unchanged: until a member finishes or the free
-        blocks run out. Also the blocks opened by iterations 1.. of the run, cumulatively."""
-        k_finish = self.pool.steps_to_next_finish()
-        if k_finish <= 1:
-            return 1, _NO_IDS
-        opened = np.cumsum(self.pool.new_blocks_at(1, k_finish - 1))
-        return 1 + int(np.searchsorted(opened, self.kv.free, side="right")), opened
+        blocks run out (block by block only when they might: a member opens at most one block
+        every block_size iterations)."""
+        k = self.pool.steps_to_next_finish()
+        if k <= 1 or self.kv.free >= self.pool.size * -(-(k - 1) // self.kv.block_size):
+            return max(k, 1)
+        opened = np.cumsum(self.pool.new_blocks_at(1, k - 1))
+        return 1 + int(np.searchsorted(opened, self.kv.free, side="right"))
 
     def _arrival_sensitive(self) -> bool:
         """Could a request arriving during a decode run join before the run ends? Not when every
