@@ -55,11 +55,6 @@ class ContiguousKVCache:
         self.free_tokens = self.capacity
         self.reserved = np.zeros(num_requests, dtype=np.int64)  # token slots reserved per request
 
-    @property
-    def used(self) -> int:
-        """Reserved memory in block units (rounded up), comparable with the paged cache."""
-        return -(-(self.capacity - self.free_tokens) // self.block_size)
-
     def allocate(self, rid: int, num_tokens: int) -> bool:
         if num_tokens > self.free_tokens:
             return False

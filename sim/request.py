@@ -49,7 +49,3 @@ class RequestTable:
 
     def __len__(self) -> int:
         return len(self.arrival)
-
-    def seq_len(self, rids):
-        """Tokens the request has: its prompt plus the outputs sampled so far."""
-        return self.prompt[rids] + self.generated[rids]

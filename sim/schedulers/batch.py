@@ -25,7 +25,6 @@ class Batch:
     max_steps: int = 1
     arrival_sensitive: bool = True
     waiting: int = 0          # requests left waiting when this batch was formed
-    preempted: bool = False   # this schedule preempted someone
     # token slots added by iterations 1.. of a run that ran, cumulative (empty: constant); the
     # scheduler fills it in `update`, once it knows how many ran
     kv_slot_growth: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))

@@ -190,7 +190,7 @@ class IterationLevelScheduler:
             kv_slots=kv.used * kv.block_size, kv_blocks_total=kv.num_blocks,
             kv_tokens=held + decodes + prefill_tokens, max_steps=max_steps,
             arrival_sensitive=self._arrival_sensitive(),
-            waiting=len(self.waiting), preempted=preempted)
+            waiting=len(self.waiting))
 
     def _run_length(self) -> int:
         """Iterations this decode batch repeats unchanged: until a member finishes or the free
