@@ -114,7 +114,8 @@ class IterationLevelScheduler:
                 if victim == rid:
                     break
             i += 1
-        return [(rid, t) for rid, t in chunks if rid in take and rid in ids]
+        still_running = set(ids)
+        return [(rid, t) for rid, t in chunks if rid in still_running]
 
     def _preempt(self, rid: int, now: float) -> None:
         req = self.req
