@@ -22,7 +22,11 @@ class Inbox:
         self._next = 0          # first request not yet handed to the scheduler
         self._router = router   # None: every request is already here
         self._wakeup = None     # event an idle replica waits on while the router may still deliver
-        self.routed_live = router is not None  # requests arrive through a router process
+
+    @property
+    def routed_live(self) -> bool:
+        """Do requests arrive through a router process (rather than all known up front)?"""
+        return self._router is not None
 
     def arrived(self, now: float) -> list[int]:
         end = bisect_right(self._times, now, self._next)

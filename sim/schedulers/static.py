@@ -56,12 +56,10 @@ class StaticScheduler:
         if not self.prefilled:
             self.prefilled = True
             req.generated[rows] = 1
-            req.computed[rows] = req.prompt[rows]
             req.first_token[rows] = now
         else:
             active = rows[req.generated[rows] < req.output[rows]]
             req.generated[active] += steps
-            req.computed[active] += steps
             self.step += steps
         just_done = rows[(req.generated[rows] == req.output[rows]) & np.isnan(req.finish[rows])]
         req.finish[just_done] = now
@@ -85,13 +83,13 @@ class StaticScheduler:
         for rid in rows:
             kv.allocate(rid, longest + self.max_output_tokens)
         req.first_scheduled[self.rows] = now
-        prompts = req.prompt[self.rows]
+        prompt_tokens = int(req.prompt[self.rows].sum())
         n = len(rows)
         stats = BatchStats(prefill_lens=np.full(n, longest, dtype=np.int64),
                            prefill_contexts=np.zeros(n, dtype=np.int64),
-                           padded_tokens=n * longest - int(prompts.sum()))
-        return self._batch(stats, num_seqs=n, prefill_tokens=int(prompts.sum()), decode_tokens=0,
-                           kv_tokens=int(prompts.sum()), max_steps=1)
+                           padded_tokens=n * longest - prompt_tokens)
+        return self._batch(stats, num_seqs=n, prefill_tokens=prompt_tokens, decode_tokens=0,
+                           kv_tokens=prompt_tokens, max_steps=1)
 
     def _decode(self) -> Batch:
         req, rows = self.req, self.rows
@@ -109,7 +107,7 @@ class StaticScheduler:
 
     def _batch(self, stats, *, num_seqs, prefill_tokens, decode_tokens, kv_tokens, max_steps):
         reserved = self.kv.capacity - self.kv.free_tokens
-        return Batch(stats=stats, num_seqs=num_seqs, prefill_tokens=prefill_tokens, decode_tokens=decode_tokens,
-                     kv_slots=reserved,
+        return Batch(stats=stats, num_seqs=num_seqs, prefill_tokens=prefill_tokens,
+                     decode_tokens=decode_tokens, kv_slots=reserved,
                      kv_blocks_total=self.kv.num_blocks, kv_tokens=kv_tokens, max_steps=max_steps,
                      arrival_sensitive=False, waiting=len(self.waiting))
