@@ -171,5 +171,20 @@ def _goodput_rows(t: Any, g: Any) -> None:
                       f"{_fmt(slo.get('observed'), 1)} ms {verdict}")
 
 
+# ---- sweep (issue 4: owned by the sweep engineer) ----
+
+
+# ---- plan, capacity (issue 4: owned by the planner engineer) ----
+
+
+# ---- plot (issue 5: owned by the plots engineer) ----
+
+
+# ---- calibrate (issue 6: owned by the calibration engineer) ----
+
+
+# ---- validate (issue 6: owned by the validation engineer) ----
+
+
 if __name__ == "__main__":
     app()
