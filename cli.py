@@ -173,17 +173,562 @@ def _goodput_rows(t: Any, g: Any) -> None:
 
 # ---- sweep (issue 4: owned by the sweep engineer) ----
 
+@app.command()
+def sweep(
+    scenario: Annotated[Path, typer.Argument(help="Scenario YAML that the grid varies.", show_default=False)],
+    grid: Annotated[list[str] | None, typer.Option(
+        "--grid", "-g", help="A scenario key and its values, e.g. [bold]--grid engine.max_num_seqs=64,128[/]; "
+                             "values are parsed as YAML. Repeatable: the sweep runs every combination.",
+        metavar="KEY=V1,V2,...", show_default=False)] = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Output directory for results.csv and runs/<run id>/summary.json; rerunning "
+                            "into it skips the runs already there. \\[default: runs/<scenario name>-sweep]",
+        metavar="DIR", show_default=False)] = None,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", help="Override a scenario key for every run, e.g. [bold]--set workload.num_requests=500[/]. "
+                      "Repeatable.", metavar="KEY=VALUE", show_default=False)] = None,
+    seed: Annotated[int | None, typer.Option(
+        help="First seed (default: the scenario's).", metavar="N", show_default=False)] = None,
+    repeats: Annotated[int, typer.Option(
+        help="Runs per grid point, with seeds seed, seed+1, ...", metavar="N")] = 1,
+    workers: Annotated[int | None, typer.Option(
+        help="Local worker processes. \\[default: all cores]", metavar="N", show_default=False)] = None,
+    cluster: Annotated[str | None, typer.Option(
+        help="Run on a running Dask distributed scheduler instead, e.g. [bold]tcp://host:8786[/] "
+             "(needs servesim\\[cluster] here and on the workers).", metavar="ADDRESS", show_default=False)] = None,
+    quiet: Annotated[bool, typer.Option(
+        "--quiet", "-q", help="Print only the results path: no progress bar, no table.")] = False,
+) -> None:
+    """Simulate every combination of [bold]--grid[/] values and append one row per run (its parameters
+    and every summary metric) to [bold]DIR/results.csv[/] as it finishes. Interrupted? Rerun the
+    same command: finished runs are skipped."""
+    from sim.config import load_scenario
+    from sim.errors import ScenarioError
+    from sim.sweep import parse_grid, run_sweep
+
+    try:
+        points = parse_grid(grid or ())
+        out_dir = out if out is not None else (
+            Path("runs") / f"{load_scenario(scenario, set_ or (), seed).name}-sweep")
+        with _SweepProgress(enabled=not quiet) as progress:
+            result = run_sweep(scenario, points, out_dir, sets=set_ or (), seed=seed, repeats=repeats,
+                               workers=workers, cluster=cluster, progress=progress)
+    except ScenarioError as e:
+        raise _fail(str(e)) from None
+    except OSError as e:
+        raise _fail(f"{e.filename or ''}: {e.strerror or e}".lstrip(": "), code=1) from None
+    except KeyboardInterrupt:
+        raise _fail("interrupted; finished runs are kept in the --out folder's results.csv: "
+                    "rerun the same command to resume", code=130) from None
+    if not quiet:
+        from rich.console import Console
+
+        Console().print(sweep_table(result.rows, list(points)))
+    typer.echo(str(result.path) if quiet else
+               f"results: {result.path} ({result.ran} runs simulated, {result.skipped} already done)")
+
+
+class _SweepProgress:
+    """progress(done, total) callback: a rich bar of runs on stderr, redrawn as each run finishes
+    (no refresh thread, so nothing is running when worker processes fork)."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled, self.bar, self.task = enabled, None, None
+
+    def __enter__(self) -> _SweepProgress:
+        return self
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        if self.bar is None:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.bar = Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TextColumn("runs, ETA"),
+                                TimeRemainingColumn(), console=Console(stderr=True), auto_refresh=False,
+                                transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task("sweep", total=total, completed=done)
+        self.bar.update(self.task, completed=done, total=total, refresh=True)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def sweep_table(rows: Any, keys: list[str]) -> Any:
+    """One row per grid point (means over its seeds): p99 TTFT/TPOT, throughput, goodput; then one
+    line per point that the simulator refused."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    metrics = [(label, col) for label, col in (
+        ("p99 TTFT ms", "ttft_ms.p99"), ("p99 TPOT ms", "tpot_ms.p99"), ("req/s", "request_throughput"),
+        ("output tok/s", "output_throughput"), ("goodput req/s", "goodput.requests_per_s")) if col in rows]
+    points = rows.groupby(keys, sort=False, dropna=False)
+    runs_per_point = points.size().max() if len(rows) else 1
+    title = f"servesim sweep: {' x '.join(keys)}" + (f" (means of {runs_per_point} seeds)"
+                                                    if runs_per_point > 1 else "")
+    t = Table(title=title, title_justify="left", header_style="bold")
+    short = [k.rsplit(".", 1)[-1] for k in keys]  # max_num_seqs, rate: the title has the full keys
+    for key, name in zip(keys, short):
+        t.add_column(name if short.count(name) == 1 else key, no_wrap=True)
+    for label, _ in metrics:
+        t.add_column(label, justify="right")
+    refused = []
+    for params, g in points:
+        params = tuple(map(str, params if isinstance(params, tuple) else (params,)))
+        t.add_row(*params, *(_fmt(float(g[col].mean()) if g[col].notna().any() else None,
+                                  1 if "tok" in label else 2) for label, col in metrics))
+        if g["error"].ne("").any():
+            point = ", ".join(f"{k}={v}" for k, v in zip(keys, params))
+            refused.append(Text(f"refused: {point}: {g['error'][g['error'].ne('')].iloc[0]}", style="red"))
+    return Group(t, *refused)
+
 
 # ---- plan, capacity (issue 4: owned by the planner engineer) ----
 
+@app.command()
+def plan(
+    scenario: Annotated[Path, typer.Argument(help="Scenario YAML with a generated workload (an arrival rate, "
+                                                  "or closed_loop users).", show_default=False)],
+    slo: Annotated[str | None, typer.Option(
+        help="The SLO, e.g. [bold]ttft_ms=500,tpot_ms=50,percentile=99[/] (keys: ttft_ms, tpot_ms, percentile). "
+             "\\[default: the scenario's slo]", metavar="KEY=V,...", show_default=False)] = None,
+    target_rate: Annotated[float | None, typer.Option(
+        help="Size a cluster for this many requests/s (open-loop scenarios).", metavar="R",
+        show_default=False)] = None,
+    target_users: Annotated[int | None, typer.Option(
+        help="Size a cluster for this many concurrent users (closed-loop scenarios).", metavar="N",
+        show_default=False)] = None,
+    gpu_hour_usd: Annotated[float | None, typer.Option(
+        help="Price of one GPU-hour in USD. \\[default: the hardware preset's usd_per_hour]", metavar="USD",
+        show_default=False)] = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Output directory for plan.md, plan.json and the plots. "
+                            "\\[default: runs/<scenario name>-plan]", metavar="DIR", show_default=False)] = None,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", help="Override a scenario key, e.g. [bold]--set engine.scheduler=continuous[/]. Repeatable.",
+        metavar="KEY=VALUE", show_default=False)] = None,
+    seeds: Annotated[int, typer.Option(help="Seeds per load point (more when they disagree).", metavar="N")] = 3,
+    resolution: Annotated[float, typer.Option(
+        help="Relative step of the rate grid: the answer is within this of the true boundary.", metavar="F")] = 0.02,
+    horizon_s: Annotated[float, typer.Option(
+        help="Simulated seconds of arrivals per run (open loop).", metavar="S")] = 120.0,
+    min_requests: Annotated[int, typer.Option(
+        help="Requests per run, at least (a stable p99 needs ~1000).", metavar="N")] = 1000,
+    workers: Annotated[int | None, typer.Option(
+        help="Worker processes. \\[default: all cores]", metavar="N", show_default=False)] = None,
+    quiet: Annotated[bool, typer.Option(
+        "--quiet", "-q", help="Print only the output directory: no progress, no table.")] = False,
+) -> None:
+    """Find the highest load one replica sustains under the SLO (seeded repeats near the boundary),
+    the max_num_seqs / max_num_batched_tokens with the best goodput, the replicas (simulated with the
+    router) for a target load, and the cost. Writes [bold]plan.md[/], [bold]plan.json[/] and plots."""
+    from sim.config import load_scenario
+    from sim.errors import ScenarioError
+    from sim.plan_report import headline, write_report
+    from sim.planner import PlanOptions, parse_slo
+    from sim.planner import plan as make_plan
+
+    try:
+        if target_rate is not None and target_users is not None:
+            raise ScenarioError("--target-rate and --target-users: give one (a rate for open-loop "
+                                "scenarios, users for closed-loop ones)")
+        for flag, v in (("--target-rate", target_rate), ("--target-users", target_users),
+                        ("--seeds", seeds), ("--resolution", resolution), ("--workers", workers),
+                        ("--horizon-s", horizon_s), ("--min-requests", min_requests)):
+            if v is not None and not v > 0:
+                raise ScenarioError(f"{flag}: {v} is not a number > 0")
+        if gpu_hour_usd is not None and not gpu_hour_usd >= 0:
+            raise ScenarioError(f"--gpu-hour-usd: {gpu_hour_usd} is not a number >= 0")
+        sc = load_scenario(scenario, set_ or ())
+        if slo is not None:
+            slo_cfg = parse_slo(slo)
+        elif sc.slo is not None:
+            slo_cfg = sc.slo
+        else:
+            raise ScenarioError(f"--slo: missing and {scenario} has no slo: section; "
+                                "e.g. --slo ttft_ms=500,tpot_ms=50,percentile=99")
+        out_dir = out if out is not None else Path("runs") / f"{sc.name}-plan"
+        if out_dir.exists() and not out_dir.is_dir():
+            raise ScenarioError(f"--out {out_dir}: exists and is not a directory")
+        options = PlanOptions(first_seeds=min(2, seeds), seeds=seeds, max_seeds=max(seeds, 7),
+                              resolution=resolution, horizon_s=horizon_s, min_requests=min_requests,
+                              max_requests=max(min_requests, PlanOptions.max_requests), workers=workers)
+        with _PlanProgress(enabled=not quiet) as progress:
+            result = make_plan(scenario, slo_cfg, overrides=set_ or (), options=options, progress=progress,
+                               target=target_rate if target_users is None else target_users,
+                               target_unit="users" if target_users is not None else "req/s",
+                               gpu_hour_usd=gpu_hour_usd)
+        write_report(result, out_dir)
+    except ScenarioError as e:
+        raise _fail(str(e)) from None
+    except OSError as e:
+        raise _fail(f"{e.filename or ''}: {e.strerror or e}".lstrip(": "), code=1) from None
+    except KeyboardInterrupt:
+        raise _fail("interrupted; no plan written", code=130) from None
+    if not quiet:
+        from rich.console import Console
+        from rich.table import Table
+
+        t = Table(title=f"servesim plan: {result['scenario']}", show_header=False, title_justify="left")
+        t.add_column("")
+        t.add_column("", overflow="fold")
+        for label, value in headline(result):
+            t.add_row(label, value)
+        Console().print(t)
+    typer.echo(str(out_dir) if quiet else f"output: {out_dir}/ (plan.md, plan.json, plots)")
+
+
+class _PlanProgress:
+    """progress(simulations) callback: a count and the elapsed time on stderr (the search is
+    adaptive, so there is no total). Redrawn per update, no refresh thread (workers fork)."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled, self.bar, self.task = enabled, None, None
+
+    def __enter__(self) -> _PlanProgress:
+        return self
+
+    def __call__(self, done: int) -> None:
+        if not self.enabled:
+            return
+        if self.bar is None:
+            from rich.console import Console
+            from rich.progress import Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("planning: {task.completed} simulations"), TimeElapsedColumn(),
+                                console=Console(stderr=True), auto_refresh=False, transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task("plan", total=None)
+        self.bar.update(self.task, completed=done, refresh=True)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+@app.command()
+def capacity(
+    model: Annotated[str | None, typer.Option(
+        help="A model preset (e.g. llama-3-8b) or a path to a Hugging Face config.json.", metavar="NAME",
+        show_default=False)] = None,
+    gpu: Annotated[str | None, typer.Option(help="A hardware preset, e.g. h100-sxm.", metavar="NAME",
+                                            show_default=False)] = None,
+    tp: Annotated[int | None, typer.Option(
+        "--tp", help="Tensor-parallel size (GPUs per replica). \\[default: 1]", metavar="N", show_default=False)] = None,
+    seq_len: Annotated[int, typer.Option(help="Tokens per sequence (prompt + output) for the "
+                                              "concurrent-sequences row.", metavar="N")] = 4096,
+    gpu_memory_utilization: Annotated[float | None, typer.Option(
+        help="Fraction of GPU memory for the engine. \\[default: 0.9]", metavar="F", show_default=False)] = None,
+    block_size: Annotated[int | None, typer.Option(
+        help="Tokens per KV block. \\[default: 16]", metavar="N", show_default=False)] = None,
+    max_num_batched_tokens: Annotated[int | None, typer.Option(
+        help="Token budget per iteration (sets the activation reserve). \\[default: 8192]", metavar="N",
+        show_default=False)] = None,
+    scenario: Annotated[Path | None, typer.Option(
+        help="Take the model, GPU and engine settings from this scenario (options above override them).",
+        metavar="FILE", show_default=False)] = None,
+    json_: Annotated[bool, typer.Option("--json", help="Print the budget as JSON.")] = False,
+) -> None:
+    """The memory budget of a model on a GPU (no simulation): weights, activation reserve, KV bytes
+    per token and per block, KV blocks, and how many sequences of [bold]--seq-len[/] fit at once."""
+    import json
+
+    from sim import hardware as hw_presets
+    from sim import models as model_presets
+    from sim.config import load_scenario
+    from sim.errors import ScenarioError
+    from sim.memory import kv_budget
+
+    try:
+        if scenario is not None:
+            sc = load_scenario(scenario)
+            m, hw, e = sc.model, sc.hardware, sc.engine
+            defaults = {"tp": e.tensor_parallel_size, "util": e.gpu_memory_utilization,
+                        "block": e.block_size, "tokens": e.max_num_batched_tokens}
+        else:
+            m = hw = None
+            defaults = {"tp": 1, "util": 0.9, "block": 16, "tokens": 8192}
+        if model is not None:
+            m = _capacity_model(model, model_presets)
+        if gpu is not None:
+            if gpu not in hw_presets.HARDWARE_PRESETS:
+                raise ScenarioError(f"--gpu: unknown preset {gpu!r}; presets: "
+                                    + ", ".join(sorted(hw_presets.HARDWARE_PRESETS)))
+            hw = hw_presets.HARDWARE_PRESETS[gpu]
+        if m is None or hw is None:
+            flag = "--model" if m is None else "--gpu"
+            names = model_presets.MODEL_PRESETS if m is None else hw_presets.HARDWARE_PRESETS
+            raise ScenarioError(f"{flag}: missing (or give --scenario FILE); presets: " + ", ".join(sorted(names)))
+        if seq_len < 1:
+            raise ScenarioError(f"--seq-len: {seq_len} is not an integer >= 1")
+        b = kv_budget(m, hw, tensor_parallel_size=_or_default(tp, defaults["tp"]),
+                      gpu_memory_utilization=_or_default(gpu_memory_utilization, defaults["util"]),
+                      block_size=_or_default(block_size, defaults["block"]),
+                      max_num_batched_tokens=_or_default(max_num_batched_tokens, defaults["tokens"]),
+                      where="capacity")
+    except ScenarioError as e:
+        raise _fail(str(e)) from None
+    rows = capacity_rows(m.name, hw.name, b, seq_len)
+    if json_:
+        typer.echo(json.dumps({key: value for key, _, value, _ in rows}, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"servesim capacity: {m.name} on {hw.name}, tensor_parallel_size {b.tensor_parallel_size}",
+              title_justify="left", show_header=False)
+    t.add_column("")
+    t.add_column("", justify="right")
+    for _, label, value, shown in rows:
+        t.add_row(label, shown)
+    Console().print(t)
+
+
+def _or_default(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+def _capacity_model(name: str, model_presets: Any) -> Any:
+    from sim.errors import ScenarioError
+
+    if name in model_presets.MODEL_PRESETS:
+        return model_presets.MODEL_PRESETS[name]
+    if Path(name).exists():
+        return model_presets.model_from_hf_config(Path(name))
+    raise ScenarioError(f"--model: unknown preset {name!r}; presets: "
+                        + ", ".join(sorted(model_presets.MODEL_PRESETS)) + " (or a path to a HF config.json)")
+
+
+def capacity_rows(model: str, gpu: str, b: Any, seq_len: int) -> list[tuple[str, str, Any, str]]:
+    """(json key, label, value, shown) for `servesim capacity`; bytes are per GPU (per TP rank)."""
+    gb = lambda x: f"{x / 1e9:,.2f} GB"  # noqa: E731
+    per_seq = -(-seq_len // b.block_size)
+    return [
+        ("model", "model", model, model), ("gpu", "GPU", gpu, gpu),
+        ("tensor_parallel_size", "tensor_parallel_size", b.tensor_parallel_size, str(b.tensor_parallel_size)),
+        ("total_bytes", "GPU memory", b.total_bytes, gb(b.total_bytes)),
+        ("usable_bytes", "usable (gpu_memory_utilization x memory)", b.usable_bytes, gb(b.usable_bytes)),
+        ("weight_bytes_per_gpu", "weights per GPU", b.weight_bytes_per_gpu, gb(b.weight_bytes_per_gpu)),
+        ("activation_reserve_bytes", "activation + fixed reserve", b.activation_reserve_bytes,
+         gb(b.activation_reserve_bytes)),
+        ("kv_cache_bytes", "KV cache", b.kv_cache_bytes, gb(b.kv_cache_bytes)),
+        ("kv_bytes_per_token", "KV bytes per token (per GPU)", b.kv_bytes_per_token,
+         f"{b.kv_bytes_per_token:,} B"),
+        ("block_bytes", f"KV bytes per block ({b.block_size} tokens)", b.block_bytes, f"{b.block_bytes:,} B"),
+        ("num_gpu_blocks", "KV blocks per GPU", b.num_gpu_blocks, f"{b.num_gpu_blocks:,}"),
+        ("max_tokens", "KV capacity (tokens per replica)", b.max_tokens, f"{b.max_tokens:,}"),
+        ("seq_len", "sequence length (tokens)", seq_len, f"{seq_len:,}"),
+        ("blocks_per_seq", "blocks per sequence", per_seq, f"{per_seq:,}"),
+        ("max_concurrent_seqs", f"concurrent sequences of {seq_len:,} tokens", b.max_concurrent_seqs(seq_len),
+         f"{b.max_concurrent_seqs(seq_len):,}"),
+    ]
+
+
 
 # ---- plot (issue 5: owned by the plots engineer) ----
+
+@app.command()
+def plot(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory written by [bold]servesim run[/].",
+                                            show_default=False)],
+    compare: Annotated[list[Path] | None, typer.Option(
+        "--compare", help="Another run directory to compare with (throughput/latency bars and "
+                          "overlaid CDFs). Repeatable.", metavar="RUN_DIR", show_default=False)] = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Where to write the PNGs. \\[default: RUN_DIR/plots]", metavar="DIR",
+        show_default=False)] = None,
+) -> None:
+    """Draw the standard figures of a run as PNGs: slot timeline, batch size and KV blocks over
+    time, TTFT/TPOT/E2E CDFs; with [bold]--compare[/], throughput and latency side by side."""
+    from sim.errors import ScenarioError
+    from sim.plots import save_plots
+
+    try:
+        written = save_plots(run_dir, compare=compare or (), out=out)
+    except ScenarioError as e:
+        raise _fail(str(e)) from None
+    except OSError as e:  # e.g. the output directory is not writable
+        raise _fail(f"{e.filename or ''}: {e.strerror or e}".lstrip(": "), code=1) from None
+    for path in written:
+        typer.echo(str(path))
+
 
 
 # ---- calibrate (issue 6: owned by the calibration engineer) ----
 
 
+@app.command("calibrate")
+def calibrate_cmd(
+    model: Annotated[str, typer.Option(help="Model preset built with random weights, e.g. "
+                                            "[bold]llama-3-8b[/] (GPU) or [bold]tiny[/] (CPU).",
+                                       show_default=False)],
+    out: Annotated[Path, typer.Option(
+        "--out", "-o", help="Profile YAML to write; the raw measurements go next to it (.csv).",
+        metavar="FILE", show_default=False)],
+    device: Annotated[str | None, typer.Option(
+        help="cpu, cuda or cuda:N. \\[default: cuda if available, else cpu]",
+        show_default=False)] = None,
+    grid: Annotated[str | None, typer.Option(
+        help="Batch-shape grid: small or full. \\[default: full on cuda, small on cpu]",
+        show_default=False)] = None,
+    repeats: Annotated[int | None, typer.Option(
+        help="Timed steps per shape (median taken). \\[default: 10]", show_default=False)] = None,
+    warmup: Annotated[int | None, typer.Option(
+        help="Untimed steps per shape first. \\[default: 3]", show_default=False)] = None,
+    seed: Annotated[int, typer.Option(help="Seeds weights, token ids, block layout, held-out "
+                                           "shapes and the run order.")] = 0,
+    attention: Annotated[str | None, typer.Option(
+        help="triton (paged kernels) or torch (gather + SDPA). \\[default: triton on cuda, "
+             "torch on cpu]", show_default=False)] = None,
+) -> None:
+    """Time a real model step over a grid of batch shapes, fit the step-cost model and write a
+    [bold]profile YAML[/] (for [bold]cost_model: {profile: FILE}[/]) plus the raw CSV.
+    See docs/calibration.md."""
+    try:
+        import torch
+    except ImportError:
+        raise _fail("calibrate needs torch (and triton on CUDA): pip install -e '.[gpu]'") from None
+    from calibrate.harness import CalibrationError, calibrate
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cpu":
+        torch.set_num_threads(1)  # small CPU ops gain nothing from threads; steadier timings
+    try:
+        with _GridProgress() as progress:
+            result = calibrate(model, device, out, grid=grid, repeats=repeats, warmup=warmup,
+                               seed=seed, attention=attention, progress=progress,
+                               log=lambda line: typer.echo(line, err=True))
+    except CalibrationError as e:
+        raise _fail(str(e)) from None
+    except KeyboardInterrupt:
+        raise _fail("interrupted; no profile written", code=130) from None
+    mape, worst = result["heldout_mape"], result["heldout_max_error"]
+    held = "no held-out shapes" if mape is None else f"held-out MAPE {mape:.1%}, max {worst:.1%}"
+    typer.echo(f"profile: {result['profile']} ({result['shapes']} shapes in "
+               f"{result['wall_s']:.0f} s; fit MAPE {result['fit_mape']:.1%}, {held})")
+    typer.echo(f"measurements: {result['csv']}")
+
+
+class _GridProgress:
+    """progress(done, total) callback drawing a rich bar over the calibration's timed steps."""
+
+    def __enter__(self) -> _GridProgress:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.bar = Progress(TextColumn("calibrating"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("ETA"), TimeRemainingColumn(), console=Console(stderr=True),
+                            transient=True)
+        self.task = None
+        return self
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.task is None:
+            self.bar.start()
+            self.task = self.bar.add_task("calibrating", total=total)
+        self.bar.update(self.task, completed=done, total=total)
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.stop()
+
+
 # ---- validate (issue 6: owned by the validation engineer) ----
+
+
+@app.command("validate")
+def validate_cmd(
+    scenario: Annotated[Path, typer.Argument(help="Scenario YAML (continuous or chunked, one "
+                                                  "replica), e.g. scenarios/validate-tiny-cpu.yaml.",
+                                             show_default=False)],
+    profile: Annotated[Path, typer.Option(
+        help="Step-cost profile YAML (from [bold]servesim calibrate[/]) for the simulator; it "
+             "replaces the scenario's cost_model.", metavar="FILE", show_default=False)],
+    device: Annotated[str, typer.Option(help="Where the real engine runs: cpu, cuda or cuda:N.")] = "cpu",
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Output directory. \\[default: runs/validate-<scenario name>]",
+        metavar="DIR", show_default=False)] = None,
+    clock: Annotated[str | None, typer.Option(
+        help="wall (real time) or cpu (this process's CPU seconds, idle time skipped: steady on a "
+             "shared machine). \\[default: cpu on cpu, wall on cuda]", show_default=False)] = None,
+    seed: Annotated[int | None, typer.Option(
+        help="Override the scenario's seed.", metavar="N", show_default=False)] = None,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", help="Override a scenario key, as for [bold]run[/]. Repeatable.",
+        metavar="KEY=VALUE", show_default=False)] = None,
+) -> None:
+    """Run the [bold]real engine[/] (a real model step under the simulator's own scheduler) and
+    the simulator (cost model: --profile) on the same requests; write real/ and sim/ outputs and
+    [bold]comparison.csv[/], [bold]comparison.md[/], [bold]comparison.png[/]. See docs/validation.md."""
+    try:
+        import torch
+    except ImportError:
+        raise _fail("validate needs torch: pip install -e '.[gpu]'") from None
+    from sim.config import load_scenario
+    from sim.errors import ScenarioError
+
+    try:
+        from calibrate.validate import validate, write
+
+        sc = load_scenario(scenario, overrides=set_ or (), seed=seed)
+        out_dir = out if out is not None else Path("runs") / f"validate-{sc.name}"
+        if out_dir.exists() and not out_dir.is_dir():
+            raise ScenarioError(f"--out {out_dir}: exists and is not a directory")
+        if device == "cpu":
+            torch.set_num_threads(1)  # as servesim calibrate measures the CPU
+        with _RequestProgress() as progress:
+            result = validate(sc, profile, device=device, clock=clock, progress=progress)
+        write(result, out_dir)
+    except ScenarioError as e:
+        raise _fail(str(e)) from None
+    except OSError as e:
+        raise _fail(f"{e.filename or ''}: {e.strerror or e}".lstrip(": "), code=1) from None
+    except KeyboardInterrupt:
+        raise _fail("interrupted; nothing written", code=130) from None
+    from rich.console import Console
+
+    Console().print(_comparison_table(sc.name, result))
+    typer.echo(f"output: {out_dir}/ (comparison.md, comparison.csv, comparison.png, real/, sim/)")
+
+
+class _RequestProgress:
+    """progress(done, total) callback drawing a rich bar over the real engine's finished requests."""
+
+    def __enter__(self) -> _RequestProgress:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.bar = Progress(TextColumn("real engine"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("requests"), TimeElapsedColumn(), console=Console(stderr=True),
+                            transient=True)
+        self.task = None
+        return self
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.task is None:
+            self.bar.start()
+            self.task = self.bar.add_task("real engine", total=total)
+        self.bar.update(self.task, completed=done, total=total)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.task is not None:
+            self.bar.stop()
+
+
+def _comparison_table(name: str, result: Any) -> Any:
+    from rich.table import Table
+
+    t = Table(title=f"servesim validate: {name}", caption="error = (simulated - real) / real; "
+              "latencies in ms", title_justify="left", caption_justify="left", header_style="bold")
+    for col in ("metric", "stat", "real", "simulated", "error"):
+        t.add_column(col, justify="left" if col in ("metric", "stat") else "right")
+    for row in result.comparison.itertuples():
+        t.add_row(row.metric, row.stat, _fmt(row.real, 2), _fmt(row.sim, 2), f"{row.error_pct:+.1f}%")
+    return t
 
 
 if __name__ == "__main__":

@@ -13,7 +13,9 @@ instant included) is visible to the scheduler.
 Fast-forward: between arrivals, admissions, completions and KV-block shortages a decode batch keeps
 its shape, so the scheduler says how many iterations it may repeat (`batch.max_steps`) and the
 engine runs them as one timeout, cut at the first iteration boundary at or after the next arrival
-when an arrival could change the batch. Results equal stepping one iteration at a time.
+when an arrival could change the batch. Results equal stepping one iteration at a time. In a
+closed loop an arrival can be created during a run (another replica's request finished): the inbox
+then calls `cut`, which ends the run at the first boundary at or after that arrival instead.
 """
 from __future__ import annotations
 
@@ -36,6 +38,8 @@ class Replica:
         self.scheduler, self.cost, self.recorder, self.inbox = scheduler, cost, recorder, inbox
         self.fast_forward = fast_forward
         self.on_iteration = on_iteration
+        self._run = None  # (start, durations) of a decode run that an arrival may cut
+        inbox.reader = self
         self.process = env.process(self.run())
 
     def run(self):
@@ -53,13 +57,41 @@ class Replica:
             start = env.now
             durations = self._durations(batch, start)
             steps = len(durations)
-            yield self._iteration_end(float(durations.sum()) if steps > 1 else float(durations[0]))
+            end = self._iteration_end(float(durations.sum()) if steps > 1 else float(durations[0]))
+            if steps > 1 and batch.arrival_sensitive and inbox.cuts_runs:
+                durations = yield from self._cuttable(end, start, durations)
+                steps = len(durations)
+            else:
+                yield end
             scheduler.update(batch, steps, env.now)
             self.recorder.record(self.index, start, durations, batch)
             if self.on_iteration is not None:
                 self.on_iteration()
             if inbox.routed_live:
-                yield env.timeout(0)  # let the router place arrivals at this instant first
+                yield inbox.settle(env)  # let the router place arrivals at this instant first
+
+    def cut(self, t: float) -> None:
+        """A request arriving at `t` (now) could join the decode run in progress: end the run at
+        its first iteration boundary at or after `t`, if that comes before the run's end."""
+        if self._run is None:
+            return
+        start, durations = self._run
+        if int(np.searchsorted(start + np.cumsum(durations), t, "left")) < len(durations) - 1:
+            self._run = None
+            self.process.interrupt()
+
+    def _cuttable(self, end, start: float, durations: np.ndarray):
+        """Wait for a run's `end`; if `cut` interrupts, for its new end. Returns the iterations run."""
+        self._run = (start, durations)
+        try:
+            yield end
+        except simpy.Interrupt:
+            ends = start + np.cumsum(durations)
+            steps = int(np.searchsorted(ends, self.env.now, "left")) + 1
+            durations = durations[:steps]
+            yield self._iteration_end(max(float(ends[steps - 1]) - self.env.now, 0.0))
+        self._run = None
+        return durations
 
     def _iteration_end(self, delay: float):
         """A timeout that fires before same-instant NORMAL events (a router's arrivals), so that at

@@ -2,32 +2,74 @@
 
     for i, result in run_parallel(fn, args, workers=4):   # completion order, not submission order
         ...
+    for i, result in run_parallel(fn, args, cluster="tcp://scheduler:8786"):   # a running Dask cluster
+        ...
 
 `fn` must be a picklable top-level function; each call is one whole simulation (seconds), so
 process start-up and pickling are noise. workers=1 runs in this process (debuggers, tests).
+With `cluster`, the cluster's workers must be able to import `fn`'s module (install servesim there)
+and read any files the arguments name (traces, profiles). dask is imported only then.
 """
 from __future__ import annotations
 
 import os
+import signal
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Any, Callable, Iterator, Sequence
+
+from .errors import ScenarioError
+
+CONNECT_TIMEOUT_S = 10  # how long to wait for a Dask scheduler before giving up
 
 
 def default_workers() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 
-def run_parallel(fn: Callable[..., Any], args: Sequence[tuple], *, workers: int | None = None
-                 ) -> Iterator[tuple[int, Any]]:
-    """Yield (index into args, fn(*args[index])) as each call finishes."""
+def run_parallel(fn: Callable[..., Any], args: Sequence[tuple], *, workers: int | None = None,
+                 cluster: str | None = None) -> Iterator[tuple[int, Any]]:
+    """Yield (index into args, fn(*args[index])) as each call finishes. `cluster` is the address
+    of a running Dask scheduler (e.g. "tcp://host:8786"); `workers` then does not apply."""
+    if cluster is not None:
+        yield from _run_on_cluster(fn, args, cluster)
+        return
     workers = min(workers or default_workers(), max(1, len(args)))
     if workers == 1:
         for i, a in enumerate(args):
             yield i, fn(*a)
         return
-    with ProcessPoolExecutor(max_workers=workers) as pool:
+    with ProcessPoolExecutor(max_workers=workers, initializer=_exit_on_sigint) as pool:
         pending = {pool.submit(fn, *a): i for i, a in enumerate(args)}
-        while pending:
-            done, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in done:
-                yield pending.pop(fut), fut.result()
+        try:
+            while pending:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    yield pending.pop(fut), fut.result()
+        finally:  # Ctrl-C, an error or an early stop: drop queued calls, wait only for running ones
+            for fut in pending:
+                fut.cancel()
+
+
+def _exit_on_sigint() -> None:
+    """Worker initializer. Ctrl-C reaches every process of the group: a worker then exits at once,
+    rather than abandon only its current call and go on with the calls already queued to it."""
+    signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+
+
+def _run_on_cluster(fn: Callable[..., Any], args: Sequence[tuple], address: str
+                    ) -> Iterator[tuple[int, Any]]:
+    try:
+        from distributed import Client, as_completed
+    except ImportError:
+        raise ScenarioError(f"--cluster {address}: dask distributed is not installed; "
+                            "pip install 'servesim[cluster]'") from None
+    try:
+        client = Client(address, timeout=CONNECT_TIMEOUT_S)
+    except (OSError, TimeoutError, ValueError) as e:
+        raise ScenarioError(f"--cluster {address}: cannot connect to a Dask scheduler there "
+                            f"({type(e).__name__}: {e})".replace("\n", " ")) from None
+    with client:  # leaving it (also on an error or an early stop) releases the pending tasks
+        futures = [client.submit(fn, *a, pure=False) for a in args]
+        index = {f.key: i for i, f in enumerate(futures)}
+        for fut in as_completed(futures):
+            yield index[fut.key], fut.result()

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from .cluster import make_inboxes
+from .cluster import ClosedLoopRouter, make_inboxes
 from .config import Scenario
 from .cost import make_cost_model
 from .engine import Replica
@@ -53,7 +53,11 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
     env = simpy.Environment()
     recorder = Recorder(e.block_size)
     schedulers = [_scheduler(e, req, budget.num_gpu_blocks, workload) for _ in range(e.replicas)]
-    inboxes = make_inboxes(e.router, env, req.arrival, schedulers, req.replica)
+    if workload.users is None:
+        inboxes = make_inboxes(e.router, env, req.arrival, schedulers, req.replica)
+    else:  # closed loop: arrivals are filled in as users' requests finish
+        loop = ClosedLoopRouter(env, req, workload.users, schedulers, e.router)
+        inboxes = loop.inboxes
     tick = _progress_ticker(req, progress)
     for i, (sched, inbox) in enumerate(zip(schedulers, inboxes)):
         Replica(env, i, sched, cost, recorder, inbox, fast_forward=fast_forward, on_iteration=tick)
@@ -62,6 +66,8 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
         progress(len(req), len(req))
     steps = steps_frame(recorder)
     requests = requests_frame(req)
+    if workload.users is not None:
+        requests["user"] = loop.user  # who sent each request (closed loop only)
     m, hw = scenario.model, scenario.hardware
     summary = summarize(req, requests, steps, recorder, max_num_seqs=e.max_num_seqs, replicas=e.replicas,
                         gpus=e.replicas * e.tensor_parallel_size, flops_per_token=m.flops_per_token,

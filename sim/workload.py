@@ -8,7 +8,8 @@ CONTRACT (owned by the workload engineer):
         ("<where>: workload.<key path>: <what is allowed>").
     build_workload(cfg: WorkloadConfig, rng: np.random.Generator) -> Workload
         Vectorised and deterministic for a given rng; draws arrivals, prompt, output, priority in
-        that order. Trace problems raise ScenarioError naming the trace file and line.
+        that order (closed loop: the users' start offsets and think times stand for arrivals).
+        Trace problems raise ScenarioError naming the trace file and line.
 The YAML format is in docs/workload.md.
 """
 from __future__ import annotations
@@ -24,11 +25,20 @@ from .traces import read_trace, shown
 
 
 @dataclass(frozen=True)
+class Users:
+    """A closed loop's users: each sends a request, waits for it to finish, thinks, sends the next.
+    Request ids go in arrival order, given during the run (sim/cluster.py `ClosedLoopRouter`)."""
+    start_s: np.ndarray  # float64 [min(users, n)]: when user u sends its first request
+    think_s: np.ndarray  # float64 [n]: think time after request i finishes, before its user's next
+
+
+@dataclass(frozen=True)
 class Workload:
-    arrival_s: np.ndarray      # float64 [n], seconds from the start, sorted ascending
+    arrival_s: np.ndarray      # float64 [n], seconds from the start, sorted ascending (closed loop: nan)
     prompt_tokens: np.ndarray  # int64 [n], >= 1
     output_tokens: np.ndarray  # int64 [n], >= 1
     priority: np.ndarray       # int64 [n], lower = more urgent (policy: priority); 0 when unknown
+    users: Users | None = None  # closed loop: arrival times are only known during the run
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -72,6 +82,25 @@ class Burst:
 
     def times(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return np.full(n, self.at, dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class ClosedLoop:
+    """Not a list of times: `users` users, each with one request in flight at a time (Users)."""
+    users: int                         # concurrent users, >= 1
+    think_time: float                  # s, mean pause between a response and the user's next request
+    think_dist: str = "exponential"    # exponential | fixed
+
+    def plan(self, rng: np.random.Generator, n: int) -> Users:
+        """User u starts at a uniform time in [0, think_time) (all at 0 when it is 0); the think
+        time after each of the n requests is drawn up front."""
+        starts = min(self.users, n)
+        if self.think_time == 0:
+            return Users(np.zeros(starts), np.zeros(n))
+        start = rng.uniform(0.0, self.think_time, size=starts)
+        think = (rng.exponential(self.think_time, size=n) if self.think_dist == "exponential"
+                 else np.full(n, self.think_time))
+        return Users(start, think)
 
 
 def _cumulative(gaps: np.ndarray) -> np.ndarray:
@@ -126,7 +155,9 @@ class Empirical:
         return lengths[rng.integers(0, len(lengths), size=n)]  # with replacement
 
 
-ARRIVALS = {"poisson": Poisson, "gamma": Gamma, "constant": Constant, "burst": Burst}
+ARRIVALS = {"poisson": Poisson, "gamma": Gamma, "constant": Constant, "burst": Burst,
+            "closed_loop": ClosedLoop}
+THINK_DISTS = ("exponential", "fixed")
 LENGTHS = {"fixed": Fixed, "uniform": Uniform, "lognormal": Lognormal, "empirical": Empirical}
 PRIORITIES = {"fixed": Fixed, "uniform": Uniform}
 
@@ -134,7 +165,7 @@ PRIORITIES = {"fixed": Fixed, "uniform": Uniform}
 @dataclass(frozen=True)
 class WorkloadConfig:
     trace: Path | None = None                   # absolute; set = replay it, None = generate
-    arrival: ArrivalProcess | None = None       # generator only
+    arrival: ArrivalProcess | ClosedLoop | None = None  # generator only
     prompt_tokens: LengthDist | None = None     # generator only
     output_tokens: LengthDist | None = None     # generator only
     num_requests: int | None = None             # generator: how many; trace: the first N (None = all)
@@ -143,19 +174,26 @@ class WorkloadConfig:
 
 
 def build_workload(cfg: WorkloadConfig, rng: np.random.Generator) -> Workload:
-    """The requests `cfg` describes; every random draw comes from `rng`."""
+    """The requests `cfg` describes; every random draw comes from `rng`. A closed loop's arrival
+    times are nan (the run fills them in); time_scale divides its think times and start offsets."""
+    users = None
     if cfg.trace is not None:
         arrival, prompt, output, priority = _replay(cfg.trace, cfg.num_requests)
     else:
         n = cfg.num_requests
-        arrival = cfg.arrival.times(rng, n)
+        if isinstance(cfg.arrival, ClosedLoop):
+            users, arrival = cfg.arrival.plan(rng, n), np.full(n, np.nan)
+        else:
+            arrival = cfg.arrival.times(rng, n)
         prompt = cfg.prompt_tokens.sample(rng, n)
         output = cfg.output_tokens.sample(rng, n)
         priority = np.zeros(n, dtype=np.int64)
     if cfg.priority is not None:
         priority = cfg.priority.sample(rng, len(arrival))
+    if users is not None:
+        users = Users(users.start_s / cfg.time_scale, users.think_s / cfg.time_scale)
     return Workload(arrival_s=arrival / cfg.time_scale, prompt_tokens=prompt,
-                    output_tokens=output, priority=priority)
+                    output_tokens=output, priority=priority, users=users)
 
 
 def _replay(trace: Path, num_requests: int | None) -> tuple[np.ndarray, ...]:
@@ -206,6 +244,9 @@ def _arrival(top: _Keys) -> ArrivalProcess:
         return Burst(keys.number("at", default=0.0, low=0.0))
     if process == "gamma":
         return Gamma(keys.number("rate"), keys.number("cv"))
+    if process == "closed_loop":
+        return ClosedLoop(keys.integer("users", 1), keys.number("think_time", low=0.0),
+                          keys.choice("think_dist", THINK_DISTS, "exponential"))
     return ARRIVALS[process](keys.number("rate"))
 
 

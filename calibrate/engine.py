@@ -1,0 +1,246 @@
+"""A real continuous-batching engine: the simulator's own scheduler objects driven in real time
+over a real model step.
+
+    batch  = scheduler.schedule(now)          # sim/schedulers: the very same objects as `servesim run`
+    chunks = what each request computes       # Batch -> SeqChunk (token ids, context, block table)
+    tokens = step.run(chunks)                 # the model (calibrate/model.py), or a stand-in
+    scheduler.update(batch, 1, clock())       # one iteration at a time: no fast-forward
+
+"Same semantics" holds by construction: admission, token budget, preemption by recompute and the
+request/metrics bookkeeping are the simulator's code; only the iteration's duration is measured
+instead of predicted. The scheduler's KV manager (`sim/kv_cache.py`) counts blocks; `BlockTables`
+keeps the physical block ids the model needs on top of it, and every iteration checks that the two
+agree.
+
+Token ids: prompts are random ids drawn from the caller's rng; outputs are the model's greedy
+samples, fed back as the next decode's input. A recompute prefills prompt + outputs so far.
+
+Clock: time 0 is the engine's start and requests arrive at their workload times (a generator's first
+request arrives at 0). Arrivals are admitted at iteration boundaries; an idle engine sleeps until the
+next one. `clock`/`sleep` are wall time by default; calibrate/validate.py can pass a CPU-time clock
+and tests a virtual one. This module must not import simpy (the GPU box has none): it reads only the pure-Python
+parts of sim/.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import pandas as pd
+
+from sim.config import Scenario
+from sim.errors import ScenarioError
+from sim.kv_cache import PagedKVCache
+from sim.memory import kv_budget
+from sim.metrics import requests_frame, steps_frame
+from sim.queues import make_queue
+from sim.recorder import Recorder
+from sim.request import RequestTable
+from sim.schedulers import make_scheduler
+from sim.workload import Workload
+
+from .model import SeqChunk
+
+
+class Step(Protocol):
+    def run(self, chunks: list[SeqChunk]) -> list[int | None]:
+        """One forward pass; the next token of every chunk with sample=True (else None). Returns
+        once the device has finished."""
+
+
+@dataclass
+class EngineResult:
+    requests: pd.DataFrame   # requests.csv schema (sim.metrics.requests_frame)
+    steps: pd.DataFrame      # steps.csv schema, one row per iteration (count is always 1)
+    step_s: np.ndarray       # per iteration: seconds inside step.run (the rest is engine overhead)
+    stats: list              # per iteration: the BatchStats the simulator's cost model would price
+    tokens: list[list[int]]  # per request: prompt ids followed by the generated ids
+    duration_s: float        # engine start to the end, on the engine's clock
+
+
+class BlockTables:
+    """Physical KV block ids per running request, on top of the count-only PagedKVCache."""
+
+    def __init__(self, num_blocks: int, block_size: int):
+        self.block_size = block_size
+        self.free = list(range(num_blocks - 1, -1, -1))  # pop() hands out low ids first
+        self.tables: dict[int, list[int]] = {}
+
+    @property
+    def used(self) -> int:
+        return sum(len(t) for t in self.tables.values())
+
+    def grow(self, rid: int, num_tokens: int) -> list[int]:
+        """Make request `rid`'s table cover `num_tokens` tokens (it never shrinks while live)."""
+        table = self.tables.setdefault(rid, [])
+        need = -(-num_tokens // self.block_size)
+        while len(table) < need:
+            table.append(self.free.pop())
+        return table
+
+    def release(self, rid: int) -> None:
+        self.free.extend(reversed(self.tables.pop(rid, [])))
+
+
+def check_engine_scenario(scenario: Scenario) -> None:
+    """What the real engine cannot run, as ScenarioErrors."""
+    e, where = scenario.engine, f"{scenario.source}: " if scenario.source else ""
+    if e.scheduler == "static":
+        raise ScenarioError(f"{where}engine.scheduler: the real engine runs continuous or chunked "
+                            f"(iteration-level) scheduling, not static")
+    if e.replicas != 1:
+        raise ScenarioError(f"{where}engine.replicas: the real engine is one replica, got {e.replicas}")
+    if e.tensor_parallel_size != 1:
+        raise ScenarioError(f"{where}engine.tensor_parallel_size: the real engine runs on one "
+                            f"device, got {e.tensor_parallel_size}")
+
+
+def check_workload(workload: Workload) -> None:
+    """The real engine replays arrival times known up front."""
+    if getattr(workload, "users", None) is not None or np.isnan(workload.arrival_s).any():
+        raise ScenarioError("workload: the real engine replays open-loop arrivals (a trace or an "
+                            "arrival process), not a closed loop of users")
+
+
+def num_blocks(scenario: Scenario) -> int:
+    """KV blocks of one replica, derived exactly as the simulator derives them."""
+    e = scenario.engine
+    return kv_budget(scenario.model, scenario.hardware, tensor_parallel_size=e.tensor_parallel_size,
+                     gpu_memory_utilization=e.gpu_memory_utilization, block_size=e.block_size,
+                     max_num_batched_tokens=e.max_num_batched_tokens,
+                     num_gpu_blocks=e.num_gpu_blocks).num_gpu_blocks
+
+
+class RealEngine:
+    """Replays `workload` through `step` under `scenario`'s scheduler, drawing prompt token ids
+    from `rng`. `clock`/`sleep` default to wall-clock time; `progress(done, total)` is called
+    whenever requests finish."""
+
+    def __init__(self, scenario: Scenario, step: Step, workload: Workload, rng: np.random.Generator,
+                 *, progress: Callable[[int, int], None] | None = None,
+                 clock: Callable[[], float] = time.perf_counter,
+                 sleep: Callable[[float], None] = time.sleep):
+        check_engine_scenario(scenario)
+        check_workload(workload)
+        e = scenario.engine
+        self.step, self.progress, self.clock, self.sleep = step, progress, clock, sleep
+        self.req = RequestTable.from_workload(workload)
+        self.req.replica[:] = 0
+        blocks = num_blocks(scenario)
+        # built exactly as sim/simulate.py's _scheduler (which cannot be imported: sim.simulate
+        # imports simpy)
+        self.kv = PagedKVCache(blocks, e.block_size)
+        self.scheduler = make_scheduler(
+            e.scheduler, requests=self.req, kv=self.kv, queue=make_queue(e.policy, self.req),
+            max_num_seqs=e.max_num_seqs, max_num_batched_tokens=e.max_num_batched_tokens,
+            batch_timeout_s=e.batch_timeout_s,
+            max_output_tokens=int(workload.output_tokens.max(initial=1)))
+        self.blocks = BlockTables(blocks, e.block_size)
+        vocab = scenario.model.vocab_size
+        self.tokens = [rng.integers(0, vocab, size=int(p)).tolist() for p in self.req.prompt]
+        self.recorder = Recorder(e.block_size)
+
+    # -- the loop -------------------------------------------------------------------------------
+    def run(self) -> EngineResult:
+        req, sched, n = self.req, self.scheduler, len(self.req)
+        self._step_s, self._stats, self._done = [], [], 0
+        nxt, t0 = 0, self.clock()
+        while True:
+            now = self.clock() - t0
+            while nxt < n and req.arrival[nxt] <= now:
+                sched.add(nxt)
+                nxt += 1
+            batch = sched.schedule(now) if sched.has_work() else None
+            if batch is not None:
+                self._iterate(batch, now, t0)
+            elif nxt < n:
+                self.sleep(max(0.0, float(req.arrival[nxt]) - (self.clock() - t0)))
+            elif sched.has_work():
+                raise RuntimeError("the scheduler holds requests it can never run "
+                                   "(a request larger than the KV cache or token budget?)")
+            else:
+                break
+        duration = self.clock() - t0
+        self._check_outputs()
+        return EngineResult(requests=requests_frame(req), steps=steps_frame(self.recorder),
+                            step_s=np.array(self._step_s), stats=self._stats, tokens=self.tokens,
+                            duration_s=duration)
+
+    def _iterate(self, batch, start: float, t0: float) -> None:
+        """One iteration that started (scheduling included) at `start` s after t0."""
+        chunks, rids = self.plan(batch)
+        t_step = self.clock()
+        sampled = self.step.run(chunks)
+        end = self.clock()
+        self._step_s.append(end - t_step)
+        self._stats.append(batch.stats)
+        for rid, chunk, token in zip(rids, chunks, sampled):
+            if chunk.sample:
+                if token is None:
+                    raise RuntimeError(f"the model step returned no token for request {rid}")
+                self.tokens[rid].append(int(token))
+        self.scheduler.update(batch, 1, end - t0)
+        self.recorder.record(0, start, np.array([end - t0 - start]), batch)
+        live = self._live()
+        for rid in [r for r in self.blocks.tables if r not in live]:
+            self.blocks.release(rid)  # finished in this iteration
+        done = int(np.count_nonzero(~np.isnan(self.req.finish)))
+        if done != self._done and self.progress is not None:
+            self.progress(done, len(self.req))
+        self._done = done
+
+    def _live(self) -> set[int]:
+        return set(self.scheduler.order)
+
+    # -- Batch -> SeqChunks ---------------------------------------------------------------------
+    def plan(self, batch) -> tuple[list[SeqChunk], list[int]]:
+        """The model's view of `batch`, with block tables brought in line with the KV counts.
+
+        `batch.chunks` lists only prompt work: (request id, tokens) for each request computing (part
+        of) its prompt (+ outputs so far, after a recompute); the decodes are the scheduler's decode
+        pool, one token each. Context = tokens computed before this iteration; a chunk samples iff
+        it brings the request up to prompt + generated (its last prompt chunk, or a decode)."""
+        sched = self.scheduler
+        live = self._live()
+        for rid in [r for r in self.blocks.tables if r not in live]:
+            self.blocks.release(rid)  # preempted by this schedule(): recomputed from scratch later
+        pool = sched.pool
+        work = [(rid, 1) for rid in sched.order if rid in pool.members] + list(batch.chunks)
+        computing = dict(work)
+        for rid in sched.order:  # running requests not computing this iteration keep their blocks
+            if rid not in computing:
+                self.blocks.grow(rid, self._computed(rid))
+        chunks, rids = [], []
+        for rid, t in work:
+            context = self._computed(rid)
+            seq = self.tokens[rid]
+            assert context + t <= len(seq), (rid, context, t, len(seq))
+            chunks.append(SeqChunk(token_ids=seq[context:context + t], context_len=context,
+                                   block_table=list(self.blocks.grow(rid, context + t)),
+                                   sample=context + t == len(seq)))
+            rids.append(rid)
+        assert self.blocks.used == self.kv.used, (self.blocks.used, self.kv.used)
+        return chunks, rids
+
+    def _computed(self, rid: int) -> int:
+        pool = self.scheduler.pool
+        return pool.computed(rid) if rid in pool.members else int(self.req.computed[rid])
+
+    def _check_outputs(self) -> None:
+        req = self.req
+        for rid in range(len(req)):
+            if np.isnan(req.finish[rid]):
+                continue
+            if len(self.tokens[rid]) != req.prompt[rid] + req.output[rid]:
+                raise RuntimeError(f"request {rid}: {len(self.tokens[rid]) - req.prompt[rid]} "
+                                   f"tokens generated, expected {req.output[rid]}")
+        assert not self.blocks.tables and self.blocks.used == self.kv.used == 0
+
+
+def run_engine(scenario: Scenario, step: Step, workload: Workload, rng: np.random.Generator,
+               **kwargs) -> EngineResult:
+    """Replay `workload` (the simulator's very arrays) through `step`; see RealEngine."""
+    return RealEngine(scenario, step, workload, rng, **kwargs).run()

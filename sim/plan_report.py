@@ -1,0 +1,194 @@
+"""The plan as files: plan.json (the dict sim/planner.plan returns), plan.md and PNG plots.
+
+    write_report(result, out_dir) -> list[Path]    # plan.json, plan.md, latency_vs_load.png, ...
+    headline(result) -> list[tuple[str, str]]      # the short table the CLI prints
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+LATENCY_PNG = "latency_vs_load.png"
+TRADEOFF_PNG = "goodput_vs_engine.png"
+
+
+def _f(v: Any, digits: int = 1) -> str:
+    if v is None:
+        return "-"
+    return f"{v:,.{digits}f}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else str(v)
+
+
+def _load(v: Any, unit: str) -> str:
+    return f"{int(v)} {unit}" if unit == "users" else f"{v:.2f} {unit}"
+
+
+def headline(r: dict) -> list[tuple[str, str]]:
+    """(label, value) rows: the answer in a few lines."""
+    s, slo = r["load_search"], r["slo"]
+    pct = _f(slo["percentile"], 0)
+    targets = ", ".join(f"p{pct} {k[:-3].upper()} <= {_f(slo[k], 0)} ms" for k in ("ttft_ms", "tpot_ms")
+                        if slo.get(k))
+    rows = [("SLO", targets)]
+    if s["answer"] is None:
+        rows.append(("sustained load per replica", f"none: the SLO fails even at {_load(s['next'], s['unit'])}"))
+        return rows
+    c = s["confidence"]
+    rows += [("sustained load per replica", _load(s["answer"], s["unit"])),
+             ("next step up (fails)", _load(s["next"], s["unit"])),
+             ("seeds meeting the SLO", f"{c['answer_pass_fraction']:.0%} at the answer, "
+                                       f"{c['next_pass_fraction']:.0%} one step up"),
+             ("90% interval of P(a seed meets)", "{:.0%}-{:.0%} at the answer, {:.0%}-{:.0%} one step up".format(
+                 *c["answer_pass_interval_90"], *c["next_pass_interval_90"]))]
+    rec = r["recommendation"]
+    engine = f"max_num_seqs {rec['max_num_seqs']}"
+    if r["engine"]["scheduler"] == "chunked":
+        engine += f", max_num_batched_tokens {rec['max_num_batched_tokens']}"
+    rows.append((f"best engine config at {_load(r['tradeoff']['load'], s['unit'])}", engine))
+    if "cluster" in r:
+        cl = r["cluster"]
+        fewer = cl["one_fewer"]
+        check = (f"; {rec['replicas'] - 1} miss it ({fewer['passes']}/{fewer['seeds']} seeds meet)"
+                 if fewer else "")
+        rows.append((f"replicas for {_load(cl['target'], s['unit'])}",
+                     f"{rec['replicas']} ({cl['point']['passes']}/{cl['point']['seeds']} seeds meet the SLO){check}"))
+    cost = r["cost"]
+    rows += [("GPUs", f"{cost['gpus']} (tensor_parallel_size {rec['tensor_parallel_size']})"),
+             ("cost", f"${cost['usd_per_hour']:.2f}/hour at ${cost['usd_per_gpu_hour']:.2f}/GPU-hour"),
+             ("cost per million output tokens", f"${_f(cost['usd_per_million_output_tokens'], 3)} "
+                                                f"({_f(cost['output_tokens_per_s'], 0)} output tokens/s)"),
+             ("cost per million tokens (prompt + output)", f"${_f(cost['usd_per_million_total_tokens'], 3)}"),
+             ("simulations", f"{r['simulations']} in {r['wall_s']:.1f} s")]
+    return rows
+
+
+def write_report(r: dict, out_dir: str | Path) -> list[Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "plan.json", out / "plan.md"]
+    paths[0].write_text(json.dumps(r, indent=2) + "\n")
+    plots = _plots(r, out)
+    paths[1].write_text(markdown(r, [p.name for p in plots]))
+    return paths + plots
+
+
+# ---------------------------------------------------------------- plan.md
+
+def _point_row(p: dict, first: list[str]) -> str:
+    t, o = p["ttft_ms"], p["tpot_ms"]
+    cells = first + [f"{p['passes']}/{p['seeds']}", "yes" if p["met"] else "no",
+                     _f(t["p50"]), _f(t["slo"]), _f(o["p50"]), _f(o["slo"]), _f(p["goodput_rps"], 2),
+                     _f(p["output_throughput"], 0)]
+    return "| " + " | ".join(cells) + " |"
+
+
+def _points_table(points: list[dict], heads: list[str], first) -> list[str]:
+    cols = heads + ["seeds met", "meets", "TTFT p50 (ms)", "TTFT pSLO (ms)", "TPOT p50 (ms)",
+                    "TPOT pSLO (ms)", "goodput (req/s)", "output tokens/s"]
+    return ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)] + [
+        _point_row(p, first(p)) for p in points]
+
+
+def markdown(r: dict, plots: list[str]) -> str:
+    s, o = r["load_search"], r["options"]
+    unit = s["unit"]
+    grid = "integer users" if unit == "users" else f"rates {1 + o['resolution']:g}x apart"
+    lines = [f"# Capacity plan: {r['scenario']}", "",
+             f"{r['model']} on {r['hardware']}, scheduler `{r['engine']['scheduler']}`, scenario "
+             f"`{r['source']}`" + (f" with `{' '.join(r['overrides'])}`" if r["overrides"] else "") + ".",
+             "", "| | |", "| --- | --- |"]
+    lines += [f"| {a} | {b} |" for a, b in headline(r)]
+    lines += ["", "## Method", "",
+              f"- Load grid: {grid}; "
+              "a doubling bracket, then bisection until the answer and the next grid point up are "
+              "adjacent.",
+              f"- A load meets the SLO when at least {o['pass_fraction']:.0%} of its seeds do "
+              f"({o['seeds']} seeds, {o['max_seeds']} when they disagree). A seed meets it when the "
+              f"p{_f(r['slo']['percentile'], 0)} of TTFT and TPOT is within target over the requests "
+              f"after the first {o['warmup_fraction']:.0%} (warm-up: they arrive at an empty engine).",
+              f"- Each simulation covers ~{o['horizon_s']:g} s of arrivals ({o['min_requests']} to "
+              f"{o['max_requests']} requests)" + (f"; closed loop: {o['requests_per_user']} requests "
+                                                  "per user" if unit == "users" else "") + ".",
+              "- Latencies are means over seeds; pSLO is the SLO percentile. Goodput: requests/s "
+              "meeting every target.", ""]
+    lines += ["## Load search (one replica)", ""]
+    lines += _points_table(s["curve"], [f"load ({unit})"],
+                           lambda p: [str(int(p["load"])) if unit == "users" else _f(p["load"], 2)])
+    if "tradeoff" in r:
+        t = r["tradeoff"]
+        lines += ["", f"## Engine trade-off at {_load(t['load'], unit)}", "",
+                  f"max_num_seqs up to {t['kv_seq_cap']} (sequences of the mean length that fit in the "
+                  "KV cache). Chosen: highest goodput meeting the SLO; within 1% of it, the most "
+                  f"latency headroom: `{t['chosen']}`.", ""]
+        lines += _points_table(t["max_num_seqs"], ["max_num_seqs"], lambda p: [str(p["max_num_seqs"])])
+        if t["max_num_batched_tokens"]:
+            lines += [""] + _points_table(t["max_num_batched_tokens"], ["max_num_seqs", "max_num_batched_tokens"],
+                                          lambda p: [str(p["max_num_seqs"]), str(p["max_num_batched_tokens"])])
+    if "cluster" in r:
+        cl = r["cluster"]
+        lines += ["", f"## Replicas at {_load(cl['target'], unit)} (router `{r['engine']['router']}`)", ""]
+        lines += _points_table(cl["tried"], ["replicas"], lambda p: [str(p["replicas"])])
+    lines += [""] + [f"![{name}]({name})" for name in plots]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- plots
+
+def _plots(r: dict, out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    s, slo = r["load_search"], r["slo"]
+    pts = s["curve"]
+    x = [p["load"] for p in pts]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, key, label in ((axes[0], "ttft_ms", "TTFT"), (axes[1], "tpot_ms", "TPOT")):
+        for p_key, style in (("p50", "o-"), ("p90", "s-"), ("slo", "^-")):
+            name = f"p{_f(slo['percentile'], 0)}" if p_key == "slo" else p_key
+            ax.plot(x, [p[key][p_key] for p in pts], style, ms=4, label=f"{label} {name}")
+        if slo.get(key):
+            ax.axhline(slo[key], color="red", ls="--", lw=1, label=f"SLO {_f(slo[key], 0)} ms")
+        if s["answer"] is not None:
+            ax.axvline(s["answer"], color="green", ls=":", lw=1, label=f"sustained {_load(s['answer'], s['unit'])}")
+        if key == "ttft_ms":  # TTFT grows by orders of magnitude past saturation
+            ax.set_yscale("log")
+        ax.set_xlabel(f"load ({s['unit']})")
+        ax.set_ylabel(f"{label} (ms)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{r['scenario']}: latency vs load, one replica (mean over seeds)")
+    fig.tight_layout()
+    paths.append(out / LATENCY_PNG)
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    t = r.get("tradeoff")
+    if t:
+        panels = [("max_num_seqs", t["max_num_seqs"])]
+        if t["max_num_batched_tokens"]:
+            panels.append(("max_num_batched_tokens", t["max_num_batched_tokens"]))
+        fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
+        for ax, (key, points) in zip(axes[0], panels):
+            xs = [p[key] for p in points]
+            ax.plot(xs, [p["goodput_rps"] for p in points], "-", color="grey")
+            for p in points:
+                ax.plot(p[key], p["goodput_rps"], "o", color="tab:green" if p["met"] else "tab:red")
+            ax.plot([], [], "o", color="tab:green", label="meets the SLO")
+            ax.plot([], [], "o", color="tab:red", label="misses the SLO")
+            ax.axvline(t["chosen"][key], color="black", ls=":", lw=1, label=f"chosen {t['chosen'][key]}")
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(xs, [str(v) for v in xs])
+            ax.minorticks_off()
+            ax.set_xlabel(key)
+            ax.set_ylabel("goodput (requests/s meeting the SLO)")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+        fig.suptitle(f"{r['scenario']}: goodput at {_load(t['load'], s['unit'])} (mean over seeds)")
+        fig.tight_layout()
+        paths.append(out / TRADEOFF_PNG)
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    return paths

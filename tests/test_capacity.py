@@ -1,0 +1,110 @@
+"""`servesim capacity`: the memory budget table, its JSON, presets, --scenario and one-line errors."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cli import app
+from sim.hardware import HARDWARE_PRESETS
+from sim.memory import kv_budget
+from sim.models import MODEL_PRESETS
+
+REPO = Path(__file__).parents[1]
+runner = CliRunner()
+
+
+def capacity(*args: str):
+    return runner.invoke(app, ["capacity", *map(str, args)])
+
+
+def capacity_json(*args: str) -> dict:
+    result = capacity(*args, "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def assert_one_line_error(result, *substrings: str) -> str:
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for s in substrings:
+        assert s in lines[0], lines[0]
+    return lines[0]
+
+
+def test_llama3_8b_on_h100_matches_the_documented_budget():
+    # docs/cost_models.md: 72.0e9 - 16.06e9 - 2.05e9 = 53.89e9 B / 2,097,152 B = 25,698 blocks.
+    b = capacity_json("--model", "llama-3-8b", "--gpu", "h100-sxm", "--seq-len", "1250")
+    assert b["num_gpu_blocks"] == 25_698 and b["block_bytes"] == 2_097_152
+    assert b["kv_bytes_per_token"] == 131_072 and b["usable_bytes"] == pytest.approx(72e9)
+    assert b["blocks_per_seq"] == 79 and b["max_concurrent_seqs"] == 25_698 // 79 == 325
+    assert b["max_tokens"] == 25_698 * 16
+
+
+def test_tensor_parallel_budget_equals_kv_budget():
+    b = capacity_json("--model", "llama-3-70b", "--gpu", "h100-sxm", "--tp", "4", "--seq-len", "4096",
+                      "--block-size", "32", "--gpu-memory-utilization", "0.85", "--max-num-batched-tokens", "4096")
+    ref = kv_budget(MODEL_PRESETS["llama-3-70b"], HARDWARE_PRESETS["h100-sxm"], tensor_parallel_size=4,
+                    gpu_memory_utilization=0.85, block_size=32, max_num_batched_tokens=4096)
+    assert b["weight_bytes_per_gpu"] == pytest.approx(ref.weight_bytes_per_gpu)
+    assert b["activation_reserve_bytes"] == ref.activation_reserve_bytes
+    assert (b["num_gpu_blocks"], b["block_bytes"]) == (ref.num_gpu_blocks, ref.block_bytes)
+    assert b["max_concurrent_seqs"] == ref.num_gpu_blocks // (4096 // 32)
+
+
+def test_a_40_gb_model_on_an_80_gb_gpu():
+    # Qwen2.5-32B at tp=2: ~32.8 GB of weights per H100, ~37 GB left for KV.
+    b = capacity_json("--model", "qwen2.5-32b", "--gpu", "h100-sxm", "--tp", "2", "--seq-len", "8192")
+    assert 32e9 < b["weight_bytes_per_gpu"] < 34e9
+    assert b["kv_cache_bytes"] == b["num_gpu_blocks"] * b["block_bytes"]
+    assert b["usable_bytes"] - b["weight_bytes_per_gpu"] - b["activation_reserve_bytes"] - b["kv_cache_bytes"] \
+        < b["block_bytes"]
+    assert b["max_concurrent_seqs"] == b["num_gpu_blocks"] // 512 > 0
+
+
+def test_table_output():
+    result = capacity("--model", "llama-3-70b", "--gpu", "h100-sxm", "--tp", "4", "--seq-len", "4096")
+    assert result.exit_code == 0, result.output
+    for label in ("weights per GPU", "KV bytes per token", "KV bytes per block", "KV blocks per GPU",
+                  "concurrent sequences of 4,096 tokens"):
+        assert label in result.stdout
+
+
+def test_scenario_supplies_model_gpu_and_engine_and_options_override_it():
+    scenario = REPO / "scenarios" / "quickstart.yaml"
+    from_scenario = capacity_json("--scenario", scenario)
+    assert from_scenario["model"] == "llama-3-8b" and from_scenario["num_gpu_blocks"] == 25_698
+    other = capacity_json("--scenario", scenario, "--gpu", "h200", "--block-size", "32")
+    assert other["gpu"] == "h200" and other["block_bytes"] == 2 * from_scenario["block_bytes"]
+
+
+def test_hf_config_path(tmp_path):
+    config = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "intermediate_size": 128, "vocab_size": 256}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    b = capacity_json("--model", tmp_path / "config.json", "--gpu", "l40s")
+    assert b["kv_bytes_per_token"] == 2 * 2 * 2 * 16 * 2
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--model", "llama-3-80b", "--gpu", "h100-sxm"], "--model: unknown preset 'llama-3-80b'; presets: llama-2-13b"),
+    (["--model", "llama-3-8b", "--gpu", "h100"], "--gpu: unknown preset 'h100'; presets: a100-80gb, h100-sxm"),
+    (["--gpu", "h100-sxm"], "--model: missing"),
+    (["--model", "llama-3-8b"], "--gpu: missing"),
+    (["--model", "llama-3-70b", "--gpu", "h100-sxm"], "141.1 GB of weights per GPU"),
+    (["--model", "llama-3-8b", "--gpu", "h100-sxm", "--tp", "3"], "tensor_parallel_size must divide"),
+    (["--model", "llama-3-8b", "--gpu", "h100-sxm", "--gpu-memory-utilization", "1.5"], "(0, 1]"),
+    (["--model", "llama-3-8b", "--gpu", "h100-sxm", "--seq-len", "0"], "--seq-len"),
+    (["--scenario", "nope.yaml"], "nope.yaml: no such file"),
+])
+def test_errors_are_one_line(args, says):
+    assert_one_line_error(capacity(*args), says)
+
+
+def test_capacity_help():
+    result = capacity("--help")
+    assert result.exit_code == 0 and "--seq-len" in result.output and "--scenario" in result.output

@@ -1,0 +1,303 @@
+"""sim/planner.py and `servesim plan`: SLO parsing, the searches, re-simulated answers, the report.
+
+Simulations are kept short (20 s of arrivals, 300-600 requests, a 5% grid): the point is that the
+search logic is right and its answers hold when re-simulated, not the numbers of a full plan.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from cli import app
+from sim import planner
+from sim.config import SLOConfig, load_scenario
+from sim.errors import ScenarioError
+from sim.metrics import goodput
+from sim.plan_report import headline, write_report
+from sim.planner import (
+    Evaluator,
+    Knob,
+    PlanOptions,
+    load_knob,
+    max_load,
+    parse_slo,
+    size_cluster,
+)
+from sim.simulate import simulate
+
+REPO = Path(__file__).parents[1]
+QUICKSTART = REPO / "scenarios" / "quickstart.yaml"
+SLO = SLOConfig(ttft_ms=500, tpot_ms=50, percentile=99)
+FAST = PlanOptions(horizon_s=20, min_requests=300, max_requests=600, resolution=0.05, workers=1)
+TINY = replace(FAST, horizon_s=15, min_requests=200, max_requests=400, resolution=0.1)  # whole plans
+runner = CliRunner()
+
+
+def assert_one_line_error(result, *substrings: str) -> str:
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for s in substrings:
+        assert s in lines[0], lines[0]
+    return lines[0]
+
+
+# ---------------------------------------------------------------- --slo
+
+def test_parse_slo():
+    assert parse_slo("ttft_ms=500,tpot_ms=50,percentile=99") == SLOConfig(500.0, 50.0, 99.0)
+    assert parse_slo(" tpot_ms = 20 ") == SLOConfig(None, 20.0, 99.0)
+    assert parse_slo("ttft_ms=250.5,percentile=95") == SLOConfig(250.5, None, 95.0)
+
+
+@pytest.mark.parametrize("text, says", [
+    ("ttft=500", "unknown key 'ttft'"),
+    ("ttft_ms=500,latency_ms=3", "unknown key 'latency_ms'"),
+    ("ttft_ms=fast", "'fast' is not a number"),
+    ("ttft_ms=", "missing value"),
+    ("tpot_ms", "missing value"),
+    ("ttft_ms=500,percentile=0", "in (0, 100)"),
+    ("ttft_ms=500,percentile=100", "in (0, 100)"),
+    ("ttft_ms=500,percentile=150", "in (0, 100)"),
+    ("ttft_ms=-5", "> 0"),
+    ("ttft_ms=nan", "> 0"),
+    ("percentile=99", "give ttft_ms and/or tpot_ms"),
+    ("", "unknown key"),
+])
+def test_bad_slo_is_one_line_naming_the_flag_and_keys(text, says):
+    with pytest.raises(ScenarioError) as e:
+        parse_slo(text)
+    message = str(e.value)
+    assert message.startswith("--slo") and says in message
+    assert "ttft_ms, tpot_ms, percentile" in message and "\n" not in message
+    result = runner.invoke(app, ["plan", str(QUICKSTART), "--slo", text])
+    assert_one_line_error(result, "--slo", says, "ttft_ms, tpot_ms, percentile")
+
+
+# ---------------------------------------------------------------- search logic (no simulator)
+
+class FakeEvaluator:
+    """Stands in for Evaluator: a load meets the SLO iff it is <= `limit`; a cluster iff it has
+    at least `limit` replicas."""
+
+    def __init__(self, limit: float):
+        self.limit, self.options, self.judged = limit, FAST, []
+
+    def judge(self, overrides, **info):
+        if "replicas" in info:
+            met = info["replicas"] >= self.limit
+        else:
+            self.judged.append(info["load"])
+            met = info["load"] <= self.limit
+        return {**info, "overrides": list(overrides), "met": met, "passes": 3 * met, "seeds": 3}
+
+
+@pytest.mark.parametrize("limit", [0.5, 3.0, 9.3, 8.0, 120.0])
+def test_rate_search_brackets_then_bisects_to_adjacent_grid_points(limit):
+    knob = Knob("workload.arrival.rate", "req/s", 8.0, 0.05, False)
+    r = max_load(FakeEvaluator(limit), knob)
+    assert r["answer"] <= limit < r["next"]
+    assert r["next"] == pytest.approx(r["answer"] * 1.05, rel=1e-5)  # the next grid point up
+    assert r["answer_point"]["met"] and not r["next_point"]["met"]
+    assert [p["load"] for p in r["curve"]] == sorted(p["load"] for p in r["curve"])
+
+
+@pytest.mark.parametrize("limit", [1, 2, 37, 64, 500])
+def test_users_search_is_integer_bisection(limit):
+    knob = Knob("workload.arrival.users", "users", 16, 0.0, True)
+    fake = FakeEvaluator(limit)
+    r = max_load(fake, knob)
+    assert (r["answer"], r["next"]) == (limit, limit + 1)
+    assert all(float(u).is_integer() for u in fake.judged)
+    assert len(fake.judged) <= 2 * np.log2(limit + 16) + 3
+
+
+@pytest.mark.parametrize("passes, n", [(0, 2), (3, 3), (6, 7), (4, 7), (1, 1)])
+def test_wilson_interval_contains_the_observed_fraction(passes, n):
+    lo, hi = planner.wilson(passes, n)
+    assert 0 <= lo <= passes / n <= hi <= 1 and hi - lo > 0.2  # few seeds: a wide interval
+
+
+def test_unattainable_slo_gives_no_answer():
+    r = max_load(FakeEvaluator(-1), Knob("workload.arrival.users", "users", 4, 0.0, True))
+    assert r["answer"] is None and r["next"] == 1
+
+
+def test_replicas_step_up_until_met_and_one_fewer_fails():
+    knob = Knob("workload.arrival.rate", "req/s", 8.0, 0.05, False)
+    for per_replica, needed in ((10.0, 3), (25.0, 3), (50.0, 3)):  # start below, at and above
+        r = size_cluster(FakeEvaluator(3), knob, 30.0, per_replica, ())
+        assert r["replicas"] == needed and r["point"]["met"] and not r["one_fewer"]["met"]
+
+
+# ---------------------------------------------------------------- real simulations
+
+def resimulate(path, overrides, seeds, slo=SLO, warmup=FAST.warmup_fraction) -> list[bool]:
+    """The SLO verdict per seed, computed here without the planner's cache or summaries."""
+    verdicts = []
+    for seed in seeds:
+        sc = replace(load_scenario(path, overrides, seed=seed), slo=slo)
+        rq = simulate(sc).requests
+        rq = rq.iloc[int(len(rq) * warmup):]
+        verdicts.append(goodput(rq, slo, float(rq["finish_s"].max() - rq["arrival_s"].min()))["met"])
+    return verdicts
+
+
+def test_answer_meets_the_slo_when_resimulated_and_the_next_step_up_does_not():
+    ev = Evaluator(QUICKSTART, SLO, options=FAST)
+    r = max_load(ev, load_knob(ev.scenario, FAST))
+    need = FAST.pass_fraction
+    for point, should_meet in ((r["answer_point"], True), (r["next_point"], False)):
+        verdicts = resimulate(QUICKSTART, point["overrides"], range(point["seeds"]))
+        assert sum(verdicts) == point["passes"]
+        assert (sum(verdicts) >= need * len(verdicts)) == should_meet
+    # Well inside and well outside the boundary, fresh seeds agree with the answer.
+    knob = load_knob(ev.scenario, FAST)
+    assert all(resimulate(QUICKSTART, knob.overrides(r["answer"] * 0.8, FAST), range(50, 52)))
+    assert not any(resimulate(QUICKSTART, knob.overrides(r["answer"] * 1.25, FAST), range(50, 52)))
+
+
+def test_saturated_rate_fails_on_ttft():
+    ev = Evaluator(QUICKSTART, SLO, options=FAST)
+    knob = load_knob(ev.scenario, FAST)
+    point = ev.judge(knob.overrides(60.0, FAST), load=60.0)
+    assert not point["met"] and point["seeds"] == FAST.first_seeds  # clearly out: two seeds decide
+    assert point["ttft_ms"]["slo"] > 3 * SLO.ttft_ms
+
+
+def test_results_are_cached_by_overrides_and_seed():
+    ev = Evaluator(QUICKSTART, SLO, options=FAST)
+    overrides = load_knob(ev.scenario, FAST).overrides(8.0, FAST)
+    first = ev.runs(overrides, range(2))
+    assert ev.simulations == 2
+    assert ev.runs(overrides, range(2)) == first and ev.simulations == 2
+    ev.runs(overrides, range(3))
+    assert ev.simulations == 3
+
+
+def test_plan_end_to_end_with_a_cluster_checked_by_simulation(tmp_path):
+    r = planner.plan(QUICKSTART, SLO, target=40.0, options=replace(TINY, workers=2))
+    rec, cl = r["recommendation"], r["cluster"]
+    assert rec["replicas"] == cl["replicas"] >= int(np.ceil(40.0 / r["load_search"]["answer"]))
+    assert cl["point"]["met"] and (cl["one_fewer"] is None or not cl["one_fewer"]["met"])
+    chosen = r["tradeoff"]["chosen"]
+    winners = [p for p in r["tradeoff"]["max_num_batched_tokens"] if p["met"]]
+    assert chosen["max_num_batched_tokens"] in [p["max_num_batched_tokens"] for p in winners]
+    assert all(p["max_num_seqs"] <= r["tradeoff"]["kv_seq_cap"] or p["max_num_seqs"] == 256
+               for p in r["tradeoff"]["max_num_seqs"])
+    c = r["cost"]
+    assert c["gpus"] == rec["replicas"] and c["usd_per_hour"] == pytest.approx(3.0 * c["gpus"])
+    assert c["usd_per_million_output_tokens"] == pytest.approx(
+        c["usd_per_hour"] / (c["output_tokens_per_s"] * 3600) * 1e6)
+    # The replica count holds when the cluster is re-simulated outside the planner.
+    assert sum(resimulate(QUICKSTART, cl["point"]["overrides"], range(cl["point"]["seeds"]))) \
+        == cl["point"]["passes"]
+
+    paths = write_report(r, tmp_path)
+    names = {p.name for p in paths}
+    assert {"plan.json", "plan.md", "latency_vs_load.png", "goodput_vs_engine.png"} <= names
+    assert json.loads((tmp_path / "plan.json").read_text())["recommendation"] == rec
+    md = (tmp_path / "plan.md").read_text()
+    assert "## Load search" in md and "## Replicas at 40.00 req/s" in md and "latency_vs_load.png" in md
+    assert all((tmp_path / n).stat().st_size > 10_000 for n in names if n.endswith(".png"))
+    assert dict(headline(r))["GPUs"].startswith(str(c["gpus"]))
+
+
+def test_unattainable_slo_is_reported_not_raised(tmp_path):
+    # 1 ms TTFT is less than one prefill: no load meets it.
+    r = planner.plan(QUICKSTART, SLOConfig(ttft_ms=1.0), target=10.0, options=TINY)
+    s = r["load_search"]
+    assert s["answer"] is None and s["next"] < 8.0 / 500 and "recommendation" not in r
+    write_report(r, tmp_path)
+    assert "none: the SLO fails" in (tmp_path / "plan.md").read_text()
+
+
+# ---------------------------------------------------------------- CLI
+
+def test_plan_cli_writes_the_report_and_prints_a_table(tmp_path):
+    result = runner.invoke(app, ["plan", str(QUICKSTART), "--slo", "ttft_ms=500,tpot_ms=50,percentile=99",
+                                 "--horizon-s", "15", "--min-requests", "200", "--resolution", "0.1",
+                                 "--gpu-hour-usd", "2.5", "--workers", "1", "--out", str(tmp_path / "p")])
+    assert result.exit_code == 0, result.output
+    assert "sustained load per replica" in result.stdout and "$2.50/GPU-hour" in result.stdout
+    r = json.loads((tmp_path / "p" / "plan.json").read_text())
+    assert r["cost"]["usd_per_gpu_hour"] == 2.5 and r["cost"]["gpus"] == 1
+    assert "cluster" not in r
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--target-users", "10"], "--target-users"),
+    (["--target-rate", "10", "--target-users", "10"], "give one"),
+    (["--target-rate", "-1"], "--target-rate"),
+    (["--gpu-hour-usd", "-1"], "--gpu-hour-usd"),
+    (["--set", "engine.max_num_seqs=0"], "engine.max_num_seqs"),
+])
+def test_plan_cli_bad_options(args, says):
+    result = runner.invoke(app, ["plan", str(QUICKSTART), "--horizon-s", "5", *args])
+    assert_one_line_error(result, says)
+
+
+def test_plan_cli_needs_an_slo_and_a_generated_workload(tmp_path):
+    raw = yaml.safe_load(QUICKSTART.read_text())
+    del raw["slo"]
+    path = tmp_path / "noslo.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    assert_one_line_error(runner.invoke(app, ["plan", str(path)]), "--slo", "missing")
+    trace = REPO / "scenarios" / "azure-conv-replay.yaml"
+    assert_one_line_error(runner.invoke(app, ["plan", str(trace), "--slo", "ttft_ms=500"]), "trace")
+
+
+def test_plan_help():
+    result = runner.invoke(app, ["plan", "--help"])
+    assert result.exit_code == 0 and "--target-rate" in result.output and "--slo" in result.output
+
+
+# ---------------------------------------------------------------- closed loop
+
+CLOSED = {"process": "closed_loop", "users": 64, "think_time": 1.0}
+
+
+def closed_loop_scenario(tmp_path: Path) -> Path:
+    raw = yaml.safe_load(QUICKSTART.read_text())
+    raw["workload"]["arrival"] = dict(CLOSED)
+    raw["slo"] = {"ttft_ms": 500, "tpot_ms": 20, "percentile": 99}
+    path = tmp_path / "closed.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    try:
+        load_scenario(path)
+    except ScenarioError as e:
+        pytest.skip(f"closed_loop arrivals are not in the simulator yet: {e}")
+    return path
+
+
+def test_bundled_closed_loop_scenario_plans_over_users():
+    path = REPO / "scenarios" / "closed-loop-llama3-8b-h100.yaml"
+    if not path.exists():
+        pytest.skip("the closed-loop scenario is not bundled yet")
+    knob = load_knob(load_scenario(path), PlanOptions())
+    assert (knob.unit, knob.integer) == ("users", True)
+
+
+def test_closed_loop_knob_is_users(tmp_path):
+    sc = load_scenario(closed_loop_scenario(tmp_path))
+    knob = load_knob(sc, FAST)
+    assert (knob.key, knob.unit, knob.integer, knob.start()) == ("workload.arrival.users", "users", True, 64)
+    assert knob.overrides(12, FAST) == ("workload.arrival.users=12", "workload.num_requests=300")
+
+
+def test_closed_loop_users_answer_holds_when_resimulated(tmp_path):
+    path = closed_loop_scenario(tmp_path)
+    slo = SLOConfig(ttft_ms=500, tpot_ms=20, percentile=99)
+    ev = Evaluator(path, slo, options=FAST)
+    r = max_load(ev, load_knob(ev.scenario, FAST))
+    assert r["answer"] is not None and r["next"] == r["answer"] + 1
+    for point, should_meet in ((r["answer_point"], True), (r["next_point"], False)):
+        verdicts = resimulate(path, point["overrides"], range(point["seeds"]), slo=slo)
+        assert (sum(verdicts) >= FAST.pass_fraction * len(verdicts)) == should_meet

@@ -1,0 +1,182 @@
+"""sim/analysis.py slot assignment, sim/plots.py figures and `servesim plot`."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from cli import app
+from sim.analysis import (
+    Run,
+    iteration_of,
+    load_run,
+    replica_iterations,
+    slot_assignment,
+    slot_utilization_from_slots,
+)
+from sim.config import load_scenario
+from sim.errors import ScenarioError
+from sim.plots import save_plots, slot_timeline
+from sim.simulate import simulate, write_outputs
+from sim.workload import Workload, build_workload
+
+ROOT = Path(__file__).resolve().parents[1]
+TOY_OUTPUTS = [444, 480, 91, 315, 573, 547, 464, 360]
+
+
+def _run(name: str, *overrides: str) -> Run:
+    sc = load_scenario(ROOT / "scenarios" / f"{name}.yaml", overrides=overrides)
+    return Run.from_result(simulate(sc), name=name)
+
+
+@pytest.fixture(scope="module")
+def toy_static() -> Run:
+    return _run("toy-static-8")
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    """A small realistic run on disk (static batching: padding, several batches)."""
+    d = tmp_path_factory.mktemp("runs") / "static"
+    sc = load_scenario(ROOT / "scenarios/chat-static.yaml",
+                       overrides=["workload.num_requests=120", "engine.max_num_seqs=16"])
+    write_outputs(simulate(sc), d)
+    return d
+
+
+def _no_overlap(slots) -> None:
+    for _, rows in slots.groupby("slot"):
+        rows = rows.sort_values("start_it")
+        assert (rows["start_it"].to_numpy()[1:] >= rows["hold_it"].to_numpy()[:-1]).all()
+
+
+def test_toy_static_slots_exact(toy_static):
+    slots = slot_assignment(toy_static).sort_values("request_id")
+    # one batch of 8 from iteration 0; each request computes output_tokens iterations (its prefill
+    # samples token 1) and its slot stays held until the longest (573) ends
+    assert slots["slot"].tolist() == list(range(8))
+    assert slots["start_it"].tolist() == [0] * 8
+    assert slots["end_it"].tolist() == TOY_OUTPUTS
+    assert slots["hold_it"].tolist() == [573] * 8
+    assert toy_static.is_static and toy_static.max_num_seqs == 8
+    iters = replica_iterations(toy_static)
+    assert iters == 573
+    util = slot_utilization_from_slots(slots, iters, 8)
+    assert util == pytest.approx(sum(TOY_OUTPUTS) / (8 * 573), rel=1e-12)
+    assert util == pytest.approx(toy_static.summary["slot_utilization"], rel=1e-12)
+
+
+def test_continuous_backfills_freed_slots():
+    # 24 toy-shaped requests at t = 0 and 8 slots: continuous batching hands a slot freed at the end
+    # of an iteration to the next waiting request in the next one, so the 16 later requests start
+    # exactly at the 16 earliest finishes, and no slot is held past its request's finish
+    sc = load_scenario(ROOT / "scenarios/toy-continuous-8.yaml")
+    toy = build_workload(sc.workload, np.random.default_rng(0))
+    w = Workload(*(np.tile(a, 3) for a in (toy.arrival_s, toy.prompt_tokens, toy.output_tokens,
+                                             toy.priority)))
+    run = Run.from_result(simulate(sc, workload=w))
+    slots = slot_assignment(run).sort_values("request_id")
+    assert not run.is_static
+    assert (slots["hold_it"] == slots["end_it"]).all()
+    assert slots["slot"].max() == 7
+    _no_overlap(slots)
+    assert sorted(slots["start_it"].iloc[8:]) == sorted(slots["end_it"])[:16]
+    util = slot_utilization_from_slots(slots, replica_iterations(run), 8)
+    assert util == pytest.approx(run.summary["slot_utilization"], rel=1e-12)
+
+
+@pytest.mark.parametrize("scenario, overrides", [
+    ("chat-static", ["workload.num_requests=150", "engine.max_num_seqs=16"]),
+    ("chat-continuous", ["workload.num_requests=150", "engine.max_num_seqs=24"]),
+    ("chat-chunked", ["workload.num_requests=150", "engine.max_num_seqs=24", "workload.arrival.rate=20"]),
+])
+def test_slot_invariants_match_summary(scenario, overrides):
+    run = _run(scenario, *overrides)
+    assert run.summary["preemptions"] == 0
+    slots = slot_assignment(run)
+    _no_overlap(slots)
+    cap = int(run.max_num_seqs)
+    assert slots["slot"].max() + 1 <= cap
+    assert (slots["end_it"] > slots["start_it"]).all()
+    util = slot_utilization_from_slots(slots, replica_iterations(run), cap)
+    assert util == pytest.approx(run.summary["slot_utilization"], rel=1e-9)
+
+
+def test_iteration_of_maps_row_boundaries():
+    run = _run("toy-static-8")
+    steps = run.steps
+    # row starts map to the iterations before them; ends of the last row to the total
+    first = steps["count"].cumsum() - steps["count"]
+    assert iteration_of(steps, steps["start_s"].to_numpy()).tolist() == first.tolist()
+    end = steps["start_s"].iloc[-1] + steps["duration_s"].iloc[-1]
+    assert iteration_of(steps, [end]).tolist() == [573]
+
+
+def test_timeline_caps_requests(run_dir):
+    run = load_run(run_dir)
+    fig = slot_timeline(run, max_requests=20)
+    title = fig.axes[0].get_title()
+    assert "first 20 of 120 requests shown" in title
+
+
+def test_save_plots_writes_pngs(run_dir, tmp_path):
+    other = tmp_path / "other"
+    write_outputs(simulate(load_scenario(ROOT / "scenarios/toy-continuous-8.yaml")), other)
+    written = save_plots(run_dir, compare=[other], out=tmp_path / "plots")
+    names = sorted(p.name for p in written)
+    assert names == ["batch_kv.png", "compare_bars.png", "compare_cdf.png", "latency_cdf.png",
+                     "slot_timeline.png"]
+    for p in written:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 10_000
+
+
+def test_cli_plot_default_out(run_dir):
+    result = CliRunner().invoke(app, ["plot", str(run_dir)])
+    assert result.exit_code == 0, result.output
+    lines = result.output.split()
+    assert [Path(x).name for x in lines] == ["slot_timeline.png", "batch_kv.png", "latency_cdf.png"]
+    assert all((run_dir / "plots" / Path(x).name).stat().st_size > 0 for x in lines)
+
+
+def _cli_error(args):
+    result = CliRunner().invoke(app, ["plot", *args])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ")
+    return lines[0]
+
+
+def test_cli_errors(run_dir, tmp_path):
+    missing = tmp_path / "nope"
+    assert str(missing) in _cli_error([str(missing)])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert "not a run directory" in _cli_error([str(empty)])
+    afile = tmp_path / "file.txt"
+    afile.write_text("x")
+    assert str(afile) in _cli_error([str(run_dir), "--compare", str(afile)])
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in ("requests.csv", "steps.csv", "summary.json"):
+        (broken / f).write_bytes((run_dir / f).read_bytes())
+    (broken / "steps.csv").write_text("replica,start_s\n0,0.0\n")
+    assert "steps.csv: missing column(s)" in _cli_error([str(broken)])
+    (broken / "steps.csv").write_bytes((run_dir / "steps.csv").read_bytes())
+    (broken / "summary.json").write_text("[1, 2")
+    assert "summary.json" in _cli_error([str(broken)])
+
+
+def test_load_run_error_is_scenario_error(tmp_path):
+    with pytest.raises(ScenarioError, match="no such run directory"):
+        load_run(tmp_path / "missing")
+    (tmp_path / "summary.json").write_text(json.dumps({}))
+    with pytest.raises(ScenarioError, match="requests.csv: missing"):
+        load_run(tmp_path)
+
+
+def test_plot_help():
+    result = CliRunner().invoke(app, ["plot", "--help"])
+    assert result.exit_code == 0 and "--compare" in result.output
