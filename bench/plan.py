@@ -5,10 +5,11 @@
 Prints the plan's wall time, its number of simulations and two baselines, both from this run:
 - serial: one full simulation of the scenario as written (measured here), times the plan's number
   of simulations, i.e. the same work run one after another at the scenario's own size;
-- naive scan: the same 2% grid walked up from the scenario's rate to the first failing point, 3
-  seeds per point, plus the same trade-off and cluster work: its simulation count times the plan's
-  measured mean seconds per simulation (the count is exact, the time per simulation is the plan's).
-The target is a full plan (load search, trade-off curve, cluster sizing) in under a minute on 2 cores.
+- naive scan: for the scenario's setting and for every setting on the engine curve, the 2% grid
+  walked from the scenario's rate to the setting's first failing point, 3 seeds per point, plus the
+  same cluster work: its simulation count times the plan's measured mean seconds per simulation
+  (the count is exact, the time per simulation is the plan's).
+The target is a full plan (load search, engine curve, cluster sizing) in under a minute on 2 cores.
 It also prints the CPU seconds the plan used (this process and its workers): on a shared machine,
 CPU seconds / cores is what the wall time would be with the cores to itself.
 """
@@ -26,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sim.config import load_scenario
-from sim.planner import PlanOptions, plan
+from sim.evaluator import PlanOptions
+from sim.planner import plan
 from sim.simulate import simulate
 
 
@@ -52,22 +54,33 @@ def main() -> None:
     n = r["simulations"]
     per_sim = r["simulated_wall_s"] / n
 
-    s = r["load_search"]
-    grid_points = round(math.log(s["next"] / s["curve"][0]["load"]) / math.log1p(options.resolution)) + 1
-    other = sum(p["seeds"] for part in ("max_num_seqs", "max_num_batched_tokens")
-                for p in r["tradeoff"][part]) + sum(p["seeds"] for p in r.get("cluster", {}).get("tried", []))
-    naive = 3 * grid_points + other
+    s, t, rec = r["load_search"], r["tradeoff"], r["recommendation"]
+    r0 = s["curve"][0]["load"]
+    scan = lambda nxt: abs(round(math.log(nxt / r0) / math.log1p(options.resolution))) + 1
+    settings = {(e["max_num_seqs"], e["max_num_batched_tokens"]): e["next"]
+                for e in t["max_num_seqs"] + t["max_num_batched_tokens"]}
+    grid_points = sum(scan(nxt) for nxt in settings.values())
+    cluster = sum(p["seeds"] for p in r.get("cluster", {}).get("tried", []))
+    naive = 3 * grid_points + cluster
 
-    print(f"scenario: {sc.name}; answer {s['answer']:.2f} req/s per replica (next step {s['next']:.2f} fails), "
-          f"{r['recommendation']['replicas']} replicas for {args.target_rate:g} req/s")
+    print(f"scenario: {sc.name}; scenario's setting sustains {s['answer']:.2f} req/s per replica "
+          f"(next step {s['next']:.2f} fails)")
+    print("engine curve (max_num_seqs, max_num_batched_tokens: sustained req/s, goodput req/s): " + ", ".join(
+        f"{e['max_num_seqs']},{e['max_num_batched_tokens']}: {e['sustained'] or 0:.2f}, {e['goodput_rps']:.2f}"
+        for e in t["max_num_seqs"] + t["max_num_batched_tokens"]))
+    print(f"chosen max_num_seqs {rec['max_num_seqs']}, max_num_batched_tokens {rec['max_num_batched_tokens']}: "
+          f"{rec['per_replica_load']:.2f} req/s per replica; {rec['replicas']} replicas for "
+          f"{args.target_rate:g} req/s")
+    print("simulations by step: " + ", ".join(f"{k} {v}" for k, v in r["simulations_by_step"].items()))
     print(f"{'':<34}{'simulations':>12}{'wall s':>10}{'x plan':>9}")
     print(f"{'plan (parallel, adaptive seeds)':<34}{n:>12}{wall:>10.1f}{1.0:>9.2f}")
     print(f"{'  its simulations, serial sum':<34}{n:>12}{r['simulated_wall_s']:>10.1f}"
           f"{r['simulated_wall_s'] / wall:>9.2f}")
     print(f"{'serial: 1 full run x simulations':<34}{n:>12}{one * n:>10.1f}{one * n / wall:>9.2f}"
           f"   (one full run of the scenario: {one:.2f} s)")
-    print(f"{'naive 2% scan, 3 seeds (est.)':<34}{naive:>12}{naive * per_sim:>10.1f}{naive * per_sim / wall:>9.2f}"
-          f"   ({grid_points} grid points x 3 + {other} trade-off/cluster runs, {per_sim:.2f} s each)")
+    print(f"{'naive 2% scans, 3 seeds (est.)':<34}{naive:>12}{naive * per_sim:>10.1f}{naive * per_sim / wall:>9.2f}"
+          f"   ({len(settings)} settings, {grid_points} grid points x 3 + {cluster} cluster runs, "
+          f"{per_sim:.2f} s each)")
     print(f"plan CPU time {cpu:.1f} s on {cores} cores: {cpu / cores:.1f} s wall if the cores were idle; "
           f"load average now {os.getloadavg()[0]:.1f}")
 

@@ -23,6 +23,17 @@ def _load(v: Any, unit: str) -> str:
     return f"{int(v)} {unit}" if unit == "users" else f"{v:.2f} {unit}"
 
 
+def _setting(r: dict, p: dict) -> str:
+    text = f"max_num_seqs {p['max_num_seqs']}"
+    if r["engine"]["scheduler"] == "chunked":
+        text += f", max_num_batched_tokens {p['max_num_batched_tokens']}"
+    return text
+
+
+def _seeds(p: dict) -> str:
+    return f"{p['passes']}/{p['seeds']}"
+
+
 def headline(r: dict) -> list[tuple[str, str]]:
     """(label, value) rows: the answer in a few lines."""
     s, slo = r["load_search"], r["slo"]
@@ -34,24 +45,25 @@ def headline(r: dict) -> list[tuple[str, str]]:
         rows.append(("sustained load per replica", f"none: the SLO fails even at {_load(s['next'], s['unit'])}"))
         return rows
     c = s["confidence"]
-    rows += [("sustained load per replica", _load(s["answer"], s["unit"])),
+    rows += [("sustained load per replica, scenario's setting", _load(s["answer"], s["unit"])),
              ("next step up (fails)", _load(s["next"], s["unit"])),
              ("seeds meeting the SLO", f"{c['answer_pass_fraction']:.0%} at the answer, "
                                        f"{c['next_pass_fraction']:.0%} one step up"),
              ("90% interval of P(a seed meets)", "{:.0%}-{:.0%} at the answer, {:.0%}-{:.0%} one step up".format(
                  *c["answer_pass_interval_90"], *c["next_pass_interval_90"]))]
-    rec = r["recommendation"]
-    engine = f"max_num_seqs {rec['max_num_seqs']}"
-    if r["engine"]["scheduler"] == "chunked":
-        engine += f", max_num_batched_tokens {rec['max_num_batched_tokens']}"
-    rows.append((f"best engine config at {_load(r['tradeoff']['load'], s['unit'])}", engine))
+    rec, t = r["recommendation"], r["tradeoff"]
+    rows.append(("best engine setting (highest sustained goodput)", _setting(r, rec)))
+    best = t["chosen_search"]
+    if any(rec[k] != r["engine"][k] for k in ("max_num_seqs", "max_num_batched_tokens")):
+        rows.append(("sustained load per replica, best setting",
+                     f"{_load(best['answer'], s['unit'])} ({_load(best['next'], s['unit'])} fails; "
+                     f"{_seeds(best['answer_point'])} and {_seeds(best['next_point'])} seeds meet)"))
     if "cluster" in r:
         cl = r["cluster"]
         fewer = cl["one_fewer"]
-        check = (f"; {rec['replicas'] - 1} miss it ({fewer['passes']}/{fewer['seeds']} seeds meet)"
-                 if fewer else "")
+        check = f"; {rec['replicas'] - 1} miss it ({_seeds(fewer)} seeds meet)" if fewer else ""
         rows.append((f"replicas for {_load(cl['target'], s['unit'])}",
-                     f"{rec['replicas']} ({cl['point']['passes']}/{cl['point']['seeds']} seeds meet the SLO){check}"))
+                     f"{rec['replicas']} ({_seeds(cl['point'])} seeds meet the SLO){check}"))
     cost = r["cost"]
     rows += [("GPUs", f"{cost['gpus']} (tensor_parallel_size {rec['tensor_parallel_size']})"),
              ("cost", f"${cost['usd_per_hour']:.2f}/hour at ${cost['usd_per_gpu_hour']:.2f}/GPU-hour"),
@@ -111,19 +123,11 @@ def markdown(r: dict, plots: list[str]) -> str:
                                                   "per user" if unit == "users" else "") + ".",
               "- Latencies are means over seeds; pSLO is the SLO percentile. Goodput: requests/s "
               "meeting every target.", ""]
-    lines += ["## Load search (one replica)", ""]
+    lines += ["## Load search (one replica, the scenario's engine setting)", ""]
     lines += _points_table(s["curve"], [f"load ({unit})"],
                            lambda p: [str(int(p["load"])) if unit == "users" else _f(p["load"], 2)])
     if "tradeoff" in r:
-        t = r["tradeoff"]
-        lines += ["", f"## Engine trade-off at {_load(t['load'], unit)}", "",
-                  f"max_num_seqs up to {t['kv_seq_cap']} (sequences of the mean length that fit in the "
-                  "KV cache). Chosen: highest goodput meeting the SLO; within 1% of it, the most "
-                  f"latency headroom: `{t['chosen']}`.", ""]
-        lines += _points_table(t["max_num_seqs"], ["max_num_seqs"], lambda p: [str(p["max_num_seqs"])])
-        if t["max_num_batched_tokens"]:
-            lines += [""] + _points_table(t["max_num_batched_tokens"], ["max_num_seqs", "max_num_batched_tokens"],
-                                          lambda p: [str(p["max_num_seqs"]), str(p["max_num_batched_tokens"])])
+        lines += _curve_section(r)
     if "cluster" in r:
         cl = r["cluster"]
         lines += ["", f"## Replicas at {_load(cl['target'], unit)} (router `{r['engine']['router']}`)", ""]
@@ -132,7 +136,61 @@ def markdown(r: dict, plots: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _curve_section(r: dict) -> list[str]:
+    t, unit = r["tradeoff"], r["load_search"]["unit"]
+    g, c = t["grid"], t["chosen_search"]
+    step = f"{g['resolution']:.0%} steps" + ("" if unit == "req/s" else " (rounded to whole users)")
+    lines = ["", "## Engine curve: each setting's sustained load", "",
+             f"Each setting's own highest load meeting the SLO, on a grid of {step} from "
+             f"{_load(g['base'], unit)} (the scenario setting's answer), {g['seeds'][0]} seeds per point "
+             f"({g['seeds'][1]} when they disagree), each search started at its neighbour's answer. "
+             f"max_num_seqs up to {t['kv_seq_cap']} (sequences of the mean length that fit in the KV cache). "
+             "Goodput: requests/s meeting every target at that load. The scenario's own setting shows "
+             "its load search (finer grid). Chosen: the highest goodput, then searched again on the "
+             f"load search's grid: **{_setting(r, t['chosen'])}: {_load(c['answer'], unit)}** "
+             f"({_load(c['next'], unit)} fails).", ""]
+    cols = ["max_num_seqs", "max_num_batched_tokens", f"sustained ({unit})", f"next up, fails ({unit})",
+            "seeds met", "goodput (req/s)", "TTFT pSLO (ms)", "TPOT pSLO (ms)", "output tokens/s", "loads judged"]
+    for part in ("max_num_seqs", "max_num_batched_tokens"):
+        if not t[part]:
+            continue
+        lines += [f"By {part}:", "", "| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
+        for e in t[part]:
+            p = e["point"] or {}
+            chosen = " (chosen)" if _is_chosen(e, t) else ""
+            cells = [str(e["max_num_seqs"]), str(e["max_num_batched_tokens"]) + chosen,
+                     "none" if e["sustained"] is None else _load(e["sustained"], unit).split()[0],
+                     _load(e["next"], unit).split()[0], _seeds(p) if p else "-", _f(e["goodput_rps"], 2),
+                     _f(p.get("ttft_ms", {}).get("slo")), _f(p.get("tpot_ms", {}).get("slo")),
+                     _f(p.get("output_throughput"), 0), str(len(e["judged"]))]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    if any(t["chosen"][k] != r["engine"][k] for k in t["chosen"]):
+        lines += [f"Load search of the chosen setting ({_setting(r, t['chosen'])}):", ""]
+        lines += _points_table(c["curve"], [f"load ({unit})"],
+                               lambda p: [str(int(p["load"])) if unit == "users" else _f(p["load"], 2)])
+    return lines
+
+
+def _is_chosen(entry: dict, t: dict) -> bool:
+    return all(entry[k] == v for k, v in t["chosen"].items())
+
+
 # ---------------------------------------------------------------- plots
+
+def _finish(fig, ax_list, title: str, path: Path, legend_loc: str = "best") -> Path:
+    """Grid and legend on each axis, a title; saved and closed."""
+    import matplotlib.pyplot as plt
+
+    for ax in ax_list:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc=legend_loc)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
 
 def _plots(r: dict, out: Path) -> list[Path]:
     import matplotlib
@@ -140,7 +198,6 @@ def _plots(r: dict, out: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    paths = []
     s, slo = r["load_search"], r["slo"]
     pts = s["curve"]
     x = [p["load"] for p in pts]
@@ -157,38 +214,29 @@ def _plots(r: dict, out: Path) -> list[Path]:
             ax.set_yscale("log")
         ax.set_xlabel(f"load ({s['unit']})")
         ax.set_ylabel(f"{label} (ms)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.suptitle(f"{r['scenario']}: latency vs load, one replica (mean over seeds)")
-    fig.tight_layout()
-    paths.append(out / LATENCY_PNG)
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
-
+    paths = [_finish(fig, axes, f"{r['scenario']}: latency vs load, one replica, the scenario's engine "
+                                "setting (mean over seeds)", out / LATENCY_PNG)]
     t = r.get("tradeoff")
     if t:
-        panels = [("max_num_seqs", t["max_num_seqs"])]
-        if t["max_num_batched_tokens"]:
-            panels.append(("max_num_batched_tokens", t["max_num_batched_tokens"]))
+        panels = [(k, t[k]) for k in ("max_num_seqs", "max_num_batched_tokens") if t[k]]
         fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
-        for ax, (key, points) in zip(axes[0], panels):
-            xs = [p[key] for p in points]
-            ax.plot(xs, [p["goodput_rps"] for p in points], "-", color="grey")
-            for p in points:
-                ax.plot(p[key], p["goodput_rps"], "o", color="tab:green" if p["met"] else "tab:red")
-            ax.plot([], [], "o", color="tab:green", label="meets the SLO")
-            ax.plot([], [], "o", color="tab:red", label="misses the SLO")
-            ax.axvline(t["chosen"][key], color="black", ls=":", lw=1, label=f"chosen {t['chosen'][key]}")
+        for ax, (key, entries) in zip(axes[0], panels):
+            xs = [e[key] for e in entries]
+            ax.plot(xs, [e["goodput_rps"] for e in entries], "o-", color="tab:blue", ms=5,
+                    label="goodput at its sustained load")
+            for e in filter(lambda e: not e["overrides"], entries):
+                ax.plot(e[key], e["goodput_rps"], "s", mfc="none", color="black", ms=11,
+                        label="the scenario's setting")
+            ax.axvline(t["chosen"][key], color="tab:red", ls=":", lw=1, label=f"chosen {key} {t['chosen'][key]}")
+            for e in filter(lambda e: _is_chosen(e, t), entries):
+                ax.plot(e[key], e["goodput_rps"], "*", color="tab:red", ms=16,
+                        label=f"chosen: {_setting(r, t['chosen'])}")
+            ax.set_ylim(0, 1.12 * max(e["goodput_rps"] for e in entries) or 1)
             ax.set_xscale("log", base=2)
             ax.set_xticks(xs, [str(v) for v in xs])
             ax.minorticks_off()
             ax.set_xlabel(key)
-            ax.set_ylabel("goodput (requests/s meeting the SLO)")
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
-        fig.suptitle(f"{r['scenario']}: goodput at {_load(t['load'], s['unit'])} (mean over seeds)")
-        fig.tight_layout()
-        paths.append(out / TRADEOFF_PNG)
-        fig.savefig(paths[-1], dpi=110)
-        plt.close(fig)
+            ax.set_ylabel("sustained goodput (req/s meeting the SLO)")
+        paths.append(_finish(fig, axes[0], f"{r['scenario']}: sustained goodput per engine setting, "
+                                           "one replica", out / TRADEOFF_PNG, legend_loc="lower right"))
     return paths

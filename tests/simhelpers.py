@@ -43,3 +43,15 @@ def run(arrival, prompt, output, priority=None, *, cost_model="unit", slo=None,
     scenario = make_scenario(cost_model=cost_model, slo=slo, **engine)
     return simulate(scenario, workload=make_workload(arrival, prompt, output, priority),
                     fast_forward=fast_forward)
+
+
+def assert_one_line_error(result, *substrings: str) -> str:
+    """A CLI result (typer CliRunner) that failed with exit code 2 and one `error: ...` line on
+    stderr containing every substring; returns that line."""
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for s in substrings:
+        assert s in lines[0], lines[0]
+    return lines[0]

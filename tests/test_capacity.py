@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+from simhelpers import assert_one_line_error
 from typer.testing import CliRunner
 
 from cli import app
@@ -24,16 +25,6 @@ def capacity_json(*args: str) -> dict:
     result = capacity(*args, "--json")
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
-
-
-def assert_one_line_error(result, *substrings: str) -> str:
-    assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    for s in substrings:
-        assert s in lines[0], lines[0]
-    return lines[0]
 
 
 def test_llama3_8b_on_h100_matches_the_documented_budget():

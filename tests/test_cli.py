@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 import cli
 from cli import app
+from simhelpers import assert_one_line_error
 
 REPO = Path(__file__).parents[1]
 SCENARIOS = REPO / "scenarios"
@@ -26,16 +27,6 @@ runner = CliRunner()
 
 def invoke(*args: str):
     return runner.invoke(app, [str(a) for a in args])
-
-
-def assert_one_line_error(result, *substrings: str) -> str:
-    assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    for s in substrings:
-        assert s in lines[0]
-    return lines[0]
 
 
 def small_scenario(tmp_path: Path, **changes) -> Path:

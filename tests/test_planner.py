@@ -1,4 +1,5 @@
-"""sim/planner.py and `servesim plan`: SLO parsing, the searches, re-simulated answers, the report.
+"""`servesim plan`: SLO parsing (sim/slo.py), the load search (sim/load_search.py), the engine curve
+(sim/engine_curve.py), cluster sizing (sim/planner.py), re-simulated answers, the report.
 
 Simulations are kept short (20 s of arrivals, 300-600 requests, a 5% grid): the point is that the
 search logic is right and its answers hold when re-simulated, not the numbers of a full plan.
@@ -12,24 +13,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from simhelpers import assert_one_line_error
 from typer.testing import CliRunner
 
 from cli import app
 from sim import planner
 from sim.config import SLOConfig, load_scenario
+from sim.engine_curve import engine_curve
 from sim.errors import ScenarioError
+from sim.evaluator import Evaluator, PlanOptions
+from sim.load_search import Knob, load_knob, max_load
 from sim.metrics import goodput
 from sim.plan_report import headline, write_report
-from sim.planner import (
-    Evaluator,
-    Knob,
-    PlanOptions,
-    load_knob,
-    max_load,
-    parse_slo,
-    size_cluster,
-)
+from sim.planner import size_cluster
 from sim.simulate import simulate
+from sim.slo import parse_slo, wilson
 
 REPO = Path(__file__).parents[1]
 QUICKSTART = REPO / "scenarios" / "quickstart.yaml"
@@ -37,16 +35,6 @@ SLO = SLOConfig(ttft_ms=500, tpot_ms=50, percentile=99)
 FAST = PlanOptions(horizon_s=20, min_requests=300, max_requests=600, resolution=0.05, workers=1)
 TINY = replace(FAST, horizon_s=15, min_requests=200, max_requests=400, resolution=0.1)  # whole plans
 runner = CliRunner()
-
-
-def assert_one_line_error(result, *substrings: str) -> str:
-    assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    for s in substrings:
-        assert s in lines[0], lines[0]
-    return lines[0]
 
 
 # ---------------------------------------------------------------- --slo
@@ -90,7 +78,7 @@ class FakeEvaluator:
     def __init__(self, limit: float):
         self.limit, self.options, self.judged = limit, FAST, []
 
-    def judge(self, overrides, **info):
+    def judge(self, overrides, seeds=None, **info):
         if "replicas" in info:
             met = info["replicas"] >= self.limit
         else:
@@ -121,13 +109,72 @@ def test_users_search_is_integer_bisection(limit):
 
 @pytest.mark.parametrize("passes, n", [(0, 2), (3, 3), (6, 7), (4, 7), (1, 1)])
 def test_wilson_interval_contains_the_observed_fraction(passes, n):
-    lo, hi = planner.wilson(passes, n)
+    lo, hi = wilson(passes, n)
     assert 0 <= lo <= passes / n <= hi <= 1 and hi - lo > 0.2  # few seeds: a wide interval
 
 
 def test_unattainable_slo_gives_no_answer():
     r = max_load(FakeEvaluator(-1), Knob("workload.arrival.users", "users", 4, 0.0, True))
     assert r["answer"] is None and r["next"] == 1
+
+
+@pytest.mark.parametrize("knob, limit", [
+    (Knob("workload.arrival.rate", "req/s", 20.0, 0.05, False), 21.5),   # just above the start
+    (Knob("workload.arrival.rate", "req/s", 20.0, 0.05, False), 2.5),    # far below
+    (Knob("workload.arrival.users", "users", 120, 0.05, True), 131),    # users, 5% apart
+    (Knob("workload.arrival.users", "users", 120, 0.05, True), 5),      # rounded users repeat
+])
+def test_gallop_from_a_start_near_the_answer(knob, limit):
+    fake = FakeEvaluator(limit)
+    r = max_load(fake, knob, gallop=True)
+    i = [k for k in range(-100, 100) if knob.value(k) == r["answer"]][-1]
+    assert r["answer"] <= limit < r["next"] == knob.value(i + 1)
+    assert len(fake.judged) <= 2 * np.log2(abs(knob.index(limit)) + 2) + 2
+
+
+class FakeEngineEvaluator(FakeEvaluator):
+    """A load meets the SLO iff it is within `capacity(max_num_seqs, max_num_batched_tokens)`;
+    goodput is the load. The scenario is the quickstart (chunked, 256 seqs, 8192 tokens)."""
+
+    def __init__(self, capacity):
+        super().__init__(0)
+        self.capacity, self.scenario = capacity, load_scenario(QUICKSTART)
+
+    def load(self, overrides):
+        return load_scenario(QUICKSTART, overrides)
+
+    def judge(self, overrides, seeds=None, **info):
+        engine = {k: getattr(self.scenario.engine, k) for k in ("max_num_seqs", "max_num_batched_tokens")}
+        engine.update({o.split("=")[0][len("engine."):]: int(o.split("=")[1]) for o in overrides
+                       if o.startswith("engine.")})
+        met = info["load"] <= self.capacity(**engine)
+        return {**info, "overrides": list(overrides), "met": met, "passes": 2 * met, "seeds": 2,
+                "goodput_rps": info["load"] * met, "goodput_rps_by_seed": [info["load"] * met] * 2}
+
+
+def test_engine_curve_finds_each_settings_capacity_and_picks_the_best():
+    # Capacity grows with max_num_seqs up to 64, then falls; tokens: best at 2048.
+    capacity = lambda max_num_seqs, max_num_batched_tokens: (
+        4 + min(max_num_seqs, 64) / 4 - max(0, max_num_seqs - 64) / 40 - abs(np.log2(max_num_batched_tokens / 2048)))
+    fake = FakeEngineEvaluator(capacity)
+    knob = Knob("workload.arrival.rate", "req/s", 8.0, 0.02, False)
+    search = max_load(fake, knob)
+    assert search["answer"] <= capacity(256, 8192) < search["next"]
+    curve = engine_curve(fake, knob, search)
+    seqs = [e["max_num_seqs"] for e in curve["max_num_seqs"]]
+    assert seqs == [8, 16, 32, 64, 128, 256] and curve["kv_seq_cap"] < 512
+    for e in curve["max_num_seqs"] + curve["max_num_batched_tokens"]:
+        cap = capacity(e["max_num_seqs"], e["max_num_batched_tokens"])
+        assert e["sustained"] <= cap < e["next"], e
+        assert e["next"] <= e["sustained"] * 1.05 + 1e-6 or e["overrides"] == []  # the 5% grid
+    assert {e["max_num_seqs"] for e in curve["max_num_batched_tokens"]} == {64}
+    assert curve["chosen"] == {"max_num_seqs": 64, "max_num_batched_tokens": 2048}
+    everything = curve["max_num_seqs"] + curve["max_num_batched_tokens"]
+    chosen = next(e for e in everything if e["max_num_seqs"] == 64 and e["max_num_batched_tokens"] == 2048)
+    assert all(chosen["goodput_rps"] >= e["goodput_rps"] for e in everything)
+    # The winner is searched again on the 2% grid: adjacent points around its capacity.
+    best = curve["chosen_search"]
+    assert best["answer"] <= capacity(64, 2048) < best["next"] == knob.value(knob.index(best["answer"]) + 1)
 
 
 def test_replicas_step_up_until_met_and_one_fewer_fails():
@@ -187,11 +234,21 @@ def test_plan_end_to_end_with_a_cluster_checked_by_simulation(tmp_path):
     rec, cl = r["recommendation"], r["cluster"]
     assert rec["replicas"] == cl["replicas"] >= int(np.ceil(40.0 / r["load_search"]["answer"]))
     assert cl["point"]["met"] and (cl["one_fewer"] is None or not cl["one_fewer"]["met"])
-    chosen = r["tradeoff"]["chosen"]
-    winners = [p for p in r["tradeoff"]["max_num_batched_tokens"] if p["met"]]
-    assert chosen["max_num_batched_tokens"] in [p["max_num_batched_tokens"] for p in winners]
-    assert all(p["max_num_seqs"] <= r["tradeoff"]["kv_seq_cap"] or p["max_num_seqs"] == 256
-               for p in r["tradeoff"]["max_num_seqs"])
+    t = r["tradeoff"]
+    assert all(p["max_num_seqs"] <= t["kv_seq_cap"] or p["max_num_seqs"] == 256 for p in t["max_num_seqs"])
+    # The chosen setting has the highest sustained goodput on the curve, and it sized the cluster.
+    everything = t["max_num_seqs"] + t["max_num_batched_tokens"]
+    chosen = [e for e in everything if all(e[k] == v for k, v in t["chosen"].items())]
+    assert chosen and all(chosen[0]["goodput_rps"] >= e["goodput_rps"] for e in everything)
+    assert all(f"engine.{k}={v}" in cl["point"]["overrides"] for k, v in t["chosen"].items()
+               if v != r["engine"][k])
+    # Its sustained load meets the SLO when re-simulated and the next step up does not.
+    best = t["chosen_search"]
+    assert rec["per_replica_load"] == best["answer"] >= chosen[0]["sustained"] * (1 - TINY.resolution)
+    for point, should_meet in ((best["answer_point"], True), (best["next_point"], False)):
+        verdicts = resimulate(QUICKSTART, point["overrides"], range(point["seeds"]))
+        assert sum(verdicts) == point["passes"]
+        assert (sum(verdicts) >= TINY.pass_fraction * len(verdicts)) == should_meet
     c = r["cost"]
     assert c["gpus"] == rec["replicas"] and c["usd_per_hour"] == pytest.approx(3.0 * c["gpus"])
     assert c["usd_per_million_output_tokens"] == pytest.approx(
@@ -206,6 +263,7 @@ def test_plan_end_to_end_with_a_cluster_checked_by_simulation(tmp_path):
     assert json.loads((tmp_path / "plan.json").read_text())["recommendation"] == rec
     md = (tmp_path / "plan.md").read_text()
     assert "## Load search" in md and "## Replicas at 40.00 req/s" in md and "latency_vs_load.png" in md
+    assert "## Engine curve" in md and "(chosen)" in md
     assert all((tmp_path / n).stat().st_size > 10_000 for n in names if n.endswith(".png"))
     assert dict(headline(r))["GPUs"].startswith(str(c["gpus"]))
 
@@ -288,7 +346,7 @@ def test_bundled_closed_loop_scenario_plans_over_users():
 def test_closed_loop_knob_is_users(tmp_path):
     sc = load_scenario(closed_loop_scenario(tmp_path))
     knob = load_knob(sc, FAST)
-    assert (knob.key, knob.unit, knob.integer, knob.start()) == ("workload.arrival.users", "users", True, 64)
+    assert (knob.key, knob.unit, knob.integer, knob.value(0)) == ("workload.arrival.users", "users", True, 64)
     assert knob.overrides(12, FAST) == ("workload.arrival.users=12", "workload.num_requests=300")
 
 

@@ -1,0 +1,100 @@
+"""The evaluator: scenario copies simulated once per (overrides, seed), judged on adaptive seeds.
+
+    ev = Evaluator("scenarios/chat-llama3-8b-h100.yaml", slo, options=PlanOptions())
+    point = ev.judge(("workload.arrival.rate=9.3", "workload.num_requests=1116"), load=9.3)
+
+Every point is the scenario file plus `--set`-style overrides, validated by `load_scenario` and
+simulated in a worker process (sim/parallel.py) that returns a small dict (sim/slo.simulate_point).
+Seeds use common random numbers: seed s, s+1, ... at every point.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from .config import SLOConfig, load_scenario
+from .parallel import run_parallel
+from .slo import simulate_point, summarize_point, worst_ratio
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    first_seeds: int = 2          # seeds per point at first: enough when all are clearly in or out
+    seeds: int = 3                # seeds per point when the first ones are near a target
+    max_seeds: int = 7            # seeds per point when those disagree
+    clear_pass: float = 0.75      # "clearly in": every observed/target ratio <= this
+    clear_fail: float = 1.5       # "clearly out": some observed/target ratio >= this
+    pass_fraction: float = 2 / 3  # a point meets the SLO when this fraction of its seeds do
+    resolution: float = 0.02      # relative step of the rate grid
+    horizon_s: float = 120.0      # simulated seconds of arrivals per run (open loop)
+    min_requests: int = 1000      # requests per run, at least (a stable p99 needs ~1000)
+    max_requests: int = 20000     # requests per run, at most
+    requests_per_user: int = 10   # closed loop: requests per run = users x this (within the bounds)
+    warmup_fraction: float = 0.1  # first requests (by arrival) left out of the SLO check
+    curve_resolution: float = 0.05  # relative step of the engine curve's load grid
+    curve_seeds: int = 2          # engine curve: seeds per point, and
+    curve_max_seeds: int = 3      # ... this many when those disagree (a majority decides)
+    workers: int | None = None    # processes; None = all cores
+
+    def seed_ladder(self) -> tuple[int, int, int]:
+        """(first, near a target, on disagreement): the load search's seeds per point."""
+        return self.first_seeds, max(self.seeds, self.first_seeds), self.max_seeds
+
+    def curve_ladder(self) -> tuple[int, int, int]:
+        """The engine curve's: every point is near a target there, so no middle rung."""
+        return self.curve_seeds, self.curve_seeds, self.curve_max_seeds
+
+
+class Evaluator:
+    """Runs (overrides, seed) points in parallel, once each; counts simulations for progress."""
+
+    def __init__(self, path: str | Path, slo: SLOConfig, overrides: Iterable[str] = (),
+                 options: PlanOptions = PlanOptions(),
+                 progress: Callable[[int], None] | None = None):
+        self.path, self.slo, self.options, self.progress = Path(path), slo, options, progress
+        self.base = tuple(overrides)
+        self.scenario = replace(load_scenario(self.path, self.base), slo=slo)
+        self.cache: dict[tuple[tuple[str, ...], int], dict] = {}
+
+    @property
+    def simulations(self) -> int:
+        return len(self.cache)
+
+    @property
+    def sim_seconds(self) -> float:
+        """Wall seconds of all simulations, summed (as if run one after another)."""
+        return sum(r["wall_s"] for r in self.cache.values())
+
+    def load(self, overrides: Iterable[str] = (), seed: int | None = None):
+        return replace(load_scenario(self.path, self.base + tuple(overrides), seed=seed), slo=self.slo)
+
+    def runs(self, overrides: tuple[str, ...], seeds: range) -> list[dict]:
+        jobs = [(overrides, self.scenario.seed + k) for k in seeds]
+        self.run(jobs)
+        return [self.cache[j] for j in jobs]
+
+    def run(self, jobs: list[tuple[tuple[str, ...], int]]) -> None:
+        """Simulate the (overrides, seed) jobs not yet cached, in parallel."""
+        todo = [j for j in dict.fromkeys(jobs) if j not in self.cache]
+        args = [(self.load(o, s), self.slo, self.options.warmup_fraction) for o, s in todo]
+        for i, result in run_parallel(simulate_point, args, workers=self.options.workers):
+            self.cache[todo[i]] = result
+            if self.progress is not None:
+                self.progress(self.simulations)
+
+    def judge(self, overrides: Iterable[str], seeds: tuple[int, int, int] | None = None, **info: Any) -> dict:
+        """`seeds` = (first, near, most), default options.seed_ladder(): `first` seeds; `near` unless
+        all are clearly in or out; `most` when those disagree. `met` when at least pass_fraction of
+        them meet the SLO. `info` is copied into the point (e.g. load=9.3)."""
+        o = self.options
+        first, near, most = seeds or o.seed_ladder()
+        overrides = tuple(overrides)
+        runs = self.runs(overrides, range(first))
+        ratios = [worst_ratio(r, self.slo) for r in runs]
+        if not (max(ratios) <= o.clear_pass or min(ratios) >= o.clear_fail):
+            runs = self.runs(overrides, range(max(near, first)))
+            if 0 < sum(r["met"] for r in runs) < len(runs):
+                runs = self.runs(overrides, range(max(most, len(runs))))
+        return summarize_point(runs, o.pass_fraction, overrides=list(overrides), **info)

@@ -1,0 +1,134 @@
+"""The load search: the highest load on a grid that meets the SLO, such that the next point up does not.
+
+    knob = load_knob(scenario, options)       # arrival rate (geometric grid) or closed-loop users
+    r = max_load(ev, knob)                    # r["answer"], r["next"], r["answer_point"], r["curve"]
+
+Grid index 0 is `knob.base`. Rates: base x (1 + resolution)^i; users: the same rounded to whole
+users (at least 1), or base + i when resolution is 0. A bracket (doubling the load, or galloping:
+1, 2, 4, ... grid steps from a start known to be close), then bisection on grid indices. Rounded
+users can repeat on neighbouring indices; the answer and the next point up still differ (one meets).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .errors import ScenarioError
+from .slo import wilson
+
+
+@dataclass(frozen=True)
+class Knob:
+    """What "load" means: open-loop arrival rate on a geometric grid, or closed-loop users."""
+    key: str            # the override path
+    unit: str           # req/s | users
+    base: float         # the grid's index 0 (the scenario's load: where the search starts)
+    resolution: float   # relative grid step (users: 0 = one user per step)
+    integer: bool
+
+    @property
+    def unit_steps(self) -> bool:  # users one at a time (resolution 0): base + i
+        return self.integer and not self.resolution
+
+    def value(self, i: int) -> float:
+        if self.unit_steps:
+            return int(self.base) + i
+        v = self.base * (1 + self.resolution) ** i
+        return max(1, round(v)) if self.integer else round(v, 6)
+
+    def index(self, value: float) -> int:
+        """The highest grid index whose load is at most `value` (within rounding)."""
+        if self.unit_steps:
+            return math.floor(value - int(self.base) + 1e-3)
+        i = math.floor(math.log(value / self.base) / math.log1p(self.resolution) + 1e-3)
+        while self.value(i + 1) <= value:  # rounded users
+            i += 1
+        while i > self.lowest() and self.value(i) > value:
+            i -= 1
+        return i
+
+    def lowest(self) -> int:  # the search gives up below this index: the SLO is unattainable
+        if self.unit_steps:
+            return 1 - int(self.base)
+        return -math.ceil(math.log(self.base if self.integer else 1000) / math.log1p(self.resolution))
+
+    def doubled(self, i: int, direction: int) -> int:
+        """The index whose load is about twice (direction 1) or half (-1) that of index i."""
+        if self.unit_steps:
+            v = self.value(i)
+            return i + v if direction > 0 else i - (v - v // 2)
+        return i + direction * max(1, round(math.log(2) / math.log1p(self.resolution)))
+
+    def overrides(self, value: float, o) -> tuple[str, ...]:
+        """The overrides for a load `value` (o: PlanOptions: horizon, requests per user, bounds)."""
+        n = value * (o.requests_per_user if self.integer else o.horizon_s)
+        n = int(min(o.max_requests, max(o.min_requests, math.ceil(n))))
+        shown = int(value) if self.integer else value
+        return (f"{self.key}={shown}", f"workload.num_requests={n}")
+
+
+def load_knob(scenario, options) -> Knob:
+    """The scenario's load knob on the load search's grid (options.resolution)."""
+    w = scenario.workload
+    if getattr(w, "trace", None) is not None or w.arrival is None:
+        raise ScenarioError("plan: the scenario replays a trace; plan needs a generated workload "
+                            "(workload.arrival with a rate, or process: closed_loop with users)")
+    if hasattr(w.arrival, "users"):  # closed loop: the load is a number of concurrent users
+        return Knob("workload.arrival.users", "users", w.arrival.users, 0.0, True)
+    if not hasattr(w.arrival, "rate"):
+        raise ScenarioError(f"plan: workload.arrival {type(w.arrival).__name__.lower()} has no rate "
+                            "to search over; use poisson, gamma or constant, or closed_loop")
+    return Knob("workload.arrival.rate", "req/s", w.arrival.rate, options.resolution, False)
+
+
+def max_load(ev, knob: Knob, extra: tuple[str, ...] = (), *, start: int = 0, gallop: bool = False,
+             seeds: tuple[int, int, int] | None = None, **info) -> dict:
+    """Largest grid load that meets the SLO, such that the next grid point up does not.
+
+    ev: an Evaluator; extra: overrides for every point (an engine setting); start: the first index;
+    gallop: bracket with 1, 2, 4, ... grid steps instead of doubling the load; seeds: the judge's
+    seed ladder; info: copied into every point."""
+    points: dict[int, dict] = {}
+    start = max(start, knob.lowest())
+
+    def meets(i: int) -> bool:
+        if i not in points:
+            value = knob.value(i)
+            points[i] = ev.judge(extra + knob.overrides(value, ev.options), seeds=seeds, load=value, **info)
+        return points[i]["met"]
+
+    def move(i: int, direction: int, moves: int) -> int:
+        return i + direction * 2 ** moves if gallop else knob.doubled(i, direction)
+
+    # Give up 12 doublings above the start (4096x): the cost model or the SLO must be off.
+    highest = knob.index(knob.value(start) * 4096)
+    lo = hi = None
+    if meets(start):  # bracket upwards until it fails
+        lo, moves = start, 0
+        while hi is None:
+            nxt = move(lo, 1, moves)
+            if nxt > highest:
+                raise ScenarioError(f"plan: the SLO still holds at {knob.value(lo)} {knob.unit}; "
+                                    "check the cost model and the SLO")
+            lo, hi, moves = (nxt, None, moves + 1) if meets(nxt) else (lo, nxt, moves)
+    else:  # bracket downwards until it holds
+        hi, moves = start, 0
+        while lo is None:
+            nxt = max(move(hi, -1, moves), knob.lowest())
+            if nxt == hi:
+                break
+            lo, hi, moves = (nxt, hi, moves) if meets(nxt) else (None, nxt, moves + 1)
+    if lo is not None:
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if meets(mid) else (lo, mid)
+    curve = [points[k] for k in sorted(points)]
+    out = {"knob": knob.key, "unit": knob.unit, "resolution": knob.resolution, "next": knob.value(hi),
+           "next_point": points[hi], "curve": curve, "answer": None, "answer_point": None}
+    if lo is not None:
+        out.update(answer=knob.value(lo), answer_point=points[lo], confidence={
+            "answer_pass_fraction": points[lo]["passes"] / points[lo]["seeds"],
+            "next_pass_fraction": points[hi]["passes"] / points[hi]["seeds"],
+            "answer_pass_interval_90": wilson(points[lo]["passes"], points[lo]["seeds"]),
+            "next_pass_interval_90": wilson(points[hi]["passes"], points[hi]["seeds"])})
+    return out
