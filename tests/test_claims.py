@@ -1,4 +1,4 @@
-"""The claims audit (sim/claims.py): exact toy numbers, lower bounds, KV arithmetic, verdicts, and
+"""The claims audit (sim/claims/): exact toy numbers, lower bounds, KV arithmetic, verdicts, and
 docs/claims.md being what the generator writes."""
 import math
 import random
@@ -136,3 +136,10 @@ def test_docs_claims_md_is_the_full_run_of_the_generator():
         assert claims.render_claim(fn()) in text, f"docs/claims.md is stale ({fn.__name__}): " \
             "regenerate with python -m sim.claims --out docs/claims.md"
     assert text.count('<a id="') == len(claims.CLAIMS)
+
+
+def test_python_m_sim_claims_writes_what_render_returns(tmp_path, short_claims):
+    from sim.claims.__main__ import main
+    out = tmp_path / "claims.md"
+    main(["--out", str(out), "--short"])
+    assert out.read_text() == claims.render(short_claims, short=True)
