@@ -33,13 +33,11 @@ import pandas as pd
 
 from sim.config import Scenario
 from sim.errors import ScenarioError
-from sim.kv_cache import PagedKVCache
 from sim.memory import kv_budget
 from sim.metrics import requests_frame, steps_frame
-from sim.queues import make_queue
 from sim.recorder import Recorder
 from sim.request import RequestTable
-from sim.schedulers import make_scheduler
+from sim.schedulers import build_scheduler, check_servable
 from sim.workload import Workload
 
 from .model import SeqChunk
@@ -130,14 +128,10 @@ class RealEngine:
         self.req = RequestTable.from_workload(workload)
         self.req.replica[:] = 0
         blocks = num_blocks(scenario)
-        # built exactly as sim/simulate.py's _scheduler (which cannot be imported: sim.simulate
-        # imports simpy)
-        self.kv = PagedKVCache(blocks, e.block_size)
-        self.scheduler = make_scheduler(
-            e.scheduler, requests=self.req, kv=self.kv, queue=make_queue(e.policy, self.req),
-            max_num_seqs=e.max_num_seqs, max_num_batched_tokens=e.max_num_batched_tokens,
-            batch_timeout_s=e.batch_timeout_s,
-            max_output_tokens=int(workload.output_tokens.max(initial=1)))
+        where = f"{scenario.source}: " if scenario.source else ""
+        check_servable(workload, e, blocks, where)  # as sim/simulate.py: refuse what would hang
+        self.scheduler = build_scheduler(e, self.req, blocks, workload)  # the simulator's own
+        self.kv = self.scheduler.kv  # counts blocks; BlockTables below holds their ids
         self.blocks = BlockTables(blocks, e.block_size)
         vocab = scenario.model.vocab_size
         self.tokens = [rng.integers(0, vocab, size=int(p)).tolist() for p in self.req.prompt]

@@ -1,22 +1,11 @@
-"""Time the model step over a designed grid of batch shapes, fit, and write profile YAML + CSV.
+"""A calibration end to end: check the request, time the model step over a grid of batch shapes,
+fit, and write the profile YAML + CSV.
 
-    shapes = grid_shapes(GRIDS[name], model, seed)            # fit shapes + held-out shapes
-    rows   = measure(step, shapes, ...)                       # warm-up, then medians of repeats
+    shapes = grid_shapes(GRIDS[name], seed)                   # calibrate/grid.py
+    rows   = measure(step, shapes, ...)                       # calibrate/timing.py
     fit    = fit_step_model(rows[split == "fit"])             # calibrate/fit.py
     error  = heldout_error(fit, rows[split == "heldout"])
     write CSV (one row per shape) and the profile YAML next to it
-
-Fit shapes: decode-only batches (batch x context), single prefill chunks (chunk x earlier
-context), several prefill chunks at once, and mixed batches (a chunk plus decodes). Held-out
-shapes are random scheduler-like batches (a token budget shared by decodes of scattered contexts
-and at most one prefill chunk), never used in the fit.
-
-Timing: on CUDA, `torch.cuda.Event`s around `ModelStep.run` after a synchronize, so a step
-counts host input preparation, kernel launches and the token read-back, as an engine iteration
-does. On the CPU, `time.process_time` (CPU seconds of this process) around the same call: on a
-shared machine wall time would mostly measure the neighbours. Every shape is warmed up first (which
-also pays Triton's compilation of that shape's kernel variants); the shapes run in a seeded
-random order so that slow drifts spread over the grid instead of biasing one region.
 """
 from __future__ import annotations
 
@@ -25,255 +14,25 @@ import datetime
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from sim.cost import prefill_attention_work
 from sim.models import ModelSpec
 
 from .fit import fit_step_model, heldout_error, relative_errors, write_profile
-from .model import ATTENTION_BACKENDS, ModelStep, batch_stats, blocks_needed, synthetic_chunks
+from .grid import GRIDS, Shape, estimate_seconds, grid_shapes, parts_shapes
+from .model import ATTENTION_BACKENDS, ModelStep
+from .timing import PARTS, measure
 
-PARTS = ("gemm", "kv_write", "attn_decode", "attn_prefill")
-CSV_COLUMNS = ("split", "kind", "shape", "num_seqs", "total_tokens", "prefill_tokens", "num_decodes",
-               "decode_context_sum", "prefill_attention_work", "median_ms", "min_ms", "iqr_ms",
-               "repeats", *(f"{p}_ms" for p in PARTS), "rest_ms", "instrumented_ms",
-               "predicted_ms", "error_pct")
-
-# Grid name -> batch shapes. `full` is sized for a 7-8B model on one 80 GB GPU within a 10-minute
-# calibration; `small` for the tiny model on a CPU (and a quick smoke run on a GPU).
-GRIDS: dict[str, dict] = {
-    "full": {
-        "decode_batches": [1, 2, 4, 8, 16, 32, 64, 128, 256],
-        "decode_contexts": [128, 512, 2048, 8192],
-        "prefill_chunks": [16, 64, 256, 512, 1024, 2048, 4096, 8192],
-        "prefill_contexts": [0, 2048, 8192],
-        "multi_prefill": [[4, 256], [16, 128], [8, 512], [4, 2048]],       # [chunks, tokens each]
-        "mixed_chunks": [512, 2048], "mixed_chunk_contexts": [0, 4096],
-        "mixed_decodes": [8, 64, 192], "mixed_decode_context": 1024,
-        "heldout": 16, "max_tokens": 8192, "max_seqs": 256, "max_context": 8192,
-        "parts": [[[], 64, 2048], [[2048], 0, 0], [[512], 64, 1024]],   # [chunks, decodes, context]
-    },
-    "small": {
-        "decode_batches": [1, 4, 16, 64],
-        "decode_contexts": [16, 128, 512],
-        "prefill_chunks": [8, 32, 128, 512],
-        "prefill_contexts": [0, 256],
-        "multi_prefill": [[4, 32], [8, 64]],
-        "mixed_chunks": [64, 256], "mixed_chunk_contexts": [0],
-        "mixed_decodes": [4, 16], "mixed_decode_context": 128,
-        "heldout": 10, "max_tokens": 512, "max_seqs": 64, "max_context": 512,
-        "parts": [[[], 16, 128], [[128], 0, 0], [[64], 16, 128]],
-    },
-}
-DEFAULTS = {"cuda": {"grid": "full", "warmup": 3, "repeats": 10},
-            "cpu": {"grid": "small", "warmup": 3, "repeats": 10}}
+# repeats: shuffled rounds; burst: timed steps per shape and round, after one left-out step
+DEFAULTS = {"cuda": {"grid": "full", "warmup": 3, "repeats": 6, "burst": 3},
+            "cpu": {"grid": "small", "warmup": 3, "repeats": 8, "burst": 3}}
 RESERVE_BYTES = 6 * 2**30  # CUDA memory kept free for activations, logits and the allocator
 CPU_CACHE_BYTES = 2**30    # KV cache size limit on the CPU
 CPU_WEIGHT_BYTES = 2**32   # larger models are refused on the CPU (hours per grid, or out of memory)
 
-
-@dataclass(frozen=True)
-class Shape:
-    kind: str                        # decode | prefill | mixed | heldout
-    prefill_lens: tuple[int, ...]
-    prefill_contexts: tuple[int, ...]
-    decode_contexts: tuple[int, ...]  # tokens cached before each decode's new token
-
-    @property
-    def split(self) -> str:
-        return "heldout" if self.kind == "heldout" else "fit"
-
-    @property
-    def label(self) -> str:
-        parts = [f"P{n}@{c}" for n, c in zip(self.prefill_lens, self.prefill_contexts)]
-        if self.decode_contexts:
-            d = self.decode_contexts
-            ctx = d[0] if len(set(d)) == 1 else f"~{round(sum(d) / len(d))}"
-            parts.append(f"D{len(d)}@{ctx}")
-        return "+".join(parts)
-
-    def blocks(self, block_size: int) -> int:
-        seqs = list(zip(self.prefill_lens, self.prefill_contexts)) + [(1, c) for c in self.decode_contexts]
-        return blocks_needed(seqs, block_size)
-
-
-def grid_shapes(grid: dict, seed: int = 0) -> list[Shape]:
-    """Fit shapes of `grid`, then `grid["heldout"]` random scheduler-like shapes."""
-    g, out = grid, []
-    for b in g["decode_batches"]:
-        for c in g["decode_contexts"]:
-            out.append(Shape("decode", (), (), (c,) * b))
-    for n in g["prefill_chunks"]:
-        for c in g["prefill_contexts"]:
-            out.append(Shape("prefill", (n,), (c,), ()))
-    for k, n in g["multi_prefill"]:
-        out.append(Shape("prefill", (n,) * k, (0,) * k, ()))
-    for n in g["mixed_chunks"]:
-        for c in g["mixed_chunk_contexts"]:
-            for d in g["mixed_decodes"]:
-                out.append(Shape("mixed", (n,), (c,), (g["mixed_decode_context"],) * d))
-    return out + heldout_shapes(g, g["heldout"], seed)
-
-
-def heldout_shapes(grid: dict, count: int, seed: int) -> list[Shape]:
-    """Batches a chunked-prefill scheduler could form: up to max_seqs decodes with log-uniform
-    contexts, plus (70% of the time) one prefill chunk filling part of the remaining token budget,
-    after no context (half the time) or some."""
-    rng = np.random.default_rng([seed, 6])
-    max_ctx, budget = grid["max_context"], grid["max_tokens"]
-    out = []
-    while len(out) < count:
-        n_dec = int(rng.integers(0, grid["max_seqs"] + 1)) if rng.random() < 0.85 else 0
-        dec = np.exp(rng.uniform(np.log(16), np.log(max_ctx), n_dec)).astype(int)
-        pre, pre_ctx = (), ()
-        room = budget - n_dec
-        if (rng.random() < 0.7 or n_dec == 0) and room >= 8:
-            n = int(np.exp(rng.uniform(np.log(8), np.log(room))))
-            c = int(rng.integers(1, max_ctx)) if rng.random() < 0.5 else 0
-            pre, pre_ctx = (n,), (c,)
-        if pre or n_dec:
-            out.append(Shape("heldout", pre, pre_ctx, tuple(int(x) for x in dec)))
-    return out
-
-
-class SectionTimer:
-    """`timer(name)` context managers for ModelStep.logits: sums time per section over a step.
-    CUDA: event pairs, read after the step has synchronised; CPU: process_time."""
-
-    def __init__(self, cuda: bool):
-        self.cuda, self.spans = cuda, []
-
-    @contextlib.contextmanager
-    def __call__(self, name: str):
-        import torch
-
-        if self.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            yield
-            end.record()
-            self.spans.append((name, start, end))
-        else:
-            t = time.process_time()
-            yield
-            self.spans.append((name, t, time.process_time()))
-
-    def totals_ms(self) -> dict[str, float]:
-        out = dict.fromkeys(PARTS, 0.0)
-        for name, a, b in self.spans:
-            out[name] += a.elapsed_time(b) if self.cuda else (b - a) * 1e3
-        return out
-
-
-def time_step(step: ModelStep, chunks, timer=None) -> float:
-    """Milliseconds of one `step.run(chunks)`, device work included."""
-    import torch
-
-    if step.device.type == "cuda":
-        torch.cuda.synchronize(step.device)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step.run(chunks, timer)
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end)
-    t = time.process_time()
-    step.run(chunks, timer)
-    return (time.process_time() - t) * 1e3
-
-
-def measure(step: ModelStep, shapes: list[Shape], *, warmup: int, repeats: int, seed: int,
-            parts: list[Shape] = (), progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
-    """One row per shape: BatchStats features and the median/min/IQR of `repeats` timed steps.
-
-    Each shape first runs `warmup` untimed steps. The timed steps then go in `repeats` rounds, each
-    round running every shape once in a fresh random order, so that a slow stretch of time (a busy
-    neighbour, a clock change) lands on one sample of many shapes rather than on every sample of
-    one shape. Shapes in `parts` (which must be among `shapes`) then run `repeats` more times with
-    a SectionTimer: median time in GEMMs, KV writes, decode and prefill attention, and the rest
-    (norms, rotary, activations, embedding, sampling, host work)."""
-    rng = np.random.default_rng([seed, 7])
-    batches = [_chunks(step, shape, seed + i) for i, shape in enumerate(shapes)]
-    total = len(shapes) * (1 + repeats) + len(parts)
-    done = 0
-    for i in rng.permutation(len(shapes)):
-        for _ in range(warmup):
-            step.run(batches[i])
-        done += 1
-        if progress:
-            progress(done, total)
-    times = np.zeros((len(shapes), repeats))
-    for r in range(repeats):
-        for i in rng.permutation(len(shapes)):
-            times[i, r] = time_step(step, batches[i])
-            done += 1
-            if progress:
-                progress(done, total)
-    q75, q25 = np.percentile(times, [75, 25], axis=1)
-    rows = [{**_features(chunks, shape), "median_ms": float(np.median(t)), "min_ms": float(t.min()),
-             "iqr_ms": float(hi - lo), "repeats": repeats}
-            for chunks, shape, t, hi, lo in zip(batches, shapes, times, q75, q25)]
-    for shape in parts:
-        row = rows[shapes.index(shape)]
-        runs = []
-        for _ in range(repeats):
-            timer = SectionTimer(step.device.type == "cuda")
-            ms = time_step(step, batches[shapes.index(shape)], timer)
-            runs.append({**timer.totals_ms(), "instrumented": ms})
-        med = pd.DataFrame(runs).median()
-        row.update({f"{p}_ms": float(med[p]) for p in PARTS})
-        row["instrumented_ms"] = float(med["instrumented"])
-        row["rest_ms"] = float(med["instrumented"] - sum(med[p] for p in PARTS))
-        done += 1
-        if progress:
-            progress(done, total)
-    return pd.DataFrame(rows).reindex(columns=list(CSV_COLUMNS))
-
-
-def _chunks(step: ModelStep, shape: Shape, seed: int):
-    return synthetic_chunks(list(shape.prefill_lens), list(shape.prefill_contexts),
-                            list(shape.decode_contexts), vocab_size=step.spec.vocab_size,
-                            block_size=step.block_size, num_blocks=step.num_blocks, seed=seed)
-
-
-def _features(chunks, shape: Shape) -> dict:
-    st = batch_stats(chunks)
-    return {"split": shape.split, "kind": shape.kind, "shape": shape.label,
-            "num_seqs": st.num_seqs, "total_tokens": st.total_tokens,
-            "prefill_tokens": st.prefill_tokens, "num_decodes": st.num_decodes,
-            "decode_context_sum": st.decode_context_sum,
-            "prefill_attention_work": prefill_attention_work(st)}
-
-
-def parts_shapes(grid: dict) -> list[Shape]:
-    """The grid's `parts` entries as Shapes equal to fit shapes (so the rows line up)."""
-    out = []
-    for chunks, decodes, ctx in grid["parts"]:
-        kind = "mixed" if chunks and decodes else "prefill" if chunks else "decode"
-        out.append(Shape(kind, tuple(chunks), (0,) * len(chunks), (ctx,) * decodes))
-    return out
-
-
-def estimate_seconds(model: ModelSpec, shapes: list[Shape], runs_per_shape: int) -> float:
-    """Rough GPU time of a calibration: the roofline model of an H100 (with its 2 ms per-step
-    overhead) for every warm-up and timed step. Compilation and model set-up come on top."""
-    from sim.batch import BatchStats
-    from sim.cost import RooflineCost
-    from sim.hardware import HARDWARE_PRESETS
-
-    cost = RooflineCost(model, HARDWARE_PRESETS["h100-sxm"])
-    total = 0.0
-    for s in shapes:
-        st = BatchStats(prefill_lens=np.array(s.prefill_lens, dtype=np.int64),
-                        prefill_contexts=np.array(s.prefill_contexts, dtype=np.int64),
-                        num_decodes=len(s.decode_contexts),
-                        decode_context_sum=sum(s.decode_contexts) + len(s.decode_contexts))
-        total += float(cost.step_times(st)[0]) * runs_per_shape
-    return total
 
 
 # ---- the whole calibration ------------------------------------------------------------------
@@ -283,7 +42,8 @@ class CalibrationError(ValueError):
 
 
 def calibrate(model: str, device: str, out: Path, *, grid: str | None = None,
-              repeats: int | None = None, warmup: int | None = None, seed: int = 0,
+              repeats: int | None = None, burst: int | None = None, warmup: int | None = None,
+              seed: int = 0,
               attention: str | None = None, block_size: int = 16,
               progress: Callable[[int, int], None] | None = None,
               log: Callable[[str], None] = print) -> dict:
@@ -313,9 +73,11 @@ def calibrate(model: str, device: str, out: Path, *, grid: str | None = None,
     if grid not in GRIDS:
         raise CalibrationError(f"unknown grid {grid!r}; allowed: {', '.join(GRIDS)}")
     repeats = defaults["repeats"] if repeats is None else repeats
+    burst = defaults["burst"] if burst is None else burst
     warmup = defaults["warmup"] if warmup is None else warmup
-    if repeats < 1 or warmup < 0:
-        raise CalibrationError(f"--repeats must be >= 1 and --warmup >= 0, got {repeats}, {warmup}")
+    if repeats < 1 or burst < 1 or warmup < 0:
+        raise CalibrationError(f"--repeats and --burst must be >= 1 and --warmup >= 0, got "
+                               f"{repeats}, {burst}, {warmup}")
     if attention not in (None, *ATTENTION_BACKENDS):
         raise CalibrationError(f"unknown attention {attention!r}; allowed: {', '.join(ATTENTION_BACKENDS)}")
     out, csv_path = Path(out), Path(out).with_suffix(".csv")
@@ -327,26 +89,27 @@ def calibrate(model: str, device: str, out: Path, *, grid: str | None = None,
     parts = [p for p in parts_shapes(GRIDS[grid]) if p in shapes]
     step = ModelStep(spec, device=str(dev), dtype=dtype, num_blocks=num_blocks,
                      block_size=block_size, seed=seed, attention=attention)
-    runs = warmup + repeats
+    runs = warmup + repeats * (1 + burst)
     plan = (f"calibrate: {spec.name} on {dev} ({_dtype_name(dtype)}, attention={step.attention}, "
-            f"grid={grid}): {len(shapes)} shapes x ({warmup} warm-up + {repeats} timed) = "
-            f"{len(shapes) * runs} steps, + {len(parts)} x {repeats} instrumented")
+            f"grid={grid}): {len(shapes)} shapes x ({warmup} warm-up + {repeats} rounds x "
+            f"(1 + {burst} timed)) = {len(shapes) * runs} steps, + {len(parts)} x {1 + repeats} "
+            f"instrumented")
     if skipped:
         plan += f"; {skipped} shapes skipped (KV cache does not fit)"
     log(plan)
     if dev.type == "cuda":
-        est = estimate_seconds(spec, shapes, runs) + estimate_seconds(spec, parts, repeats)
+        est = estimate_seconds(spec, shapes, runs) + estimate_seconds(spec, parts, 1 + repeats)
         log(f"calibrate: roofline estimate for an H100: {est:.0f} s of steps, plus Triton "
             f"compilation (~1-2 min on a fresh cache) and model set-up")
 
-    rows = measure(step, shapes, warmup=warmup, repeats=repeats, seed=seed, parts=parts,
+    rows = measure(step, shapes, warmup=warmup, repeats=repeats, burst=burst, seed=seed, parts=parts,
                    progress=progress)
     fit_rows, held = rows[rows["split"] == "fit"], rows[rows["split"] == "heldout"]
     fit = fit_step_model(fit_rows)
     mape, worst = heldout_error(fit, held) if len(held) else (None, None)
     rows["predicted_ms"] = fit.predict(rows) * 1e3
     rows["error_pct"] = relative_errors(fit, rows) * 100
-    meta = _metadata(spec, step, grid, shapes, parts, rows, repeats, warmup, seed, csv_path,
+    meta = _metadata(spec, step, grid, shapes, parts, rows, repeats, burst, warmup, seed, csv_path,
                      mape, worst, skipped)
     rows.to_csv(csv_path, index=False, float_format="%.6g")
     write_profile(out, fit, meta)  # last: a profile on disk means a complete calibration
@@ -412,7 +175,7 @@ def _device_name(dev) -> str:
     return f"CPU: {cpu} ({torch.get_num_threads()} threads)"
 
 
-def _metadata(spec, step, grid, shapes, parts, rows, repeats, warmup, seed, csv_path, mape,
+def _metadata(spec, step, grid, shapes, parts, rows, repeats, burst, warmup, seed, csv_path, mape,
               worst, skipped) -> dict:
     import torch
 
@@ -429,9 +192,11 @@ def _metadata(spec, step, grid, shapes, parts, rows, repeats, warmup, seed, csv_
     cpu = step.device.type == "cpu"
     notes = (f"Measured by servesim calibrate (calibrate/harness.py): random weights, "
              f"attention={step.attention}, block_size={step.block_size}, timing="
-             f"{'process CPU time' if cpu else 'CUDA events'} around ModelStep.run (host input "
-             f"preparation + forward + greedy token read-back), median of {repeats} after "
-             f"{warmup} warm-up steps per shape. Raw rows and the time split: {csv_path.name}.")
+             f"{'thread CPU time' if cpu else 'CUDA events'} around ModelStep.run (host input "
+             f"preparation + forward + greedy token read-back), {warmup} warm-up steps per "
+             f"shape, then {repeats} shuffled rounds, each running a shape 1 + {burst} times in a "
+             f"row: median of the {repeats * burst} later steps (the first one, after another "
+             f"shape, is cold_ms in the CSV). Raw rows and the time split: {csv_path.name}.")
     if cpu:
         notes += " CPU measurement: NOT representative of any GPU."
     return {
@@ -439,10 +204,11 @@ def _metadata(spec, step, grid, shapes, parts, rows, repeats, warmup, seed, csv_
         "tensor_parallel_size": 1, "measured": True, "torch": str(torch.__version__),
         "triton": triton_version, "date": datetime.date.today().isoformat(),
         "grid": {"name": grid, "shapes": {k: int(v) for k, v in kinds.items()},
-                 "skipped_for_memory": skipped, "repeats": repeats, "warmup": warmup, "seed": seed,
-                 "block_size": step.block_size, "attention": step.attention, "csv": csv_path.name,
-                 **{k: v for k, v in GRIDS[grid].items() if k not in ("parts", "heldout")},
-                 "time_split_ms": split},
+                 "skipped_for_memory": skipped, "repeats": repeats, "burst": burst,
+                 "warmup": warmup, "seed": seed, "block_size": step.block_size, "csv": csv_path.name,
+                 **{k: v for k, v in GRIDS[grid].items() if k not in ("parts", "heldout")}},
+        "attention": step.attention,
+        "time_split_ms": split,
         "heldout_mape": None if mape is None else round(mape, 5),
         "heldout_max_error": None if worst is None else round(worst, 5),
         "notes": notes,

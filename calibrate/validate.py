@@ -9,10 +9,10 @@ The simulator runs first: it is fast, and its up-front checks (a request that ca
 prompt over a continuous scheduler's budget) reject a scenario before minutes of real steps.
 
 Clocks: `wall` replays arrivals in real time and times everything with perf_counter (what a
-server sees; use it on a GPU or a quiet machine). `cpu` times the engine with this process's CPU
-seconds (time.process_time) and skips idle time instead of sleeping through it: on a shared CPU
+server sees; use it on a GPU or a quiet machine). `cpu` times the engine with the CPU seconds of
+its thread (time.thread_time) and skips idle time instead of sleeping through it: on a shared CPU
 machine the neighbours then stretch neither the steps nor the engine's own work, which is how the
-CPU calibration (calibrate/harness.py) times steps too.
+CPU calibration (calibrate/timing.py) times steps too.
 """
 from __future__ import annotations
 
@@ -45,14 +45,15 @@ CLOCKS = ("wall", "cpu")
 
 
 class CPUClock:
-    """This process's CPU seconds plus the idle time skipped: busy time as the CPU calibration
-    measures it, idle time as the workload says, neither stretched by other processes."""
+    """The engine thread's CPU seconds plus the idle time skipped: busy time as the CPU
+    calibration measures it, idle time as the workload says, neither stretched by other processes
+    (nor counting the progress bar's refresh thread)."""
 
     def __init__(self):
         self.skipped = 0.0
 
     def clock(self) -> float:
-        return time.process_time() + self.skipped
+        return time.thread_time() + self.skipped
 
     def sleep(self, dt: float) -> None:
         self.skipped += max(dt, 0.0)
@@ -64,6 +65,7 @@ class Validation:
     sim: object              # sim.simulate.SimResult
     comparison: pd.DataFrame  # metric, stat, real, sim, error_pct
     notes: list[str]          # what was run, and warnings (profile measured elsewhere, ...)
+    step_ratio: float         # median over the real iterations of measured / profile-predicted step
 
 
 def check_device(device: str) -> None:
@@ -106,11 +108,14 @@ def validate(scenario: Scenario, profile: Path, *, device: str = "cpu", clock: s
     timer = CPUClock() if clock == "cpu" else None
     kwargs = {"clock": timer.clock, "sleep": timer.sleep} if timer else {}
     real = run_engine(scenario, step, workload, rng, progress=progress, **kwargs)
+    ratios = step_ratios(real, ProfileCost(prof))
     return Validation(real=real, sim=sim, comparison=compare(real.requests, sim.requests),
-                      notes=_notes(scenario, prof, device, clock, real, sim))
+                      notes=_notes(scenario, prof, device, clock, real, sim, ratios),
+                      step_ratio=float(np.median(ratios)) if len(ratios) else np.nan)
 
 
-def _notes(scenario: Scenario, prof, device: str, clock: str, real: EngineResult, sim) -> list[str]:
+def _notes(scenario: Scenario, prof, device: str, clock: str, real: EngineResult, sim,
+           ratios: np.ndarray) -> list[str]:
     meta = prof.metadata
     notes = [(f"scenario: {scenario.name} ({len(real.requests)} requests, seed {scenario.seed}, "
               f"model {scenario.model.name}, scheduler {scenario.engine.scheduler})"),
@@ -119,7 +124,7 @@ def _notes(scenario: Scenario, prof, device: str, clock: str, real: EngineResult
              (f"real engine: device {device}, clock {clock}, {len(real.steps)} iterations "
               f"(simulated: {sim.summary['iterations']}), engine overhead "
               f"{_overhead_ms(real):.3f} ms per iteration outside the model step"),
-             _step_accuracy(real, ProfileCost(prof))]
+             _step_accuracy(real, ratios)]
     if meta["model"] != scenario.model.name:
         notes.append(f"warning: the profile was fitted for model {meta['model']!r}, the scenario "
                      f"runs {scenario.model.name!r}")
@@ -160,16 +165,21 @@ def _overhead_ms(real: EngineResult) -> float:
     return float((busy - real.step_s).mean() * 1e3) if len(busy) else 0.0
 
 
-def _step_accuracy(real: EngineResult, cost: ProfileCost) -> str:
-    """The profile against the real engine's own batches: separates step-cost error (or a machine
-    running slower than when it was calibrated) from scheduling and queueing differences."""
-    if not len(real.step_s):
-        return "no iterations"
+def step_ratios(real: EngineResult, cost: ProfileCost) -> np.ndarray:
+    """Per real iteration: measured model step time / the profile's prediction for its batch.
+    Separates step-cost error (or a machine running slower than when it was calibrated) from
+    scheduling and queueing differences."""
     predicted = np.array([cost.step_times(s)[0] for s in real.stats])
-    ratio = real.step_s / predicted
+    return real.step_s / predicted if len(predicted) else np.zeros(0)
+
+
+def _step_accuracy(real: EngineResult, ratio: np.ndarray) -> str:
+    if not len(ratio):
+        return "no iterations"
     p10, p50, p90 = np.percentile(ratio, [10, 50, 90])
+    total = real.step_s.sum() / (real.step_s / ratio).sum()
     return (f"model step time / profile prediction on the real batches: median {p50:.2f} "
-            f"(p10 {p10:.2f}, p90 {p90:.2f}); total {real.step_s.sum() / predicted.sum():.2f}")
+            f"(p10 {p10:.2f}, p90 {p90:.2f}); total {total:.2f}")
 
 
 # -- comparison ---------------------------------------------------------------------------------

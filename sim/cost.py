@@ -197,7 +197,9 @@ def _nonneg(value: Any, where: str) -> float:
 
 
 def _check_metadata(meta: Any, where: str) -> dict:
-    meta = _keys(meta, where, _META_REQUIRED, _META_OPTIONAL)
+    # attention (backend name) and time_split_ms (free-form, like grid): optional, added after v1
+    # shipped; older files kept them under grid and still load.
+    meta = _keys(meta, where, _META_REQUIRED, (*_META_OPTIONAL, "attention", "time_split_ms"))
     for key in ("device", "model", "dtype"):
         if not isinstance(meta[key], str) or not meta[key]:
             raise _fail(f"{where}.{key}", f"must be a non-empty string, got {meta[key]!r}")
@@ -209,6 +211,10 @@ def _check_metadata(meta: Any, where: str) -> dict:
     for key in ("heldout_mape", "heldout_max_error"):
         if meta.get(key) is not None:
             _nonneg(meta[key], f"{where}.{key}")
+    if meta.get("attention") is not None and not isinstance(meta["attention"], str):
+        raise _fail(f"{where}.attention", f"must be a string, got {meta['attention']!r}")
+    if meta.get("time_split_ms") is not None and not isinstance(meta["time_split_ms"], dict):
+        raise _fail(f"{where}.time_split_ms", f"must be a mapping, got {meta['time_split_ms']!r}")
     return meta
 
 

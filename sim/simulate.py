@@ -17,14 +17,11 @@ from .cluster import ClosedLoopRouter, make_inboxes
 from .config import Scenario
 from .cost import make_cost_model
 from .engine import Replica
-from .errors import ScenarioError
-from .kv_cache import ContiguousKVCache, PagedKVCache
 from .memory import kv_budget
 from .metrics import requests_frame, steps_frame, summarize
-from .queues import make_queue
 from .recorder import Recorder
 from .request import RequestTable
-from .schedulers import make_scheduler
+from .schedulers import build_scheduler, check_servable
 from .workload import Workload, build_workload
 
 
@@ -46,13 +43,13 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
                        gpu_memory_utilization=e.gpu_memory_utilization, block_size=e.block_size,
                        max_num_batched_tokens=e.max_num_batched_tokens,
                        num_gpu_blocks=e.num_gpu_blocks, where=f"{where}engine")
-    _check_servable(workload, e, budget.num_gpu_blocks, where)
+    check_servable(workload, e, budget.num_gpu_blocks, where)
     cost = make_cost_model(scenario.cost_model, scenario.model, scenario.hardware,
                            e.tensor_parallel_size, where=f"{where}cost_model")
     req = RequestTable.from_workload(workload)
     env = simpy.Environment()
     recorder = Recorder(e.block_size)
-    schedulers = [_scheduler(e, req, budget.num_gpu_blocks, workload) for _ in range(e.replicas)]
+    schedulers = [build_scheduler(e, req, budget.num_gpu_blocks, workload) for _ in range(e.replicas)]
     if workload.users is None:
         inboxes = make_inboxes(e.router, env, req.arrival, schedulers, req.replica)
     else:  # closed loop: arrivals are filled in as users' requests finish
@@ -79,44 +76,6 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
 
 def _where(scenario: Scenario) -> str:
     return f"{scenario.source}: " if scenario.source else ""
-
-
-def _scheduler(e, req: RequestTable, num_blocks: int, workload: Workload):
-    kv = (ContiguousKVCache(num_blocks, e.block_size, len(req)) if e.scheduler == "static"
-          else PagedKVCache(num_blocks, e.block_size))
-    return make_scheduler(e.scheduler, requests=req, kv=kv,
-                          queue=make_queue(e.policy, req), max_num_seqs=e.max_num_seqs,
-                          max_num_batched_tokens=e.max_num_batched_tokens,
-                          batch_timeout_s=e.batch_timeout_s,
-                          max_output_tokens=int(workload.output_tokens.max(initial=1)))
-
-
-def _check_servable(w: Workload, e, num_blocks: int, where: str) -> None:
-    """A request that could never be scheduled would hang the replica: refuse it up front."""
-    if len(w) == 0:
-        raise ScenarioError(f"{where}workload: no requests to simulate")
-    capacity = num_blocks * e.block_size  # KV token slots per replica
-    if e.scheduler == "static":
-        need = w.prompt_tokens + int(w.output_tokens.max())
-        what = "its prompt + the longest output (static batching reserves both)"
-    else:
-        need = -(-(w.prompt_tokens + w.output_tokens - 1) // e.block_size) * e.block_size
-        what = "prompt + output - 1 tokens of KV"
-    worst = int(np.argmax(need))
-    if need[worst] > capacity:
-        raise ScenarioError(
-            f"{where}workload: request {worst} needs {int(need[worst])} KV token slots "
-            f"({what}) but the cache holds {capacity} ({num_blocks} blocks x {e.block_size}); "
-            f"raise engine.num_gpu_blocks / gpu_memory_utilization or shorten the request")
-    if e.scheduler == "continuous":
-        longest = w.prompt_tokens + w.output_tokens - 1
-        worst = int(np.argmax(longest))
-        if longest[worst] > e.max_num_batched_tokens:
-            raise ScenarioError(
-                f"{where}engine.max_num_batched_tokens: {e.max_num_batched_tokens} is below request "
-                f"{worst}'s {int(longest[worst])} tokens (prompt + output - 1, what a recompute "
-                f"prefills); the continuous scheduler prefills whole prompts, so raise it to at "
-                f"least {int(longest[worst])} or use scheduler: chunked")
 
 
 def _progress_ticker(req: RequestTable, progress):

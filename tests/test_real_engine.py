@@ -227,15 +227,16 @@ def test_refuses_what_it_cannot_run(tmp_path):
             run_engine(scenario(p, **kw), FakeModel(None, 64, 4), w, np.random.default_rng(0))
 
 
-def test_a_request_that_can_never_fit_is_an_error_not_a_hang(tmp_path):
+def test_a_request_that_can_never_fit_is_refused_up_front_not_a_hang(tmp_path):
+    """The simulator's own check (sim.schedulers.check_servable), before any step runs."""
     sc = scenario(write_profile(tmp_path / "p.yaml"), scheduler="continuous",
                   max_num_batched_tokens=8, max_num_seqs=8)
-    w = Workload(arrival_s=np.zeros(1), prompt_tokens=np.array([20]), output_tokens=np.array([2]),
-                 priority=np.zeros(1, dtype=np.int64))
-    vc = VirtualClock()
-    with pytest.raises(RuntimeError, match="can never run"):
-        run_engine(sc, FakeModel(None, 64, 4), w, np.random.default_rng(0),
-                   clock=vc.clock, sleep=vc.sleep)
+    one = {"arrival_s": np.zeros(1), "priority": np.zeros(1, dtype=np.int64)}
+    for prompt, msg in ((20, "max_num_batched_tokens: 8 is below request 0's 21 tokens"),
+                        (300, "request 0 needs 304 KV token slots")):
+        w = Workload(prompt_tokens=np.array([prompt]), output_tokens=np.array([2]), **one)
+        with pytest.raises(ScenarioError, match=msg):
+            RealEngine(sc, FakeModel(None, 64, 4), w, np.random.default_rng(0))
 
 
 def test_batches_map_to_seq_chunks(tmp_path):

@@ -18,50 +18,49 @@ ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = ROOT / "scenarios" / "validate-tiny-cpu.yaml"
 runner = CliRunner()
 
-# Thresholds for a shared, noisy 2-core CPU (load average 5-9 while these were chosen). Two
-# effects move the real side away from the simulated one:
-# - the profile's step times: the harness times shapes in a shuffled order, and the engine's
-#   warm, similar consecutive steps ran at ~0.65-0.9x the profile's prediction on quiet stretches;
-# - other processes stretch stretches of steps 1.5-3x even in CPU seconds (hyperthread and cache
-#   sharing), and every request queued behind them waits longer: means and tails follow such
-#   bursts, medians and throughput much less.
-# Hence: throughput within 10% (at ~60% load the engine keeps up with the arrivals, so both sides
-# finish at the arrival rate unless one falls behind or loses requests; measured 0-5%), and p50
-# TPOT and p50 E2E within 50% (measured -49% .. +38% over 6 runs, most within 30%). If missed,
-# the test calibrates again under the load as it is now and validates once more.
+# Thresholds for a shared, noisy 2-core CPU (numbers: docs/validation.md, "CPU results"). The
+# profile times each shape in bursts and fits the steps after the first (calibrate/timing.py), so
+# the real engine's steps run at 0.83-1.03x the profile's prediction (median over its own batches)
+# when the machine's load holds between calibrating and validating; the old one-step-per-visit
+# timing gave 0.64-0.86x. Over 30 runs, the 24 with that ratio within 0.75-1.2 had throughput
+# within 0-5%, p50 TPOT -39% .. +11% and p50 E2E -42% .. +9% (the simulator leaves out the
+# engine's own ~0.05 ms per iteration and its slow tail of steps; queueing amplifies both).
+# Limits: throughput 10% (both sides keep up with the arrivals at ~60% load; a lost request or an
+# engine falling behind misses by far more), p50 TPOT and E2E 50%.
+# In the other 6 runs neighbours changed the machine's speed in between (steps at 1.21-1.91x or
+# 0.66-0.68x the profile calibrated seconds before; p50 errors 31-64%): the comparison then
+# measures the neighbours, not the code. Such a run is recognised by its step ratio, never by its
+# latencies, and calibrated and validated once more; the judged run must meet both.
 LIMITS = {("request_throughput", "per_s"): 10, ("output_throughput", "per_s"): 10,
           ("tpot_ms", "p50"): 50, ("e2e_ms", "p50"): 50}
+STEADY_STEP_RATIO = (0.75, 1.2)
+
+
+def _calibrate(out: Path) -> Path:
+    calibrate("tiny", "cpu", out, grid="small", repeats=8, burst=3, warmup=2, log=lambda line: None)
+    return out
 
 
 @pytest.fixture(scope="module")
 def profile(tmp_path_factory) -> Path:
     torch.set_num_threads(1)
-    out = tmp_path_factory.mktemp("profile") / "cpu-tiny.yaml"
-    calibrate("tiny", "cpu", out, grid="small", repeats=5, warmup=2, log=lambda line: None)
-    return out
-
-
-def _misses(comparison: pd.DataFrame) -> list[str]:
-    c = comparison.set_index(["metric", "stat"])
-    return [f"{m} {s}: {c.loc[(m, s), 'error_pct']:+.1f}% (limit {lim}%)"
-            for (m, s), lim in LIMITS.items() if not abs(c.loc[(m, s), "error_pct"]) <= lim]
+    return _calibrate(tmp_path_factory.mktemp("profile") / "cpu-tiny.yaml")
 
 
 def test_cpu_loop_real_engine_agrees_with_simulator(profile, tmp_path):
-    """The bundled scenario end to end on the CPU. A burst of load from other processes can
-    stretch the real run; if the limits are missed, calibrate and validate once more (both
-    attempts are reported)."""
+    """The bundled scenario end to end on the CPU, with a profile calibrated just before."""
     torch.set_num_threads(1)
     sc = load_scenario(SCENARIO)
     v = validate(sc, profile, device="cpu")
-    attempts = [_misses(v.comparison)]
-    if attempts[0]:
-        retry = tmp_path / "retry.yaml"
-        calibrate("tiny", "cpu", retry, grid="small", repeats=5, warmup=2, log=lambda line: None)
-        v = validate(sc, retry, device="cpu")
-        attempts.append(_misses(v.comparison))
+    drifted = not STEADY_STEP_RATIO[0] <= v.step_ratio <= STEADY_STEP_RATIO[1]
+    if drifted:  # the machine's speed changed since calibrating: measure both again
+        v = validate(sc, _calibrate(tmp_path / "again.yaml"), device="cpu")
     write(v, tmp_path / "out")
-    assert not attempts[-1], f"limits missed, per attempt: {attempts}"
+    c = v.comparison.set_index(["metric", "stat"])["error_pct"]
+    misses = [f"{m} {s}: {c[(m, s)]:+.1f}% (limit {lim}%)" for (m, s), lim in LIMITS.items()
+              if not abs(c[(m, s)]) <= lim]
+    steady = STEADY_STEP_RATIO[0] <= v.step_ratio <= STEADY_STEP_RATIO[1]
+    assert steady and not misses, (misses, v.step_ratio, f"recalibrated: {drifted}", v.notes)
     real, sim = v.real.requests, v.sim.requests
     assert list(real.columns) == list(sim.columns)
     assert real["finish_s"].notna().all() and len(real) == len(sim) == 48
