@@ -63,7 +63,7 @@ def run(
             raise ScenarioError(f"--out {out_dir}: exists and is not a directory")
         from sim.simulate import simulate, write_outputs
 
-        with _LazyProgress(enabled=not quiet) as progress:
+        with _Progress("simulating", "requests", enabled=not quiet, after_s=PROGRESS_AFTER_S) as progress:
             result = simulate(sc, progress=progress)
         # Results live in memory until here; write_outputs writes the three files atomically, so
         # a run that fails or is interrupted leaves nothing that looks like a finished run.
@@ -81,32 +81,45 @@ def run(
     typer.echo(str(out_dir) if quiet else f"output: {out_dir}/ (requests.csv, steps.csv, summary.json)")
 
 
-class _LazyProgress:
-    """progress(done, total) callback that shows a rich bar only once a run has lasted
-    PROGRESS_AFTER_S, so short runs print nothing extra. Transient: the bar vanishes at the end."""
+class _Progress:
+    """progress(done, total=None) callback drawing a transient rich bar on stderr.
 
-    def __init__(self, enabled: bool = True):
-        self.enabled, self.start, self.bar, self.task = enabled, time.monotonic(), None, None
+    `label` and `unit` say what is counted; total=None (an adaptive search) shows a count and the
+    elapsed time instead of a bar and ETA. Nothing is drawn before `after_s` wall seconds, so short
+    jobs print nothing extra. The bar is redrawn on each update with no refresh thread, so nothing
+    else runs while worker processes fork or while a timed step runs."""
 
-    def __enter__(self) -> _LazyProgress:
+    def __init__(self, label: str, unit: str, *, enabled: bool = True, after_s: float = 0.0):
+        self.label, self.unit, self.enabled, self.after_s = label, unit, enabled, after_s
+        self.start, self.bar, self.task = time.monotonic(), None, None
+
+    def __enter__(self) -> _Progress:
         self.start = time.monotonic()
         return self
 
-    def __call__(self, done: int, total: int) -> None:
+    def __call__(self, done: int, total: int | None = None) -> None:
         if not self.enabled:
             return
         if self.bar is None:
-            if time.monotonic() - self.start < PROGRESS_AFTER_S:
+            if time.monotonic() - self.start < self.after_s:
                 return
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+            self.bar = self._start(done, total)
+        self.bar.update(self.task, completed=done, total=total, refresh=True)
 
-            self.bar = Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(),
-                                TextColumn("requests, ETA"), TimeRemainingColumn(),
-                                console=Console(stderr=True), transient=True)
-            self.bar.start()
-            self.task = self.bar.add_task("simulating", total=total, completed=done)
-        self.bar.update(self.task, completed=done, total=total)
+    def _start(self, done: int, total: int | None) -> Any:
+        from rich.console import Console
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                                   TimeRemainingColumn)
+
+        if total is None:
+            columns = (TextColumn(f"{self.label}: {{task.completed}} {self.unit}"), TimeElapsedColumn())
+        else:
+            columns = (TextColumn(self.label), BarColumn(), MofNCompleteColumn(),
+                       TextColumn(f"{self.unit}, ETA"), TimeRemainingColumn())
+        bar = Progress(*columns, console=Console(stderr=True), auto_refresh=False, transient=True)
+        bar.start()
+        self.task = bar.add_task(self.label, total=total, completed=done)
+        return bar
 
     def __exit__(self, *exc: object) -> None:
         if self.bar is not None:
@@ -210,7 +223,7 @@ def sweep(
         points = parse_grid(grid or ())
         out_dir = out if out is not None else (
             Path("runs") / f"{load_scenario(scenario, set_ or (), seed).name}-sweep")
-        with _SweepProgress(enabled=not quiet) as progress:
+        with _Progress("sweep", "runs", enabled=not quiet) as progress:
             result = run_sweep(scenario, points, out_dir, sets=set_ or (), seed=seed, repeats=repeats,
                                workers=workers, cluster=cluster, progress=progress)
     except ScenarioError as e:
@@ -226,35 +239,6 @@ def sweep(
         Console().print(sweep_table(result.rows, list(points)))
     typer.echo(str(result.path) if quiet else
                f"results: {result.path} ({result.ran} runs simulated, {result.skipped} already done)")
-
-
-class _SweepProgress:
-    """progress(done, total) callback: a rich bar of runs on stderr, redrawn as each run finishes
-    (no refresh thread, so nothing is running when worker processes fork)."""
-
-    def __init__(self, enabled: bool = True):
-        self.enabled, self.bar, self.task = enabled, None, None
-
-    def __enter__(self) -> _SweepProgress:
-        return self
-
-    def __call__(self, done: int, total: int) -> None:
-        if not self.enabled:
-            return
-        if self.bar is None:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-            self.bar = Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TextColumn("runs, ETA"),
-                                TimeRemainingColumn(), console=Console(stderr=True), auto_refresh=False,
-                                transient=True)
-            self.bar.start()
-            self.task = self.bar.add_task("sweep", total=total, completed=done)
-        self.bar.update(self.task, completed=done, total=total, refresh=True)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.bar is not None:
-            self.bar.stop()
 
 
 def sweep_table(rows: Any, keys: list[str]) -> Any:
@@ -292,13 +276,15 @@ def sweep_table(rows: Any, keys: list[str]) -> Any:
 
 @app.command()
 def plan(
-    scenario: Annotated[Path, typer.Argument(help="Scenario YAML with a generated workload (an arrival rate, "
-                                                  "or closed_loop users).", show_default=False)],
+    scenario: Annotated[Path, typer.Argument(help="Scenario YAML: a generated workload (an arrival rate, or "
+                                                  "closed_loop users) or a trace replay (its load is "
+                                                  "workload.time_scale).", show_default=False)],
     slo: Annotated[str | None, typer.Option(
         help="The SLO, e.g. [bold]ttft_ms=500,tpot_ms=50,percentile=99[/] (keys: ttft_ms, tpot_ms, percentile). "
              "\\[default: the scenario's slo]", metavar="KEY=V,...", show_default=False)] = None,
     target_rate: Annotated[float | None, typer.Option(
-        help="Size a cluster for this many requests/s (open-loop scenarios).", metavar="R",
+        help="Size a cluster for this many requests/s (open-loop scenarios; a trace replay runs at "
+             "time_scale = R / its native rate).", metavar="R",
         show_default=False)] = None,
     target_users: Annotated[int | None, typer.Option(
         help="Size a cluster for this many concurrent users (closed-loop scenarios).", metavar="N",
@@ -312,26 +298,34 @@ def plan(
     set_: Annotated[list[str] | None, typer.Option(
         "--set", help="Override a scenario key, e.g. [bold]--set engine.scheduler=continuous[/]. Repeatable.",
         metavar="KEY=VALUE", show_default=False)] = None,
-    seeds: Annotated[int, typer.Option(help="Seeds per load point (more when they disagree).", metavar="N")] = 3,
+    seeds: Annotated[int, typer.Option(
+        help="Seeds per load point (more when they disagree; 1 when the workload has no random component, "
+             "e.g. a trace replay).", metavar="N")] = 3,
     resolution: Annotated[float, typer.Option(
-        help="Relative step of the rate grid: the answer is within this of the true boundary.", metavar="F")] = 0.02,
+        help="Relative step of the rate grid (a trace's time_scale grid): the answer is within this of the "
+             "true boundary.", metavar="F")] = 0.02,
     horizon_s: Annotated[float, typer.Option(
-        help="Simulated seconds of arrivals per run (open loop).", metavar="S")] = 120.0,
+        help="Simulated seconds of arrivals per run (generated open loop; a trace's length fixes its own).",
+        metavar="S")] = 120.0,
     min_requests: Annotated[int, typer.Option(
-        help="Requests per run, at least (a stable p99 needs ~1000).", metavar="N")] = 1000,
+        help="Requests per run, at least (a stable p99 needs ~1000); a shorter trace gets a warning, "
+             "it is not repeated.", metavar="N")] = 1000,
     workers: Annotated[int | None, typer.Option(
         help="Worker processes. \\[default: all cores]", metavar="N", show_default=False)] = None,
     quiet: Annotated[bool, typer.Option(
         "--quiet", "-q", help="Print only the output directory: no progress, no table.")] = False,
 ) -> None:
     """Find the highest load one replica sustains under the SLO (seeded repeats near the boundary),
-    the max_num_seqs / max_num_batched_tokens with the best goodput, the replicas (simulated with the
-    router) for a target load, and the cost. Writes [bold]plan.md[/], [bold]plan.json[/] and plots."""
+    each max_num_seqs / max_num_batched_tokens setting's own sustained load and the one with the best
+    goodput, the replicas (simulated with the router) for a target load, and the cost. Writes
+    [bold]plan.md[/], [bold]plan.json[/] and plots. A trace replay is searched over its
+    workload.time_scale and reported in requests/s (time_scale x its native rate)."""
     from sim.config import load_scenario
     from sim.errors import ScenarioError
+    from sim.evaluator import PlanOptions
     from sim.plan_report import headline, write_report
-    from sim.planner import PlanOptions, parse_slo
     from sim.planner import plan as make_plan
+    from sim.slo import parse_slo
 
     try:
         if target_rate is not None and target_users is not None:
@@ -356,9 +350,10 @@ def plan(
         if out_dir.exists() and not out_dir.is_dir():
             raise ScenarioError(f"--out {out_dir}: exists and is not a directory")
         options = PlanOptions(first_seeds=min(2, seeds), seeds=seeds, max_seeds=max(seeds, 7),
-                              resolution=resolution, horizon_s=horizon_s, min_requests=min_requests,
+                              curve_seeds=min(2, seeds), curve_max_seeds=min(3, seeds), resolution=resolution,
+                              horizon_s=horizon_s, min_requests=min_requests,
                               max_requests=max(min_requests, PlanOptions.max_requests), workers=workers)
-        with _PlanProgress(enabled=not quiet) as progress:
+        with _Progress("planning", "simulations", enabled=not quiet) as progress:
             result = make_plan(scenario, slo_cfg, overrides=set_ or (), options=options, progress=progress,
                                target=target_rate if target_users is None else target_users,
                                target_unit="users" if target_users is not None else "req/s",
@@ -380,35 +375,9 @@ def plan(
         for label, value in headline(result):
             t.add_row(label, value)
         Console().print(t)
+    for warning in result["warnings"]:  # e.g. a trace too short for a stable p99
+        typer.echo(f"warning: {warning}", err=True)
     typer.echo(str(out_dir) if quiet else f"output: {out_dir}/ (plan.md, plan.json, plots)")
-
-
-class _PlanProgress:
-    """progress(simulations) callback: a count and the elapsed time on stderr (the search is
-    adaptive, so there is no total). Redrawn per update, no refresh thread (workers fork)."""
-
-    def __init__(self, enabled: bool = True):
-        self.enabled, self.bar, self.task = enabled, None, None
-
-    def __enter__(self) -> _PlanProgress:
-        return self
-
-    def __call__(self, done: int) -> None:
-        if not self.enabled:
-            return
-        if self.bar is None:
-            from rich.console import Console
-            from rich.progress import Progress, TextColumn, TimeElapsedColumn
-
-            self.bar = Progress(TextColumn("planning: {task.completed} simulations"), TimeElapsedColumn(),
-                                console=Console(stderr=True), auto_refresh=False, transient=True)
-            self.bar.start()
-            self.task = self.bar.add_task("plan", total=None)
-        self.bar.update(self.task, completed=done, refresh=True)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.bar is not None:
-            self.bar.stop()
 
 
 @app.command()
@@ -577,7 +546,11 @@ def calibrate_cmd(
         help="Batch-shape grid: small or full. \\[default: full on cuda, small on cpu]",
         show_default=False)] = None,
     repeats: Annotated[int | None, typer.Option(
-        help="Timed steps per shape (median taken). \\[default: 10]", show_default=False)] = None,
+        help="Rounds over the grid, each in a fresh random order. \\[default: 6 on cuda, 8 on cpu]",
+        show_default=False)] = None,
+    burst: Annotated[int | None, typer.Option(
+        help="Timed steps per shape and round, run back to back after one left-out step; the "
+             "median of all is fitted. \\[default: 3]", show_default=False)] = None,
     warmup: Annotated[int | None, typer.Option(
         help="Untimed steps per shape first. \\[default: 3]", show_default=False)] = None,
     seed: Annotated[int, typer.Option(help="Seeds weights, token ids, block layout, held-out "
@@ -599,9 +572,9 @@ def calibrate_cmd(
     if device == "cpu":
         torch.set_num_threads(1)  # small CPU ops gain nothing from threads; steadier timings
     try:
-        with _GridProgress() as progress:
-            result = calibrate(model, device, out, grid=grid, repeats=repeats, warmup=warmup,
-                               seed=seed, attention=attention, progress=progress,
+        with _Progress("calibrating", "steps") as progress:
+            result = calibrate(model, device, out, grid=grid, repeats=repeats, burst=burst,
+                               warmup=warmup, seed=seed, attention=attention, progress=progress,
                                log=lambda line: typer.echo(line, err=True))
     except CalibrationError as e:
         raise _fail(str(e)) from None
@@ -612,29 +585,6 @@ def calibrate_cmd(
     typer.echo(f"profile: {result['profile']} ({result['shapes']} shapes in "
                f"{result['wall_s']:.0f} s; fit MAPE {result['fit_mape']:.1%}, {held})")
     typer.echo(f"measurements: {result['csv']}")
-
-
-class _GridProgress:
-    """progress(done, total) callback drawing a rich bar over the calibration's timed steps."""
-
-    def __enter__(self) -> _GridProgress:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-        self.bar = Progress(TextColumn("calibrating"), BarColumn(), MofNCompleteColumn(),
-                            TextColumn("ETA"), TimeRemainingColumn(), console=Console(stderr=True),
-                            transient=True)
-        self.task = None
-        return self
-
-    def __call__(self, done: int, total: int) -> None:
-        if self.task is None:
-            self.bar.start()
-            self.task = self.bar.add_task("calibrating", total=total)
-        self.bar.update(self.task, completed=done, total=total)
-
-    def __exit__(self, *exc: object) -> None:
-        self.bar.stop()
 
 
 # ---- validate (issue 6: owned by the validation engineer) ----
@@ -653,8 +603,9 @@ def validate_cmd(
         "--out", "-o", help="Output directory. \\[default: runs/validate-<scenario name>]",
         metavar="DIR", show_default=False)] = None,
     clock: Annotated[str | None, typer.Option(
-        help="wall (real time) or cpu (this process's CPU seconds, idle time skipped: steady on a "
-             "shared machine). \\[default: cpu on cpu, wall on cuda]", show_default=False)] = None,
+        help="wall (real time) or cpu (the engine thread's CPU seconds, idle time skipped: "
+             "steady on a shared machine). \\[default: cpu on cpu, wall on cuda]",
+        show_default=False)] = None,
     seed: Annotated[int | None, typer.Option(
         help="Override the scenario's seed.", metavar="N", show_default=False)] = None,
     set_: Annotated[list[str] | None, typer.Option(
@@ -680,7 +631,7 @@ def validate_cmd(
             raise ScenarioError(f"--out {out_dir}: exists and is not a directory")
         if device == "cpu":
             torch.set_num_threads(1)  # as servesim calibrate measures the CPU
-        with _RequestProgress() as progress:
+        with _Progress("real engine", "requests") as progress:
             result = validate(sc, profile, device=device, clock=clock, progress=progress)
         write(result, out_dir)
     except ScenarioError as e:
@@ -693,30 +644,6 @@ def validate_cmd(
 
     Console().print(_comparison_table(sc.name, result))
     typer.echo(f"output: {out_dir}/ (comparison.md, comparison.csv, comparison.png, real/, sim/)")
-
-
-class _RequestProgress:
-    """progress(done, total) callback drawing a rich bar over the real engine's finished requests."""
-
-    def __enter__(self) -> _RequestProgress:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self.bar = Progress(TextColumn("real engine"), BarColumn(), MofNCompleteColumn(),
-                            TextColumn("requests"), TimeElapsedColumn(), console=Console(stderr=True),
-                            transient=True)
-        self.task = None
-        return self
-
-    def __call__(self, done: int, total: int) -> None:
-        if self.task is None:
-            self.bar.start()
-            self.task = self.bar.add_task("real engine", total=total)
-        self.bar.update(self.task, completed=done, total=total)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.task is not None:
-            self.bar.stop()
 
 
 def _comparison_table(name: str, result: Any) -> Any:

@@ -36,8 +36,9 @@ def kv_seq_cap(sc) -> int:
     budget = kv_budget(sc.model, sc.hardware, tensor_parallel_size=e.tensor_parallel_size,
                        gpu_memory_utilization=e.gpu_memory_utilization, block_size=e.block_size,
                        max_num_batched_tokens=e.max_num_batched_tokens, num_gpu_blocks=e.num_gpu_blocks)
-    w = build_workload(replace(sc.workload, num_requests=min(sc.workload.num_requests or 1000, 2000)),
-                       np.random.default_rng(sc.seed))
+    w = sc.workload if sc.workload.trace is not None else replace(  # a trace: its own requests
+        sc.workload, num_requests=min(sc.workload.num_requests or 1000, 2000))
+    w = build_workload(w, np.random.default_rng(sc.seed))
     return budget.max_concurrent_seqs(int(np.mean(w.prompt_tokens + w.output_tokens)))
 
 
@@ -50,7 +51,7 @@ def engine_overrides(engine, setting: dict) -> tuple[str, ...]:
 def engine_curve(ev, knob: Knob, search: dict) -> dict:
     """Sustained load and goodput per setting; `chosen` the best; `chosen_search` its full search."""
     e, o = ev.scenario.engine, ev.options
-    grid = replace(knob, base=search["answer"], resolution=max(o.curve_resolution, knob.resolution))
+    grid = knob.anchored(search["answer"], max(o.curve_resolution, knob.resolution))
     cap = kv_seq_cap(ev.scenario)
     if e.scheduler != "static":
         cap = min(cap, e.max_num_batched_tokens)
@@ -73,7 +74,7 @@ def engine_curve(ev, knob: Knob, search: dict) -> dict:
     else:  # refine the winner on the load search's grid and seeds, from its coarse answer
         chosen_search = max_load(ev, knob, engine_overrides(e, chosen), start=knob.index(best["sustained"]),
                                  gallop=True)
-    return {"grid": {"base": grid.base, "resolution": grid.resolution, "unit": grid.unit,
+    return {"grid": {"base": search["answer"], "resolution": grid.resolution, "unit": grid.unit,
                      "seeds": list(o.curve_ladder()[::2])},
             "kv_seq_cap": cap, "max_num_seqs": seq_entries, "max_num_batched_tokens": token_entries,
             "chosen": chosen, "chosen_search": chosen_search}
@@ -130,6 +131,7 @@ def _entry(setting: dict, extra: tuple[str, ...], found: dict, common_seeds: int
 
 
 def _best(entries: list[dict]) -> dict | None:
-    """The highest sustained goodput; None when no setting meets the SLO at any load."""
+    """The highest sustained goodput (an exact tie: the scenario's own setting, which has no
+    overrides); None when no setting meets the SLO at any load."""
     ok = [p for p in entries if p["sustained"] is not None]
-    return max(ok, key=lambda p: (p["goodput_rps"], p["sustained"])) if ok else None
+    return max(ok, key=lambda p: (p["goodput_rps"], p["sustained"], not p["overrides"])) if ok else None

@@ -5,18 +5,22 @@
 
 Every point is the scenario file plus `--set`-style overrides, validated by `load_scenario` and
 simulated in a worker process (sim/parallel.py) that returns a small dict (sim/slo.simulate_point).
-Seeds use common random numbers: seed s, s+1, ... at every point.
+Seeds use common random numbers: seed s, s+1, ... at every point. A workload with no random
+component (e.g. a trace replay) simulates the same run for every seed: one seed per point then.
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from .config import SLOConfig, load_scenario
 from .parallel import run_parallel
 from .slo import simulate_point, summarize_point, worst_ratio
+from .workload import Workload, build_workload
 
 
 @dataclass(frozen=True)
@@ -46,9 +50,32 @@ class PlanOptions:
         """The engine curve's: every point is near a target there, so no middle rung."""
         return self.curve_seeds, self.curve_seeds, self.curve_max_seeds
 
+    def one_seed(self) -> PlanOptions:
+        """One seed per point everywhere (a deterministic workload)."""
+        return replace(self, first_seeds=1, seeds=1, max_seeds=1, curve_seeds=1, curve_max_seeds=1)
+
+
+def deterministic(scenario) -> bool:
+    """True when the seed changes nothing. The simulator draws random numbers only in
+    build_workload, so when three seeds build the same requests every seed simulates the same run:
+    a trace replay (without a random priority), or constant arrivals with fixed lengths."""
+    first, *others = (build_workload(scenario.workload, np.random.default_rng(scenario.seed + k))
+                      for k in range(3))
+    return all(_arrays(first) == _arrays(w) for w in others)
+
+
+def _arrays(w: Workload) -> list[bytes]:
+    """Every array of a workload (closed loop: its users' too), as bytes to compare."""
+    arrays = [getattr(w, f.name) for f in fields(w) if f.name != "users"]
+    if w.users is not None:
+        arrays += [getattr(w.users, f.name) for f in fields(w.users)]
+    return [np.ascontiguousarray(a).tobytes() for a in arrays]
+
 
 class Evaluator:
-    """Runs (overrides, seed) points in parallel, once each; counts simulations for progress."""
+    """Runs (overrides, seed) points in parallel, once each; counts simulations for progress.
+    `deterministic`: the scenario's workload has no random component; `options` then has one seed
+    per point."""
 
     def __init__(self, path: str | Path, slo: SLOConfig, overrides: Iterable[str] = (),
                  options: PlanOptions = PlanOptions(),
@@ -56,6 +83,9 @@ class Evaluator:
         self.path, self.slo, self.options, self.progress = Path(path), slo, options, progress
         self.base = tuple(overrides)
         self.scenario = replace(load_scenario(self.path, self.base), slo=slo)
+        self.deterministic = deterministic(self.scenario)
+        if self.deterministic:  # every seed simulates the same run: more seeds only repeat it
+            self.options = options.one_seed()
         self.cache: dict[tuple[tuple[str, ...], int], dict] = {}
 
     @property

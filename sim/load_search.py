@@ -1,30 +1,43 @@
 """The load search: the highest load on a grid that meets the SLO, such that the next point up does not.
 
-    knob = load_knob(scenario, options)       # arrival rate (geometric grid) or closed-loop users
+    knob = load_knob(scenario, options)       # offered rate (geometric grid) or closed-loop users
     r = max_load(ev, knob)                    # r["answer"], r["next"], r["answer_point"], r["curve"]
 
-Grid index 0 is `knob.base`. Rates: base x (1 + resolution)^i; users: the same rounded to whole
-users (at least 1), or base + i when resolution is 0. A bracket (doubling the load, or galloping:
-1, 2, 4, ... grid steps from a start known to be close), then bisection on grid indices. Rounded
-users can repeat on neighbouring indices; the answer and the next point up still differ (one meets).
+Loads are in the knob's unit: offered requests/s, or users. The override that sets a load (its
+*setting*) is load / factor: a generator's `workload.arrival.rate` (factor: workload.time_scale, so
+the load is the rate the engine sees) or a trace's `workload.time_scale` (factor: the trace's native
+rate, (requests - 1) / (last - first arrival)). Grid index 0 is the scenario's setting `knob.base`;
+rates: settings base x (1 + resolution)^i (rounded to 6 decimals), loads those x factor; users: the
+same rounded to whole users (at least 1), or base + i when resolution is 0. A bracket (doubling the
+load, or galloping: 1, 2, 4, ... grid steps from a start known to be close), then bisection on grid
+indices. Rounded users can repeat on neighbouring indices; the answer and the next point up still
+differ (one meets).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+import numpy as np
 
 from .errors import ScenarioError
 from .slo import wilson
+from .traces import shown
+from .workload import ClosedLoop, build_workload
+
+RATE_DEFINITION = "(requests - 1) / (last arrival - first arrival)"
 
 
 @dataclass(frozen=True)
 class Knob:
-    """What "load" means: open-loop arrival rate on a geometric grid, or closed-loop users."""
-    key: str            # the override path
-    unit: str           # req/s | users
-    base: float         # the grid's index 0 (the scenario's load: where the search starts)
-    resolution: float   # relative grid step (users: 0 = one user per step)
+    """What "load" means: an offered rate on a geometric grid, or closed-loop users."""
+    key: str              # the override path
+    unit: str             # req/s | users
+    base: float           # the grid's index 0, as a setting (the scenario's: where the search starts)
+    resolution: float     # relative grid step (users: 0 = one user per step)
     integer: bool
+    factor: float = 1.0   # load per unit of the setting: time_scale (generator), native req/s (trace)
+    replay: bool = False  # a trace: its length fixes num_requests (no horizon)
 
     @property
     def unit_steps(self) -> bool:  # users one at a time (resolution 0): base + i
@@ -34,13 +47,21 @@ class Knob:
         if self.unit_steps:
             return int(self.base) + i
         v = self.base * (1 + self.resolution) ** i
-        return max(1, round(v)) if self.integer else round(v, 6)
+        return max(1, round(v)) if self.integer else round(v, 6) * self.factor
+
+    def setting(self, value: float) -> float:
+        """The override's value for the load `value` (a grid load gives back its rounded setting)."""
+        return int(value) if self.integer else round(value / self.factor, 6)
+
+    def anchored(self, value: float, resolution: float) -> Knob:
+        """The same knob on a grid of `resolution` steps whose index 0 is the load `value`."""
+        return replace(self, base=self.setting(value), resolution=resolution)
 
     def index(self, value: float) -> int:
         """The highest grid index whose load is at most `value` (within rounding)."""
         if self.unit_steps:
             return math.floor(value - int(self.base) + 1e-3)
-        i = math.floor(math.log(value / self.base) / math.log1p(self.resolution) + 1e-3)
+        i = math.floor(math.log(value / self.factor / self.base) / math.log1p(self.resolution) + 1e-3)
         while self.value(i + 1) <= value:  # rounded users
             i += 1
         while i > self.lowest() and self.value(i) > value:
@@ -60,25 +81,42 @@ class Knob:
         return i + direction * max(1, round(math.log(2) / math.log1p(self.resolution)))
 
     def overrides(self, value: float, o) -> tuple[str, ...]:
-        """The overrides for a load `value` (o: PlanOptions: horizon, requests per user, bounds)."""
+        """The overrides for a load `value` (o: PlanOptions: horizon, requests per user, bounds).
+        A trace keeps its own requests: only its time_scale changes."""
+        setting = f"{self.key}={self.setting(value)}"
+        if self.replay:
+            return (setting,)
         n = value * (o.requests_per_user if self.integer else o.horizon_s)
         n = int(min(o.max_requests, max(o.min_requests, math.ceil(n))))
-        shown = int(value) if self.integer else value
-        return (f"{self.key}={shown}", f"workload.num_requests={n}")
+        return (setting, f"workload.num_requests={n}")
 
 
 def load_knob(scenario, options) -> Knob:
     """The scenario's load knob on the load search's grid (options.resolution)."""
     w = scenario.workload
-    if getattr(w, "trace", None) is not None or w.arrival is None:
-        raise ScenarioError("plan: the scenario replays a trace; plan needs a generated workload "
-                            "(workload.arrival with a rate, or process: closed_loop with users)")
-    if hasattr(w.arrival, "users"):  # closed loop: the load is a number of concurrent users
+    if w.trace is not None:  # the same trace replayed faster or slower
+        native = replay_stats(w)["native_rate"]
+        return Knob("workload.time_scale", "req/s", w.time_scale, options.resolution, False, native, True)
+    if isinstance(w.arrival, ClosedLoop):  # the load is a number of concurrent users
         return Knob("workload.arrival.users", "users", w.arrival.users, 0.0, True)
     if not hasattr(w.arrival, "rate"):
-        raise ScenarioError(f"plan: workload.arrival {type(w.arrival).__name__.lower()} has no rate "
-                            "to search over; use poisson, gamma or constant, or closed_loop")
-    return Knob("workload.arrival.rate", "req/s", w.arrival.rate, options.resolution, False)
+        raise ScenarioError(f"plan: workload.arrival {type(w.arrival).__name__.lower()} sends every request "
+                            "at one instant: there is no rate to vary; use poisson, gamma or constant, "
+                            "closed_loop, or a trace")
+    return Knob("workload.arrival.rate", "req/s", w.arrival.rate, options.resolution, False, w.time_scale)
+
+
+def replay_stats(w) -> dict:
+    """A trace workload's requests (after num_requests), their span at time_scale 1 and its native
+    rate: (n - 1) / span, the n - 1 gaps between the first and the last arrival."""
+    arrival = build_workload(replace(w, time_scale=1.0, priority=None), np.random.default_rng(0)).arrival_s
+    span = float(arrival[-1] - arrival[0])
+    if span <= 0:
+        raise ScenarioError(f"plan: {shown(w.trace)}: its {len(arrival)} requests arrive at one instant: "
+                            "there is no rate to vary (workload.time_scale changes nothing)")
+    return {"trace": str(w.trace), "requests": len(arrival), "span_s": span,
+            "native_rate": (len(arrival) - 1) / span, "native_rate_definition": RATE_DEFINITION,
+            "time_scale": w.time_scale}
 
 
 def max_load(ev, knob: Knob, extra: tuple[str, ...] = (), *, start: int = 0, gallop: bool = False,
@@ -94,7 +132,8 @@ def max_load(ev, knob: Knob, extra: tuple[str, ...] = (), *, start: int = 0, gal
     def meets(i: int) -> bool:
         if i not in points:
             value = knob.value(i)
-            points[i] = ev.judge(extra + knob.overrides(value, ev.options), seeds=seeds, load=value, **info)
+            points[i] = ev.judge(extra + knob.overrides(value, ev.options), seeds=seeds, load=value,
+                                 setting=knob.setting(value), **info)
         return points[i]["met"]
 
     def move(i: int, direction: int, moves: int) -> int:
@@ -108,7 +147,9 @@ def max_load(ev, knob: Knob, extra: tuple[str, ...] = (), *, start: int = 0, gal
         while hi is None:
             nxt = move(lo, 1, moves)
             if nxt > highest:
-                raise ScenarioError(f"plan: the SLO still holds at {knob.value(lo)} {knob.unit}; "
+                short = f" (workload.time_scale={knob.setting(knob.value(lo))}): the trace may be too short to " \
+                        "load the engine" if knob.replay else ""
+                raise ScenarioError(f"plan: the SLO still holds at {knob.value(lo):g} {knob.unit}{short}; "
                                     "check the cost model and the SLO")
             lo, hi, moves = (nxt, None, moves + 1) if meets(nxt) else (lo, nxt, moves)
     else:  # bracket downwards until it holds
@@ -123,12 +164,23 @@ def max_load(ev, knob: Knob, extra: tuple[str, ...] = (), *, start: int = 0, gal
             mid = (lo + hi) // 2
             lo, hi = (mid, hi) if meets(mid) else (lo, mid)
     curve = [points[k] for k in sorted(points)]
-    out = {"knob": knob.key, "unit": knob.unit, "resolution": knob.resolution, "next": knob.value(hi),
-           "next_point": points[hi], "curve": curve, "answer": None, "answer_point": None}
+    out = {"knob": knob.key, "unit": knob.unit, "resolution": knob.resolution, "factor": knob.factor,
+           "next": knob.value(hi), "next_setting": knob.setting(knob.value(hi)), "next_point": points[hi],
+           "curve": curve, "answer": None, "answer_setting": None, "answer_point": None}
     if lo is not None:
-        out.update(answer=knob.value(lo), answer_point=points[lo], confidence={
-            "answer_pass_fraction": points[lo]["passes"] / points[lo]["seeds"],
-            "next_pass_fraction": points[hi]["passes"] / points[hi]["seeds"],
-            "answer_pass_interval_90": wilson(points[lo]["passes"], points[lo]["seeds"]),
-            "next_pass_interval_90": wilson(points[hi]["passes"], points[hi]["seeds"])})
+        out.update(answer=knob.value(lo), answer_setting=knob.setting(knob.value(lo)), answer_point=points[lo],
+                   confidence=confidence(points[lo], points[hi], ev.deterministic))
     return out
+
+
+def confidence(answer: dict, above: dict, deterministic: bool) -> dict:
+    """How sure the answer is: "deterministic" (every seed simulates the same run, so one seed per
+    point is the whole truth), or the fraction of seeds meeting the SLO at the answer and one step up
+    with 90% Wilson intervals."""
+    if deterministic:
+        return {"method": "deterministic", "answer_met": answer["met"], "next_met": above["met"]}
+    return {"method": "seeds",
+            "answer_pass_fraction": answer["passes"] / answer["seeds"],
+            "next_pass_fraction": above["passes"] / above["seeds"],
+            "answer_pass_interval_90": wilson(answer["passes"], answer["seeds"]),
+            "next_pass_interval_90": wilson(above["passes"], above["seeds"])}

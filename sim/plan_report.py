@@ -2,6 +2,8 @@
 
     write_report(result, out_dir) -> list[Path]    # plan.json, plan.md, latency_vs_load.png, ...
     headline(result) -> list[tuple[str, str]]      # the short table the CLI prints
+
+Loads are shown in their unit (req/s offered, or users); a trace replay's also as its time_scale.
 """
 from __future__ import annotations
 
@@ -20,7 +22,27 @@ def _f(v: Any, digits: int = 1) -> str:
 
 
 def _load(v: Any, unit: str) -> str:
-    return f"{int(v)} {unit}" if unit == "users" else f"{v:.2f} {unit}"
+    return f"{int(v)} {unit}" if unit == "users" else f"{v:.2f} {unit}" if v >= 1 else f"{v:.3g} {unit}"
+
+
+def _native(r: dict) -> float | None:
+    """A trace replay's native rate (req/s at time_scale 1); None for a generated workload."""
+    return r.get("workload", {}).get("native_rate")
+
+
+def _loads(r: dict):
+    """load -> text: '12.34 req/s', '64 users', or for a trace '12.34 req/s (time_scale 4.69)'."""
+    unit, native = r["load_search"]["unit"], _native(r)
+    return lambda v: _load(v, unit) + ("" if native is None else f" (time_scale {v / native:.4g})")
+
+
+def _load_cells(r: dict):
+    """The first cells of a judged point's row: its load, and a trace's time_scale."""
+    if r["load_search"]["unit"] == "users":
+        return ["load (users)"], lambda p: [str(int(p["load"]))]
+    if _native(r) is None:
+        return ["load (req/s)"], lambda p: [_f(p["load"], 2)]
+    return ["load (req/s)", "time_scale"], lambda p: [_f(p["load"], 2), f"{p['setting']:g}"]
 
 
 def _setting(r: dict, p: dict) -> str:
@@ -36,33 +58,41 @@ def _seeds(p: dict) -> str:
 
 def headline(r: dict) -> list[tuple[str, str]]:
     """(label, value) rows: the answer in a few lines."""
-    s, slo = r["load_search"], r["slo"]
+    s, slo, load = r["load_search"], r["slo"], _loads(r)
     pct = _f(slo["percentile"], 0)
     targets = ", ".join(f"p{pct} {k[:-3].upper()} <= {_f(slo[k], 0)} ms" for k in ("ttft_ms", "tpot_ms")
                         if slo.get(k))
     rows = [("SLO", targets)]
+    w = r.get("workload", {})
+    if _native(r) is not None:
+        rows.append(("trace", f"{w['requests']} requests over {w['span_s']:.1f} s: {w['native_rate']:.3f} req/s "
+                              f"native ({w['native_rate_definition']}); load = time_scale x that"))
     if s["answer"] is None:
-        rows.append(("sustained load per replica", f"none: the SLO fails even at {_load(s['next'], s['unit'])}"))
+        rows.append(("sustained load per replica", f"none: the SLO fails even at {load(s['next'])}"))
         return rows
     c = s["confidence"]
-    rows += [("sustained load per replica, scenario's setting", _load(s["answer"], s["unit"])),
-             ("next step up (fails)", _load(s["next"], s["unit"])),
-             ("seeds meeting the SLO", f"{c['answer_pass_fraction']:.0%} at the answer, "
-                                       f"{c['next_pass_fraction']:.0%} one step up"),
-             ("90% interval of P(a seed meets)", "{:.0%}-{:.0%} at the answer, {:.0%}-{:.0%} one step up".format(
-                 *c["answer_pass_interval_90"], *c["next_pass_interval_90"]))]
+    rows += [("sustained load per replica, scenario's setting", load(s["answer"])),
+             ("next step up (fails)", load(s["next"]))]
+    if c["method"] == "deterministic":
+        rows.append(("confidence", "deterministic: the workload has no random component, so every seed "
+                                   "simulates the same run; 1 seed per load"))
+    else:
+        rows += [("seeds meeting the SLO", f"{c['answer_pass_fraction']:.0%} at the answer, "
+                                           f"{c['next_pass_fraction']:.0%} one step up"),
+                 ("90% interval of P(a seed meets)", "{:.0%}-{:.0%} at the answer, {:.0%}-{:.0%} one step up"
+                  .format(*c["answer_pass_interval_90"], *c["next_pass_interval_90"]))]
     rec, t = r["recommendation"], r["tradeoff"]
     rows.append(("best engine setting (highest sustained goodput)", _setting(r, rec)))
     best = t["chosen_search"]
     if any(rec[k] != r["engine"][k] for k in ("max_num_seqs", "max_num_batched_tokens")):
         rows.append(("sustained load per replica, best setting",
-                     f"{_load(best['answer'], s['unit'])} ({_load(best['next'], s['unit'])} fails; "
-                     f"{_seeds(best['answer_point'])} and {_seeds(best['next_point'])} seeds meet)"))
+                     f"{load(best['answer'])}; {load(best['next'])} fails "
+                     f"({_seeds(best['answer_point'])} and {_seeds(best['next_point'])} seeds meet)"))
     if "cluster" in r:
         cl = r["cluster"]
         fewer = cl["one_fewer"]
         check = f"; {rec['replicas'] - 1} miss it ({_seeds(fewer)} seeds meet)" if fewer else ""
-        rows.append((f"replicas for {_load(cl['target'], s['unit'])}",
+        rows.append((f"replicas for {load(cl['target'])}",
                      f"{rec['replicas']} ({_seeds(cl['point'])} seeds meet the SLO){check}"))
     cost = r["cost"]
     rows += [("GPUs", f"{cost['gpus']} (tensor_parallel_size {rec['tensor_parallel_size']})"),
@@ -103,8 +133,23 @@ def _points_table(points: list[dict], heads: list[str], first) -> list[str]:
 
 def markdown(r: dict, plots: list[str]) -> str:
     s, o = r["load_search"], r["options"]
-    unit = s["unit"]
+    unit, trace, load = s["unit"], r.get("workload", {}), _loads(r)
     grid = "integer users" if unit == "users" else f"rates {1 + o['resolution']:g}x apart"
+    if _native(r) is not None:
+        grid = f"workload.time_scale values {1 + o['resolution']:g}x apart (so are the rates)"
+        runs = (f"- Each simulation replays the trace's {trace['requests']} requests (its length fixes the "
+                "run: the trace is not repeated), with its arrival times divided by time_scale.")
+    else:
+        runs = (f"- Each simulation covers ~{o['horizon_s']:g} s of arrivals ({o['min_requests']} to "
+                f"{o['max_requests']} requests)" + (f"; closed loop: {o['requests_per_user']} requests "
+                                                    "per user" if unit == "users" else "") + ".")
+        if unit == "req/s" and trace.get("time_scale", 1.0) != 1.0:
+            runs += (f" Loads are offered rates: workload.arrival.rate x workload.time_scale "
+                     f"({trace['time_scale']:g}).")
+    seeds = ("One seed per load: the workload has no random component, so every seed simulates the same "
+             "run (confidence: deterministic). A run" if r.get("deterministic") else
+             f"A load meets the SLO when at least {o['pass_fraction']:.0%} of its seeds do "
+             f"({o['seeds']} seeds, {o['max_seeds']} when they disagree). A seed")
     lines = [f"# Capacity plan: {r['scenario']}", "",
              f"{r['model']} on {r['hardware']}, scheduler `{r['engine']['scheduler']}`, scenario "
              f"`{r['source']}`" + (f" with `{' '.join(r['overrides'])}`" if r["overrides"] else "") + ".",
@@ -114,41 +159,41 @@ def markdown(r: dict, plots: list[str]) -> str:
               f"- Load grid: {grid}; "
               "a doubling bracket, then bisection until the answer and the next grid point up are "
               "adjacent.",
-              f"- A load meets the SLO when at least {o['pass_fraction']:.0%} of its seeds do "
-              f"({o['seeds']} seeds, {o['max_seeds']} when they disagree). A seed meets it when the "
+              f"- {seeds} meets it when the "
               f"p{_f(r['slo']['percentile'], 0)} of TTFT and TPOT is within target over the requests "
               f"after the first {o['warmup_fraction']:.0%} (warm-up: they arrive at an empty engine).",
-              f"- Each simulation covers ~{o['horizon_s']:g} s of arrivals ({o['min_requests']} to "
-              f"{o['max_requests']} requests)" + (f"; closed loop: {o['requests_per_user']} requests "
-                                                  "per user" if unit == "users" else "") + ".",
+              runs,
               "- Latencies are means over seeds; pSLO is the SLO percentile. Goodput: requests/s "
               "meeting every target.", ""]
+    if r.get("warnings"):
+        lines += ["## Warnings", ""] + [f"- {w}" for w in r["warnings"]] + [""]
     lines += ["## Load search (one replica, the scenario's engine setting)", ""]
-    lines += _points_table(s["curve"], [f"load ({unit})"],
-                           lambda p: [str(int(p["load"])) if unit == "users" else _f(p["load"], 2)])
+    lines += _points_table(s["curve"], *_load_cells(r))
     if "tradeoff" in r:
         lines += _curve_section(r)
     if "cluster" in r:
         cl = r["cluster"]
-        lines += ["", f"## Replicas at {_load(cl['target'], unit)} (router `{r['engine']['router']}`)", ""]
+        lines += ["", f"## Replicas at {load(cl['target'])} (router `{r['engine']['router']}`)", ""]
         lines += _points_table(cl["tried"], ["replicas"], lambda p: [str(p["replicas"])])
     lines += [""] + [f"![{name}]({name})" for name in plots]
     return "\n".join(lines) + "\n"
 
 
 def _curve_section(r: dict) -> list[str]:
-    t, unit = r["tradeoff"], r["load_search"]["unit"]
+    t, unit, load = r["tradeoff"], r["load_search"]["unit"], _loads(r)
     g, c = t["grid"], t["chosen_search"]
     step = f"{g['resolution']:.0%} steps" + ("" if unit == "req/s" else " (rounded to whole users)")
+    seeds = "1 seed per point (deterministic)" if r.get("deterministic") else \
+        f"{g['seeds'][0]} seeds per point ({g['seeds'][1]} when they disagree)"
     lines = ["", "## Engine curve: each setting's sustained load", "",
              f"Each setting's own highest load meeting the SLO, on a grid of {step} from "
-             f"{_load(g['base'], unit)} (the scenario setting's answer), {g['seeds'][0]} seeds per point "
-             f"({g['seeds'][1]} when they disagree), each search started at its neighbour's answer. "
+             f"{load(g['base'])} (the scenario setting's answer), {seeds}, each search started at its "
+             "neighbour's answer. "
              f"max_num_seqs up to {t['kv_seq_cap']} (sequences of the mean length that fit in the KV cache). "
              "Goodput: requests/s meeting every target at that load. The scenario's own setting shows "
              "its load search (finer grid). Chosen: the highest goodput, then searched again on the "
-             f"load search's grid: **{_setting(r, t['chosen'])}: {_load(c['answer'], unit)}** "
-             f"({_load(c['next'], unit)} fails).", ""]
+             f"load search's grid: **{_setting(r, t['chosen'])}: {load(c['answer'])}** "
+             f"({load(c['next'])} fails).", ""]
     cols = ["max_num_seqs", "max_num_batched_tokens", f"sustained ({unit})", f"next up, fails ({unit})",
             "seeds met", "goodput (req/s)", "TTFT pSLO (ms)", "TPOT pSLO (ms)", "output tokens/s", "loads judged"]
     for part in ("max_num_seqs", "max_num_batched_tokens"):
@@ -167,8 +212,7 @@ def _curve_section(r: dict) -> list[str]:
         lines.append("")
     if any(t["chosen"][k] != r["engine"][k] for k in t["chosen"]):
         lines += [f"Load search of the chosen setting ({_setting(r, t['chosen'])}):", ""]
-        lines += _points_table(c["curve"], [f"load ({unit})"],
-                               lambda p: [str(int(p["load"])) if unit == "users" else _f(p["load"], 2)])
+        lines += _points_table(c["curve"], *_load_cells(r))
     return lines
 
 
@@ -209,10 +253,11 @@ def _plots(r: dict, out: Path) -> list[Path]:
         if slo.get(key):
             ax.axhline(slo[key], color="red", ls="--", lw=1, label=f"SLO {_f(slo[key], 0)} ms")
         if s["answer"] is not None:
-            ax.axvline(s["answer"], color="green", ls=":", lw=1, label=f"sustained {_load(s['answer'], s['unit'])}")
+            ax.axvline(s["answer"], color="green", ls=":", lw=1, label=f"sustained {_loads(r)(s['answer'])}")
         if key == "ttft_ms":  # TTFT grows by orders of magnitude past saturation
             ax.set_yscale("log")
-        ax.set_xlabel(f"load ({s['unit']})")
+        ax.set_xlabel(f"load ({s['unit']})" if _native(r) is None else
+                      f"load (req/s = time_scale x {_native(r):.3f} req/s, the trace's native rate)")
         ax.set_ylabel(f"{label} (ms)")
     paths = [_finish(fig, axes, f"{r['scenario']}: latency vs load, one replica, the scenario's engine "
                                 "setting (mean over seeds)", out / LATENCY_PNG)]

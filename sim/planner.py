@@ -4,10 +4,15 @@
     result = plan("scenarios/chat-llama3-8b-h100.yaml", slo, target=40.0)
 
 1. the highest load one replica sustains under the SLO with the scenario's engine setting
-   (sim/load_search.py; each point judged on adaptive seeds by sim/evaluator.py);
+   (sim/load_search.py; each point judged on adaptive seeds by sim/evaluator.py, one seed when the
+   workload has no random component);
 2. each engine setting's own sustained load, and the one with the best goodput (sim/engine_curve.py);
 3. the replicas that meet the SLO at `target` with that setting, simulated as a cluster;
 4. the cost of those GPUs.
+
+The load is an arrival rate, closed-loop users, or for a trace replay its workload.time_scale
+(reported as the offered rate: time_scale x the trace's native rate). A trace is never repeated to
+lengthen it: a short one gets a warning instead.
 """
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ from .config import SLOConfig
 from .engine_curve import engine_curve, engine_overrides
 from .errors import ScenarioError
 from .evaluator import Evaluator, PlanOptions
-from .load_search import Knob, load_knob, max_load
+from .load_search import Knob, load_knob, max_load, replay_stats
 from .slo import SLO_KEYS
 
 
@@ -48,8 +53,27 @@ def size_cluster(ev: Evaluator, knob: Knob, target: float, per_replica: float,
             if n >= limit:
                 raise ScenarioError(f"plan: {limit} replicas still miss the SLO at {target} {knob.unit}")
         n += 1
-    return {"target": target, "replicas": n, "point": tried[n],
+    return {"target": target, "setting": knob.setting(target), "replicas": n, "point": tried[n],
             "one_fewer": tried.get(n - 1), "tried": [tried[k] for k in sorted(tried)]}
+
+
+def replay_warnings(trace: dict, search: dict, slo: SLOConfig, options: PlanOptions) -> list[str]:
+    """A trace shorter than options.min_requests gives a noisy tail: say so (it is not repeated)."""
+    n = trace["requests"]
+    if n >= options.min_requests:
+        return []
+    judged = n - int(n * options.warmup_fraction)
+    tail = max(1, math.ceil(judged * (1 - slo.percentile / 100)))
+    scale = search["answer_setting"]
+    span = ""
+    if scale is not None:
+        seconds = trace["span_s"] / scale
+        span = f", and at time_scale {scale:g} they arrive within {seconds:.1f} s" + (
+            " (a short run flatters capacity)" if seconds < options.horizon_s else "")
+    return [f"the trace has {n} requests, fewer than the {options.min_requests} a stable "
+            f"p{slo.percentile:g} needs: after warm-up {judged} are judged, so the verdict rests on the "
+            f"slowest {tail}{span}. The trace is not repeated to lengthen it: use a longer trace (or a "
+            "larger workload.num_requests if it cuts this one)"]
 
 
 def cost(gpus: int, usd_per_gpu_hour: float, output_tps: float, total_tps: float) -> dict:
@@ -67,13 +91,14 @@ def plan(path: str | Path, slo: SLOConfig, *, overrides: Iterable[str] = (), tar
     req/s, or users for a closed-loop scenario) with the chosen setting, and cost."""
     start = time.perf_counter()
     ev = Evaluator(path, slo, overrides, options, progress)
-    sc = ev.scenario
+    sc, options = ev.scenario, ev.options  # one seed per point when the workload is deterministic
     knob = load_knob(sc, options)
     if target is not None and target_unit != knob.unit:
         flag = {"req/s": "--target-rate", "users": "--target-users"}
         kind = "closed-loop (its load is workload.arrival.users)" if knob.integer else "open-loop (its load " \
-            "is workload.arrival.rate)"
+            f"is {knob.key})"
         raise ScenarioError(f"{flag[target_unit]}: {path} is {kind}; use {flag[knob.unit]}")
+    workload = replay_stats(sc.workload) if knob.replay else {"time_scale": sc.workload.time_scale}
     search = max_load(ev, knob)
     steps = {"load_search": ev.simulations}
     out: dict[str, Any] = {
@@ -82,6 +107,8 @@ def plan(path: str | Path, slo: SLOConfig, *, overrides: Iterable[str] = (), tar
         "model": sc.model.name, "hardware": sc.hardware.name,
         "engine": {k: getattr(sc.engine, k) for k in ("scheduler", "max_num_seqs", "max_num_batched_tokens",
                                                         "tensor_parallel_size", "router")},
+        "workload": workload, "deterministic": ev.deterministic,
+        "warnings": replay_warnings(workload, search, slo, options) if knob.replay else [],
         "options": {k: getattr(options, k) for k in PlanOptions.__dataclass_fields__ if k != "workers"},
         "load_search": search,
     }

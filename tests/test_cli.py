@@ -115,15 +115,25 @@ def test_seed_and_set_reach_the_simulation(tmp_path):
     assert not runs["a"]["prompt_tokens"].equals(runs["b"]["prompt_tokens"])
 
 
-def test_progress_bar_shows_after_the_delay(monkeypatch):
-    monkeypatch.setattr(cli, "PROGRESS_AFTER_S", 0.0)
-    with cli._LazyProgress() as progress:
+def test_progress_bar_waits_for_its_delay_then_counts():
+    late = cli._Progress("simulating", "requests", after_s=3600.0)
+    with late:
+        late(3, 10)
+        assert late.bar is None  # a short job prints nothing
+    with cli._Progress("simulating", "requests") as progress:
         progress(3, 10)
         assert progress.bar is not None
         assert progress.bar.tasks[0].completed == 3 and progress.bar.tasks[0].total == 10
-    quiet = cli._LazyProgress(enabled=False)
+    quiet = cli._Progress("simulating", "requests", enabled=False)
     quiet(3, 10)
     assert quiet.bar is None
+
+
+def test_progress_without_a_total_counts_and_times():
+    with cli._Progress("planning", "simulations") as progress:
+        progress(5)
+        task = progress.bar.tasks[0]
+        assert task.completed == 5 and task.total is None
 
 
 # ---------------------------------------------------------------- errors: one line, exit 2, no output

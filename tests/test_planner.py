@@ -1,5 +1,6 @@
 """`servesim plan`: SLO parsing (sim/slo.py), the load search (sim/load_search.py), the engine curve
-(sim/engine_curve.py), cluster sizing (sim/planner.py), re-simulated answers, the report.
+(sim/engine_curve.py), cluster sizing (sim/planner.py), re-simulated answers, the report, and trace
+replays (the load knob is workload.time_scale; one seed per point: they are deterministic).
 
 Simulations are kept short (20 s of arrivals, 300-600 requests, a 5% grid): the point is that the
 search logic is right and its answers hold when re-simulated, not the numbers of a full plan.
@@ -21,16 +22,19 @@ from sim import planner
 from sim.config import SLOConfig, load_scenario
 from sim.engine_curve import engine_curve
 from sim.errors import ScenarioError
-from sim.evaluator import Evaluator, PlanOptions
+from sim.evaluator import Evaluator, PlanOptions, deterministic
 from sim.load_search import Knob, load_knob, max_load
 from sim.metrics import goodput
 from sim.plan_report import headline, write_report
 from sim.planner import size_cluster
 from sim.simulate import simulate
 from sim.slo import parse_slo, wilson
+from sim.traces import read_trace
+from sim.workload import build_workload
 
 REPO = Path(__file__).parents[1]
 QUICKSTART = REPO / "scenarios" / "quickstart.yaml"
+AZURE = REPO / "scenarios" / "azure-conv-replay.yaml"  # 120 requests of a trace, time_scale 4
 SLO = SLOConfig(ttft_ms=500, tpot_ms=50, percentile=99)
 FAST = PlanOptions(horizon_s=20, min_requests=300, max_requests=600, resolution=0.05, workers=1)
 TINY = replace(FAST, horizon_s=15, min_requests=200, max_requests=400, resolution=0.1)  # whole plans
@@ -74,6 +78,8 @@ def test_bad_slo_is_one_line_naming_the_flag_and_keys(text, says):
 class FakeEvaluator:
     """Stands in for Evaluator: a load meets the SLO iff it is <= `limit`; a cluster iff it has
     at least `limit` replicas."""
+
+    deterministic = False
 
     def __init__(self, limit: float):
         self.limit, self.options, self.judged = limit, FAST, []
@@ -175,6 +181,16 @@ def test_engine_curve_finds_each_settings_capacity_and_picks_the_best():
     # The winner is searched again on the 2% grid: adjacent points around its capacity.
     best = curve["chosen_search"]
     assert best["answer"] <= capacity(64, 2048) < best["next"] == knob.value(knob.index(best["answer"]) + 1)
+
+
+def test_engine_curve_keeps_the_scenarios_setting_on_an_exact_tie():
+    # max_num_seqs past 128 never binds and the token budget does not matter: identical answers.
+    fake = FakeEngineEvaluator(lambda max_num_seqs, max_num_batched_tokens: min(max_num_seqs, 128) / 8)
+    knob = Knob("workload.arrival.rate", "req/s", 8.0, 0.02, False)
+    curve = engine_curve(fake, knob, max_load(fake, knob))
+    tied = [e for e in curve["max_num_seqs"] if e["max_num_seqs"] >= 128]
+    assert len(tied) == 2 and tied[0]["goodput_rps"] == tied[1]["goodput_rps"]
+    assert curve["chosen"] == {"max_num_seqs": 256, "max_num_batched_tokens": 8192}
 
 
 def test_replicas_step_up_until_met_and_one_fewer_fails():
@@ -302,14 +318,16 @@ def test_plan_cli_bad_options(args, says):
     assert_one_line_error(result, says)
 
 
-def test_plan_cli_needs_an_slo_and_a_generated_workload(tmp_path):
+def test_plan_cli_needs_an_slo_and_a_rate_to_vary(tmp_path):
     raw = yaml.safe_load(QUICKSTART.read_text())
     del raw["slo"]
     path = tmp_path / "noslo.yaml"
     path.write_text(yaml.safe_dump(raw))
     assert_one_line_error(runner.invoke(app, ["plan", str(path)]), "--slo", "missing")
-    trace = REPO / "scenarios" / "azure-conv-replay.yaml"
-    assert_one_line_error(runner.invoke(app, ["plan", str(trace), "--slo", "ttft_ms=500"]), "trace")
+    burst = ["--set", "workload.arrival={process: burst}"]
+    assert_one_line_error(runner.invoke(app, ["plan", str(QUICKSTART), *burst]), "burst", "no rate to vary")
+    at_once = ["--set", "workload.trace=traces/toy8.csv"]  # 8 requests, all at t = 0
+    assert_one_line_error(runner.invoke(app, ["plan", str(AZURE), *at_once]), "toy8.csv", "no rate to vary")
 
 
 def test_plan_help():
@@ -359,3 +377,91 @@ def test_closed_loop_users_answer_holds_when_resimulated(tmp_path):
     for point, should_meet in ((r["answer_point"], True), (r["next_point"], False)):
         verdicts = resimulate(path, point["overrides"], range(point["seeds"]), slo=slo)
         assert (sum(verdicts) >= FAST.pass_fraction * len(verdicts)) == should_meet
+
+
+# ---------------------------------------------------------------- trace replays and time_scale
+
+def native_rate(trace: Path) -> float:
+    """(n - 1) / (last - first arrival), computed here from the trace itself."""
+    arrival = read_trace(trace)["arrival_s"].to_numpy()
+    return (len(arrival) - 1) / (arrival.max() - arrival.min())
+
+
+def test_trace_knob_is_time_scale_reported_in_requests_per_s():
+    knob = load_knob(load_scenario(AZURE), FAST)
+    native = native_rate(REPO / "scenarios" / "traces" / "azure_conv.csv")
+    assert (knob.key, knob.unit, knob.base, knob.replay) == ("workload.time_scale", "req/s", 4.0, True)
+    assert knob.factor == pytest.approx(native) and 2.5 < native < 2.7  # 120 requests in ~45.5 s
+    assert knob.value(0) == pytest.approx(4.0 * native)
+    assert knob.overrides(knob.value(0), FAST) == ("workload.time_scale=4.0",)  # the trace's own requests
+    assert knob.value(1) / knob.value(0) == pytest.approx(1.05)  # the grid is on the scale
+    assert knob.setting(knob.value(3)) == round(4.0 * 1.05 ** 3, 6)
+    assert knob.overrides(20.0, FAST) == (f"workload.time_scale={round(20.0 / native, 6)}",)  # --target-rate
+
+
+def test_trace_answer_meets_the_slo_when_resimulated_and_the_next_scale_does_not():
+    ev = Evaluator(AZURE, SLO, options=FAST)
+    assert ev.deterministic and ev.options.seed_ladder() == (1, 1, 1)
+    r = max_load(ev, load_knob(ev.scenario, ev.options))
+    native = native_rate(REPO / "scenarios" / "traces" / "azure_conv.csv")
+    scale, up = r["answer_setting"], r["next_setting"]
+    assert up == pytest.approx(scale * 1.05, rel=1e-5)  # the next grid step
+    assert r["answer"] == pytest.approx(native * scale) and r["next"] == pytest.approx(native * up)
+    assert all(p["seeds"] == 1 and p["load"] == pytest.approx(native * p["setting"]) for p in r["curve"])
+    assert r["confidence"] == {"method": "deterministic", "answer_met": True, "next_met": False}
+    assert r["answer_point"]["overrides"] == [f"workload.time_scale={scale}"]
+    # Re-simulated outside the planner: the answer meets the SLO, the next step up does not, and
+    # the seed changes nothing.
+    assert resimulate(AZURE, [f"workload.time_scale={scale}"], [0, 7]) == [True, True]
+    assert resimulate(AZURE, [f"workload.time_scale={up}"], [0, 7]) == [False, False]
+
+
+def test_trace_plan_sizes_replicas_at_a_target_rate_and_warns_it_is_short(tmp_path):
+    r = planner.plan(AZURE, SLO, target=100.0, options=TINY)
+    w, s, cl = r["workload"], r["load_search"], r["cluster"]
+    assert w["requests"] == 120 and w["native_rate"] == pytest.approx(native_rate(w["trace"]))
+    assert r["deterministic"] and r["options"]["seeds"] == r["options"]["max_seeds"] == 1
+    assert s["answer"] == pytest.approx(w["native_rate"] * s["answer_setting"])
+    assert cl["setting"] == round(100.0 / w["native_rate"], 6)  # --target-rate -> time_scale
+    assert f"workload.time_scale={cl['setting']}" in cl["point"]["overrides"]
+    assert cl["replicas"] >= 2 and cl["point"]["met"] and not cl["one_fewer"]["met"]
+    assert all(p["seeds"] == 1 for p in cl["tried"])
+    [warning] = r["warnings"]
+    assert "120 requests" in warning and "not repeated" in warning
+    rows = dict(headline(r))
+    assert rows["confidence"].startswith("deterministic")
+    assert "time_scale" in rows["sustained load per replica, scenario's setting"]
+    write_report(r, tmp_path)
+    md = (tmp_path / "plan.md").read_text()
+    assert "## Warnings" in md and "| load (req/s) | time_scale |" in md
+
+
+def test_trace_plan_cli_prints_the_warning(tmp_path):
+    result = runner.invoke(app, ["plan", str(AZURE), "--resolution", "0.1", "--workers", "1", "--quiet",
+                                 "--out", str(tmp_path / "p")])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == str(tmp_path / "p")
+    assert result.stderr.startswith("warning: the trace has 120 requests")
+
+
+def test_a_random_priority_makes_a_trace_replay_use_seeds():
+    priority = "workload.priority={dist: uniform, low: 0, high: 3}"
+    assert not deterministic(load_scenario(AZURE, [priority]))
+    assert not Evaluator(AZURE, SLO, [priority], options=FAST).deterministic
+    assert not deterministic(load_scenario(QUICKSTART))
+    fixed = ["workload.arrival={process: constant, rate: 5}", "workload.prompt_tokens={dist: fixed, value: 100}",
+             "workload.output_tokens={dist: fixed, value: 10}"]
+    assert deterministic(load_scenario(QUICKSTART, fixed))  # generated, but nothing random
+
+
+def test_generated_time_scale_loads_are_offered_rates():
+    sc = load_scenario(QUICKSTART, ["workload.time_scale=2"])
+    knob = load_knob(sc, FAST)
+    assert (knob.key, knob.factor, knob.value(0)) == ("workload.arrival.rate", 2.0, 16.0)  # rate 8 x 2
+    overrides = knob.overrides(16.0, FAST)
+    assert overrides == ("workload.arrival.rate=8.0", "workload.num_requests=320")  # 20 s at 16 req/s
+    w = build_workload(load_scenario(QUICKSTART, ["workload.time_scale=2", *overrides]).workload,
+                       np.random.default_rng(0))
+    assert (len(w) - 1) / w.arrival_s[-1] == pytest.approx(16.0, rel=0.15)
+    r = max_load(FakeEvaluator(21.0), knob)  # the answer and the SLO are in offered req/s
+    assert r["answer"] <= 21.0 < r["next"] and r["answer_setting"] == pytest.approx(r["answer"] / 2)
