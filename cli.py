@@ -5,6 +5,7 @@ stays fast. Bad input (ScenarioError) is printed as one line `error: ...` with e
 """
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -35,7 +36,7 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
-@app.command()
+@app.command(short_help="Simulate one scenario: latency, throughput and utilisation.")
 def run(
     scenario: Annotated[Path, typer.Argument(help="Scenario YAML, e.g. scenarios/quickstart.yaml.",
                                              show_default=False)],
@@ -59,8 +60,7 @@ def run(
     try:
         sc = load_scenario(scenario, overrides=set_ or (), seed=seed)
         out_dir = out if out is not None else Path("runs") / sc.name
-        if out_dir.exists() and not out_dir.is_dir():
-            raise ScenarioError(f"--out {out_dir}: exists and is not a directory")
+        _check_out_dir(out_dir)
         from sim.simulate import simulate, write_outputs
 
         with _Progress("simulating", "requests", enabled=not quiet, after_s=PROGRESS_AFTER_S) as progress:
@@ -79,6 +79,16 @@ def run(
 
         Console().print(summary_table(sc.name, result.summary))
     typer.echo(str(out_dir) if quiet else f"output: {out_dir}/ (requests.csv, steps.csv, summary.json)")
+
+
+def _check_out_dir(out_dir: Path) -> None:
+    """Refuse an --out that is a file, or lies under one, before any simulation runs."""
+    from sim.errors import ScenarioError
+
+    existing = next(p for p in (out_dir, *out_dir.parents) if p.exists())
+    if not existing.is_dir():
+        where = "" if existing == out_dir else f"{existing} "
+        raise ScenarioError(f"--out {out_dir}: {where}exists and is not a directory")
 
 
 class _Progress:
@@ -186,7 +196,7 @@ def _goodput_rows(t: Any, g: Any) -> None:
 
 # ---- sweep (issue 4: owned by the sweep engineer) ----
 
-@app.command()
+@app.command(short_help="Every combination of --grid values, in parallel; resumable.")
 def sweep(
     scenario: Annotated[Path, typer.Argument(help="Scenario YAML that the grid varies.", show_default=False)],
     grid: Annotated[list[str] | None, typer.Option(
@@ -223,6 +233,7 @@ def sweep(
         points = parse_grid(grid or ())
         out_dir = out if out is not None else (
             Path("runs") / f"{load_scenario(scenario, set_ or (), seed).name}-sweep")
+        _check_out_dir(out_dir)
         with _Progress("sweep", "runs", enabled=not quiet) as progress:
             result = run_sweep(scenario, points, out_dir, sets=set_ or (), seed=seed, repeats=repeats,
                                workers=workers, cluster=cluster, progress=progress)
@@ -274,7 +285,7 @@ def sweep_table(rows: Any, keys: list[str]) -> Any:
 
 # ---- plan, capacity (issue 4: owned by the planner engineer) ----
 
-@app.command()
+@app.command(short_help="Sustained load under an SLO, engine setting, replicas, cost.")
 def plan(
     scenario: Annotated[Path, typer.Argument(help="Scenario YAML: a generated workload (an arrival rate, or "
                                                   "closed_loop users) or a trace replay (its load is "
@@ -334,10 +345,11 @@ def plan(
         for flag, v in (("--target-rate", target_rate), ("--target-users", target_users),
                         ("--seeds", seeds), ("--resolution", resolution), ("--workers", workers),
                         ("--horizon-s", horizon_s), ("--min-requests", min_requests)):
-            if v is not None and not v > 0:
-                raise ScenarioError(f"{flag}: {v} is not a number > 0")
-        if gpu_hour_usd is not None and not gpu_hour_usd >= 0:
-            raise ScenarioError(f"--gpu-hour-usd: {gpu_hour_usd} is not a number >= 0")
+            if v is not None and not 0 < v < math.inf:
+                rule = "an integer >= 1" if isinstance(v, int) else "a finite number > 0"
+                raise ScenarioError(f"{flag}: {v} is not {rule}")
+        if gpu_hour_usd is not None and not 0 <= gpu_hour_usd < math.inf:
+            raise ScenarioError(f"--gpu-hour-usd: {gpu_hour_usd} is not a finite number >= 0")
         sc = load_scenario(scenario, set_ or ())
         if slo is not None:
             slo_cfg = parse_slo(slo)
@@ -347,8 +359,7 @@ def plan(
             raise ScenarioError(f"--slo: missing and {scenario} has no slo: section; "
                                 "e.g. --slo ttft_ms=500,tpot_ms=50,percentile=99")
         out_dir = out if out is not None else Path("runs") / f"{sc.name}-plan"
-        if out_dir.exists() and not out_dir.is_dir():
-            raise ScenarioError(f"--out {out_dir}: exists and is not a directory")
+        _check_out_dir(out_dir)
         options = PlanOptions(first_seeds=min(2, seeds), seeds=seeds, max_seeds=max(seeds, 7),
                               curve_seeds=min(2, seeds), curve_max_seeds=min(3, seeds), resolution=resolution,
                               horizon_s=horizon_s, min_requests=min_requests,
@@ -380,7 +391,7 @@ def plan(
     typer.echo(str(out_dir) if quiet else f"output: {out_dir}/ (plan.md, plan.json, plots)")
 
 
-@app.command()
+@app.command(short_help="KV-cache memory budget of a model on a GPU (no simulation).")
 def capacity(
     model: Annotated[str | None, typer.Option(
         help="A model preset (e.g. llama-3-8b) or a path to a Hugging Face config.json.", metavar="NAME",
@@ -435,6 +446,7 @@ def capacity(
             raise ScenarioError(f"{flag}: missing (or give --scenario FILE); presets: " + ", ".join(sorted(names)))
         if seq_len < 1:
             raise ScenarioError(f"--seq-len: {seq_len} is not an integer >= 1")
+        _check_capacity_options(m, tp, gpu_memory_utilization, block_size, max_num_batched_tokens)
         b = kv_budget(m, hw, tensor_parallel_size=_or_default(tp, defaults["tp"]),
                       gpu_memory_utilization=_or_default(gpu_memory_utilization, defaults["util"]),
                       block_size=_or_default(block_size, defaults["block"]),
@@ -456,6 +468,26 @@ def capacity(
     for _, label, value, shown in rows:
         t.add_row(label, shown)
     Console().print(t)
+
+
+def _check_capacity_options(m: Any, tp: int | None, util: float | None, block: int | None,
+                            tokens: int | None) -> None:
+    """The options given, by the scenario rules (sim/config.py), in errors that name the option."""
+    from sim.config import MAX_BLOCK_SIZE
+    from sim.errors import ScenarioError
+
+    heads = m.num_attention_heads
+    if tp is not None and (tp < 1 or heads % tp):
+        allowed = ", ".join(str(d) for d in range(1, heads + 1) if heads % d == 0)
+        raise ScenarioError(f"--tp: {tp} does not divide the {heads} attention heads of {m.name}; "
+                            f"allowed: {allowed}")
+    if util is not None and not 0 < util <= 1:
+        raise ScenarioError(f"--gpu-memory-utilization: {util} is not a number in (0, 1]")
+    if block is not None and (not 1 <= block <= MAX_BLOCK_SIZE or block & (block - 1)):
+        raise ScenarioError(f"--block-size: {block} is not a power of two in [1, {MAX_BLOCK_SIZE}] "
+                            "(vLLM uses 16)")
+    if tokens is not None and tokens < 1:
+        raise ScenarioError(f"--max-num-batched-tokens: {tokens} is not an integer >= 1")
 
 
 def _or_default(value: Any, default: Any) -> Any:
@@ -501,7 +533,7 @@ def capacity_rows(model: str, gpu: str, b: Any, seq_len: int) -> list[tuple[str,
 
 # ---- plot (issue 5: owned by the plots engineer) ----
 
-@app.command()
+@app.command(short_help="Draw a run's figures as PNGs; --compare runs side by side.")
 def plot(
     run_dir: Annotated[Path, typer.Argument(help="A run directory written by [bold]servesim run[/].",
                                             show_default=False)],
@@ -518,6 +550,8 @@ def plot(
     from sim.plots import save_plots
 
     try:
+        if out is not None:
+            _check_out_dir(out)
         written = save_plots(run_dir, compare=compare or (), out=out)
     except ScenarioError as e:
         raise _fail(str(e)) from None
@@ -531,7 +565,7 @@ def plot(
 # ---- calibrate (issue 6: owned by the calibration engineer) ----
 
 
-@app.command("calibrate")
+@app.command("calibrate", short_help="Time a real model step over batch shapes; fit a profile.")
 def calibrate_cmd(
     model: Annotated[str, typer.Option(help="Model preset built with random weights, e.g. "
                                             "[bold]llama-3-8b[/] (GPU) or [bold]tiny[/] (CPU).",
@@ -590,18 +624,21 @@ def calibrate_cmd(
 # ---- validate (issue 6: owned by the validation engineer) ----
 
 
-@app.command("validate")
+@app.command("validate", short_help="Real engine vs simulator on the same requests.")
 def validate_cmd(
     scenario: Annotated[Path, typer.Argument(help="Scenario YAML (continuous or chunked, one "
                                                   "replica), e.g. scenarios/validate-tiny-cpu.yaml.",
                                              show_default=False)],
-    profile: Annotated[Path, typer.Option(
+    profile: Annotated[Path | None, typer.Option(
         help="Step-cost profile YAML (from [bold]servesim calibrate[/]) for the simulator; it "
-             "replaces the scenario's cost_model.", metavar="FILE", show_default=False)],
-    device: Annotated[str, typer.Option(help="Where the real engine runs: cpu, cuda or cuda:N.")] = "cpu",
+             "replaces the scenario's cost_model. Optional with --real-only (it then sets the "
+             "dtype and is recorded).", metavar="FILE", show_default=False)] = None,
+    device: Annotated[str | None, typer.Option(
+        help="Where the real engine runs: cpu, cuda or cuda:N. \\[default: cpu]",
+        show_default=False)] = None,
     out: Annotated[Path | None, typer.Option(
-        "--out", "-o", help="Output directory. \\[default: runs/validate-<scenario name>]",
-        metavar="DIR", show_default=False)] = None,
+        "--out", "-o", help="Output directory. \\[default: runs/validate-<scenario name>; with "
+                            "--compare-only, its REAL_DIR]", metavar="DIR", show_default=False)] = None,
     clock: Annotated[str | None, typer.Option(
         help="wall (real time) or cpu (the engine thread's CPU seconds, idle time skipped: "
              "steady on a shared machine). \\[default: cpu on cpu, wall on cuda]",
@@ -611,10 +648,19 @@ def validate_cmd(
     set_: Annotated[list[str] | None, typer.Option(
         "--set", help="Override a scenario key, as for [bold]run[/]. Repeatable.",
         metavar="KEY=VALUE", show_default=False)] = None,
+    real_only: Annotated[bool, typer.Option(
+        "--real-only", help="Run only the real engine and write DIR/real/ (no simulator, no "
+                            "simpy: for a GPU machine); compare later with --compare-only.")] = False,
+    compare_only: Annotated[Path | None, typer.Option(
+        "--compare-only", help="Skip the real engine: read the real run that --real-only wrote "
+                               "to REAL_DIR, simulate the same requests and compare.",
+        metavar="REAL_DIR", show_default=False)] = None,
 ) -> None:
     """Run the [bold]real engine[/] (a real model step under the simulator's own scheduler) and
     the simulator (cost model: --profile) on the same requests; write real/ and sim/ outputs and
-    [bold]comparison.csv[/], [bold]comparison.md[/], [bold]comparison.png[/]. See docs/validation.md."""
+    [bold]comparison.csv[/], [bold]comparison.md[/], [bold]comparison.png[/]. The two halves can run
+    on different machines: [bold]--real-only[/] there, [bold]--compare-only[/] here.
+    See docs/validation.md."""
     try:
         import torch
     except ImportError:
@@ -623,23 +669,62 @@ def validate_cmd(
     from sim.errors import ScenarioError
 
     try:
-        from calibrate.validate import validate, write
+        from calibrate import validate as V
 
+        if real_only and compare_only is not None:
+            raise ScenarioError("--real-only and --compare-only: give one of them (the first runs "
+                                "the real engine, the second only the simulator)")
+        if compare_only is not None and (device is not None or clock is not None):
+            raise ScenarioError("--device/--clock: not used with --compare-only (the real run "
+                                "recorded its own)")
+        if profile is None and not real_only:
+            raise ScenarioError("--profile FILE is required (the simulator's cost model); only "
+                                "--real-only runs without one")
+        device = device or "cpu"
         sc = load_scenario(scenario, overrides=set_ or (), seed=seed)
-        out_dir = out if out is not None else Path("runs") / f"validate-{sc.name}"
-        if out_dir.exists() and not out_dir.is_dir():
-            raise ScenarioError(f"--out {out_dir}: exists and is not a directory")
-        if device == "cpu":
-            torch.set_num_threads(1)  # as servesim calibrate measures the CPU
-        with _Progress("real engine", "requests") as progress:
-            result = validate(sc, profile, device=device, clock=clock, progress=progress)
-        write(result, out_dir)
+        if out is not None:
+            out_dir = out
+        elif compare_only is not None:
+            out_dir = compare_only.parent if compare_only.name == "real" else compare_only
+        else:
+            out_dir = Path("runs") / f"validate-{sc.name}"
+        if compare_only is not None:
+            prof = V.check_profile(sc, profile)
+            real = V.load_real(compare_only, sc)
+            V.check_out_dir(out_dir)
+            result = V.compare_real(sc, prof, real)
+            V.write(result, out_dir)
+        else:
+            V.check_out_dir(out_dir)
+            if device == "cpu":
+                torch.set_num_threads(1)  # as servesim calibrate measures the CPU
+            if real_only:
+                prof = V.check_profile(sc, profile) if profile is not None else None
+                with _Progress("real engine", "requests") as progress:
+                    real = V.run_real(sc, device=device, clock=clock, prof=prof, progress=progress)
+                d = V.write_real(real, out_dir)
+                typer.echo(f"real engine: {len(real.result.requests)} requests, "
+                           f"{real.meta['iterations']} iterations in {real.meta['wall_s']:.1f} s on "
+                           f"{real.meta['device_name']} (engine overhead "
+                           f"{real.meta['engine_overhead_ms']:.3f} ms per iteration)")
+                typer.echo(f"output: {d}/ ({', '.join(V.REAL_FILES)}); compare on a machine with "
+                           f"simpy: servesim validate {scenario} --profile FILE --compare-only {out_dir}")
+                return
+            with _Progress("real engine", "requests") as progress:
+                result = V.validate(sc, profile, device=device, clock=clock, progress=progress)
+            V.write(result, out_dir)
     except ScenarioError as e:
         raise _fail(str(e)) from None
+    except ModuleNotFoundError as e:
+        if e.name != "simpy":
+            raise
+        raise _fail("the simulator half needs simpy, which is not installed here: run the real "
+                    "engine alone with --real-only, then --compare-only where simpy is") from None
     except OSError as e:
         raise _fail(f"{e.filename or ''}: {e.strerror or e}".lstrip(": "), code=1) from None
     except KeyboardInterrupt:
-        raise _fail("interrupted; nothing written", code=130) from None
+        raise _fail("interrupted; the output is incomplete (no comparison.md / real/run.json "
+                    "written)", code=130) from None
     from rich.console import Console
 
     Console().print(_comparison_table(sc.name, result))

@@ -34,7 +34,7 @@ import pandas as pd
 from sim.config import Scenario
 from sim.errors import ScenarioError
 from sim.memory import kv_budget
-from sim.metrics import requests_frame, steps_frame
+from sim.metrics import requests_frame, steps_frame, summarize
 from sim.recorder import Recorder
 from sim.request import RequestTable
 from sim.schedulers import build_scheduler, check_servable
@@ -57,6 +57,7 @@ class EngineResult:
     stats: list              # per iteration: the BatchStats the simulator's cost model would price
     tokens: list[list[int]]  # per request: prompt ids followed by the generated ids
     duration_s: float        # engine start to the end, on the engine's clock
+    summary: dict | None = None  # summary.json, computed by sim.metrics as `servesim run` does
 
 
 class BlockTables:
@@ -96,11 +97,11 @@ def check_engine_scenario(scenario: Scenario) -> None:
                             f"device, got {e.tensor_parallel_size}")
 
 
-def check_workload(workload: Workload) -> None:
-    """The real engine replays arrival times known up front."""
+def check_workload(workload: Workload, where: str = "") -> None:
+    """The real engine replays arrival times known up front. `where`: "file: " for messages."""
     if getattr(workload, "users", None) is not None or np.isnan(workload.arrival_s).any():
-        raise ScenarioError("workload: the real engine replays open-loop arrivals (a trace or an "
-                            "arrival process), not a closed loop of users")
+        raise ScenarioError(f"{where}workload.arrival: the real engine replays open-loop arrivals "
+                            f"(a trace or an arrival process), not a closed loop of users")
 
 
 def num_blocks(scenario: Scenario) -> int:
@@ -122,13 +123,13 @@ class RealEngine:
                  clock: Callable[[], float] = time.perf_counter,
                  sleep: Callable[[float], None] = time.sleep):
         check_engine_scenario(scenario)
-        check_workload(workload)
-        e = scenario.engine
+        where = f"{scenario.source}: " if scenario.source else ""
+        check_workload(workload, where)
+        self.scenario, e = scenario, scenario.engine
         self.step, self.progress, self.clock, self.sleep = step, progress, clock, sleep
         self.req = RequestTable.from_workload(workload)
         self.req.replica[:] = 0
         blocks = num_blocks(scenario)
-        where = f"{scenario.source}: " if scenario.source else ""
         check_servable(workload, e, blocks, where)  # as sim/simulate.py: refuse what would hang
         self.scheduler = build_scheduler(e, self.req, blocks, workload)  # the simulator's own
         self.kv = self.scheduler.kv  # counts blocks; BlockTables below holds their ids
@@ -159,9 +160,21 @@ class RealEngine:
                 break
         duration = self.clock() - t0
         self._check_outputs()
-        return EngineResult(requests=requests_frame(req), steps=steps_frame(self.recorder),
-                            step_s=np.array(self._step_s), stats=self._stats, tokens=self.tokens,
-                            duration_s=duration)
+        requests, steps = requests_frame(req), steps_frame(self.recorder)
+        return EngineResult(requests=requests, steps=steps, step_s=np.array(self._step_s),
+                            stats=self._stats, tokens=self.tokens, duration_s=duration,
+                            summary=self._summary(requests, steps))
+
+    def _summary(self, requests: pd.DataFrame, steps: pd.DataFrame) -> dict:
+        """summary.json as sim/simulate.py computes it (mfu/mbu against the scenario's hardware
+        peaks: estimates, meaningful only when the engine ran on that hardware)."""
+        sc = self.scenario
+        m, hw, e = sc.model, sc.hardware, sc.engine
+        s = summarize(self.req, requests, steps, self.recorder, max_num_seqs=e.max_num_seqs,
+                      replicas=1, gpus=1, flops_per_token=m.flops_per_token,
+                      weight_bytes=m.weight_bytes, kv_bytes_per_token=m.kv_bytes_per_token,
+                      peak_flops=hw.bf16_flops, hbm_bandwidth=hw.hbm_bandwidth, slo=sc.slo)
+        return {"scenario": sc.name, "engine": "real", **s}
 
     def _iterate(self, batch, start: float, t0: float) -> None:
         """One iteration that started (scheduling included) at `start` s after t0."""

@@ -135,4 +135,7 @@ def profile_document(fit: StepFit, metadata: dict) -> dict:
 def write_profile(path: Path, fit: StepFit, metadata: dict) -> None:
     """Write the profile YAML (read back by sim.cost.load_profile)."""
     text = yaml.safe_dump(profile_document(fit, metadata), sort_keys=False, width=100)
-    Path(path).write_text(text)
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")  # written whole, then renamed: never half a profile
+    tmp.write_text(text)
+    tmp.replace(path)

@@ -55,7 +55,8 @@ def calibrate(model: str, device: str, out: Path, *, grid: str | None = None,
 
     start = time.perf_counter()
     if model not in MODEL_PRESETS:
-        raise CalibrationError(f"unknown model {model!r}; allowed: {', '.join(MODEL_PRESETS)}")
+        raise CalibrationError(f"--model: unknown model {model!r}; allowed: "
+                               f"{', '.join(MODEL_PRESETS)}")
     spec = MODEL_PRESETS[model]
     try:
         dev = torch.device(device)
@@ -68,18 +69,22 @@ def calibrate(model: str, device: str, out: Path, *, grid: str | None = None,
                                f"(torch {torch.__version__}); use --device cpu --model tiny")
     if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
         raise CalibrationError(f"--device {device}: only {torch.cuda.device_count()} CUDA devices")
+    use_device(dev)
     defaults = DEFAULTS[dev.type]
     grid = grid or defaults["grid"]
     if grid not in GRIDS:
-        raise CalibrationError(f"unknown grid {grid!r}; allowed: {', '.join(GRIDS)}")
+        raise CalibrationError(f"--grid: unknown grid {grid!r}; allowed: {', '.join(GRIDS)}")
     repeats = defaults["repeats"] if repeats is None else repeats
     burst = defaults["burst"] if burst is None else burst
     warmup = defaults["warmup"] if warmup is None else warmup
     if repeats < 1 or burst < 1 or warmup < 0:
         raise CalibrationError(f"--repeats and --burst must be >= 1 and --warmup >= 0, got "
                                f"{repeats}, {burst}, {warmup}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise CalibrationError(f"--seed: {seed} is not an integer >= 0")
     if attention not in (None, *ATTENTION_BACKENDS):
-        raise CalibrationError(f"unknown attention {attention!r}; allowed: {', '.join(ATTENTION_BACKENDS)}")
+        raise CalibrationError(f"--attention: unknown attention {attention!r}; allowed: "
+                               f"{', '.join(ATTENTION_BACKENDS)}")
     out, csv_path = Path(out), Path(out).with_suffix(".csv")
     _check_writable(out)
 
@@ -111,6 +116,7 @@ def calibrate(model: str, device: str, out: Path, *, grid: str | None = None,
     rows["error_pct"] = relative_errors(fit, rows) * 100
     meta = _metadata(spec, step, grid, shapes, parts, rows, repeats, burst, warmup, seed, csv_path,
                      mape, worst, skipped)
+    out.unlink(missing_ok=True)  # never an old profile beside the new measurements
     rows.to_csv(csv_path, index=False, float_format="%.6g")
     write_profile(out, fit, meta)  # last: a profile on disk means a complete calibration
     wall = time.perf_counter() - start
@@ -119,9 +125,22 @@ def calibrate(model: str, device: str, out: Path, *, grid: str | None = None,
             "fit_mape": float(np.abs(relative_errors(fit, fit_rows)).mean()), "fit": fit}
 
 
+def use_device(dev) -> None:
+    """Make `cuda:N` the current device: CUDA events record on the current device's stream and
+    Triton launches on the current device. Plain `cuda` already is the current one (and
+    torch.cuda.set_device refuses a device without an index)."""
+    import torch
+
+    if dev.type == "cuda" and dev.index is not None:
+        torch.cuda.set_device(dev.index)
+
+
 def _check_writable(out: Path) -> None:
     if out.is_dir():
         raise CalibrationError(f"--out {out}: is a directory; give a file name ending in .yaml")
+    if out.suffix not in (".yaml", ".yml"):
+        raise CalibrationError(f"--out {out}: give a file name ending in .yaml (the measurements "
+                               f"go next to it, with .csv)")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         probe = out.parent / f".{out.name}.probe"

@@ -16,7 +16,10 @@ CPU calibration (calibrate/timing.py) times steps too.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import datetime
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,7 +31,7 @@ import pandas as pd
 from sim.config import Scenario
 from sim.cost import ProfileCost, load_profile
 from sim.errors import ScenarioError
-from sim.workload import build_workload
+from sim.workload import Workload, build_workload
 
 from .engine import (
     EngineResult,
@@ -37,6 +40,8 @@ from .engine import (
     num_blocks,
     run_engine,
 )
+from .harness import use_device
+from .real_run import REAL_FILES, REAL_RUN_FORMAT, RealRun, load_real, write_real  # noqa: F401
 
 STATS = ("mean", "p50", "p90", "p99")
 LATENCIES = (("ttft_ms", "ttft_s"), ("tpot_ms", "tpot_s"), ("e2e_ms", "e2e_s"))
@@ -66,16 +71,97 @@ class Validation:
     comparison: pd.DataFrame  # metric, stat, real, sim, error_pct
     notes: list[str]          # what was run, and warnings (profile measured elsewhere, ...)
     step_ratio: float         # median over the real iterations of measured / profile-predicted step
+    real_run: RealRun | None = None  # set when the real half ran in this process (write() saves it)
 
 
 def check_device(device: str) -> None:
     import torch
 
-    if not (device == "cpu" or device == "cuda" or device.startswith("cuda:")):
+    if not (device == "cpu" or device == "cuda" or re.fullmatch(r"cuda:\d+", device)):
         raise ScenarioError(f"--device {device!r}: allowed: cpu, cuda, cuda:N")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ScenarioError(f"--device {device}: CUDA is not available on this machine "
                             f"(torch {torch.__version__}); use --device cpu")
+    if device.startswith("cuda") and torch.device(device).index is not None \
+            and torch.device(device).index >= torch.cuda.device_count():
+        raise ScenarioError(f"--device {device}: only {torch.cuda.device_count()} CUDA devices")
+
+
+def check_out_dir(out_dir: Path) -> None:
+    """--out must be a folder we can write, checked before minutes of real steps."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ScenarioError(f"--out {out_dir}: exists and is not a directory")
+    created = [d for d in (out_dir, *out_dir.parents) if not d.exists()]
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe = out_dir / ".write-probe"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise ScenarioError(f"--out {out_dir}: cannot write there ({exc.strerror or exc})") from None
+    finally:  # leave no empty folder behind: results create it again
+        for d in created:
+            with contextlib.suppress(OSError):
+                d.rmdir()
+
+
+def check_profile(scenario: Scenario, profile: Path):
+    """Load `profile` and check that it can price this scenario's real engine."""
+    profile = Path(profile).absolute()
+    prof = load_profile(profile, "--profile")
+    meta = prof.metadata
+    if meta["tensor_parallel_size"] != 1:
+        raise ScenarioError(f"--profile {profile}: fitted at tensor_parallel_size="
+                            f"{meta['tensor_parallel_size']}; the real engine runs 1")
+    if meta["model"] != scenario.model.name:
+        raise ScenarioError(f"--profile {profile}: metadata.model is {meta['model']!r} but the "
+                            f"scenario runs model {scenario.model.name!r}; calibrate that model "
+                            f"(servesim calibrate --model {scenario.model.name})")
+    return prof
+
+
+def _resolve_clock(device: str, clock: str | None) -> str:
+    clock = clock or ("cpu" if device == "cpu" else "wall")
+    if clock not in CLOCKS:
+        raise ScenarioError(f"--clock {clock!r}: allowed: {', '.join(CLOCKS)}")
+    if clock == "cpu" and device != "cpu":
+        raise ScenarioError(f"--clock cpu counts CPU seconds and cannot see {device} time; "
+                            f"use --clock wall")
+    return clock
+
+
+def check_memory(scenario: Scenario, device: str, dtype=None) -> None:
+    """Refuse, before allocating, a model + KV cache that cannot fit: on the CPU the limit of
+    `servesim calibrate` (small models such as tiny), on CUDA the free memory less a reserve."""
+    import torch
+
+    from .harness import CPU_WEIGHT_BYTES, RESERVE_BYTES
+
+    m, e, where = scenario.model, scenario.engine, _where(scenario)
+    cuda = device.startswith("cuda")
+    elem = torch.empty((), dtype=dtype or (torch.bfloat16 if cuda else torch.float32)).element_size()
+    weights = m.num_params * elem
+    if not cuda:
+        if weights > CPU_WEIGHT_BYTES:
+            raise ScenarioError(f"{where}model: {m.name} has {weights / 1e9:.1f} GB of weights in "
+                                f"float32; the real engine on the CPU is for small models such as "
+                                f"tiny (use --device cuda)")
+        return
+    blocks = num_blocks(scenario)
+    block_bytes = 2 * m.num_layers * e.block_size * m.kv_dim * elem
+    free = torch.cuda.mem_get_info(torch.device(device))[0]
+    if weights + blocks * block_bytes + RESERVE_BYTES > free:
+        fit = max(0, int((free - weights - RESERVE_BYTES) // block_bytes))
+        raise ScenarioError(f"{where}engine.num_gpu_blocks: {blocks} blocks need "
+                            f"{blocks * block_bytes / 1e9:.1f} GB of KV cache beside "
+                            f"{weights / 1e9:.1f} GB of weights and a {RESERVE_BYTES / 2**30:.0f} "
+                            f"GiB reserve, but {free / 1e9:.1f} GB are free on {device}; set "
+                            f"engine.num_gpu_blocks <= {fit}")
+
+
+def _where(scenario: Scenario) -> str:
+    return f"{scenario.source}: " if scenario.source else ""
 
 
 def validate(scenario: Scenario, profile: Path, *, device: str = "cpu", clock: str | None = None,
@@ -84,79 +170,155 @@ def validate(scenario: Scenario, profile: Path, *, device: str = "cpu", clock: s
     `clock` defaults to cpu on the CPU, wall on CUDA."""
     check_engine_scenario(scenario)
     check_device(device)
-    clock = clock or ("cpu" if device == "cpu" else "wall")
-    if clock not in CLOCKS:
-        raise ScenarioError(f"--clock {clock!r}: allowed: {', '.join(CLOCKS)}")
-    if clock == "cpu" and device != "cpu":
-        raise ScenarioError(f"--clock cpu counts CPU seconds and cannot see {device} time; "
-                            f"use --clock wall")
-    profile = Path(profile).absolute()
-    prof = load_profile(profile, "--profile")
-    if prof.metadata["tensor_parallel_size"] != 1:
-        raise ScenarioError(f"--profile {profile}: fitted at tensor_parallel_size="
-                            f"{prof.metadata['tensor_parallel_size']}; the real engine runs 1")
-
-    from sim.simulate import simulate  # the simulator half (the only simpy user here)
-
+    _resolve_clock(device, clock)
     rng = np.random.default_rng(scenario.seed)
     workload = build_workload(scenario.workload, rng)
-    check_workload(workload)
-    sim = simulate(dataclasses.replace(scenario, cost_model={"profile": profile}), workload=workload)
+    check_workload(workload, _where(scenario))
+    prof = check_profile(scenario, profile)
+    # The simulator first: it is fast, and its checks reject a bad scenario before real steps.
+    sim = simulate_half(scenario, prof, workload)
+    real = run_real(scenario, device=device, clock=clock, prof=prof, progress=progress,
+                    workload=workload, rng=rng)
+    return compare_real(scenario, prof, real, sim=sim)
 
-    step = _model_step(scenario, device, prof.metadata)
+
+def run_real(scenario: Scenario, *, device: str = "cpu", clock: str | None = None, prof=None,
+             progress: Callable[[int, int], None] | None = None, workload: Workload | None = None,
+             rng: np.random.Generator | None = None) -> RealRun:
+    """The real half alone: no simpy, no simulator (`servesim validate --real-only`). `prof`
+    (optional, a loaded profile) sets the dtype and is recorded. `workload`/`rng` default to the
+    scenario's, drawn from one default_rng(seed) as `servesim run` draws them."""
+    import torch
+
+    check_engine_scenario(scenario)
+    check_device(device)
+    clock = _resolve_clock(device, clock)
+    if rng is None:
+        rng = np.random.default_rng(scenario.seed)
+        workload = build_workload(scenario.workload, rng)
+    check_workload(workload, _where(scenario))
+    meta = prof.metadata if prof is not None else {}
+    dtype = getattr(torch, str(meta.get("dtype")), None)
+    dtype = dtype if isinstance(dtype, torch.dtype) else None
+    check_memory(scenario, device, dtype)
+    use_device(torch.device(device))  # cuda:N: Triton launches on the current device
+    step = _model_step(scenario, device, dtype)
     _warm_up(step, scenario)
     timer = CPUClock() if clock == "cpu" else None
     kwargs = {"clock": timer.clock, "sleep": timer.sleep} if timer else {}
-    real = run_engine(scenario, step, workload, rng, progress=progress, **kwargs)
-    ratios = step_ratios(real, ProfileCost(prof))
-    return Validation(real=real, sim=sim, comparison=compare(real.requests, sim.requests),
-                      notes=_notes(scenario, prof, device, clock, real, sim, ratios),
-                      step_ratio=float(np.median(ratios)) if len(ratios) else np.nan)
+    start = time.perf_counter()
+    result = run_engine(scenario, step, workload, rng, progress=progress, **kwargs)
+    info = {
+        "format": REAL_RUN_FORMAT, "complete": True,
+        "scenario": scenario.name, "source": str(scenario.source) if scenario.source else None,
+        "seed": scenario.seed, "model": scenario.model.name,
+        "engine": dataclasses.asdict(scenario.engine), "num_gpu_blocks": num_blocks(scenario),
+        "requests": len(workload), "device": device, "device_name": _device_name(device),
+        "dtype": str(step.dtype).removeprefix("torch."), "attention": step.attention,
+        "clock": clock, "iterations": len(result.steps), "duration_s": result.duration_s,
+        "wall_s": time.perf_counter() - start, "engine_overhead_ms": _overhead_ms(result),
+        "profile": str(prof.source) if prof is not None else None,
+        "torch": str(torch.__version__), "triton": _triton_version(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    if not device.startswith("cuda") and result.summary is not None:
+        # the estimates use the scenario's GPU peaks: meaningless for a CPU run
+        result.summary["mfu"] = result.summary["mbu"] = None
+    return RealRun(result=result, workload=workload, meta=info)
 
 
-def _notes(scenario: Scenario, prof, device: str, clock: str, real: EngineResult, sim,
+def simulate_half(scenario: Scenario, prof, workload: Workload):
+    """The simulator on `workload` with the profile as its cost model (imports simpy)."""
+    from sim.simulate import simulate
+
+    return simulate(dataclasses.replace(scenario, cost_model={"profile": Path(prof.source)}),
+                    workload=workload)
+
+
+def compare_real(scenario: Scenario, prof, real: RealRun, *, sim=None) -> Validation:
+    """The simulator on the real run's own requests, and the comparison."""
+    if sim is None:
+        sim = simulate_half(scenario, prof, real.workload)
+    r = real.result
+    ratios = step_ratios(r, ProfileCost(prof))
+    return Validation(real=r, sim=sim, comparison=compare(r.requests, sim.requests),
+                      notes=_notes(scenario, prof, real.meta, r, sim, ratios),
+                      step_ratio=float(np.median(ratios)) if len(ratios) else np.nan,
+                      real_run=real)
+
+
+def _notes(scenario: Scenario, prof, meta: dict, real: EngineResult, sim,
            ratios: np.ndarray) -> list[str]:
-    meta = prof.metadata
+    pm = prof.metadata
     notes = [(f"scenario: {scenario.name} ({len(real.requests)} requests, seed {scenario.seed}, "
               f"model {scenario.model.name}, scheduler {scenario.engine.scheduler})"),
-             (f"profile: {prof.source} (measured on {meta['device']}, model {meta['model']}, "
-              f"dtype {meta['dtype']}, measured={meta['measured']})"),
-             (f"real engine: device {device}, clock {clock}, {len(real.steps)} iterations "
-              f"(simulated: {sim.summary['iterations']}), engine overhead "
-              f"{_overhead_ms(real):.3f} ms per iteration outside the model step"),
+             (f"profile: {prof.source} (measured on {pm['device']}, model {pm['model']}, "
+              f"dtype {pm['dtype']}, measured={pm['measured']})"),
+             (f"real engine: device {meta['device']} ({meta.get('device_name', '?')}), clock "
+              f"{meta['clock']}, {len(real.steps)} iterations (simulated: "
+              f"{sim.summary['iterations']}), engine overhead {_overhead_ms(real):.3f} ms per "
+              f"iteration outside the model step"),
              _step_accuracy(real, ratios)]
-    if meta["model"] != scenario.model.name:
-        notes.append(f"warning: the profile was fitted for model {meta['model']!r}, the scenario "
-                     f"runs {scenario.model.name!r}")
-    if meta["device"].startswith("CPU") != (device == "cpu"):
-        notes.append(f"warning: the profile was measured on {meta['device']!r}, the engine ran on "
-                     f"{device}")
-    return notes
+    if meta.get("loaded_from"):
+        notes.append(f"real run: read from {meta['loaded_from']} (recorded {meta.get('date')}, "
+                     f"torch {meta.get('torch')}, triton {meta.get('triton')})")
+    if pm["device"].startswith("CPU") != (meta["device"] == "cpu"):
+        notes.append(f"warning: the profile was measured on {pm['device']!r}, the engine ran on "
+                     f"{meta['device']}")
+    return notes + meta.get("warnings", [])
 
 
-def _model_step(scenario: Scenario, device: str, meta: dict):
+def _device_name(device: str) -> str:
     import torch
 
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    from .harness import _device_name as cpu_name
+
+    return cpu_name(torch.device("cpu"))
+
+
+def _triton_version() -> str | None:
+    try:
+        import triton
+    except ImportError:
+        return None
+    return str(triton.__version__)
+
+
+def _model_step(scenario: Scenario, device: str, dtype=None):
     from .model import ModelStep
 
-    dtype = getattr(torch, str(meta["dtype"]), None)
-    return ModelStep(scenario.model, device=device,
-                     dtype=dtype if isinstance(dtype, torch.dtype) else None,
-                     num_blocks=num_blocks(scenario), block_size=scenario.engine.block_size,
-                     seed=scenario.seed)
+    return ModelStep(scenario.model, device=device, dtype=dtype, num_blocks=num_blocks(scenario),
+                     block_size=scenario.engine.block_size, seed=scenario.seed)
 
 
 def _warm_up(step, scenario: Scenario) -> None:
-    """A few untimed steps (a prefill, then a decode) so that first-call costs (allocator, kernel
-    selection, Triton compilation) do not land on the first requests."""
-    from .model import SeqChunk
+    """Untimed steps before time 0 so that first-call costs (allocator, kernel selection, Triton
+    compiling a kernel variant) do not land on the first requests: prefill chunks of several sizes
+    (Triton's prefill tile follows the longest chunk) and decode batches of several sizes and
+    contexts (the decode kernel splits the keys of few, long sequences), each shape that fits the
+    cache and the token budget, three times."""
+    from .model import SeqChunk, blocks_needed, synthetic_chunks
 
-    bs = scenario.engine.block_size
-    n = min(bs * num_blocks(scenario) - 1, scenario.engine.max_num_batched_tokens, 64)
+    e, bs, cap = scenario.engine, scenario.engine.block_size, num_blocks(scenario)
+    budget = e.max_num_batched_tokens
+    shapes = [([n], [0], []) for n in (1, 8, 64, 256, 1024, budget) if n <= budget]
+    shapes += [([], [], [ctx] * b) for b in (1, 8, 64) for ctx in (16, 512, 4096)
+               if b <= e.max_num_seqs]
+    shapes += [([min(256, budget)], [0], [128] * min(8, e.max_num_seqs))]
+    for pre, pre_ctx, dec in shapes:
+        need = blocks_needed(list(zip(pre, pre_ctx)) + [(1, c) for c in dec], bs)
+        if need > cap:
+            continue
+        chunks = synthetic_chunks(pre, pre_ctx, dec, vocab_size=scenario.model.vocab_size,
+                                  block_size=bs, num_blocks=cap, seed=len(dec) + sum(pre))
+        for _ in range(3):
+            step.run(chunks)
+    n = min(bs * cap - 1, budget, 64)  # the old minimal pair, always possible
     table = list(range(-(-(n + 1) // bs)))
-    for _ in range(3):
-        step.run([SeqChunk(token_ids=[1] * n, context_len=0, block_table=table, sample=True)])
-        step.run([SeqChunk(token_ids=[1], context_len=n, block_table=table, sample=True)])
+    step.run([SeqChunk(token_ids=[1] * n, context_len=0, block_table=table, sample=True)])
+    step.run([SeqChunk(token_ids=[1], context_len=n, block_table=table, sample=True)])
 
 
 def _overhead_ms(real: EngineResult) -> float:
@@ -242,15 +404,24 @@ def plot(v: Validation, path: Path) -> None:
 
 
 def write(v: Validation, out_dir: Path) -> list[Path]:
-    """real/{requests,steps}.csv, sim/{requests,steps}.csv + summary.json, comparison.csv/.md/.png."""
+    """real/ (write_real; kept as it is when the real run was read from this folder), sim/
+    {requests,steps}.csv + summary.json, comparison.csv, .png and .md. comparison.md goes last and
+    is removed first: a folder holding it holds a complete validation."""
     from sim.simulate import write_outputs
 
     out_dir = Path(out_dir)
-    (out_dir / "real").mkdir(parents=True, exist_ok=True)
-    v.real.requests.to_csv(out_dir / "real" / "requests.csv", index=False)
-    v.real.steps.to_csv(out_dir / "real" / "steps.csv", index=False)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "comparison.md").unlink(missing_ok=True)
+    if v.real_run is None:  # a Validation built by hand: the two run files only
+        (out_dir / "real").mkdir(exist_ok=True)
+        v.real.requests.to_csv(out_dir / "real" / "requests.csv", index=False)
+        v.real.steps.to_csv(out_dir / "real" / "steps.csv", index=False)
+    else:
+        loaded = v.real_run.meta.get("loaded_from")
+        if not loaded or Path(loaded).resolve() != (out_dir / "real").resolve():
+            write_real(v.real_run, out_dir)
     write_outputs(v.sim, out_dir / "sim")
     v.comparison.to_csv(out_dir / "comparison.csv", index=False, float_format="%.6g")
-    (out_dir / "comparison.md").write_text(markdown(v))
     plot(v, out_dir / "comparison.png")
+    (out_dir / "comparison.md").write_text(markdown(v))
     return [out_dir / "comparison.md", out_dir / "comparison.csv", out_dir / "comparison.png"]

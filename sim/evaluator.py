@@ -82,7 +82,10 @@ class Evaluator:
                  progress: Callable[[int], None] | None = None):
         self.path, self.slo, self.options, self.progress = Path(path), slo, options, progress
         self.base = tuple(overrides)
-        self.scenario = replace(load_scenario(self.path, self.base), slo=slo)
+        scenario = load_scenario(self.path, self.base)
+        if scenario.engine.replicas != 1:  # one replica, unless a point sets engine.replicas (a cluster)
+            self.base += ("engine.replicas=1",)
+        self.scenario = replace(scenario, engine=replace(scenario.engine, replicas=1), slo=slo)
         self.deterministic = deterministic(self.scenario)
         if self.deterministic:  # every seed simulates the same run: more seeds only repeat it
             self.options = options.one_seed()

@@ -87,7 +87,7 @@ class Knob:
         if self.replay:
             return (setting,)
         n = value * (o.requests_per_user if self.integer else o.horizon_s)
-        n = int(min(o.max_requests, max(o.min_requests, math.ceil(n))))
+        n = int(min(o.max_requests, max(o.min_requests, math.ceil(min(n, o.max_requests)))))
         return (setting, f"workload.num_requests={n}")
 
 

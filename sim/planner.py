@@ -29,11 +29,14 @@ from .evaluator import Evaluator, PlanOptions
 from .load_search import Knob, load_knob, max_load, replay_stats
 from .slo import SLO_KEYS
 
+MAX_REPLICAS = 10_000  # the most replicas size_cluster starts at (a cluster that big takes minutes per run)
+
 
 def size_cluster(ev: Evaluator, knob: Knob, target: float, per_replica: float,
                  engine: tuple[str, ...]) -> dict:
     """Fewest replicas whose simulated cluster (with the scenario's router) meets the SLO at
-    `target`; starts at ceil(target / per_replica) and steps down or up."""
+    `target`; starts at ceil(target / per_replica), gallops down or up (1, 2, 4, ... replicas) to a
+    bracket, then bisects. The start can be far off: round-robin smooths each replica's arrivals."""
     at = engine + knob.overrides(target, ev.options)
     tried: dict[int, dict] = {}
 
@@ -43,16 +46,27 @@ def size_cluster(ev: Evaluator, knob: Knob, target: float, per_replica: float,
         return tried[n]["met"]
 
     n = max(1, math.ceil(target / per_replica - 1e-9))
+    if n > MAX_REPLICAS:
+        raise ScenarioError(f"plan: {target:g} {knob.unit} needs about {n:,} replicas of {per_replica:g} "
+                            f"{knob.unit}; more than {MAX_REPLICAS:,} are not simulated")
     limit = 4 * n + 8
-    if meets(n):
-        while n > 1 and meets(n - 1):
-            n -= 1
+    step = 1
+    if meets(n):  # hi meets; lo misses (0 replicas never meets)
+        hi = n
+        while hi - step >= 1 and meets(hi - step):
+            hi, step = hi - step, 2 * step
+        lo = max(0, hi - step)
     else:
-        while not meets(n + 1):
-            n += 1
-            if n >= limit:
+        lo = n
+        while not meets(min(lo + step, limit)):
+            if lo + step >= limit:
                 raise ScenarioError(f"plan: {limit} replicas still miss the SLO at {target} {knob.unit}")
-        n += 1
+            lo, step = lo + step, 2 * step
+        hi = min(lo + step, limit)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if meets(mid) else (mid, hi)
+    n = hi
     return {"target": target, "setting": knob.setting(target), "replicas": n, "point": tried[n],
             "one_fewer": tried.get(n - 1), "tried": [tried[k] for k in sorted(tried)]}
 

@@ -25,6 +25,7 @@ from .analysis import (
     slot_assignment,
     slot_utilization_from_slots,
 )
+from .errors import ScenarioError
 
 MAX_TIMELINE_REQUESTS = 300   # requests drawn in a slot timeline before it is cut (title says so)
 LABELLED_REQUESTS = 40        # up to this many drawn requests, bars carry their request id
@@ -96,7 +97,8 @@ def _step_xy(start: np.ndarray, end: np.ndarray, value: np.ndarray) -> tuple[np.
 
 
 def batch_kv(run: Run) -> Figure:
-    """Batch size, KV blocks in use and queue length over simulated time, one line per replica."""
+    """Batch size, KV blocks in use and queue length over time, one line per replica (simulated
+    seconds for a simulation, seconds since the engine started for a real engine's run)."""
     fig = Figure(figsize=(11, 7.5), layout="constrained")
     axes = fig.subplots(3, 1, sharex=True)
     steps = run.steps
@@ -113,7 +115,7 @@ def batch_kv(run: Run) -> Figure:
     axes[0].set_ylabel("batch size\n(sequences)")
     axes[1].set_ylabel("KV blocks in use\n(blocks)")
     axes[2].set_ylabel("waiting\n(requests)")
-    axes[2].set_xlabel("simulated time (s)")
+    axes[2].set_xlabel("time since the run started (s)")
     s = run.summary
     axes[0].set_title(f"{run.name}: batch size (slot utilisation {s.get('slot_utilization', 0):.1%}), "
                       f"KV cache (utilisation {s.get('kv_utilization', 0):.1%}, "
@@ -151,7 +153,10 @@ def latency_cdfs(runs: Sequence[Run]) -> Figure:
         ax.set_xlabel(f"{title} ({unit})")
         ax.set_title(title)
         ax.grid(alpha=0.3)
-        ax.legend(loc="lower right", fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="lower right", fontsize=7)
+        else:  # e.g. TPOT when every output is one token
+            ax.text(0.5, 0.5, f"no {title} values", ha="center", va="center", transform=ax.transAxes)
     axes[0].set_ylabel("fraction of requests")
     axes[0].set_ylim(0, 1.01)
     fig.suptitle(("latency CDFs: " + ", ".join(r.name for r in runs)) if len(runs) > 1
@@ -161,7 +166,9 @@ def latency_cdfs(runs: Sequence[Run]) -> Figure:
 
 _BAR_PANELS = (("output_throughput", None, "output throughput", "tokens/s"),
                ("request_throughput", None, "request throughput", "requests/s"),
-               ("slot_utilization", None, "slot utilisation", "%"),
+               # slot utilisation alone flatters static batching: its padded rows are computed but
+               # not counted as busy, so padding waste goes beside it
+               (None, ("slot_utilization", "padding_waste"), "slots and padding", "%"),
                ("ttft_ms", ("p50", "p99"), "TTFT", "ms"),
                ("tpot_ms", ("p50", "p99"), "TPOT", "ms"),
                ("e2el_ms", ("p50", "p99"), "E2E latency", "ms"))
@@ -190,9 +197,12 @@ def compare_bars(runs: Sequence[Run]) -> Figure:
         else:
             width = 0.8 / len(pcts)
             for j, p in enumerate(pcts):
-                vals = np.array([float((r.summary.get(key) or {}).get(p) or np.nan) for r in runs])
-                bars = ax.bar(x + (j - (len(pcts) - 1) / 2) * width, vals, width, label=p,
-                              color="#9ecae1" if p == "p50" else "#3182bd")
+                if key is None:  # top-level fractions, in %
+                    vals = np.array([float(r.summary.get(p) or 0.0) * 100 for r in runs])
+                else:
+                    vals = np.array([float((r.summary.get(key) or {}).get(p) or np.nan) for r in runs])
+                bars = ax.bar(x + (j - (len(pcts) - 1) / 2) * width, vals, width,
+                              label=p.replace("_", " ").replace("utilization", "utilisation"), color="#9ecae1" if j == 0 else "#3182bd")
                 ax.bar_label(bars, labels=[_num(v) for v in vals], fontsize=7)
             ax.legend(fontsize=8)
         ax.set_title(title)
@@ -217,6 +227,9 @@ def save_plots(run_dir: str | Path, compare: Sequence[str | Path] = (), out: str
     (default RUN_DIR/plots). Returns the files written; bad folders raise ScenarioError."""
     paths = [Path(run_dir), *map(Path, compare)]
     runs = [load_run(p) for p in paths]
+    same = next((p for i, p in enumerate(paths) if p.resolve() in [q.resolve() for q in paths[:i]]), None)
+    if same is not None:
+        raise ScenarioError(f"--compare {same}: given twice (or it is RUN_DIR); compare different runs")
     _labels(paths, runs)
     out = Path(out) if out is not None else paths[0] / "plots"
     out.mkdir(parents=True, exist_ok=True)

@@ -32,8 +32,12 @@ def parse_slo(text: str) -> SLOConfig:
     values: dict[str, float] = {}
     for item in (p.strip() for p in text.split(",")):
         key, sep, value = (s.strip() for s in item.partition("="))
+        if not item:
+            raise ScenarioError(f"--slo: {text!r} has an empty item (a stray comma?); {allowed}")
         if key not in SLO_KEYS:
             raise ScenarioError(f"--slo: unknown key {key or item!r}; {allowed}")
+        if key in values:
+            raise ScenarioError(f"--slo {key}: given twice; {allowed}")
         if not sep or not value:
             raise ScenarioError(f"--slo {key}: missing value (write {key}=NUMBER); {allowed}")
         try:

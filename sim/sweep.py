@@ -147,7 +147,8 @@ def run_sweep(scenario: str | Path, grid: Mapping[str, list], out_dir: str | Pat
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise ScenarioError(f"--out {out_dir}: exists and is not a directory")
-    name, sha = runs[0].scenario.name, hashlib.sha256(Path(scenario).read_bytes()).hexdigest()[:12]
+    name = load_scenario(scenario, overrides=sets).name  # the file's, even if --grid name=... renames runs
+    sha = hashlib.sha256(Path(scenario).read_bytes()).hexdigest()[:12]
     out_dir.mkdir(parents=True, exist_ok=True)
     table = ResultsTable(out_dir / RESULTS)
     stale = next((r for r in table.rows

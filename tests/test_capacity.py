@@ -87,8 +87,16 @@ def test_hf_config_path(tmp_path):
     (["--gpu", "h100-sxm"], "--model: missing"),
     (["--model", "llama-3-8b"], "--gpu: missing"),
     (["--model", "llama-3-70b", "--gpu", "h100-sxm"], "141.1 GB of weights per GPU"),
-    (["--model", "llama-3-8b", "--gpu", "h100-sxm", "--tp", "3"], "tensor_parallel_size must divide"),
-    (["--model", "llama-3-8b", "--gpu", "h100-sxm", "--gpu-memory-utilization", "1.5"], "(0, 1]"),
+    (["--model", "llama-3-8b", "--gpu", "h100-sxm", "--tp", "3"],
+     "--tp: 3 does not divide the 32 attention heads of llama-3-8b; allowed: 1, 2, 4, 8, 16, 32"),
+    (["--model", "llama-3-8b", "--gpu", "h100-sxm", "--tp", "0"], "--tp: 0 does not divide"),
+    (["--model", "llama-3-8b", "--gpu", "h100-sxm", "--gpu-memory-utilization", "1.5"],
+     "--gpu-memory-utilization: 1.5 is not a number in (0, 1]"),
+    # vLLM's rule as for a scenario's engine.block_size: 7 used to be accepted.
+    (["--model", "llama-3-8b", "--gpu", "h100-sxm", "--block-size", "7"],
+     "--block-size: 7 is not a power of two in [1, 1024]"),
+    (["--model", "llama-3-8b", "--gpu", "h100-sxm", "--max-num-batched-tokens", "0"],
+     "--max-num-batched-tokens: 0 is not an integer >= 1"),
     (["--model", "llama-3-8b", "--gpu", "h100-sxm", "--seq-len", "0"], "--seq-len"),
     (["--scenario", "nope.yaml"], "nope.yaml: no such file"),
 ])

@@ -46,6 +46,15 @@ def test_help():
     assert "run" in result.output and "simulator" in result.output
 
 
+@pytest.mark.parametrize("command", ["run", "sweep", "plan", "capacity", "plot", "calibrate", "validate"])
+def test_help_gives_each_command_a_one_line_summary(command):
+    lines = invoke("--help").output.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith(f"│ {command} "))
+    assert lines[at].rstrip(" │").endswith(".")  # the whole summary fits on the command's line
+    assert not lines[at + 1].startswith("│   ")  # no continuation line
+    assert invoke(command, "--help").exit_code == 0
+
+
 def test_run_help():
     result = invoke("run", "--help")
     assert result.exit_code == 0
@@ -180,6 +189,15 @@ def test_out_is_a_file(tmp_path):
     (tmp_path / "file").write_text("x")
     assert_one_line_error(invoke("run", small_scenario(tmp_path), "--out", tmp_path / "file"),
                           "is not a directory")
+
+
+def test_out_under_a_file_is_refused_before_simulating(tmp_path, monkeypatch):
+    # It used to simulate first and then fail with exit code 1, "Not a directory".
+    (tmp_path / "file").write_text("x")
+    monkeypatch.setattr("sim.simulate.simulate", lambda *a, **k: pytest.fail("simulated"))
+    out = tmp_path / "file" / "run"
+    assert_one_line_error(invoke("run", small_scenario(tmp_path), "--out", out),
+                          f"--out {out}: {tmp_path / 'file'} exists and is not a directory")
 
 
 def test_malformed_trace_row(tmp_path):

@@ -8,6 +8,7 @@ search logic is right and its answers hold when re-simulated, not the numbers of
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -61,7 +62,9 @@ def test_parse_slo():
     ("ttft_ms=-5", "> 0"),
     ("ttft_ms=nan", "> 0"),
     ("percentile=99", "give ttft_ms and/or tpot_ms"),
-    ("", "unknown key"),
+    ("", "has an empty item"),
+    ("ttft_ms=500,", "has an empty item (a stray comma?)"),
+    ("ttft_ms=500,ttft_ms=300", "--slo ttft_ms: given twice"),  # used to keep the last silently
 ])
 def test_bad_slo_is_one_line_naming_the_flag_and_keys(text, says):
     with pytest.raises(ScenarioError) as e:
@@ -200,6 +203,23 @@ def test_replicas_step_up_until_met_and_one_fewer_fails():
         assert r["replicas"] == needed and r["point"]["met"] and not r["one_fewer"]["met"]
 
 
+def test_a_target_beyond_max_replicas_is_refused_not_simulated():
+    knob = Knob("workload.arrival.rate", "req/s", 8.0, 0.05, False)
+    assert knob.overrides(1e308, FAST)[1] == f"workload.num_requests={FAST.max_requests}"  # no OverflowError
+    with pytest.raises(ScenarioError, match=r"1e\+308 req/s needs about .* more than 10,000 are not simulated"):
+        size_cluster(FakeEvaluator(3), knob, 1e308, 20.0, ())
+
+
+@pytest.mark.parametrize("needed, per_replica", [(7, 0.0104), (1, 0.01), (11, 1.0), (25, 0.2)])
+def test_replicas_far_from_the_estimate_are_found_by_bisection(needed, per_replica):
+    # chat-static.yaml --target-rate 1: the estimate was 97 replicas, the answer 7, and the planner
+    # simulated every cluster size from 97 down (91 of them).
+    knob = Knob("workload.arrival.rate", "req/s", 8.0, 0.05, False)
+    r = size_cluster(FakeEvaluator(needed), knob, 1.0, per_replica, ())
+    assert r["replicas"] == needed and (needed == 1 or not r["one_fewer"]["met"])
+    assert len(r["tried"]) <= 2 * math.log2(max(needed, 1.0 / per_replica)) + 3
+
+
 # ---------------------------------------------------------------- real simulations
 
 def resimulate(path, overrides, seeds, slo=SLO, warmup=FAST.warmup_fraction) -> list[bool]:
@@ -243,6 +263,17 @@ def test_results_are_cached_by_overrides_and_seed():
     assert ev.runs(overrides, range(2)) == first and ev.simulations == 2
     ev.runs(overrides, range(3))
     assert ev.simulations == 3
+
+
+def test_a_multi_replica_scenario_is_searched_one_replica_at_a_time():
+    # chat-2x-least-loaded.yaml has 2 replicas: its "load per replica" used to be 2 replicas' load.
+    one = Evaluator(QUICKSTART, SLO, options=FAST)
+    two = Evaluator(QUICKSTART, SLO, ["engine.replicas=2"], options=FAST)
+    overrides = load_knob(one.scenario, FAST).overrides(20.0, FAST)
+    drop_wall = lambda runs: [{k: v for k, v in r.items() if k != "wall_s"} for r in runs]  # noqa: E731
+    assert drop_wall(two.runs(overrides, range(1))) == drop_wall(one.runs(overrides, range(1)))
+    assert two.scenario.engine.replicas == 1 and two.load(overrides).engine.replicas == 1
+    assert two.load(overrides + ("engine.replicas=3",)).engine.replicas == 3  # the cluster step
 
 
 def test_plan_end_to_end_with_a_cluster_checked_by_simulation(tmp_path):
@@ -290,7 +321,12 @@ def test_unattainable_slo_is_reported_not_raised(tmp_path):
     s = r["load_search"]
     assert s["answer"] is None and s["next"] < 8.0 / 500 and "recommendation" not in r
     write_report(r, tmp_path)
-    assert "none: the SLO fails" in (tmp_path / "plan.md").read_text()
+    md = (tmp_path / "plan.md").read_text()
+    assert "none: the SLO fails" in md
+    # Each judged load has its own row label (sub-1 req/s loads used to print as 0.00, 0.01, 0.01).
+    section = md.split("## Load search")[1].split("\n## ")[0]
+    loads = [line.split("|")[1].strip() for line in section.splitlines() if line.startswith("| ")][2:]
+    assert len(loads) == len(s["curve"]) > 3 and len(set(loads)) == len(loads)
 
 
 # ---------------------------------------------------------------- CLI
@@ -311,11 +347,23 @@ def test_plan_cli_writes_the_report_and_prints_a_table(tmp_path):
     (["--target-rate", "10", "--target-users", "10"], "give one"),
     (["--target-rate", "-1"], "--target-rate"),
     (["--gpu-hour-usd", "-1"], "--gpu-hour-usd"),
+    (["--seeds", "0"], "--seeds: 0 is not an integer >= 1"),
+    (["--target-rate", "inf"], "--target-rate: inf is not a finite number > 0"),  # was an OverflowError
+    (["--horizon-s", "inf"], "--horizon-s: inf is not a finite number > 0"),
+    (["--gpu-hour-usd", "inf"], "--gpu-hour-usd: inf is not a finite number >= 0"),
+    (["--workers", "0"], "--workers: 0 is not an integer >= 1"),
     (["--set", "engine.max_num_seqs=0"], "engine.max_num_seqs"),
 ])
 def test_plan_cli_bad_options(args, says):
     result = runner.invoke(app, ["plan", str(QUICKSTART), "--horizon-s", "5", *args])
     assert_one_line_error(result, says)
+
+
+def test_plan_cli_refuses_an_out_under_a_file_before_planning(tmp_path):
+    (tmp_path / "file").write_text("x")
+    out = tmp_path / "file" / "plan"  # used to plan for a minute, then fail with exit code 1
+    result = runner.invoke(app, ["plan", str(QUICKSTART), "--out", str(out)])
+    assert_one_line_error(result, f"--out {out}: {tmp_path / 'file'} exists and is not a directory")
 
 
 def test_plan_cli_needs_an_slo_and_a_rate_to_vary(tmp_path):

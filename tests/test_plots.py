@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,7 @@ from sim.analysis import (
 )
 from sim.config import load_scenario
 from sim.errors import ScenarioError
-from sim.plots import save_plots, slot_timeline
+from sim.plots import compare_bars, latency_cdfs, save_plots, slot_timeline
 from sim.simulate import simulate, write_outputs
 from sim.workload import Workload, build_workload
 
@@ -105,6 +106,20 @@ def test_slot_invariants_match_summary(scenario, overrides):
     assert util == pytest.approx(run.summary["slot_utilization"], rel=1e-9)
 
 
+def test_compare_bars_puts_padding_waste_beside_slot_utilisation(toy_static):
+    """The toy's static and continuous runs have equal slot utilisation (71.4%); only the padding
+    panel tells them apart (static: 27.8% of computed tokens are padding; continuous: none), so
+    both series must be drawn."""
+    toy_continuous = _run("toy-continuous-8")
+    ax = compare_bars([toy_static, toy_continuous]).axes[2]
+    util, padding = (np.array([b.get_height() for b in c]) for c in ax.containers)
+    expect_util = [toy_static.summary["slot_utilization"] * 100, toy_continuous.summary["slot_utilization"] * 100]
+    assert util == pytest.approx(expect_util, rel=1e-12) and util[0] == pytest.approx(71.4, abs=0.05)
+    assert padding == pytest.approx([toy_static.summary["padding_waste"] * 100, 0.0], rel=1e-12)
+    assert padding[0] > 20
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["slot utilisation", "padding waste"]
+
+
 def test_iteration_of_maps_row_boundaries():
     run = _run("toy-static-8")
     steps = run.steps
@@ -167,6 +182,30 @@ def test_cli_errors(run_dir, tmp_path):
     (broken / "steps.csv").write_bytes((run_dir / "steps.csv").read_bytes())
     (broken / "summary.json").write_text("[1, 2")
     assert "summary.json" in _cli_error([str(broken)])
+
+
+def test_cli_refuses_an_out_that_is_a_file_and_a_run_compared_with_itself(run_dir, tmp_path):
+    afile = tmp_path / "file.png"
+    afile.write_text("x")
+    assert _cli_error([str(run_dir), "--out", str(afile)]) == \
+        f"error: --out {afile}: exists and is not a directory"  # was exit 1, "File exists"
+    assert _cli_error([str(run_dir), "--out", str(afile / "sub")]) == \
+        f"error: --out {afile / 'sub'}: {afile} exists and is not a directory"
+    same = run_dir.parent / "." / run_dir.name  # the same folder, spelled differently
+    assert f"--compare {same}: given twice" in _cli_error([str(run_dir), "--compare", str(same),
+                                                           "--out", str(tmp_path / "plots")])
+    assert not (tmp_path / "plots").exists()
+
+
+def test_latency_cdfs_without_tpot_values_warns_nothing():
+    # One-token outputs have no TPOT: the panel says so (it used to emit matplotlib's UserWarning
+    # "No artists with labels found to put in legend" on the CLI's stderr).
+    sc = load_scenario(ROOT / "scenarios/quickstart.yaml", overrides=[
+        "workload.num_requests=10", "workload.output_tokens={dist: fixed, value: 1}"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fig = latency_cdfs([Run.from_result(simulate(sc))])
+    assert [t.get_text() for t in fig.axes[1].texts] == ["no TPOT values"]
 
 
 def test_load_run_error_is_scenario_error(tmp_path):

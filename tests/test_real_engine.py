@@ -173,6 +173,16 @@ def test_virtual_clock_matches_simulator_exactly(tmp_path, scheduler):
     assert res.steps["prefill_tokens"].sum() == sim.steps["prefill_tokens"].sum()
     assert (res.steps["decode_tokens"].sum()
             == (sim.steps["decode_tokens"] * sim.steps["count"]).sum())
+    # summary.json of the real run (so that `servesim plot` reads real/) is the simulator's, the
+    # same function on the same timeline; the simulator fast-forwards, so compare the values
+    assert res.summary["engine"] == "real" and res.summary["scenario"] == sim.summary["scenario"]
+    for key in ("completed", "iterations", "preemptions"):
+        assert res.summary[key] == sim.summary[key], key
+    for key in ("duration_s", "output_throughput", "slot_utilization", "kv_utilization",
+                "kv_waste", "mfu", "mbu"):
+        assert res.summary[key] == pytest.approx(sim.summary[key], rel=1e-9), key
+    for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"):
+        assert res.summary[key] == pytest.approx(sim.summary[key], rel=1e-9, abs=1e-9), key
 
 
 def test_preemption_recomputes_and_keeps_block_tables_consistent(tmp_path):

@@ -124,6 +124,13 @@ def test_bad_options_are_one_line_exit_2(tiny, tmp_path, args, words):
     assert not (tmp_path / "out" / "results.csv").exists()
 
 
+def test_out_under_a_file_is_one_line_exit_2(tiny, tmp_path):
+    (tmp_path / "file").write_text("x")  # used to be exit code 1, "Not a directory"
+    result = invoke(tiny, "--grid", "engine.max_num_seqs=8", "--out", tmp_path / "file" / "out")
+    assert result.exit_code == 2 and result.stderr.strip() == \
+        f"error: --out {tmp_path / 'file' / 'out'}: {tmp_path / 'file'} exists and is not a directory"
+
+
 # ---------------------------------------------------------------- rows
 
 def test_rows_equal_simulate_for_the_same_overrides_and_seed(tiny, tmp_path):
@@ -161,6 +168,12 @@ def test_repeats_use_consecutive_seeds(tiny, tmp_path):
         want = expected_row(tiny, ["workload.num_requests=20", "engine.max_num_seqs=8"], seed)
         assert {k: row[k] for k in want} == want
     assert len(set(res.rows["ttft_ms.p99"])) == 3  # the seeds really differ
+
+
+def test_scenario_column_is_the_files_name_when_the_grid_varies_name(tiny, tmp_path):
+    res = run_sweep(tiny, {"name": ["a", "b"]}, tmp_path / "out", sets=["workload.num_requests=5"], workers=1)
+    rows = csv_rows(res.path)
+    assert [(r["scenario"], r["name"]) for r in rows] == [("tiny-sweep", "a"), ("tiny-sweep", "b")]
 
 
 def test_a_refused_point_is_an_error_row_and_the_table_widens(tiny, tmp_path):

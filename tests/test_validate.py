@@ -2,17 +2,23 @@
 `servesim validate` command's outputs and error paths."""
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
+import yaml
 from typer.testing import CliRunner
 
 from calibrate.harness import calibrate
-from calibrate.validate import validate, write
+from calibrate.validate import REAL_FILES, validate, write
 from cli import app
+from sim.analysis import load_run
 from sim.config import load_scenario
+from sim.errors import ScenarioError
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = ROOT / "scenarios" / "validate-tiny-cpu.yaml"
@@ -113,3 +119,133 @@ def test_cli_bad_scenario_and_help():
     assert r.exit_code == 2 and r.output.startswith("error: ")
     r = runner.invoke(app, ["validate", "--help"])
     assert r.exit_code == 0 and "--profile" in r.output and "--device" in r.output
+
+
+def _profile_for(profile: Path, tmp_path: Path, **meta) -> Path:
+    doc = yaml.safe_load(profile.read_text())
+    doc["metadata"].update(meta)
+    out = tmp_path / "edited.yaml"
+    out.write_text(yaml.safe_dump(doc))
+    return out
+
+
+def _one_error_line(r, *fragments: str) -> None:
+    assert r.exit_code == 2, r.output
+    assert r.output.startswith("error: ") and r.output.count("\n") == 1, r.output
+    for fragment in fragments:
+        assert fragment in r.output, r.output
+
+
+def test_cli_refuses_a_profile_of_another_model(profile, tmp_path):
+    """A profile fitted for another model prices every step wrong: an error, not a footnote."""
+    other = _profile_for(profile, tmp_path, model="llama-3-8b")
+    r = runner.invoke(app, ["validate", str(SCENARIO), "--profile", str(other), "--out",
+                            str(tmp_path / "v")])
+    _one_error_line(r, "--profile", "metadata.model is 'llama-3-8b'", "'tiny'")
+    assert not (tmp_path / "v").exists()
+
+
+def test_cli_checks_out_and_memory_before_running(profile, tmp_path):
+    """An unwritable --out, or a model whose float32 weights a CPU cannot hold, is refused in
+    a second, before the real engine allocates or runs anything (it used to fail after the whole
+    run, exit 1, or be killed for memory)."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    r = runner.invoke(app, ["validate", str(SCENARIO), "--profile", str(profile),
+                            "--out", str(blocker / "v")])
+    _one_error_line(r, "--out", "cannot write there")
+    big = _profile_for(profile, tmp_path, model="llama-3-8b")
+    r = runner.invoke(app, ["validate", str(SCENARIO), "--profile", str(big), "--set",
+                            "model=llama-3-8b", "--out", str(tmp_path / "v")])
+    _one_error_line(r, "model: llama-3-8b has 32.1 GB of weights in float32")
+    assert not (tmp_path / "v" / "real").exists()
+
+
+def test_cli_closed_loop_error_names_the_file(profile):
+    r = runner.invoke(app, ["validate", str(SCENARIO), "--profile", str(profile), "--set",
+                            "workload.arrival={process: closed_loop, users: 4, think_time: 0.1}"])
+    _one_error_line(r, f"{SCENARIO}: workload.arrival:", "not a closed loop")
+
+
+BLOCK_SIMPY = "import sys; sys.modules['simpy'] = None; "  # as on the GPU machine: no simpy
+
+
+def _cli_without_simpy(*args: str) -> subprocess.CompletedProcess:
+    code = BLOCK_SIMPY + f"sys.argv = ['servesim', *{list(args)!r}]; import cli; cli.app()"
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          check=False, timeout=300)
+
+
+def test_real_only_without_simpy_then_compare_only(profile, tmp_path):
+    """The GPU split: --real-only runs where simpy is missing and writes real/ (plottable, with
+    the requests it replayed); --compare-only later simulates those very requests and compares.
+    A full validate without simpy says to split, in one line, before running anything."""
+    out, few = tmp_path / "gpu", ["--set", "workload.num_requests=6"]
+    r = _cli_without_simpy("validate", str(SCENARIO), "--real-only", "--out", str(out), *few)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in (out / "real").iterdir()) == sorted(REAL_FILES)
+    assert not (out / "sim").exists() and "--compare-only" in r.stdout
+    meta = json.loads((out / "real" / "run.json").read_text())
+    assert meta["complete"] and meta["device"] == "cpu" and meta["profile"] is None
+    assert meta["iterations"] == len(pd.read_csv(out / "real" / "steps.csv"))
+    run = load_run(out / "real")  # what `servesim plot` reads
+    assert run.summary["completed"] == 6 and run.summary["mfu"] is None
+
+    r = _cli_without_simpy("validate", str(SCENARIO), "--profile", str(profile), "--out",
+                           str(tmp_path / "full"), *few)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "needs simpy" in r.stderr and "--real-only" in r.stderr
+    assert not (tmp_path / "full" / "real").exists()
+
+    here = tmp_path / "laptop"
+    r = runner.invoke(app, ["validate", str(SCENARIO), "--profile", str(profile),
+                            "--compare-only", str(out), "--out", str(here), *few])
+    assert r.exit_code == 0, r.output
+    for name in ("comparison.md", "comparison.csv", "comparison.png", "sim/summary.json",
+                 *(f"real/{f}" for f in REAL_FILES)):
+        assert (here / name).stat().st_size > 0, name
+    real, sim = pd.read_csv(here / "real" / "requests.csv"), pd.read_csv(here / "sim" / "requests.csv")
+    pd.testing.assert_frame_equal(real, pd.read_csv(out / "real" / "requests.csv"))
+    assert (real["arrival_s"] == sim["arrival_s"]).all()
+    assert (real["prompt_tokens"] == sim["prompt_tokens"]).all()
+    table = pd.read_csv(here / "comparison.csv").set_index(["metric", "stat"])
+    assert table.loc[("e2e_ms", "p50"), "real"] == pytest.approx(real["e2e_s"].median() * 1e3, rel=1e-5)
+    md = (here / "comparison.md").read_text()
+    assert f"read from {out / 'real'}" in md and "step time / profile prediction" in md
+
+    # the scenario must be the one the real run used
+    r = runner.invoke(app, ["validate", str(SCENARIO), "--profile", str(profile), "--compare-only",
+                            str(out), "--out", str(tmp_path / "x"), *few,
+                            "--set", "engine.max_num_seqs=8"])
+    _one_error_line(r, "engine.max_num_seqs 16", "gives 8")
+    (out / "real" / "run.json").unlink()  # an interrupted real run is not compared
+    r = runner.invoke(app, ["validate", str(SCENARIO), "--profile", str(profile), "--compare-only",
+                            str(out), "--out", str(tmp_path / "y"), *few])
+    _one_error_line(r, "run.json is missing")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--real-only", "--compare-only", "somewhere"], "give one of them"),
+    (["--compare-only", "somewhere", "--device", "cpu", "--profile", "p.yaml"], "not used with"),
+    ([], "--profile FILE is required"),
+])
+def test_cli_split_option_errors(args, message):
+    r = runner.invoke(app, ["validate", str(SCENARIO), *args])
+    _one_error_line(r, message)
+
+
+def test_gpu_scenario_fits_an_h100_and_a_too_large_cache_is_refused(monkeypatch):
+    """scenarios/validate-llama3-8b-h100.yaml on an 80 GB H100 (about 79 GB free at start): its
+    16384 blocks (34.4 GB of bf16 KV) + 16.1 GB of weights + the 6 GiB reserve fit; on a 40 GB
+    card the check names the largest num_gpu_blocks that would (free memory is mocked: no GPU)."""
+    from calibrate.validate import check_memory
+
+    sc = load_scenario(ROOT / "scenarios" / "validate-llama3-8b-h100.yaml")
+    assert sc.model.name == "llama-3-8b" and sc.engine.num_gpu_blocks == 16384
+    assert sc.engine.scheduler == "chunked" and sc.workload.num_requests >= 200
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (79e9, 85e9))
+    check_memory(sc, "cuda", torch.bfloat16)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (40e9, 42e9))
+    with pytest.raises(ScenarioError, match=r"engine.num_gpu_blocks: 16384 blocks .* set "
+                                            r"engine.num_gpu_blocks <= 8343$"):
+        check_memory(sc, "cuda", torch.bfloat16)
