@@ -22,11 +22,9 @@ import datetime
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from sim.config import Scenario
 from sim.cost import ProfileCost, load_profile
@@ -41,11 +39,9 @@ from .engine import (
     run_engine,
 )
 from .harness import use_device
+from .comparison import Validation, compare, write  # noqa: F401  (write: for callers)
 from .real_run import REAL_FILES, REAL_RUN_FORMAT, RealRun, load_real, write_real  # noqa: F401
 
-STATS = ("mean", "p50", "p90", "p99")
-LATENCIES = (("ttft_ms", "ttft_s"), ("tpot_ms", "tpot_s"), ("e2e_ms", "e2e_s"))
-THROUGHPUTS = ("request_throughput", "output_throughput")
 CLOCKS = ("wall", "cpu")
 
 
@@ -62,16 +58,6 @@ class CPUClock:
 
     def sleep(self, dt: float) -> None:
         self.skipped += max(dt, 0.0)
-
-
-@dataclass
-class Validation:
-    real: EngineResult
-    sim: object              # sim.simulate.SimResult
-    comparison: pd.DataFrame  # metric, stat, real, sim, error_pct
-    notes: list[str]          # what was run, and warnings (profile measured elsewhere, ...)
-    step_ratio: float         # median over the real iterations of measured / profile-predicted step
-    real_run: RealRun | None = None  # set when the real half ran in this process (write() saves it)
 
 
 def check_device(device: str) -> None:
@@ -342,86 +328,3 @@ def _step_accuracy(real: EngineResult, ratio: np.ndarray) -> str:
     total = real.step_s.sum() / (real.step_s / ratio).sum()
     return (f"model step time / profile prediction on the real batches: median {p50:.2f} "
             f"(p10 {p10:.2f}, p90 {p90:.2f}); total {total:.2f}")
-
-
-# -- comparison ---------------------------------------------------------------------------------
-def metrics(requests: pd.DataFrame) -> dict[tuple[str, str], float]:
-    """(metric, stat) -> value: latencies in ms, throughputs per second over first arrival to
-    last finish (as summary.json computes them)."""
-    out = {}
-    for name, col in LATENCIES:
-        v = requests[col].dropna().to_numpy() * 1e3
-        out[(name, "mean")] = float(v.mean()) if len(v) else np.nan
-        for q in (50, 90, 99):
-            out[(name, f"p{q}")] = float(np.percentile(v, q)) if len(v) else np.nan
-    done = requests[requests["finish_s"].notna()]
-    duration = float(done["finish_s"].max() - requests["arrival_s"].min()) if len(done) else np.nan
-    out[("request_throughput", "per_s")] = len(done) / duration
-    out[("output_throughput", "per_s")] = float(done["output_tokens"].sum()) / duration
-    return out
-
-
-def compare(real: pd.DataFrame, sim: pd.DataFrame) -> pd.DataFrame:
-    """One row per (metric, stat): real, sim, error_pct = (sim - real) / real x 100."""
-    r, s = metrics(real), metrics(sim)
-    rows = [{"metric": m, "stat": st, "real": r[(m, st)], "sim": s[(m, st)],
-             "error_pct": (s[(m, st)] - r[(m, st)]) / r[(m, st)] * 100 if r[(m, st)] else np.nan}
-            for m, st in r]
-    return pd.DataFrame(rows, columns=["metric", "stat", "real", "sim", "error_pct"])
-
-
-def markdown(v: Validation) -> str:
-    lines = ["# servesim validate: real engine vs simulator", ""]
-    lines += [f"- {n}" for n in v.notes]
-    lines += ["", "Latencies in ms, throughputs per second; error = (simulated - real) / real.", "",
-              "| metric | stat | real | simulated | error |", "| --- | --- | ---: | ---: | ---: |"]
-    for row in v.comparison.itertuples():
-        lines.append(f"| {row.metric} | {row.stat} | {row.real:.2f} | {row.sim:.2f} | "
-                     f"{row.error_pct:+.1f}% |")
-    return "\n".join(lines) + "\n"
-
-
-def plot(v: Validation, path: Path) -> None:
-    """CDFs of TTFT, TPOT and E2E, real vs simulated."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-    for ax, (name, col) in zip(axes, LATENCIES):
-        for label, frame, style in (("real", v.real.requests, "-"), ("simulated", v.sim.requests, "--")):
-            x = np.sort(frame[col].dropna().to_numpy() * 1e3)
-            ax.step(x, np.arange(1, len(x) + 1) / max(len(x), 1), style, where="post", label=label)
-        ax.set_xlabel(f"{name.split('_')[0].upper()} (ms)")
-        ax.set_ylabel("fraction of requests")
-        ax.grid(alpha=0.3)
-    axes[0].legend(loc="lower right")
-    fig.suptitle("real engine vs simulator")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def write(v: Validation, out_dir: Path) -> list[Path]:
-    """real/ (write_real; kept as it is when the real run was read from this folder), sim/
-    {requests,steps}.csv + summary.json, comparison.csv, .png and .md. comparison.md goes last and
-    is removed first: a folder holding it holds a complete validation."""
-    from sim.simulate import write_outputs
-
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "comparison.md").unlink(missing_ok=True)
-    if v.real_run is None:  # a Validation built by hand: the two run files only
-        (out_dir / "real").mkdir(exist_ok=True)
-        v.real.requests.to_csv(out_dir / "real" / "requests.csv", index=False)
-        v.real.steps.to_csv(out_dir / "real" / "steps.csv", index=False)
-    else:
-        loaded = v.real_run.meta.get("loaded_from")
-        if not loaded or Path(loaded).resolve() != (out_dir / "real").resolve():
-            write_real(v.real_run, out_dir)
-    write_outputs(v.sim, out_dir / "sim")
-    v.comparison.to_csv(out_dir / "comparison.csv", index=False, float_format="%.6g")
-    plot(v, out_dir / "comparison.png")
-    (out_dir / "comparison.md").write_text(markdown(v))
-    return [out_dir / "comparison.md", out_dir / "comparison.csv", out_dir / "comparison.png"]
