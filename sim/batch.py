@@ -28,7 +28,8 @@ class BatchStats:
 
     @property
     def prefill_tokens(self) -> int:
-        return int(self.prefill_lens.sum()) if len(self.prefill_lens) else 0
+        # a Python sum: cheaper than a numpy reduction on the few chunks of one iteration
+        return int(sum(self.prefill_lens.tolist())) if len(self.prefill_lens) else 0
 
     @property
     def total_tokens(self) -> int:

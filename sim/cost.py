@@ -44,8 +44,9 @@ def _fail(where: str, msg: str) -> ScenarioError:
 def prefill_attention_work(stats: BatchStats) -> float:
     """Sum over prefill chunks of chunk x context + chunk^2 / 2: (query, key) pairs of causal
     attention, the unit of the profile's `prefill_attention_work` coefficient."""
-    c = stats.prefill_lens.astype(np.float64)
-    return float(c @ stats.prefill_contexts + 0.5 * (c @ c))
+    # Python ints: whole token counts far below 2**53, so this equals numpy's float64 dot exactly.
+    lens, contexts = stats.prefill_lens.tolist(), stats.prefill_contexts.tolist()
+    return float(sum(c * x for c, x in zip(lens, contexts))) + 0.5 * float(sum(c * c for c in lens))
 
 
 class UnitCost:
@@ -89,21 +90,33 @@ class RooflineCost:
                                            * model.dtype_bytes / link)
         self._overhead_s = overhead_s
         self._overhead_per_seq_s = overhead_per_seq_s
+        self._decode_fixed: dict[int, float] = {}  # num_decodes -> _fixed_time of a decode-only batch
 
     def _fixed_time(self, stats: BatchStats) -> float:
         """Everything that does not change as decode contexts grow."""
-        tokens, seqs = stats.total_tokens, stats.num_seqs
+        if not len(stats.prefill_lens):  # decode-only: a function of the batch size alone
+            n = stats.num_decodes
+            fixed = self._decode_fixed.get(n)
+            if fixed is None:
+                fixed = self._decode_fixed[n] = self._linear_time(n, n)
+            return fixed
+        # Python ints, not numpy calls on a handful of chunks: every sum below is a whole number of
+        # tokens far below 2**53, so float() of it equals numpy's float64 dot product exactly.
+        lens, contexts = stats.prefill_lens.tolist(), stats.prefill_contexts.tolist()
+        tokens = sum(lens)
+        t = self._linear_time(tokens + stats.num_decodes, len(lens) + stats.num_decodes)
+        pairs = (float(sum(c * x for c, x in zip(lens, contexts)))
+                 + 0.5 * float(sum(c * (c + 1) for c in lens)))  # causal
+        # Read the cached context, write and read back the chunk's own K and V.
+        kv_tokens = float(sum(contexts)) + 2.0 * float(tokens)
+        return t + max(self._s_per_pair * pairs, self._s_per_kv_token * kv_tokens)
+
+    def _linear_time(self, tokens: int, seqs: int) -> float:
+        """Seconds of the linear layers, all-reduces and CPU overhead for this many tokens/seqs."""
         linear = max(self._s_per_token * tokens + self._s_per_seq_logits * seqs,
                      self._weight_read_s)
-        t = (self._overhead_s + self._overhead_per_seq_s * seqs + linear
-             + self._allreduce_fixed_s + self._allreduce_s_per_token * tokens)
-        if len(stats.prefill_lens):
-            c = stats.prefill_lens.astype(np.float64)
-            pairs = float(c @ stats.prefill_contexts + 0.5 * (c @ (c + 1.0)))  # causal
-            # Read the cached context, write and read back the chunk's own K and V.
-            kv_tokens = float(stats.prefill_contexts.sum() + 2.0 * c.sum())
-            t += max(self._s_per_pair * pairs, self._s_per_kv_token * kv_tokens)
-        return t
+        return (self._overhead_s + self._overhead_per_seq_s * seqs + linear
+                + self._allreduce_fixed_s + self._allreduce_s_per_token * tokens)
 
     def step_times(self, stats: BatchStats, steps: int = 1) -> np.ndarray:
         fixed = self._fixed_time(stats)
@@ -115,8 +128,11 @@ class RooflineCost:
             ctx = float(stats.decode_context_sum)
             return np.array([fixed + max(self._s_per_pair * ctx,
                                          self._s_per_kv_token * (ctx + n))])
-        ctx = stats.decode_context_sum + n * np.arange(steps, dtype=np.float64)
-        return fixed + np.maximum(self._s_per_pair * ctx, self._s_per_kv_token * (ctx + n))
+        # Iteration j's context sum is ctx + j*n: whole numbers, so arange builds them exactly.
+        ctx = stats.decode_context_sum
+        attend = self._s_per_pair * np.arange(ctx, ctx + n * steps, n, dtype=np.float64)
+        read = self._s_per_kv_token * np.arange(ctx + n, ctx + n * (steps + 1), n, dtype=np.float64)
+        return fixed + np.maximum(attend, read)
 
 
 @dataclass(frozen=True)
@@ -146,6 +162,7 @@ class ProfileCost:
 
     def __init__(self, profile: StepProfile):
         self.profile = profile
+        self._tokens_time: dict[int, float] = {}  # total tokens -> profile.tokens_time (np.interp)
 
     @classmethod
     def from_file(cls, path: Path, where: str = "") -> "ProfileCost":
@@ -153,7 +170,11 @@ class ProfileCost:
 
     def step_times(self, stats: BatchStats, steps: int = 1) -> np.ndarray:
         p = self.profile
-        t = (p.intercept + p.tokens_time(stats.total_tokens) + p.num_seqs * stats.num_seqs
+        tokens = stats.total_tokens
+        tokens_time = self._tokens_time.get(tokens)
+        if tokens_time is None:
+            tokens_time = self._tokens_time[tokens] = p.tokens_time(tokens)
+        t = (p.intercept + tokens_time + p.num_seqs * stats.num_seqs
              + p.decode_context_sum * stats.decode_context_sum)
         if len(stats.prefill_lens):
             t += p.prefill_attention_work * prefill_attention_work(stats)

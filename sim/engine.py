@@ -29,6 +29,7 @@ from .recorder import Recorder
 from .schedulers import Scheduler
 
 _PROBE_STEPS = 32  # iterations priced before looking for the next arrival in a run
+_URGENT = simpy.core.URGENT  # event priority: before same-instant NORMAL events
 
 
 class Replica:
@@ -43,7 +44,8 @@ class Replica:
         self.process = env.process(self.run())
 
     def run(self):
-        env, scheduler, inbox = self.env, self.scheduler, self.inbox
+        env, scheduler, inbox, recorder = self.env, self.scheduler, self.inbox, self.recorder
+        routed_live, cuts_runs = inbox.routed_live, inbox.cuts_runs  # fixed for the inbox's life
         while True:
             for rid in inbox.arrived(env.now):
                 scheduler.add(rid)
@@ -56,18 +58,19 @@ class Replica:
                 continue
             start = env.now
             durations = self._durations(batch, start)
-            steps = len(durations)
-            end = self._iteration_end(float(durations.sum()) if steps > 1 else float(durations[0]))
-            if steps > 1 and batch.arrival_sensitive and inbox.cuts_runs:
-                durations = yield from self._cuttable(end, start, durations)
-                steps = len(durations)
+            steps, total = len(durations), _total(durations)
+            end = self._iteration_end(total)
+            if steps > 1 and batch.arrival_sensitive and cuts_runs:
+                ran = yield from self._cuttable(end, start, durations)
+                if len(ran) < steps:
+                    durations, steps, total = ran, len(ran), _total(ran)
             else:
                 yield end
             scheduler.update(batch, steps, env.now)
-            self.recorder.record(self.index, start, durations, batch)
+            recorder.record(self.index, start, durations, batch, total)
             if self.on_iteration is not None:
                 self.on_iteration()
-            if inbox.routed_live:
+            if routed_live:
                 yield inbox.settle(env)  # let the router place arrivals at this instant first
 
     def cut(self, t: float) -> None:
@@ -98,7 +101,7 @@ class Replica:
         every instant iterations end first, then arrivals are routed, then replicas schedule."""
         event = simpy.Event(self.env)
         event._ok, event._value = True, None  # what simpy.Timeout sets; only the priority differs
-        self.env.schedule(event, simpy.core.URGENT, delay)
+        self.env.schedule(event, _URGENT, delay)
         return event
 
     def _durations(self, batch, start: float) -> np.ndarray:
@@ -110,8 +113,13 @@ class Replica:
         arrival = self.inbox.next_arrival()
         probe = min(steps, _PROBE_STEPS)  # an arrival usually cuts a run long before it ends
         durations = self.cost.step_times(batch.stats, probe)
-        ends = start + np.cumsum(durations)
+        ends = start + durations.cumsum()
         if ends[-1] < arrival and probe < steps:
             durations = self.cost.step_times(batch.stats, steps)
-            ends = start + np.cumsum(durations)
-        return durations[: int(np.searchsorted(ends, arrival, "left")) + 1]
+            ends = start + durations.cumsum()
+        return durations[: int(ends.searchsorted(arrival, "left")) + 1]
+
+
+def _total(durations: np.ndarray) -> float:
+    """Seconds the iterations take together (numpy's sum for a run, as the recorder stores it)."""
+    return float(durations.sum()) if len(durations) > 1 else float(durations[0])

@@ -26,7 +26,10 @@ class Recorder:
         self.kv_block_seconds = 0.0   # integral of KV blocks in use over time (blocks x s)
         self.decode_context_tokens = 0.0  # sum over iterations of decode_context_sum (KV tokens read)
 
-    def record(self, replica: int, start: float, durations: np.ndarray, batch) -> None:
+    def record(self, replica: int, start: float, durations: np.ndarray, batch,
+               total: float | None = None) -> None:
+        """One row for `durations` (iterations of `batch` from `start`); `total` is their sum when
+        the caller already has it (float(durations.sum()), or durations[0] for one iteration)."""
         count, stats, bs = len(durations), batch.stats, self.block_size
         if count == 1:  # scalar arithmetic: most rows are single iterations
             total = float(durations[0])
@@ -37,7 +40,8 @@ class Recorder:
             self.decode_context_tokens += stats.decode_context_sum
             self.durations.append(total)
         else:
-            total = float(durations.sum())
+            if total is None:
+                total = float(durations.sum())
             later = durations[1:]
             growth = batch.kv_slot_growth[: count - 1]
             grown_slots = float(growth @ later) if len(growth) else 0.0

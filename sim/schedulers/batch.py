@@ -8,6 +8,9 @@ import numpy as np
 
 from ..batch import BatchStats
 
+_NO_GROWTH = np.zeros(0, dtype=np.int64)  # read-only: every batch shares it
+_NO_GROWTH.flags.writeable = False
+
 
 @dataclass
 class Batch:
@@ -26,8 +29,9 @@ class Batch:
     arrival_sensitive: bool = True
     waiting: int = 0          # requests left waiting when this batch was formed
     # token slots added by iterations 1.. of a run that ran, cumulative (empty: constant); the
-    # scheduler fills it in `update`, once it knows how many ran
-    kv_slot_growth: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    # scheduler fills it in `update`, once it knows how many ran (it assigns a new array, so the
+    # shared empty default is never written to)
+    kv_slot_growth: np.ndarray = field(default_factory=lambda: _NO_GROWTH)
     # the scheduler's own bookkeeping, opaque to the engine:
     chunks: list = field(default_factory=list)  # (request id, prompt tokens) computed this iteration
 

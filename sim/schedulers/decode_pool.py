@@ -65,6 +65,10 @@ class DecodePool:
             heapq.heappop(heap)  # a member that left (or left and came back with a new entry)
         return heap[0][0] - self.clock
 
+    def new_blocks_now(self) -> int:
+        """Blocks the members open in the next iteration."""
+        return int(self.phase_count[self.clock % self.block_size])
+
     def new_blocks_at(self, first: int, count: int) -> np.ndarray:
         """Blocks the members open in each of `count` iterations, the first `first` steps ahead."""
         clocks = np.arange(self.clock + first, self.clock + first + count)

@@ -34,8 +34,10 @@ class IterationLevelScheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.pool = DecodePool(requests, kv.block_size)
         self.prefilling: list[int] = []  # running, prompt not yet all computed; admission order
-        self.order: list[int] = []       # every running request, admission order
+        # every running request, admission order (a dict for O(1) removal; values unused)
+        self.order: dict[int, None] = {}
         self.retry_at = np.inf           # only an arrival or a finished iteration creates new work
+        self._fifo = getattr(queue, "new_arrivals_last", False)  # arrivals never pass a blocked head
 
     # -- the contract ---------------------------------------------------------------------------
     def add(self, rid: int) -> None:
@@ -54,14 +56,16 @@ class IterationLevelScheduler:
     def schedule(self, now: float) -> Batch | None:
         if not self.has_work():
             return None
-        budget = self.max_num_batched_tokens - self.pool.size  # decodes first, one token each
+        pool, kv = self.pool, self.kv
+        budget = self.max_num_batched_tokens - pool.size  # decodes first, one token each
         chunks = self._prefill_chunks(budget)
-        need = int(self.pool.phase_count[self.pool.clock % self.kv.block_size])
-        need += sum(self.kv.growth(self._computed(rid), t) for rid, t in chunks)
-        preempted = not self.kv.allocate(need)
+        need = pool.new_blocks_now()
+        if chunks:  # (skipping empty generators: this runs every iteration)
+            need += sum(kv.growth(self._computed(rid), t) for rid, t in chunks)
+        preempted = not kv.allocate(need)
         if preempted:
             chunks = self._preempt_until_fits(now, chunks)
-        else:
+        elif self.waiting:
             budget -= sum(t for _, t in chunks)
             chunks += self._admit(now, budget)
         if not self.order:
@@ -72,18 +76,23 @@ class IterationLevelScheduler:
         req, kv = self.req, self.kv
         if batch.decode_tokens:
             if steps > 1:  # the later iterations of a run; _run_length checked they fit
-                opened = np.cumsum(self.pool.new_blocks_at(1, steps - 1))
+                opened = self.pool.new_blocks_at(1, steps - 1).cumsum()
                 kv.allocate(int(opened[-1]))
                 batch.kv_slot_growth = opened * kv.block_size
-            self._finish(self.pool.advance(steps), now)
+            done = self.pool.advance(steps)
+            if done:
+                self._finish(done, now)
         for rid, t in batch.chunks:
-            req.computed[rid] += t
-            if req.computed[rid] < req.prompt[rid] + req.generated[rid]:
+            computed = int(req.computed[rid]) + t
+            req.computed[rid] = computed
+            generated = int(req.generated[rid])
+            if computed < req.prompt[rid] + generated:
                 continue  # more of the prompt to come
-            req.generated[rid] += 1
+            generated += 1
+            req.generated[rid] = generated
             self._first_or_resumed_token(rid, now)
             self.prefilling.remove(rid)
-            if req.generated[rid] >= req.output[rid]:
+            if generated >= req.output[rid]:
                 self._finish([rid], now)
             else:
                 self.pool.join(rid)
@@ -123,7 +132,7 @@ class IterationLevelScheduler:
             self.pool.leave(rid)
         else:
             self.prefilling.remove(rid)
-        self.order.remove(rid)
+        del self.order[rid]
         self.kv.release(self.kv.blocks_for(int(req.computed[rid])))
         req.computed[rid] = 0
         req.preemptions[rid] += 1
@@ -134,14 +143,11 @@ class IterationLevelScheduler:
         self.waiting.push_front(rid)
 
     def _finish(self, rids: list[int], now: float) -> None:
-        if not rids:
-            return
-        req = self.req
-        ids = np.array(rids, dtype=np.int64)
-        req.finish[ids] = now
-        self.kv.release(int(self.kv.blocks_for(req.computed[ids]).sum()))
-        for rid in rids:
-            self.order.remove(rid)
+        req, kv = self.req, self.kv
+        for rid in rids:  # a handful at a time: scalar numpy indexing beats building an index array
+            req.finish[rid] = now
+            kv.release(kv.blocks_for(int(req.computed[rid])))
+            del self.order[rid]
 
     def _first_or_resumed_token(self, rid: int, now: float) -> None:
         req = self.req
@@ -164,7 +170,7 @@ class IterationLevelScheduler:
             waiting.pop()
             admitted.append((rid, t))
             self.prefilling.append(rid)
-            self.order.append(rid)
+            self.order[rid] = None
             if np.isnan(req.first_scheduled[rid]):
                 req.first_scheduled[rid] = now
             budget -= t
@@ -174,16 +180,18 @@ class IterationLevelScheduler:
     def _batch(self, chunks, preempted: bool) -> Batch:
         req, pool, kv = self.req, self.pool, self.kv
         chunks = [(rid, t) for rid, t in chunks if t > 0]
+        prefill_tokens, lens, contexts = 0, _NO_IDS, _NO_IDS
         if chunks:
-            lens = np.array([t for _, t in chunks], dtype=np.int64)
+            sizes = [t for _, t in chunks]
+            prefill_tokens = sum(sizes)
+            lens = np.array(sizes, dtype=np.int64)
             contexts = np.array([int(req.computed[rid]) for rid, _ in chunks], dtype=np.int64)
-        else:
-            lens = contexts = _NO_IDS
-        decodes = pool.size
-        held = pool.context_sum() + sum(int(req.computed[rid]) for rid in self.prefilling)
+        decodes, context_sum = pool.size, pool.context_sum()
+        held = context_sum  # KV tokens held before this iteration's writes
+        if self.prefilling:
+            held += sum(int(req.computed[rid]) for rid in self.prefilling)
         stats = BatchStats(prefill_lens=lens, prefill_contexts=contexts, num_decodes=decodes,
-                           decode_context_sum=pool.context_sum() + decodes)
-        prefill_tokens = stats.prefill_tokens
+                           decode_context_sum=context_sum + decodes)
         max_steps = self._run_length() if decodes and not self.prefilling and not preempted else 1
         return Batch(
             chunks=chunks, stats=stats, num_seqs=decodes + len(chunks),
@@ -200,12 +208,12 @@ class IterationLevelScheduler:
         k = self.pool.steps_to_next_finish()
         if k <= 1 or self.kv.free >= self.pool.size * -(-(k - 1) // self.kv.block_size):
             return max(k, 1)
-        opened = np.cumsum(self.pool.new_blocks_at(1, k - 1))
-        return 1 + int(np.searchsorted(opened, self.kv.free, side="right"))
+        opened = self.pool.new_blocks_at(1, k - 1).cumsum()
+        return 1 + int(opened.searchsorted(self.kv.free, side="right"))
 
     def _arrival_sensitive(self) -> bool:
         """Could a request arriving during a decode run join before the run ends? Not when every
         seat is taken, nor behind a blocked head of a FIFO line (it only gets more blocked)."""
         if len(self.order) >= self.max_num_seqs:
             return False
-        return not (len(self.waiting) and getattr(self.waiting, "new_arrivals_last", False))
+        return not (len(self.waiting) and self._fifo)
