@@ -55,12 +55,13 @@ def run(
     """Simulate one scenario and write [bold]requests.csv[/], [bold]steps.csv[/] and
     [bold]summary.json[/] to the output directory."""
     from sim.config import load_scenario
+    from sim.checks import check_out_dir
     from sim.errors import ScenarioError
 
     try:
         sc = load_scenario(scenario, overrides=set_ or (), seed=seed)
         out_dir = out if out is not None else Path("runs") / sc.name
-        _check_out_dir(out_dir)
+        check_out_dir(out_dir)
         from sim.simulate import simulate, write_outputs
 
         with _Progress("simulating", "requests", enabled=not quiet, after_s=PROGRESS_AFTER_S) as progress:
@@ -79,16 +80,6 @@ def run(
 
         Console().print(summary_table(sc.name, result.summary))
     typer.echo(str(out_dir) if quiet else f"output: {out_dir}/ (requests.csv, steps.csv, summary.json)")
-
-
-def _check_out_dir(out_dir: Path) -> None:
-    """Refuse an --out that is a file, or lies under one, before any simulation runs."""
-    from sim.errors import ScenarioError
-
-    existing = next(p for p in (out_dir, *out_dir.parents) if p.exists())
-    if not existing.is_dir():
-        where = "" if existing == out_dir else f"{existing} "
-        raise ScenarioError(f"--out {out_dir}: {where}exists and is not a directory")
 
 
 class _Progress:
@@ -226,6 +217,7 @@ def sweep(
     and every summary metric) to [bold]DIR/results.csv[/] as it finishes. Interrupted? Rerun the
     same command: finished runs are skipped."""
     from sim.config import load_scenario
+    from sim.checks import check_out_dir
     from sim.errors import ScenarioError
     from sim.sweep import parse_grid, run_sweep
 
@@ -233,7 +225,7 @@ def sweep(
         points = parse_grid(grid or ())
         out_dir = out if out is not None else (
             Path("runs") / f"{load_scenario(scenario, set_ or (), seed).name}-sweep")
-        _check_out_dir(out_dir)
+        check_out_dir(out_dir)
         with _Progress("sweep", "runs", enabled=not quiet) as progress:
             result = run_sweep(scenario, points, out_dir, sets=set_ or (), seed=seed, repeats=repeats,
                                workers=workers, cluster=cluster, progress=progress)
@@ -332,6 +324,7 @@ def plan(
     [bold]plan.md[/], [bold]plan.json[/] and plots. A trace replay is searched over its
     workload.time_scale and reported in requests/s (time_scale x its native rate)."""
     from sim.config import load_scenario
+    from sim.checks import check_out_dir
     from sim.errors import ScenarioError
     from sim.evaluator import PlanOptions
     from sim.plan_report import headline, write_report
@@ -359,7 +352,7 @@ def plan(
             raise ScenarioError(f"--slo: missing and {scenario} has no slo: section; "
                                 "e.g. --slo ttft_ms=500,tpot_ms=50,percentile=99")
         out_dir = out if out is not None else Path("runs") / f"{sc.name}-plan"
-        _check_out_dir(out_dir)
+        check_out_dir(out_dir)
         options = PlanOptions(first_seeds=min(2, seeds), seeds=seeds, max_seeds=max(seeds, 7),
                               curve_seeds=min(2, seeds), curve_max_seeds=min(3, seeds), resolution=resolution,
                               horizon_s=horizon_s, min_requests=min_requests,
@@ -546,12 +539,13 @@ def plot(
 ) -> None:
     """Draw the standard figures of a run as PNGs: slot timeline, batch size and KV blocks over
     time, TTFT/TPOT/E2E CDFs; with [bold]--compare[/], throughput and latency side by side."""
+    from sim.checks import check_out_dir
     from sim.errors import ScenarioError
     from sim.plots import save_plots
 
     try:
         if out is not None:
-            _check_out_dir(out)
+            check_out_dir(out)
         written = save_plots(run_dir, compare=compare or (), out=out)
     except ScenarioError as e:
         raise _fail(str(e)) from None

@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from sim.config import load_scenario
 from sim.evaluator import PlanOptions
+from sim.parallel import default_workers
 from sim.planner import plan
 from sim.simulate import simulate
 
@@ -50,7 +51,7 @@ def main() -> None:
     r = plan(args.scenario, sc.slo, target=args.target_rate or None, options=options)
     wall = time.perf_counter() - t0
     cpu = _cpu_s() - cpu0
-    cores = args.workers or len(os.sched_getaffinity(0))
+    cores = args.workers or default_workers()
     n = r["simulations"]
     per_sim = r["simulated_wall_s"] / n
 

@@ -98,3 +98,11 @@ def check_fields(fields: Any, where: str, allowed: tuple[str, ...], required: tu
     missing = [k for k in required if k not in fields]
     if missing:
         raise ScenarioError(f"{at}missing key {missing[0]!r}; required: {', '.join(required)}")
+
+
+def check_out_dir(out_dir: Path) -> None:
+    """Refuse an --out that is a file, or lies under one, before any simulation runs."""
+    existing = next(p for p in (out_dir, *out_dir.parents) if p.exists())
+    if not existing.is_dir():
+        where = "" if existing == out_dir else f"{existing} "
+        raise ScenarioError(f"--out {out_dir}: {where}exists and is not a directory")

@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import yaml
 
+from .checks import check_out_dir
 from .config import Scenario, load_scenario
 from .errors import ScenarioError
 from .parallel import run_parallel
@@ -35,7 +36,9 @@ RESULTS = "results.csv"  # run_id, scenario, scenario_sha256, <grid keys>, repea
 
 
 @dataclass(frozen=True)
-class Run:
+class SweepRun:
+    """One simulation of a sweep: a grid point and one of its repeats."""
+
     run_id: str
     params: dict[str, Any]  # grid key -> value of this point
     repeat: int             # 0 .. repeats-1
@@ -91,9 +94,10 @@ def yaml_text(value: Any) -> str:
 
 
 def plan_sweep(scenario: str | Path, grid: Mapping[str, list], *, sets: Sequence[str] = (),
-               seed: int | None = None, repeats: int = 1) -> list[Run]:
-    """Validate every point and return the runs in grid order (first key outermost, repeats
-    innermost). Raises ScenarioError naming --set, --seed, --repeats or --grid KEY."""
+               seed: int | None = None, repeats: int = 1) -> tuple[Scenario, list[SweepRun]]:
+    """Validate every point and return the base scenario (the file with --set and --seed) and the
+    runs in grid order (first key outermost, repeats innermost). Raises ScenarioError naming --set,
+    --seed, --repeats or --grid KEY."""
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ScenarioError(f"--repeats: {repeats!r} is not an integer >= 1")
     if not grid:
@@ -108,8 +112,8 @@ def plan_sweep(scenario: str | Path, grid: Mapping[str, list], *, sets: Sequence
         for r in range(repeats):
             s = base.seed + r
             digest = hashlib.sha256(json.dumps([base.name, overrides, s]).encode()).hexdigest()[:12]
-            runs.append(Run(digest, params, r, replace(sc, seed=s)))
-    return runs
+            runs.append(SweepRun(digest, params, r, replace(sc, seed=s)))
+    return base, runs
 
 
 def _canonical(item: str) -> str:
@@ -143,11 +147,10 @@ def run_sweep(scenario: str | Path, grid: Mapping[str, list], out_dir: str | Pat
         raise ScenarioError(f"--workers: {workers!r} is not an integer >= 1")
     if workers is not None and cluster is not None:
         raise ScenarioError("--workers: not used with --cluster (the cluster's workers run the sweep)")
-    runs = plan_sweep(scenario, grid, sets=sets, seed=seed, repeats=repeats)
+    base, runs = plan_sweep(scenario, grid, sets=sets, seed=seed, repeats=repeats)
     out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ScenarioError(f"--out {out_dir}: exists and is not a directory")
-    name = load_scenario(scenario, overrides=sets).name  # the file's, even if --grid name=... renames runs
+    check_out_dir(out_dir)
+    name = base.name  # the file's, even if --grid name=... renames runs
     sha = hashlib.sha256(Path(scenario).read_bytes()).hexdigest()[:12]
     out_dir.mkdir(parents=True, exist_ok=True)
     table = ResultsTable(out_dir / RESULTS)
