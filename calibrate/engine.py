@@ -1,16 +1,18 @@
 """A real continuous-batching engine: the simulator's own scheduler objects driven in real time
 over a real model step.
 
-    batch  = scheduler.schedule(now)          # sim/schedulers: the very same objects as `servesim run`
-    chunks = what each request computes       # Batch -> SeqChunk (token ids, context, block table)
+    schedule = scheduler.schedule(now)        # sim/schedulers: the very same objects as `servesim run`
+    chunks = what each request computes       # Schedule -> SeqChunk (token ids, context, block table)
     tokens = step.run(chunks)                 # the model (calibrate/model.py), or a stand-in
-    scheduler.update(batch, 1, clock())       # one iteration at a time: no fast-forward
+    outcome = scheduler.update(schedule, 1, clock())  # one iteration at a time: no fast-forward
 
 "Same semantics" holds by construction: admission, token budget, preemption by recompute and the
 request/metrics bookkeeping are the simulator's code; only the iteration's duration is measured
-instead of predicted. The scheduler's KV manager (`sim/kv_cache.py`) counts blocks; `BlockTables`
-keeps the physical block ids the model needs on top of it, and every iteration checks that the two
-agree.
+instead of predicted. The engine reads only the `Schedule` and `StepOutcome` (sim/step.py), never
+the scheduler's internals: like vLLM's model runner it keeps its own per-request state (tokens
+computed so far, dropped on preemption or finish). The scheduler's KV manager counts blocks;
+`BlockTables` keeps the physical block ids the model needs on top of it, and every iteration checks
+that the two agree.
 
 Token ids: prompts are random ids drawn from the caller's rng; outputs are the model's greedy
 samples, fed back as the next decode's input. A recompute prefills prompt + outputs so far.
@@ -33,11 +35,11 @@ import pandas as pd
 
 from sim.config import Scenario
 from sim.errors import ScenarioError
-from sim.memory import kv_budget
 from sim.metrics import requests_frame, steps_frame, summarize
 from sim.recorder import Recorder
 from sim.request import RequestTable
-from sim.schedulers import build_scheduler, check_servable
+from sim.schedulers import SCHEDULERS, build_scheduler, check_servable
+from sim.step import Schedule
 from sim.workload import Workload
 
 from .model import SeqChunk
@@ -58,6 +60,7 @@ class EngineResult:
     tokens: list[list[int]]  # per request: prompt ids followed by the generated ids
     duration_s: float        # engine start to the end, on the engine's clock
     summary: dict | None = None  # summary.json, computed by sim.metrics as `servesim run` does
+    schedules: list | None = None  # per iteration: the Schedule it ran (None: read from a log)
 
 
 class BlockTables:
@@ -87,9 +90,10 @@ class BlockTables:
 def check_engine_scenario(scenario: Scenario) -> None:
     """What the real engine cannot run, as ScenarioErrors."""
     e, where = scenario.engine, f"{scenario.source}: " if scenario.source else ""
-    if e.scheduler == "static":
-        raise ScenarioError(f"{where}engine.scheduler: the real engine runs continuous or chunked "
-                            f"(iteration-level) scheduling, not static")
+    if not SCHEDULERS[e.scheduler].iteration_level:
+        runnable = ", ".join(n for n, c in SCHEDULERS.items() if c.iteration_level)
+        raise ScenarioError(f"{where}engine.scheduler: the real engine runs iteration-level "
+                            f"scheduling ({runnable}), not {e.scheduler}")
     if e.replicas != 1:
         raise ScenarioError(f"{where}engine.replicas: the real engine is one replica, got {e.replicas}")
     if e.tensor_parallel_size != 1:
@@ -106,11 +110,7 @@ def check_workload(workload: Workload, where: str = "") -> None:
 
 def num_blocks(scenario: Scenario) -> int:
     """KV blocks of one replica, derived exactly as the simulator derives them."""
-    e = scenario.engine
-    return kv_budget(scenario.model, scenario.hardware, tensor_parallel_size=e.tensor_parallel_size,
-                     gpu_memory_utilization=e.gpu_memory_utilization, block_size=e.block_size,
-                     max_num_batched_tokens=e.max_num_batched_tokens,
-                     num_gpu_blocks=e.num_gpu_blocks).num_gpu_blocks
+    return scenario.budget.num_gpu_blocks
 
 
 class RealEngine:
@@ -134,6 +134,7 @@ class RealEngine:
         self.scheduler = build_scheduler(e, self.req, blocks, workload)  # the simulator's own
         self.kv = self.scheduler.kv  # counts blocks; BlockTables below holds their ids
         self.blocks = BlockTables(blocks, e.block_size)
+        self.computed: dict[int, int] = {}  # running request -> tokens with KV (the model runner's view)
         vocab = scenario.model.vocab_size
         self.tokens = [rng.integers(0, vocab, size=int(p)).tolist() for p in self.req.prompt]
         self.recorder = Recorder(e.block_size)
@@ -141,16 +142,16 @@ class RealEngine:
     # -- the loop -------------------------------------------------------------------------------
     def run(self) -> EngineResult:
         req, sched, n = self.req, self.scheduler, len(self.req)
-        self._step_s, self._stats, self._done = [], [], 0
+        self._step_s, self._schedules, self._done = [], [], 0
         nxt, t0 = 0, self.clock()
         while True:
             now = self.clock() - t0
             while nxt < n and req.arrival[nxt] <= now:
                 sched.add(nxt)
                 nxt += 1
-            batch = sched.schedule(now) if sched.has_work() else None
-            if batch is not None:
-                self._iterate(batch, now, t0)
+            schedule = sched.schedule(now) if sched.has_work() else None
+            if schedule is not None:
+                self._iterate(schedule, now, t0)
             elif nxt < n:
                 self.sleep(max(0.0, float(req.arrival[nxt]) - (self.clock() - t0)))
             elif sched.has_work():
@@ -162,7 +163,8 @@ class RealEngine:
         self._check_outputs()
         requests, steps = requests_frame(req), steps_frame(self.recorder)
         return EngineResult(requests=requests, steps=steps, step_s=np.array(self._step_s),
-                            stats=self._stats, tokens=self.tokens, duration_s=duration,
+                            stats=[s.stats for s in self._schedules], schedules=self._schedules,
+                            tokens=self.tokens, duration_s=duration,
                             summary=self._summary(requests, steps))
 
     def _summary(self, requests: pd.DataFrame, steps: pd.DataFrame) -> dict:
@@ -176,53 +178,44 @@ class RealEngine:
                       peak_flops=hw.bf16_flops, hbm_bandwidth=hw.hbm_bandwidth, slo=sc.slo)
         return {"scenario": sc.name, "engine": "real", **s}
 
-    def _iterate(self, batch, start: float, t0: float) -> None:
+    def _iterate(self, schedule: Schedule, start: float, t0: float) -> None:
         """One iteration that started (scheduling included) at `start` s after t0."""
-        chunks, rids = self.plan(batch)
+        chunks, rids = self.plan(schedule)
         t_step = self.clock()
         sampled = self.step.run(chunks)
         end = self.clock()
         self._step_s.append(end - t_step)
-        self._stats.append(batch.stats)
+        self._schedules.append(schedule)
         for rid, chunk, token in zip(rids, chunks, sampled):
+            self.computed[rid] = chunk.context_len + len(chunk.token_ids)
             if chunk.sample:
                 if token is None:
                     raise RuntimeError(f"the model step returned no token for request {rid}")
                 self.tokens[rid].append(int(token))
-        self.scheduler.update(batch, 1, end - t0)
-        self.recorder.record(0, start, np.array([end - t0 - start]), batch)
-        live = self._live()
-        for rid in [r for r in self.blocks.tables if r not in live]:
-            self.blocks.release(rid)  # finished in this iteration
+        outcome = self.scheduler.update(schedule, 1, end - t0)
+        self.recorder.record(0, start, np.array([end - t0 - start]), schedule, outcome)
+        for rid in outcome.finished:
+            self.computed.pop(rid)
+            self.blocks.release(rid)
         done = int(np.count_nonzero(~np.isnan(self.req.finish)))
         if done != self._done and self.progress is not None:
             self.progress(done, len(self.req))
         self._done = done
 
-    def _live(self) -> set[int]:
-        return set(self.scheduler.order)
+    # -- Schedule -> SeqChunks ------------------------------------------------------------------
+    def plan(self, schedule: Schedule) -> tuple[list[SeqChunk], list[int]]:
+        """The model's view of `schedule`, with block tables brought in line with the KV counts.
 
-    # -- Batch -> SeqChunks ---------------------------------------------------------------------
-    def plan(self, batch) -> tuple[list[SeqChunk], list[int]]:
-        """The model's view of `batch`, with block tables brought in line with the KV counts.
-
-        `batch.chunks` lists only prompt work: (request id, tokens) for each request computing (part
-        of) its prompt (+ outputs so far, after a recompute); the decodes are the scheduler's decode
-        pool, one token each. Context = tokens computed before this iteration; a chunk samples iff
-        it brings the request up to prompt + generated (its last prompt chunk, or a decode)."""
-        sched = self.scheduler
-        live = self._live()
-        for rid in [r for r in self.blocks.tables if r not in live]:
-            self.blocks.release(rid)  # preempted by this schedule(): recomputed from scratch later
-        pool = sched.pool
-        work = [(rid, 1) for rid in sched.order if rid in pool.members] + list(batch.chunks)
-        computing = dict(work)
-        for rid in sched.order:  # running requests not computing this iteration keep their blocks
-            if rid not in computing:
-                self.blocks.grow(rid, self._computed(rid))
+        Every request the schedule names computes its scheduled tokens on top of the context it
+        already holds (0 for a new or a preempted-then-resumed request, whose earlier blocks are
+        freed here: it is recomputed from scratch). A chunk samples iff it brings the request up to
+        prompt + generated (its last prompt chunk, or a decode)."""
+        for rid in schedule.preempted:
+            self.computed.pop(rid, None)
+            self.blocks.release(rid)
         chunks, rids = [], []
-        for rid, t in work:
-            context = self._computed(rid)
+        for rid, t in schedule.num_scheduled_tokens.items():
+            context = self.computed.get(rid, 0)
             seq = self.tokens[rid]
             assert context + t <= len(seq), (rid, context, t, len(seq))
             chunks.append(SeqChunk(token_ids=seq[context:context + t], context_len=context,
@@ -231,10 +224,6 @@ class RealEngine:
             rids.append(rid)
         assert self.blocks.used == self.kv.used, (self.blocks.used, self.kv.used)
         return chunks, rids
-
-    def _computed(self, rid: int) -> int:
-        pool = self.scheduler.pool
-        return pool.computed(rid) if rid in pool.members else int(self.req.computed[rid])
 
     def _check_outputs(self) -> None:
         req = self.req

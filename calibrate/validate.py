@@ -1,7 +1,7 @@
 """`servesim validate`: the real engine and the simulator on the same requests, compared.
 
     workload = build_workload(scenario.workload, rng)            # one Workload, used by both sides
-    sim      = simulate(scenario with cost_model {profile: P}, workload=workload)
+    sim      = simulate(scenario with the profile P as its cost model, workload=workload)
     real     = run_engine(scenario, ModelStep(...), workload, rng)  # calibrate/engine.py
     compare  -> comparison.csv / .md / .png (TTFT, TPOT, E2E mean/p50/p90/p99, throughput)
 
@@ -217,7 +217,9 @@ def simulate_half(scenario: Scenario, prof, workload: Workload):
     """The simulator on `workload` with the profile as its cost model (imports simpy)."""
     from sim.simulate import simulate
 
-    return simulate(dataclasses.replace(scenario, cost_model={"profile": Path(prof.source)}),
+    from sim.cost import CostModelSpec
+
+    return simulate(dataclasses.replace(scenario, cost_model=CostModelSpec("profile", {"profile": prof})),
                     workload=workload)
 
 

@@ -1,29 +1,31 @@
 """Replicas behind a router. Each replica reads its arrivals from an `Inbox`.
 
-round_robin routing does not depend on the replicas' state, so it is decided up front and each
-inbox is a sorted list the replica reads by itself: no SimPy event per request. least_loaded routes
-each request, at its arrival time, to the replica with the fewest requests waiting or running (ties
-to the lowest index), so a router process delivers them one by one.
+Routing rules are plug-ins: a `Router` and one line in `ROUTERS`. A rule that does not depend on
+the replicas' state (round_robin) is decided up front (`plan`) and each inbox is a sorted list the
+replica reads by itself: no SimPy event per request. A rule that does (least_loaded: the fewest
+requests waiting or running, ties to the lowest index) routes each request at its arrival time,
+through a router process that delivers them one by one.
 
 A closed loop (`ClosedLoopRouter`) learns each arrival time only when the same user's previous
-request finishes, so it routes live with either rule, and orders every instant in three phases:
-iterations end and report finished requests (URGENT), arrivals are routed (NORMAL), replicas
-schedule (LATE). An arrival that could join a replica's fast-forwarded decode run cuts the run at
-its first iteration boundary at or after the arrival (`Replica.cut`).
+request finishes, so it routes live with either rule, in the phases of sim/fast_forward.py:
+iterations end and report finished requests, arrivals are routed, replicas schedule. An arrival
+that could join a replica's fast-forwarded decode run cuts the run at its first iteration boundary
+at or after the arrival (`Runner.cut`).
 """
 from __future__ import annotations
 
 import heapq
 from bisect import bisect_right
-
 import numpy as np
-import simpy
 
-from .errors import ScenarioError
+from .fast_forward import SCHEDULE, fire, phase_timeout
 from .request import RequestTable
+from .routers import Router
 from .workload import Users
 
-LATE = simpy.core.NORMAL + 1  # after every arrival routed at the same instant
+
+def _loads(schedulers: list, inboxes: list) -> list[int]:
+    return [s.load() + box.pending() for s, box in zip(schedulers, inboxes)]
 
 
 class Inbox:
@@ -36,7 +38,7 @@ class Inbox:
         self._next = 0          # first request not yet handed to the scheduler
         self._router = router   # None: every request is already here
         self._wakeup = None     # event an idle replica waits on while the router may still deliver
-        self.reader = None      # the Replica reading this inbox (it sets itself)
+        self.reader = None      # the Runner of the replica reading this inbox (it sets itself)
 
     @property
     def routed_live(self) -> bool:
@@ -63,10 +65,10 @@ class Inbox:
         if self._wakeup is not None and not self._wakeup.triggered:
             self._wakeup.succeed()
 
-    def settle(self, env):
-        """What a replica waits on after an iteration before it schedules again (live routing only):
-        the router's arrivals at this instant come first."""
-        return env.timeout(0)
+    def settle(self, env, outcome):
+        """What a replica waits on after an iteration before it schedules again: with live routing,
+        the router's arrivals at this instant come first; None when every request is already here."""
+        return None if self._router is None else env.timeout(0)
 
     def wait(self, env, retry_at: float):
         """An event for an idle replica: the next arrival or `retry_at`; None if neither comes."""
@@ -81,9 +83,12 @@ class Inbox:
         return env.any_of([self._wakeup, env.timeout(retry_at - env.now)])
 
 
-class LeastLoadedRouter:
-    def __init__(self, env, arrival: np.ndarray, schedulers: list, replica_of: np.ndarray):
-        self.env, self.arrival, self.schedulers = env, arrival, schedulers
+class LiveRouter:
+    """Routes each open-loop request at its arrival time with a rule that reads the replicas' load."""
+
+    def __init__(self, env, router: Router, arrival: np.ndarray, schedulers: list,
+                 replica_of: np.ndarray):
+        self.env, self.router, self.arrival, self.schedulers = env, router, arrival, schedulers
         self.replica_of = replica_of  # written as requests are routed
         self.inboxes = [Inbox([], [], router=self) for _ in schedulers]
         self._next = 0
@@ -100,8 +105,7 @@ class LeastLoadedRouter:
             if t > env.now:
                 yield env.timeout(t - env.now)
             rid = self._next
-            loads = [s.load() + box.pending() for s, box in zip(self.schedulers, self.inboxes)]
-            target = int(np.argmin(loads))
+            target = self.router.choose(rid, _loads(self.schedulers, self.inboxes))
             self.replica_of[rid] = target
             self._next += 1
             self.done = self._next == len(self.arrival)
@@ -112,14 +116,13 @@ class ClosedLoopRouter:
     """`users` users, each with at most one request in flight: when a request finishes, its user
     sends the next one after its think time. Request ids (and the lengths drawn for them) go in
     arrival order, ties by user; once `len(req)` requests have arrived, users send no more.
-    round_robin sends the i-th arrival to replica i % R, least_loaded as LeastLoadedRouter."""
+    Every arrival is routed by `router.choose` as it happens."""
 
-    def __init__(self, env, req: RequestTable, users: Users, schedulers: list, router: str):
-        self.env, self.req, self.schedulers = env, req, schedulers
+    def __init__(self, env, req: RequestTable, users: Users, schedulers: list, router: Router):
+        self.env, self.req, self.schedulers, self.router = env, req, schedulers, router
         self.think = users.think_s
         self.user = np.full(len(req), -1, dtype=np.int64)  # who sent each request
         req.arrival = np.full(len(req), np.nan)  # filled in as requests arrive
-        self.least_loaded = router == "least_loaded"
         self.inboxes = [UserInbox(self) for _ in schedulers]
         self._due: list[tuple[float, int]] = []  # (arrival time, user), one per pending timeout
         self._arrived = 0
@@ -133,9 +136,9 @@ class ClosedLoopRouter:
     def next_time(self) -> float:
         return self._due[0][0] if self._due and not self.done else np.inf
 
-    def finished(self, rids: np.ndarray) -> None:
+    def finished(self, rids) -> None:
         """These requests have just finished: their users think, then send the next."""
-        for rid in rids.tolist():
+        for rid in rids:
             self._send(int(self.user[rid]), float(self.think[rid]))
 
     def _send(self, user: int, delay: float) -> None:
@@ -148,75 +151,49 @@ class ClosedLoopRouter:
             return  # num_requests reached: this request is never sent
         rid, self._arrived = self._arrived, self._arrived + 1
         self.req.arrival[rid], self.user[rid] = t, user
-        if self.least_loaded:
-            target = int(np.argmin([s.load() + box.pending()
-                                    for s, box in zip(self.schedulers, self.inboxes)]))
-        else:
-            target = rid % len(self.inboxes)
+        target = self.router.choose(rid, _loads(self.schedulers, self.inboxes))
         self.req.replica[rid] = target
         self.inboxes[target].deliver(rid, t)
 
 
 class UserInbox(Inbox):
     """A replica's inbox in a closed loop: it also reports its requests' completions to the users,
-    wakes an idle replica in the LATE phase, and cuts a running decode run for a new arrival."""
+    wakes an idle replica in the SCHEDULE phase, and cuts a running decode run for a new arrival."""
 
     cuts_runs = True
 
     def __init__(self, router: ClosedLoopRouter):
         super().__init__([], [], router=router)
-        self._live = np.zeros(0, dtype=np.int64)  # handed to the scheduler and not finished
-
-    def arrived(self, now: float) -> list[int]:
-        new = super().arrived(now)
-        if new:
-            self._live = np.concatenate((self._live, new))
-        return new
 
     def deliver(self, rid: int, now: float) -> None:
         self._times.append(now)
         self._rids.append(rid)
         if self._wakeup is not None and not self._wakeup.triggered:
-            _fire(self._wakeup, 0.0)
+            fire(self._wakeup, 0.0, SCHEDULE)
         elif self.reader is not None:
             self.reader.cut(now)
 
-    def settle(self, env):
-        finished = ~np.isnan(self._router.req.finish[self._live])
-        if finished.any():
-            self._router.finished(self._live[finished])
-            self._live = self._live[~finished]
-        return _fire(env.event(), 0.0)
+    def settle(self, env, outcome):
+        if outcome.finished:  # in request id order, which is arrival order
+            self._router.finished(sorted(outcome.finished))
+        return phase_timeout(env, 0.0, SCHEDULE)
 
     def wait(self, env, retry_at: float):
         if self._router.done and retry_at == np.inf:
             return None
         self._wakeup = wake = env.event()
         if retry_at < np.inf:
-            _fire(env.event(), retry_at - env.now).callbacks.append(
-                lambda _: None if wake.triggered else _fire(wake, 0.0))
+            phase_timeout(env, retry_at - env.now, SCHEDULE).callbacks.append(
+                lambda _: None if wake.triggered else fire(wake, 0.0, SCHEDULE))
         return wake
 
 
-def _fire(event, delay: float):
-    """Trigger `event` after `delay` in the LATE phase of that instant."""
-    event._ok, event._value = True, None  # what Event.succeed sets; only the priority differs
-    event.env.schedule(event, LATE, delay)
-    return event
-
-
-def round_robin_inboxes(arrival: np.ndarray, num_replicas: int, replica_of: np.ndarray) -> list[Inbox]:
-    replica_of[:] = np.arange(len(arrival)) % num_replicas
-    return [Inbox(arrival[r::num_replicas].tolist(), list(range(r, len(arrival), num_replicas)))
-            for r in range(num_replicas)]
-
-
-ROUTERS = ("round_robin", "least_loaded")
-
-
-def make_inboxes(router: str, env, arrival: np.ndarray, schedulers: list, replica_of: np.ndarray):
-    if router == "round_robin" or len(schedulers) == 1:
-        return round_robin_inboxes(arrival, len(schedulers), replica_of)
-    if router == "least_loaded":
-        return LeastLoadedRouter(env, arrival, schedulers, replica_of).inboxes
-    raise ScenarioError(f"engine.router: {router!r} is not one of {', '.join(ROUTERS)}")
+def make_inboxes(router: Router, env, arrival: np.ndarray, schedulers: list,
+                 replica_of: np.ndarray) -> list[Inbox]:
+    """Open-loop inboxes: planned up front when the rule allows it (or there is one replica)."""
+    plan = router.plan(len(arrival)) if len(schedulers) > 1 else np.zeros(len(arrival), np.int64)
+    if plan is None:
+        return LiveRouter(env, router, arrival, schedulers, replica_of).inboxes
+    replica_of[:] = plan
+    return [Inbox(arrival[plan == r].tolist(), np.flatnonzero(plan == r).tolist())
+            for r in range(len(schedulers))]

@@ -17,6 +17,7 @@ import copy
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +25,15 @@ import yaml
 
 from . import cost, hardware, memory, models, workload
 from .checks import Where, _check_keys, _choice, _existing_path, _int, _num, _or, _section, _show
+from .routers import ROUTERS
+from .cost import CostModelSpec
 from .errors import ScenarioError
 from .hardware import HardwareSpec
+from .memory import MemoryBudget
 from .models import ModelSpec
+from .queues import POLICIES
+from .schedulers import SCHEDULERS
+from .workload import WorkloadConfig
 
 
 @dataclass(frozen=True)
@@ -57,17 +64,36 @@ class Scenario:
     seed: int
     model: ModelSpec
     hardware: HardwareSpec
-    cost_model: Any            # "roofline" | "unit" | {"roofline": {...}} | {"profile": absolute Path}
+    cost_model: CostModelSpec  # validated; a profile already read
     engine: EngineConfig
-    workload: Any              # WorkloadConfig (sim/workload.py owns its shape)
+    workload: WorkloadConfig   # sim/workload.py owns its shape
     slo: SLOConfig | None
     source: Path | None = None  # the YAML file, for error messages
     base_dir: Path = Path(".")  # relative paths (traces, profiles, hf_config) resolve against it
+    overrides: tuple[str, ...] = ()  # the --set KEY=VALUE strings applied, in order
+    raw: Mapping[str, Any] | None = None  # the mapping as written, overrides applied
+
+    @cached_property
+    def budget(self) -> MemoryBudget:
+        """One replica's GPU memory split and KV blocks (computed once per Scenario object, so a
+        dataclasses.replace of the engine gets its own)."""
+        e = self.engine
+        return memory.kv_budget(self.model, self.hardware, tensor_parallel_size=e.tensor_parallel_size,
+                                gpu_memory_utilization=e.gpu_memory_utilization,
+                                block_size=e.block_size,
+                                max_num_batched_tokens=e.max_num_batched_tokens,
+                                num_gpu_blocks=e.num_gpu_blocks,
+                                where=f"{self.source}: engine" if self.source else "engine")
+
+    def cost(self):
+        """A fresh cost model for one simulation (no file is read: the spec was resolved)."""
+        return self.cost_model.build(self.model, self.hardware, self.engine.tensor_parallel_size)
 
 
-SCHEDULER_NAMES = ("static", "continuous", "chunked")
-ROUTER_NAMES = ("round_robin", "least_loaded")
-POLICY_NAMES = ("fcfs", "sjf", "priority")
+# Names come from the plug-ins' own registries: adding one there is all it takes.
+SCHEDULER_NAMES = tuple(SCHEDULERS)
+ROUTER_NAMES = tuple(ROUTERS)
+POLICY_NAMES = tuple(POLICIES)
 TOP_KEYS = ("name", "seed", "model", "hardware", "cost_model", "engine", "workload", "slo")
 MAX_BLOCK_SIZE = 1024  # tokens; bigger "pages" make paging pointless and usually mean a typo
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # the name becomes the folder runs/<name>
@@ -105,14 +131,68 @@ def scenario_from_dict(raw: Mapping[str, Any], source: str | Path | None = None,
     model = _parse_model(raw["model"], w, base_dir)
     hw = _parse_hardware(raw["hardware"], w)
     engine = _parse_engine(raw.get("engine"), w)
-    _check_fits(engine, model, hw, w)
+    budget = _check_fits(engine, model, hw, w)
     cost_model = _delegate(overridden, "cost_model", lambda: _parse_cost_model(
         _or(raw.get("cost_model"), "roofline"), w, base_dir, model, hw, engine))
     work = _delegate(overridden, "workload", lambda: workload.parse_workload(
         raw["workload"], label, base_dir))  # its messages read "<label>: workload.<key>: ..."
-    return Scenario(name=name, seed=seed, model=model, hardware=hw, cost_model=cost_model,
-                    engine=engine, workload=work, slo=_parse_slo(raw.get("slo"), w),
-                    source=Path(source) if source is not None else None, base_dir=base_dir)
+    scenario = Scenario(name=name, seed=seed, model=model, hardware=hw, cost_model=cost_model,
+                        engine=engine, workload=work, slo=_parse_slo(raw.get("slo"), w),
+                        source=Path(source) if source is not None else None, base_dir=base_dir,
+                        overrides=tuple(overrides), raw=raw)
+    scenario.__dict__["budget"] = budget  # resolved once: what cached_property would compute
+    return scenario
+
+
+def resolved_mapping(scenario: Scenario) -> dict:
+    """The scenario as a self-contained mapping: presets expanded into their fields, the effective
+    seed, overrides applied and every file path absolute, so that scenario_from_dict of it (from
+    any folder) simulates the same run."""
+    e = scenario.engine
+    engine = {f.name: getattr(e, f.name) for f in fields(EngineConfig)
+              if getattr(e, f.name) is not None}
+    out = {"name": scenario.name, "seed": scenario.seed,
+           "model": {f.name: getattr(scenario.model, f.name) for f in fields(ModelSpec)},
+           "hardware": {f.name: getattr(scenario.hardware, f.name) for f in fields(HardwareSpec)},
+           "cost_model": scenario.cost_model.as_yaml(), "engine": engine,
+           "workload": _absolute_paths(copy.deepcopy((scenario.raw or {}).get("workload")),
+                                       scenario.base_dir)}
+    if scenario.slo is not None:
+        out["slo"] = {k: v for k, v in vars(scenario.slo).items() if v is not None}
+    return out
+
+
+def resolved_yaml(scenario: Scenario) -> str:
+    where = f" from {scenario.source}" if scenario.source else ""
+    sets = "".join(f" --set {o}" for o in scenario.overrides)
+    header = (f"# The resolved scenario of this run{where}{sets}, seed {scenario.seed}.\n"
+              "# Presets are expanded and paths absolute: `servesim run scenario.yaml` repeats "
+              "the run.\n")
+    return header + yaml.safe_dump(_plain(resolved_mapping(scenario)), sort_keys=False)
+
+
+def _absolute_paths(section: Any, base_dir: Path) -> Any:
+    """The workload section with its file paths (trace, an empirical dist's trace) made absolute."""
+    if isinstance(section, dict):
+        for key, value in section.items():
+            if key == "trace" and isinstance(value, str) and value:
+                section[key] = str((base_dir / Path(value).expanduser()).resolve())
+            else:
+                _absolute_paths(value, base_dir)
+    return section
+
+
+def _plain(value: Any) -> Any:
+    """Only YAML's own types (numbers as int/float, paths as strings), for safe_dump."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):  # numpy scalars
+        return value.item()
+    return value
 
 
 # ---------------------------------------------------------------- YAML and --set
@@ -278,7 +358,7 @@ def _parse_engine(v: Any, w: Where) -> EngineConfig:
     return engine
 
 
-def _check_fits(engine: EngineConfig, model: ModelSpec, hw: HardwareSpec, w: Where) -> None:
+def _check_fits(engine: EngineConfig, model: ModelSpec, hw: HardwareSpec, w: Where) -> MemoryBudget:
     """Tensor parallelism must split the heads evenly, and weights + KV blocks must fit."""
     tp = engine.tensor_parallel_size
     if model.num_attention_heads % tp:
@@ -287,21 +367,19 @@ def _check_fits(engine: EngineConfig, model: ModelSpec, hw: HardwareSpec, w: Whe
     # Blame the engine key a --set changed, if any: that is what made the model stop fitting.
     keys = ("tensor_parallel_size", "gpu_memory_utilization", "max_num_batched_tokens", "num_gpu_blocks")
     where = next((w(f"engine.{k}") for k in keys if w(f"engine.{k}").startswith("--set")), w("model"))
-    memory.kv_budget(model, hw, tensor_parallel_size=tp,
+    return memory.kv_budget(model, hw, tensor_parallel_size=tp,
                      gpu_memory_utilization=engine.gpu_memory_utilization,
                      block_size=engine.block_size, max_num_batched_tokens=engine.max_num_batched_tokens,
                      num_gpu_blocks=engine.num_gpu_blocks, where=where)
 
 
 def _parse_cost_model(v: Any, w: Where, base_dir: Path, model: ModelSpec, hw: HardwareSpec,
-                      engine: EngineConfig) -> Any:
+                      engine: EngineConfig) -> CostModelSpec:
     """sim/cost.py validates the spec; here only the profile path is resolved against base_dir."""
     if isinstance(v, dict) and "profile" in v:
         v = {**v, "profile": _existing_path(v["profile"], "cost_model.profile", w, base_dir,
                                             "a path to a profile .yaml")}
-    # Built once now so that a malformed profile is a config error, not a crash mid-run.
-    cost.make_cost_model(v, model, hw, engine.tensor_parallel_size, w("cost_model"))
-    return v
+    return cost.parse_cost_model(v, model, hw, engine.tensor_parallel_size, w("cost_model"))
 
 
 def _parse_slo(v: Any, w: Where) -> SLOConfig | None:

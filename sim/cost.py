@@ -2,9 +2,10 @@
 
 CONTRACT (owned by the cost-model engineer):
     CostModel Protocol: step_times(stats, steps=1) -> np.ndarray of seconds, shape [steps].
-    COST_MODELS = {"unit": UnitCost, "roofline": RooflineCost, "profile": ProfileCost}
-    make_cost_model(spec, model, hardware, tensor_parallel_size, where="") -> CostModel
+    COST_MODELS = {name: CostModelKind(option checker, builder, ..., measured?, summary)}
+    parse_cost_model(spec, model, hardware, tensor_parallel_size, where="") -> CostModelSpec
         spec: "unit" | "roofline" | {"roofline": {constant: value}} | {"profile": Path}
+    CostModelSpec.build(model, hardware, tensor_parallel_size) -> CostModel (no file I/O)
     load_profile(path, where="") -> StepProfile   (format: docs/cost_models.md)
 
 Every model is called ~1e5-1e6 times per run, so per-call work is a handful of float operations
@@ -12,6 +13,7 @@ on constants precomputed in __init__; `steps > 1` (decode fast-forward) is one n
 """
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,6 +148,7 @@ class StepProfile:
     num_seqs: float                 # seconds per sequence in the batch
     metadata: dict
     source: Path
+    sha256: str = ""                # of the file's bytes, for summary.json's provenance
 
     def tokens_time(self, tokens: float) -> float:
         """Piecewise-linear in total tokens; past the last knot, the last segment continues."""
@@ -262,10 +265,11 @@ def load_profile(path: Path, where: str = "") -> StepProfile:
     """Read and strictly validate a step-cost profile YAML. Errors name the file and key path."""
     path = Path(path)
     try:
-        doc = yaml.safe_load(path.read_text())
+        data = path.read_bytes()
+        doc = yaml.safe_load(data.decode("utf-8"))
     except FileNotFoundError:
         raise _fail(where, f"profile file {path} not found") from None
-    except (OSError, yaml.YAMLError) as exc:
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise ScenarioError(f"{path}: not a readable YAML file ({str(exc).splitlines()[0]})") \
             from None
     doc = _keys(doc, str(path), ("format", "metadata", "model"))
@@ -275,16 +279,21 @@ def load_profile(path: Path, where: str = "") -> StepProfile:
     terms = _keys(doc["model"], f"{path}: model", _TERMS)
     knots, seconds = _check_curve(terms["total_tokens"], f"{path}: model.total_tokens")
     coef = {k: _nonneg(terms[k], f"{path}: model.{k}") for k in _TERMS if k != "total_tokens"}
-    return StepProfile(knots=knots, seconds=seconds, metadata=meta, source=path, **coef)
+    return StepProfile(knots=knots, seconds=seconds, metadata=meta, source=path,
+                       sha256=hashlib.sha256(data).hexdigest(), **coef)
 
 
-COST_MODELS = {"unit": UnitCost, "roofline": RooflineCost, "profile": ProfileCost}
+# ---- the registry: name -> how to build that model from a scenario's `cost_model` value ----
+
 _ROOFLINE_KWARGS = ("compute_efficiency", "bandwidth_efficiency", "interconnect_efficiency",
                     "allreduce_latency_s", "overhead_s", "overhead_per_seq_s")
-_ALLOWED = "unit, roofline, {roofline: {constant: value}}, {profile: PATH}"
 
 
-def _roofline(options: Any, model, hardware, tp, where: str) -> RooflineCost:
+def _unit_options(options: Any, where: str, hardware: HardwareSpec, tp: int) -> dict:
+    return {}
+
+
+def _roofline_options(options: Any, where: str, hardware: HardwareSpec, tp: int) -> dict:
     options = _keys(options or {}, f"{where}.roofline", (), _ROOFLINE_KWARGS)
     kwargs = {k: _nonneg(v, f"{where}.roofline.{k}") for k, v in options.items()}
     for key in ("compute_efficiency", "bandwidth_efficiency", "interconnect_efficiency"):
@@ -293,26 +302,94 @@ def _roofline(options: Any, model, hardware, tp, where: str) -> RooflineCost:
     if tp > 1 and hardware.interconnect_bandwidth <= 0:
         raise _fail(where, f"roofline needs {hardware.name}.interconnect_bandwidth > 0 for "
                            f"tensor_parallel_size={tp}")
-    return RooflineCost(model, hardware, tp, **kwargs)
+    return kwargs
+
+
+def _profile_options(options: Any, where: str, hardware: HardwareSpec, tp: int) -> dict:
+    """Reads the profile now: a malformed one is a config error, not a crash mid-run."""
+    profile = load_profile(Path(options), f"{where}.profile" if where else "profile")
+    fitted_tp = profile.metadata["tensor_parallel_size"]
+    if fitted_tp != tp:
+        raise ScenarioError(f"{profile.source}: metadata.tensor_parallel_size is {fitted_tp} "
+                            f"but the scenario runs tensor_parallel_size={tp}; "
+                            f"use a profile fitted at that size")
+    return {"profile": profile}
+
+
+@dataclass(frozen=True)
+class CostModelKind:
+    """One entry of COST_MODELS."""
+    options: Any        # (options as written, where, hardware, tp) -> kwargs; raises ScenarioError
+    build: Any          # (kwargs, model, hardware, tp) -> CostModel
+    takes: type | None  # type of the options as written: None (a bare name), dict or a path
+    measured: bool      # are its step times measured (True) or estimated (False)?
+    summary: str        # one line for --help and docs
+
+
+COST_MODELS: dict[str, CostModelKind] = {
+    "unit": CostModelKind(_unit_options, lambda kw, m, hw, tp: UnitCost(), None, False,
+                          "every iteration lasts 1.0 (time counts iterations)"),
+    "roofline": CostModelKind(_roofline_options, lambda kw, m, hw, tp: RooflineCost(m, hw, tp, **kw),
+                              dict, False, "datasheet peaks x efficiencies + overheads (an estimate)"),
+    "profile": CostModelKind(_profile_options, lambda kw, m, hw, tp: ProfileCost(kw["profile"]),
+                             str, True, "a fitted step profile YAML (calibrate/ writes them)"),
+}
+_ALLOWED = "unit, roofline, {roofline: {constant: value}}, {profile: PATH}"
+
+
+@dataclass(frozen=True)
+class CostModelSpec:
+    """A scenario's `cost_model`, validated and resolved once (a profile is read when the scenario
+    loads); `build` makes the model for one simulation without touching any file."""
+    name: str        # a key of COST_MODELS
+    options: dict    # validated options: roofline constants, {"profile": StepProfile}, or {}
+
+    @property
+    def profile(self) -> StepProfile | None:
+        return self.options.get("profile")
+
+    def build(self, model: ModelSpec, hardware: HardwareSpec, tensor_parallel_size: int) -> CostModel:
+        return COST_MODELS[self.name].build(self.options, model, hardware, tensor_parallel_size)
+
+    def as_yaml(self) -> Any:
+        """The spec as a scenario writes it (profile paths absolute)."""
+        if self.profile is not None:
+            return {"profile": str(self.profile.source)}
+        return {self.name: dict(self.options)} if self.options else self.name
+
+    def provenance(self) -> dict:
+        """What summary.json says about where the step times came from."""
+        out = {"name": self.name, "measured": COST_MODELS[self.name].measured}
+        if self.profile is not None:
+            meta = self.profile.metadata
+            out.update(profile=str(self.profile.source), sha256=self.profile.sha256,
+                       device=meta["device"], model=meta["model"], measured=bool(meta["measured"]),
+                       heldout_mape=meta.get("heldout_mape"))
+        elif self.options:
+            out["options"] = dict(self.options)
+        return out
+
+
+def parse_cost_model(spec: Any, model: ModelSpec, hardware: HardwareSpec,
+                     tensor_parallel_size: int, where: str = "") -> CostModelSpec:
+    """Validate a scenario's `cost_model` value ("unit" | "roofline" | {"roofline": {...}} |
+    {"profile": PATH}); `where` is e.g. "chat.yaml: cost_model". Raises ScenarioError listing the
+    valid specs."""
+    if isinstance(spec, CostModelSpec):
+        return spec
+    name, options = spec, None
+    if isinstance(spec, dict) and len(spec) == 1:
+        name, options = next(iter(spec.items()))
+    kind = COST_MODELS.get(name) if isinstance(name, str) else None
+    takes = type(None) if kind is None or kind.takes is None else kind.takes
+    if kind is None or not (isinstance(options, takes) or (takes is dict and options is None)
+                            or (takes is str and isinstance(options, Path))):
+        raise _fail(where, f"unknown cost model {spec!r}; allowed: {_ALLOWED}")
+    return CostModelSpec(name, kind.options(options, where, hardware, tensor_parallel_size))
 
 
 def make_cost_model(spec: Any, model: ModelSpec, hardware: HardwareSpec,
                     tensor_parallel_size: int, where: str = "") -> CostModel:
-    """Build a cost model from a scenario's `cost_model` value; `where` is e.g.
-    "chat.yaml: cost_model". Raises ScenarioError listing the valid specs."""
-    name, options = spec, None
-    if isinstance(spec, dict) and len(spec) == 1:
-        name, options = next(iter(spec.items()))
-    if name == "unit" and options is None:
-        return UnitCost()
-    if name == "roofline":
-        return _roofline(options, model, hardware, tensor_parallel_size, where)
-    if name == "profile" and isinstance(options, (str, Path)):
-        profile = load_profile(Path(options), f"{where}.profile" if where else "profile")
-        fitted_tp = profile.metadata["tensor_parallel_size"]
-        if fitted_tp != tensor_parallel_size:
-            raise ScenarioError(f"{profile.source}: metadata.tensor_parallel_size is {fitted_tp} "
-                                f"but the scenario runs tensor_parallel_size="
-                                f"{tensor_parallel_size}; use a profile fitted at that size")
-        return ProfileCost(profile)
-    raise _fail(where, f"unknown cost model {spec!r}; allowed: {_ALLOWED}")
+    """Build a cost model from a scenario's `cost_model` value (or a parsed CostModelSpec)."""
+    return parse_cost_model(spec, model, hardware, tensor_parallel_size, where).build(
+        model, hardware, tensor_parallel_size)

@@ -22,6 +22,16 @@ class PagedKVCache:
         self.block_size = block_size
         self.free = num_blocks  # blocks on the free list
 
+    @classmethod
+    def for_replica(cls, num_blocks: int, block_size: int, num_requests: int) -> "PagedKVCache":
+        return cls(num_blocks, block_size)  # counts blocks: no per-request state
+
+    @staticmethod
+    def slots_needed(prompt: np.ndarray, output: np.ndarray, block_size: int):
+        """Token slots each request needs at its largest, and why (for messages)."""
+        return (-(-(prompt + output - 1) // block_size) * block_size,
+                "prompt + output - 1 tokens of KV")
+
     @property
     def used(self) -> int:
         return self.num_blocks - self.free
@@ -54,6 +64,15 @@ class ContiguousKVCache:
         self.capacity = num_blocks * block_size                  # token slots
         self.free_tokens = self.capacity
         self.reserved = np.zeros(num_requests, dtype=np.int64)  # token slots reserved per request
+
+    @classmethod
+    def for_replica(cls, num_blocks: int, block_size: int, num_requests: int) -> "ContiguousKVCache":
+        return cls(num_blocks, block_size, num_requests)
+
+    @staticmethod
+    def slots_needed(prompt: np.ndarray, output: np.ndarray, block_size: int):
+        """Token slots each request reserves (its prompt + the longest output), and why."""
+        return prompt + int(output.max()), "its prompt + the longest output (static batching reserves both)"
 
     def allocate(self, rid: int, num_tokens: int) -> bool:
         if num_tokens > self.free_tokens:

@@ -10,6 +10,8 @@ from array import array
 
 import numpy as np
 
+from .step import Schedule, StepOutcome
+
 STEP_COLUMNS = ("replica", "start_s", "duration_s", "count", "num_seqs", "prefill_tokens",
                 "decode_tokens", "padded_tokens", "kv_blocks_used", "kv_blocks_total", "waiting")
 _CHUNK = 65536
@@ -26,38 +28,34 @@ class Recorder:
         self.kv_block_seconds = 0.0   # integral of KV blocks in use over time (blocks x s)
         self.decode_context_tokens = 0.0  # sum over iterations of decode_context_sum (KV tokens read)
 
-    def record(self, replica: int, start: float, durations: np.ndarray, batch,
-               total: float | None = None) -> None:
-        """One row for `durations` (iterations of `batch` from `start`); `total` is their sum when
-        the caller already has it (float(durations.sum()), or durations[0] for one iteration)."""
-        count, stats, bs = len(durations), batch.stats, self.block_size
+    def record(self, replica: int, start: float, durations: np.ndarray, schedule: Schedule,
+               outcome: StepOutcome) -> None:
+        """One row for `durations`: the iterations of `schedule` run from `start`."""
+        count, stats, bs = len(durations), schedule.stats, self.block_size
         if count == 1:  # scalar arithmetic: most rows are single iterations
             total = float(durations[0])
-            slots_last = batch.kv_slots
-            self.kv_slot_seconds += slots_last * total
-            self.kv_token_seconds += batch.kv_tokens * total
-            self.kv_block_seconds += -(-slots_last // bs) * total
+            self.kv_slot_seconds += schedule.kv_slots * total
+            self.kv_token_seconds += schedule.kv_tokens * total
+            self.kv_block_seconds += -(-schedule.kv_slots // bs) * total
             self.decode_context_tokens += stats.decode_context_sum
             self.durations.append(total)
         else:
-            if total is None:
-                total = float(durations.sum())
+            total = float(durations.sum())
             later = durations[1:]
-            growth = batch.kv_slot_growth[: count - 1]
+            growth = outcome.kv_slot_growth[: count - 1]
             grown_slots = float(growth @ later) if len(growth) else 0.0
-            slots_last = batch.kv_slots + (int(growth[-1]) if len(growth) else 0)
-            self.kv_slot_seconds += batch.kv_slots * total + grown_slots
+            self.kv_slot_seconds += schedule.kv_slots * total + grown_slots
             # every decode adds one token per iteration
-            self.kv_token_seconds += (batch.kv_tokens * total
-                                      + batch.kv_token_growth * float(np.arange(count) @ durations))
+            self.kv_token_seconds += (schedule.kv_tokens * total
+                                      + schedule.decode_tokens * float(np.arange(count) @ durations))
             # a run's growth comes in whole blocks (paged); a constant reservation rounds up once
-            self.kv_block_seconds += -(-batch.kv_slots // bs) * total + grown_slots / bs
+            self.kv_block_seconds += -(-schedule.kv_slots // bs) * total + grown_slots / bs
             self.decode_context_tokens += (count * stats.decode_context_sum
                                            + stats.num_decodes * count * (count - 1) / 2)
             self.durations.frombytes(np.ascontiguousarray(durations, dtype=np.float64).tobytes())
-        self._rows.append((replica, start, total, count, batch.num_seqs, batch.prefill_tokens,
-                           batch.decode_tokens, stats.padded_tokens, -(-slots_last // bs),
-                           batch.kv_blocks_total, batch.waiting))
+        self._rows.append((replica, start, total, count, schedule.num_seqs, schedule.prefill_tokens,
+                           schedule.decode_tokens, stats.padded_tokens, outcome.kv_blocks_used,
+                           schedule.kv_blocks_total, schedule.waiting))
         if len(self._rows) >= _CHUNK:
             self._pack()
 

@@ -130,7 +130,7 @@ def run_pair(sc, *, virtual: bool):
     rng = np.random.default_rng(sc.seed)
     w = build_workload(sc.workload, rng)
     sim = simulate(sc, workload=w)
-    cost = ProfileCost(load_profile(sc.cost_model["profile"]))
+    cost = ProfileCost(sc.cost_model.profile)
     vc = VirtualClock()
     kw = {"clock": vc.clock, "sleep": vc.sleep} if virtual else {}
     fake = FakeModel(cost, sc.engine.num_gpu_blocks, sc.engine.block_size,
@@ -257,7 +257,7 @@ def test_batches_map_to_seq_chunks(tmp_path):
     w = Workload(arrival_s=np.array([0.0, 0.0]), prompt_tokens=np.array([10, 2]),
                  output_tokens=np.array([3, 1]), priority=np.zeros(2, dtype=np.int64))
     vc, seen = VirtualClock(), []
-    fake = FakeModel(ProfileCost(load_profile(sc.cost_model["profile"])), 64, 4, sleep=vc.sleep)
+    fake = FakeModel(ProfileCost(sc.cost_model.profile), 64, 4, sleep=vc.sleep)
 
     class Recording:
         def run(self, chunks):

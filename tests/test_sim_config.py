@@ -59,7 +59,7 @@ def test_defaults(tmp_path):
     assert sc.seed == 0
     assert sc.engine == EngineConfig()    # every engine key defaults
     assert sc.engine.scheduler == "continuous" and sc.engine.num_gpu_blocks is None
-    assert sc.cost_model == "roofline"
+    assert sc.cost_model.as_yaml() == "roofline"
     assert sc.slo is None
     assert sc.model == MODEL_PRESETS["llama-3-8b"]
     assert sc.hardware.name == "h100-sxm"
@@ -69,7 +69,7 @@ def test_defaults(tmp_path):
 def test_null_means_default(tmp_path):
     text = yaml.safe_dump(MINIMAL) + "name:\nseed:\ncost_model:\nslo:\nengine:\n  max_num_seqs:\n  block_size: null\n"
     sc = load_scenario(write(tmp_path, text))
-    assert (sc.name, sc.seed, sc.cost_model, sc.slo, sc.engine) == ("chat", 0, "roofline", None, EngineConfig())
+    assert (sc.name, sc.seed, sc.cost_model.as_yaml(), sc.slo, sc.engine) == ("chat", 0, "roofline", None, EngineConfig())
 
 
 def test_every_key_given(tmp_path):
@@ -79,7 +79,7 @@ def test_every_key_given(tmp_path):
     raw = with_(name="x", seed=7, cost_model="unit", engine=engine,
                 slo={"ttft_ms": 300, "tpot_ms": 40, "percentile": 90})
     sc = load_scenario(write(tmp_path, raw))
-    assert (sc.name, sc.seed, sc.cost_model) == ("x", 7, "unit")
+    assert (sc.name, sc.seed, sc.cost_model.as_yaml()) == ("x", 7, "unit")
     assert dataclasses.asdict(sc.engine) == engine
     assert sc.slo == SLOConfig(ttft_ms=300.0, tpot_ms=40.0, percentile=90.0)
 
@@ -127,7 +127,7 @@ def test_relative_paths_resolve_against_the_yaml_folder(tmp_path, monkeypatch):
 def test_profile_cost_model_resolves_against_the_yaml_folder():
     raw = with_(cost_model={"profile": "profiles/example-h100-llama-3-8b.yaml"})
     sc = scenario_from_dict(raw, source="scenarios/x.yaml", base_dir=REPO / "scenarios")
-    assert sc.cost_model == {"profile": REPO / "scenarios/profiles/example-h100-llama-3-8b.yaml"}
+    assert sc.cost_model.as_yaml() == {"profile": str(REPO / "scenarios/profiles/example-h100-llama-3-8b.yaml")}
 
 
 def test_static_may_have_a_token_budget_below_max_num_seqs():
@@ -164,7 +164,7 @@ def test_bundled_scenarios_exist():
 def test_toy_scenarios_share_the_toy_trace():
     for name, scheduler in (("toy-static-8", "static"), ("toy-continuous-8", "continuous")):
         sc = load_scenario(REPO / "scenarios" / f"{name}.yaml")
-        assert (sc.cost_model, sc.engine.scheduler, sc.engine.max_num_seqs) == ("unit", scheduler, 8)
+        assert (sc.cost_model.as_yaml(), sc.engine.scheduler, sc.engine.max_num_seqs) == ("unit", scheduler, 8)
         assert sc.workload.trace == (REPO / "scenarios/traces/toy8.csv").resolve()
 
 

@@ -1,10 +1,14 @@
 """Schedulers: which requests compute which tokens in the next engine iteration.
 
-The contract, in one breath: the engine calls `add(rid)` when a request arrives, `schedule(now)`
-for the next iteration's `Batch` (None: nothing to run until an arrival or `retry_at`), and, once
-the cost model's time has passed, `update(batch, steps, now)` to apply what the iteration computed.
-A scheduler owns its waiting/running queues and its KV cache; it never knows what an iteration
-costs. Adding a scheduler = one file + one line in `SCHEDULERS`.
+The contract, in one breath (sim/step.py): the engine calls `add(rid)` when a request arrives,
+`schedule(now)` for the next iteration's frozen `Schedule` (None: nothing to run until an arrival
+or `retry_at`), and, once the cost model's time has passed, `update(schedule, steps, now)`, which
+applies what the iteration computed and returns a `StepOutcome`. A scheduler owns its waiting and
+running queues and its KV cache; it never knows what an iteration costs.
+
+Adding a scheduler = one file + one line in `SCHEDULERS`: config validation, the CLI's help, the
+real engine and the planner read names and per-scheduler facts (the class attributes of the
+Protocol below) from here, never by comparing names.
 
 `build_scheduler` and `check_servable` are how both the simulator (sim/simulate.py) and the real
 engine (calibrate/engine.py) set one replica up from a scenario's engine config, so the two share
@@ -12,15 +16,14 @@ admission and memory semantics by construction. Nothing here imports simpy.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import numpy as np
 
 from ..errors import ScenarioError
-from ..kv_cache import ContiguousKVCache, PagedKVCache
 from ..queues import make_queue
 from ..request import RequestTable
-from .batch import Batch
+from ..step import Schedule, StepOutcome
 from .chunked import ChunkedScheduler
 from .continuous import ContinuousScheduler
 from .static import StaticScheduler
@@ -31,16 +34,20 @@ if TYPE_CHECKING:
 
 
 class Scheduler(Protocol):
+    kv_cache: ClassVar[type]      # its KV memory: PagedKVCache or ContiguousKVCache (sim/kv_cache.py)
+    token_budget: ClassVar[bool]  # does max_num_batched_tokens limit each iteration?
+    chunks_prompts: ClassVar[bool]  # may a prompt be split over iterations (else whole or nothing)?
+    iteration_level: ClassVar[bool]  # do requests join and leave at every iteration (vLLM's kind)?
     retry_at: float  # when schedule() may return work without a new arrival (inf: only on arrival)
 
     def add(self, rid: int) -> None:
         """A request has arrived: put it in the waiting queue."""
 
-    def schedule(self, now: float) -> Batch | None:
+    def schedule(self, now: float) -> Schedule | None:
         """What the next iteration computes, or None if there is nothing to run now."""
 
-    def update(self, batch: Batch, steps: int, now: float) -> None:
-        """Apply `steps` (<= batch.max_steps) iterations of `batch`, the last ending at `now`."""
+    def update(self, schedule: Schedule, steps: int, now: float) -> StepOutcome:
+        """Apply `steps` (<= schedule.max_steps) iterations of `schedule`, the last ending at `now`."""
 
     def has_work(self) -> bool:
         """Anything waiting or running."""
@@ -49,7 +56,11 @@ class Scheduler(Protocol):
         """Requests waiting or running (the least_loaded router's measure)."""
 
 
-SCHEDULERS = {"static": StaticScheduler, "continuous": ContinuousScheduler, "chunked": ChunkedScheduler}
+SCHEDULERS: dict[str, type] = {
+    "static": StaticScheduler,
+    "continuous": ContinuousScheduler,
+    "chunked": ChunkedScheduler,
+}
 
 
 def make_scheduler(name: str, **kwargs) -> Scheduler:
@@ -61,8 +72,7 @@ def make_scheduler(name: str, **kwargs) -> Scheduler:
 def build_scheduler(e: EngineConfig, requests: RequestTable, num_blocks: int,
                     workload: Workload) -> Scheduler:
     """One replica's scheduler with its own KV cache of `num_blocks` blocks and waiting queue."""
-    kv = (ContiguousKVCache(num_blocks, e.block_size, len(requests)) if e.scheduler == "static"
-          else PagedKVCache(num_blocks, e.block_size))
+    kv = SCHEDULERS[e.scheduler].kv_cache.for_replica(num_blocks, e.block_size, len(requests))
     return make_scheduler(e.scheduler, requests=requests, kv=kv,
                           queue=make_queue(e.policy, requests), max_num_seqs=e.max_num_seqs,
                           max_num_batched_tokens=e.max_num_batched_tokens,
@@ -74,25 +84,22 @@ def check_servable(w: Workload, e: EngineConfig, num_blocks: int, where: str = "
     """A request that could never be scheduled would hang the replica: refuse it up front."""
     if len(w) == 0:
         raise ScenarioError(f"{where}workload: no requests to simulate")
+    cls = SCHEDULERS[e.scheduler]
     capacity = num_blocks * e.block_size  # KV token slots per replica
-    if e.scheduler == "static":
-        need = w.prompt_tokens + int(w.output_tokens.max())
-        what = "its prompt + the longest output (static batching reserves both)"
-    else:
-        need = -(-(w.prompt_tokens + w.output_tokens - 1) // e.block_size) * e.block_size
-        what = "prompt + output - 1 tokens of KV"
+    need, what = cls.kv_cache.slots_needed(w.prompt_tokens, w.output_tokens, e.block_size)
     worst = int(np.argmax(need))
     if need[worst] > capacity:
         raise ScenarioError(
             f"{where}workload: request {worst} needs {int(need[worst])} KV token slots "
             f"({what}) but the cache holds {capacity} ({num_blocks} blocks x {e.block_size}); "
             f"raise engine.num_gpu_blocks / gpu_memory_utilization or shorten the request")
-    if e.scheduler == "continuous":
+    if cls.token_budget and not cls.chunks_prompts:
         longest = w.prompt_tokens + w.output_tokens - 1
         worst = int(np.argmax(longest))
         if longest[worst] > e.max_num_batched_tokens:
             raise ScenarioError(
                 f"{where}engine.max_num_batched_tokens: {e.max_num_batched_tokens} is below request "
                 f"{worst}'s {int(longest[worst])} tokens (prompt + output - 1, what a recompute "
-                f"prefills); the continuous scheduler prefills whole prompts, so raise it to at "
-                f"least {int(longest[worst])} or use scheduler: chunked")
+                f"prefills); the {e.scheduler} scheduler prefills whole prompts, so raise it to at "
+                f"least {int(longest[worst])} or use a scheduler that chunks prompts "
+                f"({', '.join(n for n, c in SCHEDULERS.items() if c.chunks_prompts)})")

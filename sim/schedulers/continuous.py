@@ -7,5 +7,7 @@ from .iteration_level import IterationLevelScheduler
 
 
 class ContinuousScheduler(IterationLevelScheduler):
+    chunks_prompts = False  # a prompt joins whole or waits
+
     def admit_tokens(self, want: int, budget: int) -> int:
         return want if want <= budget else 0

@@ -10,6 +10,10 @@ writes the true values back. What a decode batch needs is kept as running aggreg
 - how many members cross into a new KV block at each step: a member with stored computed `s`
   computes token position `s + D` in the iteration that starts at clock `D`, which opens a new block
   when `(s + D) % block_size == 0`, i.e. when `D % block_size == (-s) % block_size`.
+
+The members' ids live in an array (`ids()`, a read-only view that a Schedule may hold): joins append,
+leaves swap the last member into the gap, and the array is copied before any change once a view of
+it has been handed out, so a schedule's view never changes and steady decode runs copy nothing.
 """
 from __future__ import annotations
 
@@ -24,7 +28,9 @@ class DecodePool:
     def __init__(self, requests: RequestTable, block_size: int):
         self.req, self.block_size = requests, block_size
         self.clock = 0              # decode iterations run
-        self.members: set[int] = set()
+        self.members: dict[int, int] = {}  # member -> its position in self._ids
+        self._ids = np.zeros(64, dtype=np.int64)  # members, first len(members) entries
+        self._view: np.ndarray | None = None      # read-only view handed out since the last change
         self._stored_sum = 0        # sum over members of (computed - clock at any time)
         self.phase_count = np.zeros(block_size, dtype=np.int64)  # members opening a block at D % bs
         self._finish_heap: list[tuple[int, int]] = []  # (clock when its last token is sampled, rid)
@@ -37,6 +43,22 @@ class DecodePool:
         """Tokens the members hold in the KV cache before this iteration's decode."""
         return self._stored_sum + self.size * self.clock
 
+    def ids(self) -> np.ndarray:
+        """The members, as a read-only array that later changes to the pool leave alone."""
+        if self._view is None:
+            self._view = self._ids[: len(self.members)]
+            self._view.flags.writeable = False
+        return self._view
+
+    def _writable(self) -> np.ndarray:
+        """self._ids, copied first if a view of it is out (copy-on-write), with room for one more."""
+        n = len(self.members)
+        if self._view is not None or n == len(self._ids):
+            grown = np.zeros(max(len(self._ids), 2 * n + 1), dtype=np.int64)
+            grown[:n] = self._ids[:n]
+            self._ids, self._view = grown, None
+        return self._ids
+
     def computed(self, rid: int) -> int:
         return int(self.req.computed[rid]) + self.clock
 
@@ -45,7 +67,9 @@ class DecodePool:
         req.computed[rid] -= clock
         req.generated[rid] -= clock
         stored = int(req.computed[rid])
-        self.members.add(rid)
+        ids = self._writable()
+        ids[len(self.members)] = rid
+        self.members[rid] = len(self.members)
         self._stored_sum += stored
         self.phase_count[(-stored) % self.block_size] += 1
         heapq.heappush(self._finish_heap, (int(req.output[rid] - req.generated[rid]), rid))
@@ -53,7 +77,11 @@ class DecodePool:
     def leave(self, rid: int) -> None:
         req, clock = self.req, self.clock
         stored = int(req.computed[rid])
-        self.members.remove(rid)
+        ids = self._writable()
+        pos, last = self.members.pop(rid), int(ids[len(self.members)])
+        if last != rid:  # the last member fills the gap
+            ids[pos] = last
+            self.members[last] = pos
         self._stored_sum -= stored
         self.phase_count[(-stored) % self.block_size] -= 1
         req.computed[rid] += clock

@@ -20,13 +20,17 @@ import numpy as np
 from ..batch import BatchStats
 from ..kv_cache import PagedKVCache
 from ..request import RequestTable
-from .batch import Batch
+from ..step import NO_IDS, Schedule, StepOutcome
 from .decode_pool import DecodePool
-
-_NO_IDS = np.zeros(0, dtype=np.int64)
 
 
 class IterationLevelScheduler:
+    # Facts the rest of servesim reads instead of branching on a scheduler's name:
+    kv_cache = PagedKVCache      # KV memory: blocks allocated as tokens are computed
+    token_budget = True          # max_num_batched_tokens limits every iteration
+    chunks_prompts = True        # a prompt may be split over iterations (else: whole or nothing)
+    iteration_level = True       # requests join and leave at every iteration (the real engine's kind)
+
     def __init__(self, requests: RequestTable, kv: PagedKVCache, queue, *, max_num_seqs: int,
                  max_num_batched_tokens: int, **_unused):
         self.req, self.kv, self.waiting = requests, kv, queue
@@ -38,6 +42,7 @@ class IterationLevelScheduler:
         self.order: dict[int, None] = {}
         self.retry_at = np.inf           # only an arrival or a finished iteration creates new work
         self._fifo = getattr(queue, "new_arrivals_last", False)  # arrivals never pass a blocked head
+        self._preempted: list[int] = []  # preempted while forming the current schedule
 
     # -- the contract ---------------------------------------------------------------------------
     def add(self, rid: int) -> None:
@@ -53,10 +58,11 @@ class IterationLevelScheduler:
         """Tokens of a waiting request's prefill to schedule now (0: it cannot join)."""
         raise NotImplementedError
 
-    def schedule(self, now: float) -> Batch | None:
+    def schedule(self, now: float) -> Schedule | None:
         if not self.has_work():
             return None
         pool, kv = self.pool, self.kv
+        self._preempted = []
         budget = self.max_num_batched_tokens - pool.size  # decodes first, one token each
         chunks = self._prefill_chunks(budget)
         need = pool.new_blocks_now()
@@ -70,19 +76,22 @@ class IterationLevelScheduler:
             chunks += self._admit(now, budget)
         if not self.order:
             return None  # everything was preempted and nothing may join in this iteration
-        return self._batch(chunks, preempted)
+        return self._schedule(chunks, preempted)
 
-    def update(self, batch: Batch, steps: int, now: float) -> None:
+    def update(self, schedule: Schedule, steps: int, now: float) -> StepOutcome:
         req, kv = self.req, self.kv
-        if batch.decode_tokens:
+        growth, finished = NO_IDS, []
+        if schedule.decode_tokens:
             if steps > 1:  # the later iterations of a run; _run_length checked they fit
                 opened = self.pool.new_blocks_at(1, steps - 1).cumsum()
                 kv.allocate(int(opened[-1]))
-                batch.kv_slot_growth = opened * kv.block_size
-            done = self.pool.advance(steps)
-            if done:
-                self._finish(done, now)
-        for rid, t in batch.chunks:
+                growth = opened * kv.block_size
+            finished = self.pool.advance(steps)
+        used = kv.used  # held during the last iteration, before the finished release theirs
+        if finished:
+            self._finish(finished, now)
+        chunk_tokens = schedule.stats.prefill_lens.tolist() if len(schedule.prefill_ids) else ()
+        for rid, t in zip(schedule.prefill_ids.tolist(), chunk_tokens):
             computed = int(req.computed[rid]) + t
             req.computed[rid] = computed
             generated = int(req.generated[rid])
@@ -94,8 +103,10 @@ class IterationLevelScheduler:
             self.prefilling.remove(rid)
             if generated >= req.output[rid]:
                 self._finish([rid], now)
+                finished.append(rid)
             else:
                 self.pool.join(rid)
+        return StepOutcome(finished=tuple(finished), kv_blocks_used=used, kv_slot_growth=growth)
 
     # -- running requests -----------------------------------------------------------------------
     def _computed(self, rid: int) -> int:
@@ -134,6 +145,7 @@ class IterationLevelScheduler:
             self.prefilling.remove(rid)
         del self.order[rid]
         self.kv.release(self.kv.blocks_for(int(req.computed[rid])))
+        self._preempted.append(rid)
         req.computed[rid] = 0
         req.preemptions[rid] += 1
         if req.generated[rid] > 0 and np.isnan(req.resume_from[rid]):
@@ -176,16 +188,17 @@ class IterationLevelScheduler:
             budget -= t
         return admitted
 
-    # -- the batch ------------------------------------------------------------------------------
-    def _batch(self, chunks, preempted: bool) -> Batch:
+    # -- the schedule ---------------------------------------------------------------------------
+    def _schedule(self, chunks, preempted: bool) -> Schedule:
         req, pool, kv = self.req, self.pool, self.kv
         chunks = [(rid, t) for rid, t in chunks if t > 0]
-        prefill_tokens, lens, contexts = 0, _NO_IDS, _NO_IDS
+        prefill_tokens, ids, lens, contexts = 0, NO_IDS, NO_IDS, NO_IDS
         if chunks:
             sizes = [t for _, t in chunks]
             prefill_tokens = sum(sizes)
+            ids = np.array([rid for rid, _ in chunks], dtype=np.int64)
             lens = np.array(sizes, dtype=np.int64)
-            contexts = np.array([int(req.computed[rid]) for rid, _ in chunks], dtype=np.int64)
+            contexts = req.computed[ids]
         decodes, context_sum = pool.size, pool.context_sum()
         held = context_sum  # KV tokens held before this iteration's writes
         if self.prefilling:
@@ -193,13 +206,13 @@ class IterationLevelScheduler:
         stats = BatchStats(prefill_lens=lens, prefill_contexts=contexts, num_decodes=decodes,
                            decode_context_sum=context_sum + decodes)
         max_steps = self._run_length() if decodes and not self.prefilling and not preempted else 1
-        return Batch(
-            chunks=chunks, stats=stats, num_seqs=decodes + len(chunks),
-            prefill_tokens=prefill_tokens, decode_tokens=decodes,
+        return Schedule(
+            decode_ids=pool.ids() if decodes else NO_IDS, prefill_ids=ids, stats=stats,
+            num_seqs=decodes + len(chunks), prefill_tokens=prefill_tokens, decode_tokens=decodes,
             kv_slots=kv.used * kv.block_size, kv_blocks_total=kv.num_blocks,
-            kv_tokens=held + decodes + prefill_tokens, max_steps=max_steps,
-            arrival_sensitive=self._arrival_sensitive(),
-            waiting=len(self.waiting))
+            kv_tokens=held + decodes + prefill_tokens, waiting=len(self.waiting),
+            max_steps=max_steps, arrival_sensitive=self._arrival_sensitive(),
+            preempted=tuple(self._preempted))
 
     def _run_length(self) -> int:
         """Iterations this decode batch repeats unchanged: until a member finishes or the free

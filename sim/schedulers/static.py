@@ -13,10 +13,15 @@ import numpy as np
 from ..batch import BatchStats
 from ..kv_cache import ContiguousKVCache
 from ..request import RequestTable
-from .batch import Batch
+from ..step import NO_IDS, Schedule, StepOutcome
 
 
 class StaticScheduler:
+    kv_cache = ContiguousKVCache  # each row reserves its padded prompt + the longest output
+    token_budget = False          # max_num_batched_tokens does not apply
+    chunks_prompts = False
+    iteration_level = False       # a batch runs to its end: not what the real engine runs
+
     def __init__(self, requests: RequestTable, kv: ContiguousKVCache, queue, *, max_num_seqs: int,
                  max_output_tokens: int, batch_timeout_s: float = 0.0, **_unused):
         self.req, self.kv, self.waiting = requests, kv, queue
@@ -38,7 +43,7 @@ class StaticScheduler:
     def load(self) -> int:
         return len(self.rows) + len(self.waiting)
 
-    def schedule(self, now: float) -> Batch | None:
+    def schedule(self, now: float) -> Schedule | None:
         if len(self.rows):
             return self._decode()
         self.retry_at = np.inf
@@ -51,8 +56,9 @@ class StaticScheduler:
                 return None
         return self._prefill(now)
 
-    def update(self, batch: Batch, steps: int, now: float) -> None:
+    def update(self, schedule: Schedule, steps: int, now: float) -> StepOutcome:
         req, rows = self.req, self.rows
+        used = -(-(self.kv.capacity - self.kv.free_tokens) // self.kv.block_size)
         if not self.prefilled:
             self.prefilled = True
             req.generated[rows] = 1
@@ -66,9 +72,10 @@ class StaticScheduler:
         if np.all(req.generated[rows] >= req.output[rows]):
             self.kv.release(rows)
             self.rows = np.zeros(0, dtype=np.int64)
+        return StepOutcome(finished=tuple(just_done.tolist()), kv_blocks_used=used, kv_slot_growth=NO_IDS)
 
-    # -- batches --------------------------------------------------------------------------------
-    def _prefill(self, now: float) -> Batch:
+    # -- schedules ------------------------------------------------------------------------------
+    def _prefill(self, now: float) -> Schedule:
         req, kv, waiting = self.req, self.kv, self.waiting
         rows, longest = [], 0
         while len(waiting) and len(rows) < self.max_num_seqs:
@@ -79,6 +86,7 @@ class StaticScheduler:
             rows.append(waiting.pop())
             longest = padded
         self.rows = np.array(rows, dtype=np.int64)
+        self.rows.flags.writeable = False  # the schedule hands it over as its prefill_ids
         self.padded_len, self.step, self.prefilled = longest, 0, False
         for rid in rows:
             kv.allocate(rid, longest + self.max_output_tokens)
@@ -88,10 +96,10 @@ class StaticScheduler:
         stats = BatchStats(prefill_lens=np.full(n, longest, dtype=np.int64),
                            prefill_contexts=np.zeros(n, dtype=np.int64),
                            padded_tokens=n * longest - prompt_tokens)
-        return self._batch(stats, num_seqs=n, prefill_tokens=prompt_tokens, decode_tokens=0,
-                           kv_tokens=prompt_tokens, max_steps=1)
+        return self._schedule(stats, NO_IDS, self.rows, num_seqs=n, prefill_tokens=prompt_tokens,
+                              decode_tokens=0, kv_tokens=prompt_tokens, max_steps=1)
 
-    def _decode(self) -> Batch:
+    def _decode(self) -> Schedule:
         req, rows = self.req, self.rows
         n = len(rows)
         gen = req.generated[rows]
@@ -102,12 +110,16 @@ class StaticScheduler:
         stats = BatchStats(num_decodes=n, decode_context_sum=n * context, padded_tokens=n - n_active)
         remaining = int((req.output[rows][active] - gen[active]).min())
         kv_tokens = int((req.prompt[rows][active] + gen[active]).sum())
-        return self._batch(stats, num_seqs=n_active, prefill_tokens=0, decode_tokens=n_active,
-                           kv_tokens=kv_tokens, max_steps=remaining)
+        decoding = rows[active]
+        decoding.flags.writeable = False
+        return self._schedule(stats, decoding, NO_IDS, num_seqs=n_active, prefill_tokens=0,
+                              decode_tokens=n_active, kv_tokens=kv_tokens, max_steps=remaining)
 
-    def _batch(self, stats, *, num_seqs, prefill_tokens, decode_tokens, kv_tokens, max_steps):
+    def _schedule(self, stats, decode_ids, prefill_ids, *, num_seqs, prefill_tokens, decode_tokens,
+                  kv_tokens, max_steps) -> Schedule:
         reserved = self.kv.capacity - self.kv.free_tokens
-        return Batch(stats=stats, num_seqs=num_seqs, prefill_tokens=prefill_tokens,
-                     decode_tokens=decode_tokens, kv_slots=reserved,
-                     kv_blocks_total=self.kv.num_blocks, kv_tokens=kv_tokens, max_steps=max_steps,
-                     arrival_sensitive=False, waiting=len(self.waiting))
+        return Schedule(decode_ids=decode_ids, prefill_ids=prefill_ids, stats=stats,
+                        num_seqs=num_seqs, prefill_tokens=prefill_tokens,
+                        decode_tokens=decode_tokens, kv_slots=reserved,
+                        kv_blocks_total=self.kv.num_blocks, kv_tokens=kv_tokens,
+                        waiting=len(self.waiting), max_steps=max_steps, arrival_sensitive=False)

@@ -1,0 +1,111 @@
+"""Time in the simulation: how long the iterations a replica runs now take (a run of identical
+decode iterations priced at once, cut at the next arrival that could change it), and the order of
+events that fall on the same instant. This is the one module that chooses SimPy priorities.
+
+Phases of an instant, in order:
+    ITERATION_END  iterations end; their requests finish and free their KV blocks
+    ARRIVAL        the router places the requests arriving now
+    SCHEDULE       idle replicas wake and schedule (closed loops; open-loop inboxes need no phase)
+
+Fast-forward: between arrivals, admissions, completions and KV-block shortages a decode batch keeps
+its shape, so the scheduler says how many iterations it may repeat (`schedule.max_steps`) and
+`Runner.run` waits for them as one timeout, cut at the first iteration boundary at or after the next
+arrival when an arrival could change the batch. Results equal stepping one iteration at a time (a
+property test). In a closed loop an arrival can be created during a run (another replica's request
+finished): the inbox then calls `cut`, which ends the run at the first boundary at or after it.
+"""
+from __future__ import annotations
+
+import numpy as np
+import simpy
+
+from .cost import CostModel
+from .step import Schedule
+
+ITERATION_END = simpy.core.URGENT
+ARRIVAL = simpy.core.NORMAL
+SCHEDULE = simpy.core.NORMAL + 1
+
+_PROBE_STEPS = 32  # iterations priced before looking for the next arrival in a run
+
+
+def fire(event: simpy.Event, delay: float, phase: int) -> simpy.Event:
+    """Trigger the pending `event` `delay` seconds from now, in `phase` of that instant.
+
+    What `Event.succeed()` does, at a chosen delay and priority: SimPy's public
+    `Environment.schedule(event, priority, delay)` takes both, but only `succeed` (NORMAL, now) and
+    `Timeout` (NORMAL) mark an event triggered, so the two fields they set are set here, as SimPy's
+    own event types do. The only place in servesim that touches them."""
+    event._ok, event._value = True, None
+    event.env.schedule(event, phase, delay)
+    return event
+
+
+def phase_timeout(env: simpy.Environment, delay: float, phase: int) -> simpy.Event:
+    """`env.timeout(delay)` in a chosen phase of its instant (SimPy's Timeout is always NORMAL)."""
+    return fire(simpy.Event(env), delay, phase)
+
+
+class Runner:
+    """Prices and waits for one replica's iterations. `inbox.next_arrival()` bounds runs."""
+
+    def __init__(self, env: simpy.Environment, cost: CostModel, inbox, fast_forward: bool = True):
+        self.env, self.cost, self.inbox = env, cost, inbox
+        self.fast_forward = fast_forward
+        self.process: simpy.Process | None = None  # the replica's process, which `cut` interrupts
+        self._run: tuple[float, np.ndarray] | None = None  # (start, durations) of a cuttable run
+
+    def run(self, schedule: Schedule):
+        """Wait (as a sub-generator of the replica's process) for the iterations of `schedule` that
+        run now; returns their durations."""
+        start = self.env.now
+        durations = self._durations(schedule, start)
+        end = phase_timeout(self.env, total(durations), ITERATION_END)
+        if len(durations) > 1 and schedule.arrival_sensitive and self.inbox.cuts_runs:
+            return (yield from self._cuttable(end, start, durations))
+        yield end
+        return durations
+
+    def cut(self, t: float) -> None:
+        """A request arriving at `t` (now) could join the decode run in progress: end the run at
+        its first iteration boundary at or after `t`, if that comes before the run's end."""
+        if self._run is None:
+            return
+        start, durations = self._run
+        if int(np.searchsorted(start + np.cumsum(durations), t, "left")) < len(durations) - 1:
+            self._run = None
+            self.process.interrupt()
+
+    def _cuttable(self, end, start: float, durations: np.ndarray):
+        """Wait for a run's `end`; if `cut` interrupts, for its new end. Returns the iterations run."""
+        self._run = (start, durations)
+        try:
+            yield end
+        except simpy.Interrupt:
+            ends = start + np.cumsum(durations)
+            steps = int(np.searchsorted(ends, self.env.now, "left")) + 1
+            durations = durations[:steps]
+            yield phase_timeout(self.env, max(float(ends[steps - 1]) - self.env.now, 0.0),
+                               ITERATION_END)
+        self._run = None
+        return durations
+
+    def _durations(self, schedule: Schedule, start: float) -> np.ndarray:
+        """Durations of the iterations to run now: one, or a run of up to schedule.max_steps that
+        ends with the first iteration ending at or after the next arrival (if that could matter)."""
+        steps = schedule.max_steps if self.fast_forward else 1
+        if steps == 1 or not schedule.arrival_sensitive:
+            return self.cost.step_times(schedule.stats, steps)
+        arrival = self.inbox.next_arrival()
+        probe = min(steps, _PROBE_STEPS)  # an arrival usually cuts a run long before it ends
+        durations = self.cost.step_times(schedule.stats, probe)
+        ends = start + durations.cumsum()
+        if ends[-1] < arrival and probe < steps:
+            durations = self.cost.step_times(schedule.stats, steps)
+            ends = start + durations.cumsum()
+        return durations[: int(ends.searchsorted(arrival, "left")) + 1]
+
+
+def total(durations: np.ndarray) -> float:
+    """Seconds the iterations take together (numpy's sum for a run, as the recorder stores it)."""
+    return float(durations.sum()) if len(durations) > 1 else float(durations[0])
