@@ -11,8 +11,30 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+import typer.core
+
+class _HelpWithPlugins(typer.core.TyperGroup):
+    """`servesim --help` ends with the plug-in names, read from their registries when the help is
+    shown (importing them at start-up would slow every command)."""
+
+    def format_help(self, ctx, formatter) -> None:
+        super().format_help(ctx, formatter)
+        typer.echo(plugin_names())
+
+
+def plugin_names() -> str:
+    from sim.cost import COST_MODELS
+    from sim.queues import POLICIES
+    from sim.routers import ROUTERS
+    from sim.schedulers import SCHEDULERS
+
+    rows = (("engine.scheduler", SCHEDULERS), ("engine.router", ROUTERS), ("engine.policy", POLICIES),
+            ("cost_model", COST_MODELS))
+    return "Plug-ins:\n" + "\n".join(f"  {key:<17} {', '.join(names)}" for key, names in rows)
+
 
 app = typer.Typer(
+    cls=_HelpWithPlugins,
     rich_markup_mode="rich",
     no_args_is_help=True,
     add_completion=False,

@@ -47,8 +47,12 @@ class Run:
 
     @property
     def max_num_seqs(self) -> int:
-        """engine.max_num_seqs, recovered from summary's slot_utilization (= seq-iterations /
-        (max_num_seqs x iterations)); the largest batch seen when that is unavailable."""
+        """engine.max_num_seqs as summary.json records it; for run folders written before it did,
+        recovered from slot_utilization (= seq-iterations / (max_num_seqs x iterations)), or the
+        largest batch seen."""
+        recorded = (self.summary.get("run") or {}).get("engine", {}).get("max_num_seqs")
+        if isinstance(recorded, int) and recorded > 0:
+            return recorded
         s = self.steps
         seq_iters = float((s["num_seqs"] * s["count"]).sum())
         iters = float(s["count"].sum())

@@ -1,9 +1,20 @@
-"""Small validators for scenario values: each checks one value and raises a one-line ScenarioError
-naming the key path and what is allowed."""
+"""The one validation vocabulary for every scenario section (model, hardware, engine, cost_model,
+workload, slo) and CLI option: each validator checks one value and raises a one-line ScenarioError
+in one style, `<file>: <key.path>: <value> is not <what is allowed>`:
+
+    _int, _num, _bool, _choice, _text   one value
+    _check_keys, check_fields, _section  the keys of a mapping (unknown keys get a "did you mean")
+    _existing_path                        a file the scenario names
+
+Numbers: YAML 1.1 (PyYAML) reads an exponent without a dot (`24e9`, `9e-1`) as a string; where a
+real number is expected such a string is read as the number it spells, and an integer must be
+written as one (the message says so).
+"""
 from __future__ import annotations
 
 import difflib
 import math
+import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -37,6 +48,9 @@ def _number_hint(v: Any) -> str:
     return ""
 
 
+_EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")  # what YAML 1.1 leaves a string
+
+
 def _int(v: Any, where: str, lo: int, hi: int | None = None) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
         allowed = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
@@ -46,12 +60,26 @@ def _int(v: Any, where: str, lo: int, hi: int | None = None) -> int:
 
 def _num(v: Any, where: str, lo: float, hi: float | None = None, open_lo: bool = False,
          open_hi: bool = False) -> float:
+    if isinstance(v, str) and _EXPONENT.fullmatch(v.strip()):
+        v = float(v)
     ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
     if not ok or v < lo or (open_lo and v == lo) or (hi is not None and (v > hi or open_hi and v == hi)):
         allowed = (f"{'>' if open_lo else '>='} {lo}" if hi is None else
                    f"in {'(' if open_lo else '['}{lo}, {hi}{')' if open_hi else ']'}")
         raise ScenarioError(f"{where}: {_show(v)} is not a number {allowed}{_number_hint(v)}")
     return float(v)
+
+
+def _bool(v: Any, where: str) -> bool:
+    if not isinstance(v, bool):
+        raise ScenarioError(f"{where}: {_show(v)} is not true or false")
+    return v
+
+
+def _text(v: Any, where: str) -> str:
+    if not isinstance(v, str) or not v:
+        raise ScenarioError(f"{where}: {_show(v)} is not a non-empty string")
+    return v
 
 
 def _choice(v: Any, where: str, allowed: Iterable[str]) -> str:
@@ -88,16 +116,16 @@ def _existing_path(v: Any, key: str, w: Where, base_dir: Path, what: str) -> Pat
 
 
 def check_fields(fields: Any, where: str, allowed: tuple[str, ...], required: tuple[str, ...]) -> None:
-    """A mapping of dataclass fields: no unknown keys, none of the required ones missing."""
+    """A mapping of dataclass fields at `where` ("file.yaml: model"): no unknown keys, none of the
+    required ones missing."""
     at = f"{where}: " if where else ""
     if not isinstance(fields, dict):
-        raise ScenarioError(f"{at}must be a mapping of {', '.join(allowed)}")
-    unknown = sorted(set(fields) - set(allowed))
-    if unknown:
-        raise ScenarioError(f"{at}unknown key {unknown[0]!r}; allowed: {', '.join(allowed)}")
+        raise ScenarioError(f"{at}{_show(fields)} is not a mapping; allowed keys: {', '.join(allowed)}")
+    _check_keys(fields, "", lambda key: f"{where}.{key}" if where else key, allowed)
     missing = [k for k in required if k not in fields]
     if missing:
-        raise ScenarioError(f"{at}missing key {missing[0]!r}; required: {', '.join(required)}")
+        path = f"{where}.{missing[0]}" if where else missing[0]
+        raise ScenarioError(f"{path}: missing; required: {', '.join(required)}")
 
 
 def check_out_dir(out_dir: Path) -> None:

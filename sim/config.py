@@ -38,7 +38,7 @@ from .workload import WorkloadConfig
 
 @dataclass(frozen=True)
 class EngineConfig:
-    scheduler: str = "continuous"          # static | continuous | chunked
+    scheduler: str = "continuous"          # a key of sim.schedulers.SCHEDULERS
     max_num_seqs: int = 256                # static: the batch size
     max_num_batched_tokens: int = 8192     # token budget per iteration (continuous, chunked)
     block_size: int = 16                   # tokens per KV block
@@ -46,8 +46,8 @@ class EngineConfig:
     num_gpu_blocks: int | None = None      # override of the derived KV capacity
     tensor_parallel_size: int = 1
     replicas: int = 1
-    router: str = "round_robin"            # round_robin | least_loaded
-    policy: str = "fcfs"                   # fcfs | sjf | priority
+    router: str = "round_robin"            # a key of sim.routers.ROUTERS
+    policy: str = "fcfs"                   # a key of sim.queues.POLICIES
     batch_timeout_s: float = 0.0           # static only: how long a partial batch waits
 
 
@@ -90,10 +90,6 @@ class Scenario:
         return self.cost_model.build(self.model, self.hardware, self.engine.tensor_parallel_size)
 
 
-# Names come from the plug-ins' own registries: adding one there is all it takes.
-SCHEDULER_NAMES = tuple(SCHEDULERS)
-ROUTER_NAMES = tuple(ROUTERS)
-POLICY_NAMES = tuple(POLICIES)
 TOP_KEYS = ("name", "seed", "model", "hardware", "cost_model", "engine", "workload", "slo")
 MAX_BLOCK_SIZE = 1024  # tokens; bigger "pages" make paging pointless and usually mean a typo
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # the name becomes the folder runs/<name>
@@ -332,7 +328,8 @@ def _parse_engine(v: Any, w: Where) -> EngineConfig:
                             f"in [1, {MAX_BLOCK_SIZE}] (vLLM uses 16)")
     blocks = get("num_gpu_blocks")
     engine = EngineConfig(
-        scheduler=_choice(get("scheduler"), at("scheduler"), SCHEDULER_NAMES),
+        # names: the plug-ins' registries, read now (a scheduler registered later is accepted)
+        scheduler=_choice(get("scheduler"), at("scheduler"), SCHEDULERS),
         max_num_seqs=_int(get("max_num_seqs"), at("max_num_seqs"), lo=1),
         max_num_batched_tokens=_int(get("max_num_batched_tokens"), at("max_num_batched_tokens"), lo=1),
         block_size=block_size,
@@ -343,11 +340,11 @@ def _parse_engine(v: Any, w: Where) -> EngineConfig:
         replicas=_int(get("replicas"), at("replicas"), lo=1),
         # router (replicas > 1) and batch_timeout_s (static) are accepted and ignored where they do
         # not apply, so that a sweep over replicas or schedulers can start from any scenario.
-        router=_choice(get("router"), at("router"), ROUTER_NAMES),
-        policy=_choice(get("policy"), at("policy"), POLICY_NAMES),
+        router=_choice(get("router"), at("router"), ROUTERS),
+        policy=_choice(get("policy"), at("policy"), POLICIES),
         batch_timeout_s=_num(get("batch_timeout_s"), at("batch_timeout_s"), 0),
     )
-    if engine.scheduler != "static" and engine.max_num_batched_tokens < engine.max_num_seqs:
+    if SCHEDULERS[engine.scheduler].token_budget and engine.max_num_batched_tokens < engine.max_num_seqs:
         # vLLM's rule: every running sequence must be able to decode one token per iteration.
         rule = f"the {engine.scheduler} scheduler needs max_num_batched_tokens >= max_num_seqs"
         if at("max_num_seqs").startswith("--set"):

@@ -23,6 +23,7 @@ import numpy as np
 import yaml
 
 from .batch import BatchStats
+from .checks import _num, _section
 from .errors import ScenarioError
 from .hardware import HardwareSpec
 from .memory import kv_bytes_per_token_per_rank
@@ -294,11 +295,10 @@ def _unit_options(options: Any, where: str, hardware: HardwareSpec, tp: int) -> 
 
 
 def _roofline_options(options: Any, where: str, hardware: HardwareSpec, tp: int) -> dict:
-    options = _keys(options or {}, f"{where}.roofline", (), _ROOFLINE_KWARGS)
-    kwargs = {k: _nonneg(v, f"{where}.roofline.{k}") for k, v in options.items()}
-    for key in ("compute_efficiency", "bandwidth_efficiency", "interconnect_efficiency"):
-        if key in kwargs and not 0 < kwargs[key] <= 1:
-            raise _fail(f"{where}.roofline.{key}", f"must be in (0, 1], got {kwargs[key]}")
+    at = f"{where}.roofline"
+    options = _section(options, at, lambda path: path, _ROOFLINE_KWARGS)
+    kwargs = {k: _num(v, f"{at}.{k}", 0, 1, open_lo=True) if k.endswith("_efficiency")
+              else _num(v, f"{at}.{k}", 0) for k, v in options.items()}
     if tp > 1 and hardware.interconnect_bandwidth <= 0:
         raise _fail(where, f"roofline needs {hardware.name}.interconnect_bandwidth > 0 for "
                            f"tensor_parallel_size={tp}")

@@ -21,7 +21,7 @@ import numpy as np
 
 from .errors import ScenarioError
 from .load_search import Knob, max_load
-from .memory import kv_budget
+from .schedulers import SCHEDULERS
 
 SEQS_GRID = (8, 16, 32, 64, 128, 256, 512)
 TOKENS_GRID = (512, 1024, 2048, 4096, 8192, 16384)
@@ -32,14 +32,10 @@ def kv_seq_cap(sc) -> int:
     """Sequences of the workload's mean length (prompt + output) that fit in the KV cache."""
     from .workload import build_workload
 
-    e = sc.engine
-    budget = kv_budget(sc.model, sc.hardware, tensor_parallel_size=e.tensor_parallel_size,
-                       gpu_memory_utilization=e.gpu_memory_utilization, block_size=e.block_size,
-                       max_num_batched_tokens=e.max_num_batched_tokens, num_gpu_blocks=e.num_gpu_blocks)
     w = sc.workload if sc.workload.trace is not None else replace(  # a trace: its own requests
         sc.workload, num_requests=min(sc.workload.num_requests or 1000, 2000))
     w = build_workload(w, np.random.default_rng(sc.seed))
-    return budget.max_concurrent_seqs(int(np.mean(w.prompt_tokens + w.output_tokens)))
+    return sc.budget.max_concurrent_seqs(int(np.mean(w.prompt_tokens + w.output_tokens)))
 
 
 def engine_overrides(engine, setting: dict) -> tuple[str, ...]:
@@ -53,7 +49,8 @@ def engine_curve(ev, knob: Knob, search: dict) -> dict:
     e, o = ev.scenario.engine, ev.options
     grid = knob.anchored(search["answer"], max(o.curve_resolution, knob.resolution))
     cap = kv_seq_cap(ev.scenario)
-    if e.scheduler != "static":
+    kind = SCHEDULERS[e.scheduler]
+    if kind.token_budget:  # every running sequence needs a token of the budget
         cap = min(cap, e.max_num_batched_tokens)
     own = {k: getattr(e, k) for k in SETTING_KEYS}
     done = {tuple(own.values()): _entry(own, (), search, o.curve_seeds)}
@@ -62,7 +59,7 @@ def engine_curve(ev, knob: Knob, search: dict) -> dict:
     seq_entries = _ladder(ev, grid, done, [{**own, "max_num_seqs": v} for v in seqs], seqs.index(e.max_num_seqs))
     best = _best(seq_entries) or done[tuple(own.values())]
     token_entries: list[dict] = []
-    if e.scheduler == "chunked":
+    if kind.token_budget and kind.chunks_prompts:  # the budget trades TTFT for ITL: search it
         n = best["max_num_seqs"]
         tokens = sorted({t for t in TOKENS_GRID if t >= n} | {e.max_num_batched_tokens})
         token_entries = _ladder(ev, grid, done, [{"max_num_seqs": n, "max_num_batched_tokens": t} for t in tokens],

@@ -13,10 +13,7 @@ override `usd_per_hour` in a scenario for your own contract. See docs/cost_model
 from __future__ import annotations
 
 from dataclasses import dataclass, fields as dc_fields
-from typing import Any
-
-from .checks import check_fields
-from .errors import ScenarioError
+from .checks import _num, _text, check_fields
 
 
 @dataclass(frozen=True)
@@ -44,31 +41,10 @@ _FIELDS = tuple(f.name for f in dc_fields(HardwareSpec))
 _REQUIRED = ("memory_bytes", "hbm_bandwidth", "bf16_flops")
 
 
-def _fail(where: str, msg: str) -> ScenarioError:
-    return ScenarioError(f"{where}: {msg}" if where else msg)
-
-
-def _number(value: Any, where: str, key: str, *, positive: bool) -> float:
-    # PyYAML reads "80e9" (no dot) as a string, so numeric strings are accepted too.
-    if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            pass
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-        raise _fail(where, f"{key} must be a number, got {value!r}")
-    if value < 0 or (positive and value == 0):
-        raise _fail(where, f"{key} must be {'> 0' if positive else '>= 0'}, got {value!r}")
-    return float(value)
-
-
 def hardware_from_fields(fields: dict, where: str) -> HardwareSpec:
     """Explicit HardwareSpec mapping (e.g. a scenario's `hardware:` block); units: bytes,
     bytes/s, FLOP/s, USD/hour. `where` prefixes messages, e.g. "chat.yaml: hardware"."""
     check_fields(fields, where, _FIELDS, _REQUIRED)
-    name = fields.get("name", "custom")
-    if not isinstance(name, str) or not name:
-        raise _fail(where, f"name must be a non-empty string, got {name!r}")
-    values = {k: _number(fields[k], where, k, positive=k in _REQUIRED)
+    values = {k: _num(fields[k], f"{where}.{k}", 0, open_lo=k in _REQUIRED)
               for k in _FIELDS if k != "name" and k in fields}
-    return HardwareSpec(name=name, **values)
+    return HardwareSpec(name=_text(fields.get("name", "custom"), f"{where}.name"), **values)

@@ -15,9 +15,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, fields as dc_fields
 from pathlib import Path
-from typing import Any
 
-from .checks import check_fields
+from .checks import _bool, _int, _show, _text, check_fields
 from .errors import ScenarioError
 
 
@@ -110,42 +109,26 @@ def _fail(where: str, msg: str) -> ScenarioError:
     return ScenarioError(f"{where}: {msg}" if where else msg)
 
 
-def _positive_int(value: Any, where: str, key: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise _fail(where, f"{key} must be a positive integer, got {value!r}")
-    return value
-
-
-def _as_bool(value: Any, where: str, key: str) -> bool:
-    if not isinstance(value, bool):
-        raise _fail(where, f"{key} must be true or false, got {value!r}")
-    return value
-
-
 def model_from_fields(fields: dict, where: str) -> ModelSpec:
     """Explicit ModelSpec mapping (e.g. a scenario's `model:` block). `where` prefixes messages,
     e.g. "chat.yaml: model". num_kv_heads defaults to num_attention_heads, head_dim to
     hidden_size // num_attention_heads, name to "custom"."""
     check_fields(fields, where, _FIELDS, _REQUIRED)
-    v = {k: _positive_int(fields[k], where, k) for k in _REQUIRED}
+    at = lambda key: f"{where}.{key}"  # noqa: E731
+    v = {k: _int(fields[k], at(k), lo=1) for k in _REQUIRED}
     heads = v["num_attention_heads"]
-    v["num_kv_heads"] = _positive_int(fields.get("num_kv_heads", heads), where, "num_kv_heads")
+    v["num_kv_heads"] = _int(fields.get("num_kv_heads", heads), at("num_kv_heads"), lo=1)
     if heads % v["num_kv_heads"]:
-        raise _fail(where, f"num_attention_heads ({heads}) must be a multiple of "
-                           f"num_kv_heads ({v['num_kv_heads']})")
-    default_hd = v["hidden_size"] // heads
-    v["head_dim"] = _positive_int(fields.get("head_dim", default_hd), where, "head_dim")
+        raise ScenarioError(f"{at('num_kv_heads')}: {v['num_kv_heads']} does not divide "
+                            f"num_attention_heads ({heads})")
+    v["head_dim"] = _int(fields.get("head_dim", v["hidden_size"] // heads), at("head_dim"), lo=1)
     dtype_bytes = fields.get("dtype_bytes", 2)
     if dtype_bytes not in (1, 2, 4) or isinstance(dtype_bytes, bool):
-        raise _fail(where, f"dtype_bytes must be 1, 2 or 4, got {dtype_bytes!r}")
-    name = fields.get("name", "custom")
-    if not isinstance(name, str) or not name:
-        raise _fail(where, f"name must be a non-empty string, got {name!r}")
+        raise ScenarioError(f"{at('dtype_bytes')}: {_show(dtype_bytes)} is not one of 1, 2, 4")
     return ModelSpec(
-        name=name, dtype_bytes=dtype_bytes,
-        tie_word_embeddings=_as_bool(fields.get("tie_word_embeddings", False), where,
-                                     "tie_word_embeddings"),
-        attention_bias=_as_bool(fields.get("attention_bias", False), where, "attention_bias"),
+        name=_text(fields.get("name", "custom"), at("name")), dtype_bytes=dtype_bytes,
+        tie_word_embeddings=_bool(fields.get("tie_word_embeddings", False), at("tie_word_embeddings")),
+        attention_bias=_bool(fields.get("attention_bias", False), at("attention_bias")),
         **v,
     )
 

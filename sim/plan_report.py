@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .schedulers import SCHEDULERS
+
 LATENCY_PNG = "latency_vs_load.png"
 TRADEOFF_PNG = "goodput_vs_engine.png"
 
@@ -48,7 +50,8 @@ def _load_cells(r: dict):
 
 def _setting(r: dict, p: dict) -> str:
     text = f"max_num_seqs {p['max_num_seqs']}"
-    if r["engine"]["scheduler"] == "chunked":
+    kind = SCHEDULERS.get(r["engine"]["scheduler"])
+    if kind is not None and kind.token_budget and kind.chunks_prompts:  # the budget was searched
         text += f", max_num_batched_tokens {p['max_num_batched_tokens']}"
     return text
 

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from .checks import _check_keys, _choice, _int, _num, _show
 from .errors import ScenarioError
 from .traces import read_trace, shown
 
@@ -241,11 +242,11 @@ def _arrival(top: _Keys) -> ArrivalProcess:
     process = keys.choice("process", tuple(ARRIVALS))
     keys.only(ARRIVALS[process])
     if process == "burst":
-        return Burst(keys.number("at", default=0.0, low=0.0))
+        return Burst(keys.number("at", default=0.0, low=0))
     if process == "gamma":
         return Gamma(keys.number("rate"), keys.number("cv"))
     if process == "closed_loop":
-        return ClosedLoop(keys.integer("users", 1), keys.number("think_time", low=0.0),
+        return ClosedLoop(keys.integer("users", 1), keys.number("think_time", low=0),
                           keys.choice("think_dist", THINK_DISTS, "exponential"))
     return ARRIVALS[process](keys.number("rate"))
 
@@ -277,23 +278,24 @@ class _Keys:
 
     def __init__(self, raw: Any, where: str, path: str, allowed: tuple[str, ...]):
         if not isinstance(raw, dict):
-            raise ScenarioError(f"{where}: {path}: expected a mapping, got {type(raw).__name__}")
+            raise ScenarioError(f"{where}: {path}: {_show(raw)} is not a mapping; allowed keys: "
+                                f"{', '.join(allowed)}")
         self.raw, self.where, self.path, self.allowed = raw, where, path, allowed
 
     def only(self, cls: type | None = None) -> None:
         """Reject keys outside `allowed` (plus the fields of `cls`, once the dist is known)."""
         if cls is not None:
             self.allowed = self.allowed + tuple(f.name for f in fields(cls))
-        unknown = [k for k in self.raw if k not in self.allowed]
-        if unknown:
-            raise ScenarioError(f"{self.where}: {self.path}: unknown key {unknown[0]!r} "
-                                f"(allowed: {', '.join(self.allowed)})")
+        _check_keys(self.raw, self.path, lambda path: f"{self.where}: {path}", self.allowed)
 
     def sub(self, key: str, kind_key: str) -> _Keys:
         return _Keys(self.raw[key], self.where, f"{self.path}.{key}", (kind_key,))
 
+    def at(self, key: str) -> str:
+        return f"{self.where}: {self.path}.{key}"
+
     def fail(self, key: str, what: str) -> ScenarioError:
-        return ScenarioError(f"{self.where}: {self.path}.{key}: {what}")
+        return ScenarioError(f"{self.at(key)}: {what}")
 
     def _get(self, key: str, default: Any, allowed: str) -> Any:
         if self.raw.get(key) is not None:  # YAML `key:` with no value (null) counts as absent
@@ -303,31 +305,19 @@ class _Keys:
         return default
 
     def integer(self, key: str, low: int, default: Any = _REQUIRED) -> int | None:
-        allowed = f"an integer >= {low}"
-        value = self._get(key, default, allowed)
-        if value is default:
-            return value
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise self.fail(key, f"{value!r} is not {allowed}")
-        return value
+        value = self._get(key, default, f"an integer >= {low}")
+        return value if value is default else _int(value, self.at(key), lo=low)
 
-    def number(self, key: str, default: Any = _REQUIRED, low: float | None = None) -> float:
+    def number(self, key: str, default: Any = _REQUIRED, low: int | None = None) -> float:
         """A finite number > 0 (or >= low when `low` is given)."""
-        allowed = "a number > 0" if low is None else f"a number >= {low:g}"
-        value = self._get(key, default, allowed)
+        value = self._get(key, default, "a number > 0" if low is None else f"a number >= {low}")
         if value is default:
             return value
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value)
-        if not ok or (value <= 0 if low is None else value < low):
-            raise self.fail(key, f"{value!r} is not {allowed}")
-        return float(value)
+        return _num(value, self.at(key), 0, open_lo=True) if low is None else _num(value, self.at(key), low)
 
     def choice(self, key: str, options: tuple[str, ...], default: Any = _REQUIRED) -> str:
-        allowed = f"one of {', '.join(options)}"
-        value = self._get(key, default, allowed)
-        if value not in options:
-            raise self.fail(key, f"{value!r} is not {allowed}")
-        return value
+        value = self._get(key, default, f"one of {', '.join(options)}")
+        return value if value is default and default is not _REQUIRED else _choice(value, self.at(key), options)
 
     def file(self, key: str, base_dir: Path) -> Path:
         value = self._get(key, _REQUIRED, "a file path")

@@ -203,11 +203,11 @@ def test_bad_yaml(tmp_path, text, expected):
     (with_(slo={"ttft": 5}), ("chat.yaml: slo.ttft: unknown key (did you mean 'ttft_ms'?); allowed: "
                              "ttft_ms, tpot_ms, percentile")),
     (with_(model={"hf_config": "x.json", "layers": 2}), "chat.yaml: model.layers: unknown key"),
-    (with_(model={"num_layers": 2, "foo": 1}), "chat.yaml: model: unknown key 'foo'; allowed: name"),
+    (with_(model={"num_layers": 2, "foo": 1}), "chat.yaml: model.foo: unknown key; allowed: name"),
     (with_(hardware={"memory_bytes": 1, "hbm_bandwidth": 1, "bf16_flops": 1, "tflops": 1}),
-     "chat.yaml: hardware: unknown key 'tflops'; allowed: name, memory_bytes"),
-    (with_(cost_model={"roofline": {"efficiency": 1}}), "chat.yaml: cost_model.roofline: unknown key"),
-    (with_(workload={**MINIMAL["workload"], "rate": 1}), "chat.yaml: workload: unknown key 'rate'"),
+     "chat.yaml: hardware.tflops: unknown key (did you mean 'bf16_flops'?); allowed: name, memory_bytes"),
+    (with_(cost_model={"roofline": {"efficiency": 1}}), "chat.yaml: cost_model.roofline.efficiency: unknown key"),
+    (with_(workload={**MINIMAL["workload"], "rate": 1}), "chat.yaml: workload.rate: unknown key"),
 ])
 def test_unknown_key_at_each_level(tmp_path, raw, expected):
     assert expected in error(raw, tmp_path)
@@ -261,9 +261,9 @@ def test_bad_engine_values(tmp_path, engine, expected):
     ({"workload": None}, "chat.yaml: workload: missing; required"),
     ({"model": 7}, "chat.yaml: model: 7 is not a preset name"),
     ({"model": {"num_layers": 0, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 8,
-                "vocab_size": 8}}, "chat.yaml: model: num_layers must be a positive integer"),
+                "vocab_size": 8}}, "chat.yaml: model.num_layers: 0 is not an integer >= 1"),
     ({"hardware": {"memory_bytes": "lots", "hbm_bandwidth": 1, "bf16_flops": 1}},
-     "chat.yaml: hardware: memory_bytes must be a number"),
+     "chat.yaml: hardware.memory_bytes: 'lots' is not a number > 0"),
     ({"cost_model": "magic"}, "chat.yaml: cost_model: unknown cost model 'magic'; allowed: unit, roofline"),
     ({"cost_model": {"profile": "missing.yaml"}}, "chat.yaml: cost_model.profile: no such file 'missing.yaml'"),
     ({"workload": {"trace": "traces/missing.csv"}}, "chat.yaml: workload.trace: no such file 'traces/missing.csv'"),
@@ -329,7 +329,7 @@ def test_model_that_leaves_no_room_for_kv(tmp_path):
     ("slo={ttft_ms: -1}", "--set slo.ttft_ms: -1 is not a number > 0"),
     ("workload.arrival.rate=-1", ("chat.yaml: workload.arrival.rate: -1 is not a number > 0 "
                                  "(after --set workload.arrival.rate=-1)")),
-    ("workload.foo=1", "workload: unknown key 'foo' (allowed: trace, "),
+    ("workload.foo=1", "workload.foo: unknown key; allowed: trace, "),
     ("cost_model=unit2", "--set cost_model: unknown cost model 'unit2'"),
 ])
 def test_bad_overrides(tmp_path, override, expected):
@@ -344,3 +344,35 @@ def test_bad_seed_argument(tmp_path):
 def test_an_error_not_caused_by_a_set_names_the_file(tmp_path):
     message = error(with_(engine={"scheduler": "fifo"}), tmp_path, overrides=["engine.max_num_seqs=8"])
     assert message.startswith(f"{tmp_path / 'chat.yaml'}: engine.scheduler:")
+
+
+def _yaml_with(tmp_path, line_edits: dict[str, str]) -> Path:
+    """A chat scenario written as YAML text (so that PyYAML itself reads `9e-1` as a string)."""
+    text = (f"model:\n  {line_edits.get('model', 'name: m')}\n  num_layers: {line_edits.get('num_layers', 2)}\n"
+            "  hidden_size: 64\n  num_attention_heads: 4\n  intermediate_size: 128\n  vocab_size: 256\n"
+            f"hardware:\n  memory_bytes: 80e9\n  hbm_bandwidth: {line_edits.get('hbm', '3.35e12')}\n"
+            "  bf16_flops: 989e12\n"
+            f"engine:\n  gpu_memory_utilization: {line_edits.get('util', 0.9)}\n"
+            f"  max_num_seqs: {line_edits.get('seqs', 8)}\n"
+            f"workload:\n  arrival: {{process: poisson, rate: {line_edits.get('rate', 1)}}}\n"
+            f"  num_requests: {line_edits.get('n', 10)}\n"
+            "  prompt_tokens: {dist: fixed, value: 10}\n  output_tokens: {dist: fixed, value: 10}\n"
+            f"slo: {{ttft_ms: {line_edits.get('ttft', 500)}}}\n")
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_one_number_vocabulary_in_every_section(tmp_path):
+    """`9e-1` (a string to YAML 1.1) is the number 0.9 wherever a real number is expected, in
+    every section alike; an integer written `1e2` is refused in every section with the same hint."""
+    sc = load_scenario(_yaml_with(tmp_path, {"hbm": "9e-1", "util": "9e-1", "rate": "9e-1",
+                                             "ttft": "5e2"}))
+    assert sc.hardware.hbm_bandwidth == sc.engine.gpu_memory_utilization == 0.9
+    assert sc.workload.arrival.rate == 0.9 and sc.slo.ttft_ms == 500.0
+    hint = "'1e2' is not an integer >= 1 (YAML 1.1 reads 1e3 as a string"
+    for edit, key in (({"num_layers": "1e2"}, "model.num_layers"), ({"seqs": "1e2"}, "engine.max_num_seqs"),
+                      ({"n": "1e2"}, "workload.num_requests")):
+        with pytest.raises(ScenarioError) as e:
+            load_scenario(_yaml_with(tmp_path, edit))
+        assert f"s.yaml: {key}: {hint}" in str(e.value)

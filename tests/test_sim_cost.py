@@ -215,10 +215,10 @@ def test_make_cost_model():
     ("vidur", 1, "h100-sxm", "^s.yaml: cost_model: unknown cost model 'vidur'; allowed: unit, "
                              "roofline, "),
     ({"unit": 1}, 1, "h100-sxm", "unknown cost model \\{'unit': 1\\}"),
-    ({"roofline": {"speed": 2}}, 1, "h100-sxm", "s.yaml: cost_model.roofline: unknown key "
-                                                "'speed'; allowed: compute_efficiency"),
+    ({"roofline": {"speed": 2}}, 1, "h100-sxm", "s.yaml: cost_model.roofline.speed: unknown key; "
+                                                "allowed: compute_efficiency"),
     ({"roofline": {"compute_efficiency": 1.5}}, 1, "h100-sxm",
-     "cost_model.roofline.compute_efficiency: must be in \\(0, 1\\], got 1.5"),
+     "cost_model.roofline.compute_efficiency: 1.5 is not a number in \\(0, 1\\]"),
     ("roofline", 2, "custom", "roofline needs custom.interconnect_bandwidth > 0 for "
                               "tensor_parallel_size=2"),
     ({"profile": EXAMPLE}, 2, "h100-sxm", "metadata.tensor_parallel_size is 1 but the scenario "

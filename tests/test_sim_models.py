@@ -126,21 +126,21 @@ def test_model_from_fields():
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"num_layer": 2}, "s.yaml: model: unknown key 'num_layer'; allowed: name, num_layers"),
-    ({"hidden_size": None}, "s.yaml: model: missing key 'hidden_size'; required: num_layers"),
-    ({"hidden_size": -1}, "s.yaml: model: hidden_size must be a positive integer, got -1"),
-    ({"num_layers": 2.5}, "num_layers must be a positive integer, got 2.5"),
-    ({"num_layers": True}, "num_layers must be a positive integer, got True"),
-    ({"num_kv_heads": 3}, r"num_attention_heads \(4\) must be a multiple of num_kv_heads \(3\)"),
-    ({"dtype_bytes": 3}, "dtype_bytes must be 1, 2 or 4, got 3"),
-    ({"attention_bias": "yes"}, "attention_bias must be true or false, got 'yes'"),
-    ({"name": ""}, "name must be a non-empty string"),
+    ({"num_layer": 2}, "s.yaml: model.num_layer: unknown key \\(did you mean 'num_layers'\\?\\); allowed: name, num_layers"),
+    ({"hidden_size": None}, "s.yaml: model.hidden_size: missing; required: num_layers"),
+    ({"hidden_size": -1}, "s.yaml: model.hidden_size: -1 is not an integer >= 1"),
+    ({"num_layers": 2.5}, "model.num_layers: 2.5 is not an integer >= 1"),
+    ({"num_layers": True}, "model.num_layers: true is not an integer >= 1"),
+    ({"num_kv_heads": 3}, r"model.num_kv_heads: 3 does not divide num_attention_heads \(4\)"),
+    ({"dtype_bytes": 3}, "model.dtype_bytes: 3 is not one of 1, 2, 4"),
+    ({"attention_bias": "yes"}, "model.attention_bias: 'yes' is not true or false"),
+    ({"name": ""}, "model.name: '' is not a non-empty string"),
 ])
 def test_model_from_fields_errors(change, message):
     fields = {k: v for k, v in {**TINY_FIELDS, **change}.items() if v is not None}
     with pytest.raises(ScenarioError, match=message):
         model_from_fields(fields, "s.yaml: model")
-    with pytest.raises(ScenarioError, match="must be a mapping"):
+    with pytest.raises(ScenarioError, match="s.yaml: model: a list is not a mapping"):
         model_from_fields([1], "s.yaml: model")
 
 
@@ -158,13 +158,13 @@ def test_hardware_from_fields():
     h = hardware_from_fields({"name": "g", "memory_bytes": "24e9", "hbm_bandwidth": 1e12,
                               "bf16_flops": 1e14}, "s.yaml: hardware")
     assert (h.memory_bytes, h.interconnect_bandwidth, h.usd_per_hour) == (24e9, 0.0, 0.0)
-    with pytest.raises(ScenarioError, match="s.yaml: hardware: unknown key 'memory'"):
+    with pytest.raises(ScenarioError, match="s.yaml: hardware.memory: unknown key"):
         hardware_from_fields({"memory": 1}, "s.yaml: hardware")
-    with pytest.raises(ScenarioError, match="missing key 'bf16_flops'"):
+    with pytest.raises(ScenarioError, match="hardware.bf16_flops: missing; required"):
         hardware_from_fields({"memory_bytes": 1, "hbm_bandwidth": 1}, "s.yaml: hardware")
-    with pytest.raises(ScenarioError, match="hbm_bandwidth must be > 0, got 0"):
+    with pytest.raises(ScenarioError, match="w.hbm_bandwidth: 0 is not a number > 0"):
         hardware_from_fields({"memory_bytes": 1, "hbm_bandwidth": 0, "bf16_flops": 1}, "w")
-    with pytest.raises(ScenarioError, match="memory_bytes must be a number, got 'lots'"):
+    with pytest.raises(ScenarioError, match="w.memory_bytes: 'lots' is not a number > 0"):
         hardware_from_fields({"memory_bytes": "lots", "hbm_bandwidth": 1, "bf16_flops": 1}, "w")
 
 

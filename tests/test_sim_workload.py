@@ -281,15 +281,15 @@ W = "scenarios/chat.yaml: workload"
     ({"prompt_tokens": {"dist": "gauss"}},
      f"{W}.prompt_tokens.dist: 'gauss' is not one of fixed, uniform, lognormal, empirical"),
     ({"prompt_tokens": {"dist": "lognormal", "mean": 5, "sd": 2}},
-     f"{W}.prompt_tokens: unknown key 'sd' (allowed: dist, mean, std, min, max)"),
+     f"{W}.prompt_tokens.sd: unknown key (did you mean 'std'?); allowed: dist, mean, std, min, max"),
     ({"prompt_tokens": {"dist": "lognormal", "mean": 5}}, f"{W}.prompt_tokens.std: missing (expected a number > 0)"),
     ({"prompt_tokens": {"dist": "lognormal", "mean": 5, "std": 1, "min": 10, "max": 4}},
      f"{W}.prompt_tokens.max: 4 is not an integer >= 10"),
     ({"prompt_tokens": {"dist": "uniform", "low": 5, "high": 4}}, f"{W}.prompt_tokens.high: 4 is not an integer >= 5"),
     ({"output_tokens": {"dist": "fixed", "value": 0}}, f"{W}.output_tokens.value: 0 is not an integer >= 1"),
-    ({"output_tokens": {"dist": "fixed", "value": True}}, f"{W}.output_tokens.value: True is not an integer >= 1"),
+    ({"output_tokens": {"dist": "fixed", "value": True}}, f"{W}.output_tokens.value: true is not an integer >= 1"),
     ({"output_tokens": {"dist": "fixed", "value": 2.5}}, f"{W}.output_tokens.value: 2.5 is not an integer >= 1"),
-    ({"output_tokens": 200}, f"{W}.output_tokens: expected a mapping, got int"),
+    ({"output_tokens": 200}, f"{W}.output_tokens: 200 is not a mapping; allowed keys: dist"),
     ({"output_tokens": {"dist": "empirical", "trace": "traces/nope.csv"}},
      f"{W}.output_tokens.trace: no such file 'traces/nope.csv' (looked in "),
     ({"output_tokens": {"dist": "empirical", "trace": "traces/toy8.csv", "column": "both"}},
@@ -299,15 +299,15 @@ W = "scenarios/chat.yaml: workload"
     ({"arrival": {"process": "poisson", "rate": float("inf")}}, f"{W}.arrival.rate: inf is not a number > 0"),
     ({"arrival": {"process": "gamma", "rate": 1}}, f"{W}.arrival.cv: missing (expected a number > 0)"),
     ({"arrival": {"process": "burst", "at": -1}}, f"{W}.arrival.at: -1 is not a number >= 0"),
-    ({"arrival": {"process": "constant", "rate": 1, "cv": 2}}, f"{W}.arrival: unknown key 'cv' (allowed: process, rate)"),
+    ({"arrival": {"process": "constant", "rate": 1, "cv": 2}}, f"{W}.arrival.cv: unknown key; allowed: process, rate"),
     ({"arrival": {"process": "weibull"}}, f"{W}.arrival.process: 'weibull' is not one of poisson, gamma, constant, burst"),
     ({"num_requests": 0}, f"{W}.num_requests: 0 is not an integer >= 1"),
     ({"time_scale": -2}, f"{W}.time_scale: -2 is not a number > 0"),
     ({"priority": {"dist": "lognormal", "mean": 1, "std": 1}},
      f"{W}.priority.dist: 'lognormal' is not one of fixed, uniform"),
     ({"priority": {"dist": "uniform", "low": -1, "high": 3}}, f"{W}.priority.low: -1 is not an integer >= 0"),
-    ({"rate": 8}, f"{W}: unknown key 'rate' (allowed: trace, time_scale, priority, arrival, prompt_tokens, "
-                  "output_tokens, num_requests)"),
+    ({"rate": 8}, f"{W}.rate: unknown key (did you mean 'trace'?); allowed: trace, time_scale, priority, "
+                  "arrival, prompt_tokens, output_tokens, num_requests"),
     ({"trace": "traces/toy8.csv"}, f"{W}.arrival: not allowed with workload.trace"),
 ])
 def test_parse_errors(patch, message):
@@ -326,7 +326,7 @@ def test_parse_errors(patch, message):
                                           "output_tokens, num_requests (missing num_requests)"),
     ({"trace": "missing.csv"}, f"{W}.trace: no such file 'missing.csv' (looked in "),
     ({"trace": 3}, f"{W}.trace: 3 is not a file path"),
-    (None, f"{W}: expected a mapping, got NoneType"),
+    (None, f"{W}: null is not a mapping; allowed keys: trace"),
 ])
 def test_parse_section_errors(raw, message):
     with pytest.raises(ScenarioError) as e:
