@@ -241,7 +241,7 @@ def sweep(
     from sim.config import load_scenario
     from sim.checks import check_out_dir
     from sim.errors import ScenarioError
-    from sim.sweep import parse_grid, run_sweep
+    from sim.planning.sweep import parse_grid, run_sweep
 
     try:
         points = parse_grid(grid or ())
@@ -348,10 +348,10 @@ def plan(
     from sim.config import load_scenario
     from sim.checks import check_out_dir
     from sim.errors import ScenarioError
-    from sim.evaluator import PlanOptions
-    from sim.plan_report import headline, write_report
-    from sim.planner import plan as make_plan
-    from sim.slo import parse_slo
+    from sim.planning.evaluator import PlanOptions
+    from sim.planning.plan_report import headline, write_report
+    from sim.planning.planner import plan as make_plan
+    from sim.planning.slo import parse_slo
 
     try:
         if target_rate is not None and target_users is not None:
@@ -563,7 +563,7 @@ def plot(
     time, TTFT/TPOT/E2E CDFs; with [bold]--compare[/], throughput and latency side by side."""
     from sim.checks import check_out_dir
     from sim.errors import ScenarioError
-    from sim.plots import save_plots
+    from sim.reporting.plots import save_plots
 
     try:
         if out is not None:

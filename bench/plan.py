@@ -27,9 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sim.config import load_scenario
-from sim.evaluator import PlanOptions
-from sim.parallel import default_workers
-from sim.planner import plan
+from sim.planning.evaluator import PlanOptions
+from sim.planning.parallel import default_workers
+from sim.planning.planner import plan
 from sim.simulate import simulate
 
 

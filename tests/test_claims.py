@@ -1,4 +1,4 @@
-"""The claims audit (sim/claims/): exact toy numbers, lower bounds, KV arithmetic, verdicts, and
+"""The claims audit (sim/reporting/claims/): exact toy numbers, lower bounds, KV arithmetic, verdicts, and
 docs/claims.md being what the generator writes."""
 import math
 import random
@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim import claims
+from sim.reporting import claims
 from sim.models import MODEL_PRESETS
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "claims.md"
@@ -134,12 +134,12 @@ def test_docs_claims_md_is_the_full_run_of_the_generator():
     for fn in (claims.toy_random_seed0, claims.toy_default_rng, claims.toy_fixed_lengths,
                claims.uniform_static_utilization, claims.kv_16kb_per_token, claims.kv_70b_40gb):
         assert claims.render_claim(fn()) in text, f"docs/claims.md is stale ({fn.__name__}): " \
-            "regenerate with python -m sim.claims --out docs/claims.md"
+            "regenerate with python -m sim.reporting.claims --out docs/claims.md"
     assert text.count('<a id="') == len(claims.CLAIMS)
 
 
 def test_python_m_sim_claims_writes_what_render_returns(tmp_path, short_claims):
-    from sim.claims.__main__ import main
+    from sim.reporting.claims.__main__ import main
     out = tmp_path / "claims.md"
     main(["--out", str(out), "--short"])
     assert out.read_text() == claims.render(short_claims, short=True)

@@ -1,5 +1,5 @@
-"""`servesim plan`: SLO parsing (sim/slo.py), the load search (sim/load_search.py), the engine curve
-(sim/engine_curve.py), cluster sizing (sim/planner.py), re-simulated answers, the report, and trace
+"""`servesim plan`: SLO parsing (sim/planning/slo.py), the load search (sim/planning/load_search.py), the engine curve
+(sim/planning/engine_curve.py), cluster sizing (sim/planning/planner.py), re-simulated answers, the report, and trace
 replays (the load knob is workload.time_scale; one seed per point: they are deterministic).
 
 Simulations are kept short (20 s of arrivals, 300-600 requests, a 5% grid): the point is that the
@@ -19,17 +19,17 @@ from simhelpers import assert_one_line_error
 from typer.testing import CliRunner
 
 from cli import app
-from sim import planner
+from sim.planning import planner
 from sim.config import SLOConfig, load_scenario
-from sim.engine_curve import engine_curve
+from sim.planning.engine_curve import engine_curve
 from sim.errors import ScenarioError
-from sim.evaluator import Evaluator, PlanOptions, deterministic
-from sim.load_search import Knob, load_knob, max_load
+from sim.planning.evaluator import Evaluator, PlanOptions, deterministic
+from sim.planning.load_search import Knob, load_knob, max_load
 from sim.metrics import goodput
-from sim.plan_report import headline, write_report
-from sim.planner import size_cluster
+from sim.planning.plan_report import headline, write_report
+from sim.planning.planner import size_cluster
 from sim.simulate import simulate
-from sim.slo import parse_slo, wilson
+from sim.planning.slo import parse_slo, wilson
 from sim.traces import read_trace
 from sim.workload import build_workload
 

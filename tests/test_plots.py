@@ -1,4 +1,4 @@
-"""sim/analysis.py slot assignment, sim/plots.py figures and `servesim plot`."""
+"""sim/reporting/analysis.py slot assignment, sim/reporting/plots.py figures and `servesim plot`."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli import app
-from sim.analysis import (
+from sim.reporting.analysis import (
     Run,
     iteration_of,
     load_run,
@@ -20,7 +20,7 @@ from sim.analysis import (
 )
 from sim.config import load_scenario
 from sim.errors import ScenarioError
-from sim.plots import compare_bars, latency_cdfs, save_plots, slot_timeline
+from sim.reporting.plots import compare_bars, latency_cdfs, save_plots, slot_timeline
 from sim.simulate import simulate, write_outputs
 from sim.workload import Workload, build_workload
 

@@ -1,5 +1,5 @@
-"""sim/sweep.py and `servesim sweep`: grid parsing and its errors, rows equal to simulate(), resume
-after a kill, --repeats seeds, and the Dask backend of sim/parallel.py."""
+"""sim/planning/sweep.py and `servesim sweep`: grid parsing and its errors, rows equal to simulate(), resume
+after a kill, --repeats seeds, and the Dask backend of sim/planning/parallel.py."""
 from __future__ import annotations
 
 import csv
@@ -19,9 +19,9 @@ from typer.testing import CliRunner
 from cli import app, sweep_table
 from sim.config import load_scenario
 from sim.errors import ScenarioError
-from sim.parallel import run_parallel
+from sim.planning.parallel import run_parallel
 from sim.simulate import simulate
-from sim.sweep import ResultsTable, flatten, parse_grid, read_results, run_sweep
+from sim.planning.sweep import ResultsTable, flatten, parse_grid, read_results, run_sweep
 
 REPO = Path(__file__).parents[1]
 runner = CliRunner()
@@ -261,7 +261,7 @@ def test_dask_cluster_gives_the_same_rows(tiny, tmp_path):
 
 
 def test_dask_errors_are_scenario_errors(monkeypatch):
-    monkeypatch.setattr("sim.parallel.CONNECT_TIMEOUT_S", 0.5)
+    monkeypatch.setattr("sim.planning.parallel.CONNECT_TIMEOUT_S", 0.5)
     with pytest.raises(ScenarioError, match=r"--cluster tcp://127.0.0.1:1: cannot connect"):
         list(run_parallel(abs, [(1,)], cluster="tcp://127.0.0.1:1"))
     monkeypatch.setitem(sys.modules, "distributed", None)  # as if not installed

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from calibrate.harness import calibrate
 from calibrate.validate import REAL_FILES, validate, write
 from cli import app
-from sim.analysis import load_run
+from sim.reporting.analysis import load_run
 from sim.config import load_scenario
 from sim.errors import ScenarioError
 

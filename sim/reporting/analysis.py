@@ -15,9 +15,9 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from .errors import ScenarioError
-from .metrics import REQUEST_COLUMNS
-from .recorder import STEP_COLUMNS
+from ..errors import ScenarioError
+from ..metrics import REQUEST_COLUMNS
+from ..recorder import STEP_COLUMNS
 
 RUN_FILES = ("requests.csv", "steps.csv", "summary.json")
 
@@ -228,16 +228,16 @@ def iteration_times(steps: pd.DataFrame, replica: int = 0) -> pd.DataFrame:
 
 def scenario_workload(scenario_path: str | Path, overrides: Iterable[str] = ()):
     """The requests a scenario would simulate (its seeded workload), to reuse or modify."""
-    from .config import load_scenario
-    from .workload import build_workload
+    from ..config import load_scenario
+    from ..workload import build_workload
 
     sc = load_scenario(scenario_path, overrides=list(overrides))
     return build_workload(sc.workload, np.random.default_rng(sc.seed))
 
 
 def _simulate_variant(scenario_path, overrides, workload, name) -> Run:
-    from .config import load_scenario
-    from .simulate import simulate
+    from ..config import load_scenario
+    from ..simulate import simulate
 
     sc = load_scenario(scenario_path, overrides=list(overrides))
     return Run.from_result(simulate(sc, workload=workload), name=name)
@@ -248,7 +248,7 @@ def simulate_variants(scenario_path: str | Path, variants: Mapping[Hashable, Ite
     """Run `scenario_path` once per variant, each with `common` then its own `--set` overrides
     (validated like the CLI's); `workload` replaces the scenario's requests in every variant.
     Returns {label: Run} in the order given; workers > 1 runs them in processes."""
-    from .parallel import run_parallel
+    from ..planning.parallel import run_parallel
 
     labels = list(variants)
     args = [(scenario_path, [*common, *variants[k]], workload,
@@ -259,7 +259,7 @@ def simulate_variants(scenario_path: str | Path, variants: Mapping[Hashable, Ite
 
 def repeat_workload(workload, copies: int):
     """`copies` back-to-back copies of the same requests at the same arrival times."""
-    from .workload import Workload
+    from ..workload import Workload
 
     arrays = [np.tile(a, copies) for a in (workload.arrival_s, workload.prompt_tokens,
                                            workload.output_tokens, workload.priority)]
@@ -270,7 +270,7 @@ def repeat_workload(workload, copies: int):
 def with_extra_request(workload, at_s: float, prompt_tokens: int, output_tokens: int):
     """A copy of `workload` with one more request (e.g. a long prompt) arriving at `at_s`; returns
     (workload, the new request's id)."""
-    from .workload import Workload
+    from ..workload import Workload
 
     arrival = np.append(workload.arrival_s, float(at_s))
     order = np.argsort(arrival, kind="stable")

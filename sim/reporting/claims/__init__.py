@@ -7,7 +7,7 @@ checked in (model, GPU, cost model, workload), the claimed and simulated numbers
 `batching.py`, `kv.py` and `latency.py`; the scenarios in `scenarios/claims/`; `render` turns the
 records into `docs/claims.md`:
 
-    python -m sim.claims --out docs/claims.md [--short]
+    python -m sim.reporting.claims --out docs/claims.md [--short]
 
 `short=True` runs fewer requests and sweep points (for notebooks and CI); the committed
 `docs/claims.md` is the full run. Roofline numbers are estimates from datasheet peaks, not

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import load_scenario
-from ..simulate import SimResult, simulate
+from ...config import load_scenario
+from ...simulate import SimResult, simulate
 
-SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios" / "claims"
+SCENARIOS = Path(__file__).resolve().parents[3] / "scenarios" / "claims"
 
 
 @lru_cache(maxsize=None)

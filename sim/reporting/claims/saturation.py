@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from ..simulate import SimResult
+from ...simulate import SimResult
 from .record import ESTIMATE, Claim
 from .scenarios import run
 

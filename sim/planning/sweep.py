@@ -27,9 +27,9 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import yaml
 
-from .checks import check_out_dir
-from .config import Scenario, load_scenario
-from .errors import ScenarioError
+from ..checks import check_out_dir
+from ..config import Scenario, load_scenario
+from ..errors import ScenarioError
 from .parallel import run_parallel
 
 RESULTS = "results.csv"  # run_id, scenario, scenario_sha256, <grid keys>, repeat, seed, error, metrics
@@ -184,7 +184,7 @@ def run_sweep(scenario: str | Path, grid: Mapping[str, list], out_dir: str | Pat
 
 def _simulate(sc: Scenario) -> dict:
     """One run, on a worker: summary.json's dict, or {"error": message} for a refused scenario."""
-    from .simulate import simulate
+    from ..simulate import simulate
 
     try:
         return simulate(sc).summary

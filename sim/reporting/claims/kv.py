@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..models import MODEL_PRESETS, ModelSpec
+from ...models import MODEL_PRESETS, ModelSpec
 from .record import ARITHMETIC, CONDITIONAL, HOLDS, Claim, Figure, pct
 from .saturation import SATURATION_WORKLOADS, saturation, saturation_claim, saturation_run
 

@@ -2,7 +2,7 @@
 36.9x) and utilisation."""
 from __future__ import annotations
 
-from ..simulate import SimResult
+from ...simulate import SimResult
 from .record import CONDITIONAL, Claim, Figure, pct
 from .saturation import ratios, saturation, saturation_claim
 from .scenarios import run

@@ -4,7 +4,7 @@
     point = ev.judge(("workload.arrival.rate=9.3", "workload.num_requests=1116"), load=9.3)
 
 Every point is the scenario file plus `--set`-style overrides, validated by `load_scenario` and
-simulated in a worker process (sim/parallel.py) that returns a small dict (sim/slo.simulate_point).
+simulated in a worker process (sim/planning/parallel.py) that returns a small dict (sim/slo.simulate_point).
 Seeds use common random numbers: seed s, s+1, ... at every point. A workload with no random
 component (e.g. a trace replay) simulates the same run for every seed: one seed per point then.
 """
@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from .config import SLOConfig, load_scenario
+from ..config import SLOConfig, load_scenario
 from .parallel import run_parallel
 from .slo import simulate_point, summarize_point, worst_ratio
-from .workload import Workload, build_workload
+from ..workload import Workload, build_workload
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,12 @@
 """Capacity planning: the whole plan for one scenario, as a JSON-able dict.
 
-    slo = parse_slo("ttft_ms=500,tpot_ms=50,percentile=99")                    # sim/slo.py
+    slo = parse_slo("ttft_ms=500,tpot_ms=50,percentile=99")                    # sim/planning/slo.py
     result = plan("scenarios/chat-llama3-8b-h100.yaml", slo, target=40.0)
 
 1. the highest load one replica sustains under the SLO with the scenario's engine setting
-   (sim/load_search.py; each point judged on adaptive seeds by sim/evaluator.py, one seed when the
+   (sim/planning/load_search.py; each point judged on adaptive seeds by sim/planning/evaluator.py, one seed when the
    workload has no random component);
-2. each engine setting's own sustained load, and the one with the best goodput (sim/engine_curve.py);
+2. each engine setting's own sustained load, and the one with the best goodput (sim/planning/engine_curve.py);
 3. the replicas that meet the SLO at `target` with that setting, simulated as a cluster;
 4. the cost of those GPUs.
 
@@ -22,9 +22,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from .config import SLOConfig
+from ..config import SLOConfig
 from .engine_curve import engine_curve, engine_overrides
-from .errors import ScenarioError
+from ..errors import ScenarioError
 from .evaluator import Evaluator, PlanOptions
 from .load_search import Knob, load_knob, max_load, replay_stats
 from .slo import SLO_KEYS

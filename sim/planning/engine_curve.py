@@ -19,9 +19,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from .errors import ScenarioError
+from ..errors import ScenarioError
 from .load_search import Knob, max_load
-from .schedulers import SCHEDULERS
+from ..schedulers import SCHEDULERS
 
 SEQS_GRID = (8, 16, 32, 64, 128, 256, 512)
 TOKENS_GRID = (512, 1024, 2048, 4096, 8192, 16384)
@@ -30,7 +30,7 @@ SETTING_KEYS = ("max_num_seqs", "max_num_batched_tokens")
 
 def kv_seq_cap(sc) -> int:
     """Sequences of the workload's mean length (prompt + output) that fit in the KV cache."""
-    from .workload import build_workload
+    from ..workload import build_workload
 
     w = sc.workload if sc.workload.trace is not None else replace(  # a trace: its own requests
         sc.workload, num_requests=min(sc.workload.num_requests or 1000, 2000))

@@ -2,7 +2,7 @@
 
 Every function returns a `matplotlib.figure.Figure` built without pyplot (no global state; PNGs are
 rendered by the Agg canvas), so notebooks can show it and `save_plots` can write it. The data work
-(loading a run folder, slot assignment) is in `sim/analysis.py`.
+(loading a run folder, slot assignment) is in `sim/reporting/analysis.py`.
 
     slot_timeline   which request holds which batch slot at each iteration (the "elevator" picture)
     batch_kv        batch size, KV blocks in use and waiting requests over time
@@ -25,7 +25,7 @@ from .analysis import (
     slot_assignment,
     slot_utilization_from_slots,
 )
-from .errors import ScenarioError
+from ..errors import ScenarioError
 
 MAX_TIMELINE_REQUESTS = 300   # requests drawn in a slot timeline before it is cut (title says so)
 LABELLED_REQUESTS = 40        # up to this many drawn requests, bars carry their request id

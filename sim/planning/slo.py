@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from .config import SLOConfig
-from .errors import ScenarioError
-from .metrics import goodput
-from .simulate import simulate
+from ..config import SLOConfig
+from ..errors import ScenarioError
+from ..metrics import goodput
+from ..simulate import simulate
 
 SLO_KEYS = ("ttft_ms", "tpot_ms", "percentile")
 TARGETS = ("ttft_ms", "tpot_ms")

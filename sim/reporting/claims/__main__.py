@@ -1,4 +1,4 @@
-"""`python -m sim.claims --out docs/claims.md [--short]`: run every claim, write the markdown."""
+"""`python -m sim.reporting.claims --out docs/claims.md [--short]`: run every claim, write the markdown."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +9,7 @@ from . import render, run_all
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m sim.claims", description=AUDIT_DOC.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m sim.reporting.claims", description=AUDIT_DOC.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("docs/claims.md"), help="markdown file to write")
     p.add_argument("--short", action="store_true", help="fewer requests and sweep points")
     args = p.parse_args(argv)

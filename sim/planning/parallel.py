@@ -17,7 +17,7 @@ import signal
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Any, Callable, Iterator, Sequence
 
-from .errors import ScenarioError
+from ..errors import ScenarioError
 
 CONNECT_TIMEOUT_S = 10  # how long to wait for a Dask scheduler before giving up
 

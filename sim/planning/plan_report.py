@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .schedulers import SCHEDULERS
+from ..schedulers import SCHEDULERS
 
 LATENCY_PNG = "latency_vs_load.png"
 TRADEOFF_PNG = "goodput_vs_engine.png"

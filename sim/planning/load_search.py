@@ -20,10 +20,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .errors import ScenarioError
+from ..errors import ScenarioError
 from .slo import wilson
-from .traces import shown
-from .workload import ClosedLoop, build_workload
+from ..traces import shown
+from ..workload import ClosedLoop, build_workload
 
 RATE_DEFINITION = "(requests - 1) / (last arrival - first arrival)"
 
