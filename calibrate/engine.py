@@ -193,7 +193,8 @@ class RealEngine:
                     raise RuntimeError(f"the model step returned no token for request {rid}")
                 self.tokens[rid].append(int(token))
         outcome = self.scheduler.update(schedule, 1, end - t0)
-        self.recorder.record(0, start, np.array([end - t0 - start]), schedule, outcome)
+        took = end - t0 - start
+        self.recorder.record(0, start, np.array([took]), took, schedule, outcome)
         for rid in outcome.finished:
             self.computed.pop(rid)
             self.blocks.release(rid)

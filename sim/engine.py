@@ -39,9 +39,9 @@ class Replica:
                 yield wake
                 continue
             start = env.now
-            durations = yield from self.runner.run(schedule)
+            durations, seconds = yield from self.runner.run(schedule)
             outcome = scheduler.update(schedule, len(durations), env.now)
-            self.recorder.record(self.index, start, durations, schedule, outcome)
+            self.recorder.record(self.index, start, durations, seconds, schedule, outcome)
             if self.on_iteration is not None:
                 self.on_iteration()
             settle = inbox.settle(env, outcome)

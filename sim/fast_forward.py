@@ -57,14 +57,16 @@ class Runner:
 
     def run(self, schedule: Schedule):
         """Wait (as a sub-generator of the replica's process) for the iterations of `schedule` that
-        run now; returns their durations."""
+        run now; returns their durations and the seconds they took together."""
         start = self.env.now
         durations = self._durations(schedule, start)
-        end = phase_timeout(self.env, total(durations), ITERATION_END)
+        seconds = total(durations)
+        end = phase_timeout(self.env, seconds, ITERATION_END)
         if len(durations) > 1 and schedule.arrival_sensitive and self.inbox.cuts_runs:
-            return (yield from self._cuttable(end, start, durations))
+            ran = yield from self._cuttable(end, start, durations)
+            return ran, (seconds if len(ran) == len(durations) else total(ran))
         yield end
-        return durations
+        return durations, seconds
 
     def cut(self, t: float) -> None:
         """A request arriving at `t` (now) could join the decode run in progress: end the run at

@@ -28,19 +28,18 @@ class Recorder:
         self.kv_block_seconds = 0.0   # integral of KV blocks in use over time (blocks x s)
         self.decode_context_tokens = 0.0  # sum over iterations of decode_context_sum (KV tokens read)
 
-    def record(self, replica: int, start: float, durations: np.ndarray, schedule: Schedule,
-               outcome: StepOutcome) -> None:
-        """One row for `durations`: the iterations of `schedule` run from `start`."""
+    def record(self, replica: int, start: float, durations: np.ndarray, total: float,
+               schedule: Schedule, outcome: StepOutcome) -> None:
+        """One row for `durations`, the iterations of `schedule` run from `start`, which took
+        `total` seconds together (float(durations.sum()); durations[0] for one iteration)."""
         count, stats, bs = len(durations), schedule.stats, self.block_size
         if count == 1:  # scalar arithmetic: most rows are single iterations
-            total = float(durations[0])
             self.kv_slot_seconds += schedule.kv_slots * total
             self.kv_token_seconds += schedule.kv_tokens * total
             self.kv_block_seconds += -(-schedule.kv_slots // bs) * total
             self.decode_context_tokens += stats.decode_context_sum
             self.durations.append(total)
         else:
-            total = float(durations.sum())
             later = durations[1:]
             growth = outcome.kv_slot_growth[: count - 1]
             grown_slots = float(growth @ later) if len(growth) else 0.0

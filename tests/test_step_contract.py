@@ -2,8 +2,6 @@
 one dict line runs through `servesim run`; schedules are frozen and name every request computed."""
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -92,7 +90,7 @@ def test_schedules_are_frozen_and_name_every_request_computed(scheduler, monkeyp
     assert len(spies[0].seen) == len(steps)  # one schedule per row of steps.csv
     for (s, decodes, prefills, scheduled), count in zip(spies[0].seen, steps):
         assert isinstance(s, Schedule)
-        with pytest.raises(dataclasses.FrozenInstanceError):
+        with pytest.raises(AttributeError):
             s.max_steps = 2  # type: ignore[misc]
         assert not s.decode_ids.flags.writeable and np.array_equal(s.decode_ids, decodes)
         assert np.array_equal(s.prefill_ids, prefills) and s.num_scheduled_tokens == scheduled

@@ -53,10 +53,12 @@ class DecodePool:
     def _writable(self) -> np.ndarray:
         """self._ids, copied first if a view of it is out (copy-on-write), with room for one more."""
         n = len(self.members)
-        if self._view is not None or n == len(self._ids):
-            grown = np.zeros(max(len(self._ids), 2 * n + 1), dtype=np.int64)
-            grown[:n] = self._ids[:n]
+        if n == len(self._ids):
+            grown = np.zeros(2 * n + 1, dtype=np.int64)
+            grown[:n] = self._ids
             self._ids, self._view = grown, None
+        elif self._view is not None:
+            self._ids, self._view = self._ids.copy(), None
         return self._ids
 
     def computed(self, rid: int) -> int:

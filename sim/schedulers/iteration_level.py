@@ -87,7 +87,7 @@ class IterationLevelScheduler:
                 kv.allocate(int(opened[-1]))
                 growth = opened * kv.block_size
             finished = self.pool.advance(steps)
-        used = kv.used  # held during the last iteration, before the finished release theirs
+        used = kv.num_blocks - kv.free  # held in the last iteration, before the finished release theirs
         if finished:
             self._finish(finished, now)
         chunk_tokens = schedule.stats.prefill_lens.tolist() if len(schedule.prefill_ids) else ()
@@ -212,7 +212,7 @@ class IterationLevelScheduler:
             kv_slots=kv.used * kv.block_size, kv_blocks_total=kv.num_blocks,
             kv_tokens=held + decodes + prefill_tokens, waiting=len(self.waiting),
             max_steps=max_steps, arrival_sensitive=self._arrival_sensitive(),
-            preempted=tuple(self._preempted))
+            preempted=tuple(self._preempted) if self._preempted else ())
 
     def _run_length(self) -> int:
         """Iterations this decode batch repeats unchanged: until a member finishes or the free
