@@ -45,10 +45,11 @@ class DecodePool:
 
     def ids(self) -> np.ndarray:
         """The members, as a read-only array that later changes to the pool leave alone."""
-        if self._view is None:
-            self._view = self._ids[: len(self.members)]
-            self._view.flags.writeable = False
-        return self._view
+        view = self._view
+        if view is None:
+            view = self._view = self._ids[: len(self.members)]
+            view.flags.writeable = False
+        return view
 
     def _writable(self) -> np.ndarray:
         """self._ids, copied first if a view of it is out (copy-on-write), with room for one more."""
@@ -69,9 +70,9 @@ class DecodePool:
         req.computed[rid] -= clock
         req.generated[rid] -= clock
         stored = int(req.computed[rid])
-        ids = self._writable()
-        ids[len(self.members)] = rid
-        self.members[rid] = len(self.members)
+        n = len(self.members)
+        self._writable()[n] = rid
+        self.members[rid] = n
         self._stored_sum += stored
         self.phase_count[(-stored) % self.block_size] += 1
         heapq.heappush(self._finish_heap, (int(req.output[rid] - req.generated[rid]), rid))

@@ -59,7 +59,7 @@ class IterationLevelScheduler:
         raise NotImplementedError
 
     def schedule(self, now: float) -> Schedule | None:
-        if not self.has_work():
+        if not self.order and not len(self.waiting):
             return None
         pool, kv = self.pool, self.kv
         self._preempted = []
@@ -90,8 +90,9 @@ class IterationLevelScheduler:
         used = kv.num_blocks - kv.free  # held in the last iteration, before the finished release theirs
         if finished:
             self._finish(finished, now)
-        chunk_tokens = schedule.stats.prefill_lens.tolist() if len(schedule.prefill_ids) else ()
-        for rid, t in zip(schedule.prefill_ids.tolist(), chunk_tokens):
+        if not schedule.prefill_tokens:
+            return StepOutcome(finished=tuple(finished), kv_blocks_used=used, kv_slot_growth=growth)
+        for rid, t in zip(schedule.prefill_ids.tolist(), schedule.stats.prefill_lens.tolist()):
             computed = int(req.computed[rid]) + t
             req.computed[rid] = computed
             generated = int(req.generated[rid])
