@@ -46,7 +46,10 @@ class Inbox:
         return self._router is not None
 
     def arrived(self, now: float) -> list[int]:
-        end = bisect_right(self._times, now, self._next)
+        nxt = self._next
+        if nxt == len(self._times) or self._times[nxt] > now:
+            return []  # most iterations: nothing new (and no bisect, no slices)
+        end = bisect_right(self._times, now, nxt)
         new = self._rids[self._next:end]
         self._next = end
         return new

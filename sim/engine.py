@@ -24,7 +24,7 @@ class Replica:
         self.on_iteration = on_iteration
         self.runner = Runner(env, cost, inbox, fast_forward)
         inbox.reader = self.runner  # a closed loop's arrival may cut the run in progress
-        self.process = self.runner.process = env.process(self.run())
+        self.process = env.process(self.run())
 
     def run(self):
         env, scheduler, inbox = self.env, self.scheduler, self.inbox
@@ -39,7 +39,7 @@ class Replica:
                 yield wake
                 continue
             start = env.now
-            durations, seconds = yield from self.runner.run(schedule)
+            durations, seconds = yield self.runner.start(schedule)
             outcome = scheduler.update(schedule, len(durations), env.now)
             self.recorder.record(self.index, start, durations, seconds, schedule, outcome)
             if self.on_iteration is not None:

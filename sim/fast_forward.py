@@ -9,7 +9,7 @@ Phases of an instant, in order:
 
 Fast-forward: between arrivals, admissions, completions and KV-block shortages a decode batch keeps
 its shape, so the scheduler says how many iterations it may repeat (`schedule.max_steps`) and
-`Runner.run` waits for them as one timeout, cut at the first iteration boundary at or after the next
+`Runner.start` gives the end of them as one event, cut at the first iteration boundary at or after the next
 arrival when an arrival could change the batch. Results equal stepping one iteration at a time (a
 property test). In a closed loop an arrival can be created during a run (another replica's request
 finished): the inbox then calls `cut`, which ends the run at the first boundary at or after it.
@@ -29,68 +29,73 @@ SCHEDULE = simpy.core.NORMAL + 1
 _PROBE_STEPS = 32  # iterations priced before looking for the next arrival in a run
 
 
-def fire(event: simpy.Event, delay: float, phase: int) -> simpy.Event:
-    """Trigger the pending `event` `delay` seconds from now, in `phase` of that instant.
+def fire(event: simpy.Event, delay: float, phase: int, value=None) -> simpy.Event:
+    """Trigger the pending `event` (with `value`) `delay` seconds from now, in `phase` of that
+    instant.
 
-    What `Event.succeed()` does, at a chosen delay and priority: SimPy's public
+    What `Event.succeed(value)` does, at a chosen delay and priority: SimPy's public
     `Environment.schedule(event, priority, delay)` takes both, but only `succeed` (NORMAL, now) and
     `Timeout` (NORMAL) mark an event triggered, so the two fields they set are set here, as SimPy's
-    own event types do. The only place in servesim that touches them."""
-    event._ok, event._value = True, None
+    own event types do. The only place in servesim that touches them (with phase_timeout below)."""
+    event._ok, event._value = True, value
     event.env.schedule(event, phase, delay)
     return event
 
 
-def phase_timeout(env: simpy.Environment, delay: float, phase: int) -> simpy.Event:
-    """`env.timeout(delay)` in a chosen phase of its instant (SimPy's Timeout is always NORMAL)."""
-    return fire(simpy.Event(env), delay, phase)
+def phase_timeout(env: simpy.Environment, delay: float, phase: int, value=None) -> simpy.Event:
+    """`env.timeout(delay, value)` in a chosen phase of its instant (SimPy's Timeout is always
+    NORMAL); `fire` on a new event, inlined: one of these per iteration."""
+    event = simpy.Event(env)
+    event._ok, event._value = True, value
+    env.schedule(event, phase, delay)
+    return event
 
 
 class Runner:
-    """Prices and waits for one replica's iterations. `inbox.next_arrival()` bounds runs."""
+    """Prices one replica's iterations and gives the event their end. `inbox.next_arrival()` bounds
+    runs; `cut` shortens a run that a closed loop's new arrival could join."""
 
     def __init__(self, env: simpy.Environment, cost: CostModel, inbox, fast_forward: bool = True):
         self.env, self.cost, self.inbox = env, cost, inbox
         self.fast_forward = fast_forward
-        self.process: simpy.Process | None = None  # the replica's process, which `cut` interrupts
-        self._run: tuple[float, np.ndarray] | None = None  # (start, durations) of a cuttable run
+        # the run in progress that `cut` may shorten: (start, durations, event, timer), else None
+        self._run: tuple | None = None
 
-    def run(self, schedule: Schedule):
-        """Wait (as a sub-generator of the replica's process) for the iterations of `schedule` that
-        run now; returns their durations and the seconds they took together."""
+    def start(self, schedule: Schedule) -> simpy.Event:
+        """An event for the end of the iterations of `schedule` that run now; its value is
+        (their durations, the seconds they take together)."""
         start = self.env.now
         durations = self._durations(schedule, start)
         seconds = total(durations)
-        end = phase_timeout(self.env, seconds, ITERATION_END)
-        if len(durations) > 1 and schedule.arrival_sensitive and self.inbox.cuts_runs:
-            ran = yield from self._cuttable(end, start, durations)
-            return ran, (seconds if len(ran) == len(durations) else total(ran))
-        yield end
-        return durations, seconds
+        if len(durations) == 1 or not schedule.arrival_sensitive or not self.inbox.cuts_runs:
+            return phase_timeout(self.env, seconds, ITERATION_END, (durations, seconds))
+        done = simpy.Event(self.env)  # fired by `_end`, at the run's end or at a cut's
+        timer = phase_timeout(self.env, seconds, ITERATION_END)
+        timer.callbacks.append(self._end)
+        self._run = (start, durations, done, timer)
+        return done
 
     def cut(self, t: float) -> None:
         """A request arriving at `t` (now) could join the decode run in progress: end the run at
         its first iteration boundary at or after `t`, if that comes before the run's end."""
         if self._run is None:
             return
-        start, durations = self._run
-        if int(np.searchsorted(start + np.cumsum(durations), t, "left")) < len(durations) - 1:
-            self._run = None
-            self.process.interrupt()
-
-    def _cuttable(self, end, start: float, durations: np.ndarray):
-        """Wait for a run's `end`; if `cut` interrupts, for its new end. Returns the iterations run."""
-        self._run = (start, durations)
-        try:
-            yield end
-        except simpy.Interrupt:
-            ends = start + np.cumsum(durations)
-            steps = int(np.searchsorted(ends, self.env.now, "left")) + 1
+        start, durations, done, _ = self._run
+        ends = start + np.cumsum(durations)
+        steps = int(np.searchsorted(ends, t, "left")) + 1
+        if steps < len(durations):
             durations = durations[:steps]
-            yield phase_timeout(self.env, max(float(ends[steps - 1]) - self.env.now, 0.0),
-                               ITERATION_END)
+            timer = phase_timeout(self.env, max(float(ends[steps - 1]) - t, 0.0), ITERATION_END)
+            timer.callbacks.append(self._end)  # the run's first timer is now stale
+            self._run = (start, durations, done, timer)
+
+    def _end(self, timer: simpy.Event) -> None:
+        run = self._run
+        if run is None or timer is not run[3]:
+            return  # a stale timer: the run was cut
         self._run = None
-        return durations
+        _, durations, done, _ = run
+        fire(done, 0.0, ITERATION_END, (durations, total(durations)))
 
     def _durations(self, schedule: Schedule, start: float) -> np.ndarray:
         """Durations of the iterations to run now: one, or a run of up to schedule.max_steps that

@@ -48,7 +48,7 @@ class DecodePool:
         view = self._view
         if view is None:
             view = self._view = self._ids[: len(self.members)]
-            view.flags.writeable = False
+            view.setflags(write=False)
         return view
 
     def _writable(self) -> np.ndarray:
