@@ -97,11 +97,26 @@ def run(
         raise _fail(f"{e.filename or ''}: {e.strerror or e}".lstrip(": "), code=1) from None
     except KeyboardInterrupt:
         raise _fail("interrupted; the run is incomplete (no summary.json written)", code=130) from None
+    if sc.cost_model.notice:  # the default fell back to an estimate: say so, once
+        typer.echo(f"note: {sc.cost_model.notice}", err=True)
     if not quiet:
         from rich.console import Console
 
         Console().print(summary_table(sc.name, result.summary))
-    typer.echo(str(out_dir) if quiet else f"output: {out_dir}/ (requests.csv, steps.csv, summary.json)")
+        typer.echo(f"step costs: {cost_model_line(result.summary['run']['cost_model'])}")
+    typer.echo(str(out_dir) if quiet else
+               f"output: {out_dir}/ (requests.csv, steps.csv, scenario.yaml, summary.json)")
+
+
+def cost_model_line(c: dict) -> str:
+    """One line on where the step costs came from (summary.json's run.cost_model)."""
+    if c.get("profile") and c.get("measured"):
+        return (f"measured ({c['name']}: {c.get('device')} kernel timings, {c.get('source', '')}; "
+                f"{Path(c['profile']).name})")
+    if c.get("profile"):
+        return f"profile {c['profile']} (not measured on a GPU: {c.get('device')})"
+    return {"roofline": "estimated (roofline: datasheet peaks x efficiencies)",
+            "unit": "unit (every iteration lasts 1.0; times count iterations)"}.get(c["name"], c["name"])
 
 
 class _Progress:
@@ -608,10 +623,22 @@ def calibrate_cmd(
     attention: Annotated[str | None, typer.Option(
         help="triton (paged kernels) or torch (gather + SDPA). \\[default: triton on cuda, "
              "torch on cpu]", show_default=False)] = None,
+    from_tables: Annotated[Path | None, typer.Option(
+        "--from-tables", help="Build the profile from published kernel timings instead of timing "
+                              "a GPU: a tables folder, e.g. [bold]calibrate/tables/h100_sxm[/] "
+                              "(no torch needed). --model may then be a preset or a HF "
+                              "config.json.", metavar="DIR", show_default=False)] = None,
+    gpu: Annotated[str | None, typer.Option(
+        help="With --from-tables: the hardware preset the tables were measured on.",
+        show_default=False)] = None,
+    tp: Annotated[int, typer.Option("--tp", help="With --from-tables: tensor-parallel size.")] = 1,
 ) -> None:
     """Time a real model step over a grid of batch shapes, fit the step-cost model and write a
-    [bold]profile YAML[/] (for [bold]cost_model: {profile: FILE}[/]) plus the raw CSV.
-    See docs/calibration.md."""
+    [bold]profile YAML[/] (for [bold]cost_model: {profile: FILE}[/]) plus the raw CSV; or, with
+    [bold]--from-tables[/], compose it from published kernel timings. See docs/calibration.md
+    and docs/cost_models.md."""
+    if from_tables is not None:
+        return _calibrate_from_tables(from_tables, model, gpu, tp, out)
     try:
         import torch
     except ImportError:
@@ -635,6 +662,50 @@ def calibrate_cmd(
     typer.echo(f"profile: {result['profile']} ({result['shapes']} shapes in "
                f"{result['wall_s']:.0f} s; fit MAPE {result['fit_mape']:.1%}, {held})")
     typer.echo(f"measurements: {result['csv']}")
+
+
+def _calibrate_from_tables(tables: Path, model: str, gpu: str | None, tp: int, out: Path) -> None:
+    from sim.checks import _int
+    from sim.errors import ScenarioError
+    from sim.hardware import HARDWARE_PRESETS
+    from sim.models import MODEL_PRESETS, model_from_hf_config
+
+    try:
+        _int(tp, "--tp", lo=1)
+        if gpu not in HARDWARE_PRESETS:
+            raise ScenarioError(f"--gpu: {gpu!r} is not one of {', '.join(HARDWARE_PRESETS)} "
+                                f"(the GPU the tables were measured on)")
+        if not (tables / "provenance.yaml").is_file():
+            raise ScenarioError(f"--from-tables {tables}: no provenance.yaml there; expected a "
+                                f"folder written by python -m calibrate.aic_import")
+        if model in MODEL_PRESETS:
+            spec = MODEL_PRESETS[model]
+        elif Path(model).exists():
+            spec = model_from_hf_config(Path(model))
+        else:
+            raise ScenarioError(f"--model: {model!r} is neither a preset ({', '.join(MODEL_PRESETS)}) "
+                                f"nor a HF config.json path")
+        if spec.num_attention_heads % tp:
+            raise ScenarioError(f"--tp: {tp} does not divide {spec.name}'s "
+                                f"{spec.num_attention_heads} attention heads")
+        import yaml
+
+        from calibrate.composer import KernelTables
+        from calibrate.measured import build_profile, write_profile
+
+        hw = HARDWARE_PRESETS[gpu]
+        provenance = yaml.safe_load((tables / "provenance.yaml").read_text())
+        try:
+            doc = build_profile(KernelTables.load(tables, hw.hbm_bandwidth), spec, hw, tp,
+                                provenance=provenance)
+        except ValueError as e:  # a shape the tables cannot reach
+            raise ScenarioError(f"--from-tables {tables}: {e}") from None
+        write_profile(doc, out)
+    except ScenarioError as e:
+        raise _fail(str(e)) from None
+    meta = doc["metadata"]
+    typer.echo(f"profile: {out} ({spec.name} on {gpu}, tp {tp}; held-out error vs the composition: "
+               f"MAPE {meta['heldout_mape']:.2%}, worst {meta['heldout_max_error']:.2%})")
 
 
 # ---- validate (issue 6: owned by the validation engineer) ----

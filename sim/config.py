@@ -129,7 +129,7 @@ def scenario_from_dict(raw: Mapping[str, Any], source: str | Path | None = None,
     engine = _parse_engine(raw.get("engine"), w)
     budget = _check_fits(engine, model, hw, w)
     cost_model = _delegate(overridden, "cost_model", lambda: _parse_cost_model(
-        _or(raw.get("cost_model"), "roofline"), w, base_dir, model, hw, engine))
+        raw.get("cost_model"), w, base_dir, model, hw, engine))
     work = _delegate(overridden, "workload", lambda: workload.parse_workload(
         raw["workload"], label, base_dir))  # its messages read "<label>: workload.<key>: ..."
     scenario = Scenario(name=name, seed=seed, model=model, hardware=hw, cost_model=cost_model,
@@ -372,7 +372,10 @@ def _check_fits(engine: EngineConfig, model: ModelSpec, hw: HardwareSpec, w: Whe
 
 def _parse_cost_model(v: Any, w: Where, base_dir: Path, model: ModelSpec, hw: HardwareSpec,
                       engine: EngineConfig) -> CostModelSpec:
-    """sim/cost.py validates the spec; here only the profile path is resolved against base_dir."""
+    """sim/cost.py validates the spec; here only the profile path is resolved against base_dir.
+    None (not given): measured where a profile is shipped, else roofline, said once."""
+    if v is None:
+        return cost.default_cost_model(model, hw, engine.tensor_parallel_size, w("cost_model"))
     if isinstance(v, dict) and "profile" in v:
         v = {**v, "profile": _existing_path(v["profile"], "cost_model.profile", w, base_dir,
                                             "a path to a profile .yaml")}

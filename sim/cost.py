@@ -24,6 +24,7 @@ import yaml
 
 from .batch import BatchStats
 from .checks import _num, _section
+from . import measured
 from .errors import ScenarioError
 from .hardware import HardwareSpec
 from .memory import kv_bytes_per_token_per_rank
@@ -262,7 +263,12 @@ def _check_curve(curve: Any, where: str) -> tuple[np.ndarray, np.ndarray]:
     return k, s
 
 
-def load_profile(path: Path, where: str = "") -> StepProfile:
+def load_profile(path: Path, where: str = ""):
+    """A StepProfile (v1, fitted by calibrate/fit.py) or a TableProfile (v2, sim/measured.py)."""
+    return _load_profile(path, where)
+
+
+def _load_profile(path: Path, where: str = ""):
     """Read and strictly validate a step-cost profile YAML. Errors name the file and key path."""
     path = Path(path)
     try:
@@ -273,9 +279,12 @@ def load_profile(path: Path, where: str = "") -> StepProfile:
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise ScenarioError(f"{path}: not a readable YAML file ({str(exc).splitlines()[0]})") \
             from None
+    if isinstance(doc, dict) and doc.get("format") == measured.FORMAT:
+        return measured.load_table_profile(path, doc, data)
     doc = _keys(doc, str(path), ("format", "metadata", "model"))
     if doc["format"] != PROFILE_FORMAT:
-        raise ScenarioError(f"{path}: format: got {doc['format']!r}; allowed: {PROFILE_FORMAT}")
+        raise ScenarioError(f"{path}: format: got {doc['format']!r}; allowed: {PROFILE_FORMAT}, "
+                            f"{measured.FORMAT}")
     meta = _check_metadata(doc["metadata"], f"{path}: metadata")
     terms = _keys(doc["model"], f"{path}: model", _TERMS)
     knots, seconds = _check_curve(terms["total_tokens"], f"{path}: model.total_tokens")
@@ -290,11 +299,11 @@ _ROOFLINE_KWARGS = ("compute_efficiency", "bandwidth_efficiency", "interconnect_
                     "allreduce_latency_s", "overhead_s", "overhead_per_seq_s")
 
 
-def _unit_options(options: Any, where: str, hardware: HardwareSpec, tp: int) -> dict:
+def _unit_options(options: Any, where: str, hardware: HardwareSpec, tp: int, model=None) -> dict:
     return {}
 
 
-def _roofline_options(options: Any, where: str, hardware: HardwareSpec, tp: int) -> dict:
+def _roofline_options(options: Any, where: str, hardware: HardwareSpec, tp: int, model=None) -> dict:
     at = f"{where}.roofline"
     options = _section(options, at, lambda path: path, _ROOFLINE_KWARGS)
     kwargs = {k: _num(v, f"{at}.{k}", 0, 1, open_lo=True) if k.endswith("_efficiency")
@@ -305,7 +314,7 @@ def _roofline_options(options: Any, where: str, hardware: HardwareSpec, tp: int)
     return kwargs
 
 
-def _profile_options(options: Any, where: str, hardware: HardwareSpec, tp: int) -> dict:
+def _profile_options(options: Any, where: str, hardware: HardwareSpec, tp: int, model=None) -> dict:
     """Reads the profile now: a malformed one is a config error, not a crash mid-run."""
     profile = load_profile(Path(options), f"{where}.profile" if where else "profile")
     fitted_tp = profile.metadata["tensor_parallel_size"]
@@ -316,10 +325,48 @@ def _profile_options(options: Any, where: str, hardware: HardwareSpec, tp: int) 
     return {"profile": profile}
 
 
+_MEASURED_KWARGS = ("cpu_overhead_s", "cpu_overhead_per_seq_s")
+
+
+def _measured_options(options: Any, where: str, hardware: HardwareSpec, tp: int, model=None) -> dict:
+    """The shipped profile of the scenario's model x GPU x TP (sim/profiles/), read now, and the
+    scenario's CPU-overhead tuning."""
+    options = _section(options, f"{where}.measured", lambda path: path, _MEASURED_KWARGS)
+    kwargs = {k: _num(v, f"{where}.measured.{k}", 0) for k, v in options.items()}
+    from .hardware import HARDWARE_PRESETS
+    from .models import MODEL_PRESETS
+
+    for spec, presets, what in ((model, MODEL_PRESETS, "model"), (hardware, HARDWARE_PRESETS, "GPU")):
+        if presets.get(spec.name) != spec:
+            raise _fail(where, f"measured: profiles are shipped for preset {what}s only, and "
+                               f"{spec.name!r} is not one (or differs from it); use roofline, or "
+                               f"build a profile with servesim calibrate --from-tables")
+    path = measured.shipped_profile(model.name, hardware.name, tp)
+    if path is None:
+        raise _fail(where, f"measured: no shipped profile for {model.name} on {hardware.name} at "
+                           f"tensor_parallel_size={tp} ({shipped_summary()}); use roofline, or "
+                           f"build one with servesim calibrate --from-tables")
+    return {"profile": load_profile(path, f"{where}.measured"), **kwargs}
+
+
+def shipped_summary() -> str:
+    index = measured.shipped_index()
+    return "; ".join(f"{hw}: " + ", ".join(f"{m} tp{'/'.join(map(str, tps))}" for m, tps in models.items())
+                     for hw, models in index.items()) or "none shipped"
+
+
+def _build_profile(kw, m, hw, tp):
+    profile = kw["profile"]
+    if isinstance(profile, measured.TableProfile):
+        return measured.TableProfileCost(profile, kw.get("cpu_overhead_s"),
+                                         kw.get("cpu_overhead_per_seq_s"))
+    return ProfileCost(profile)
+
+
 @dataclass(frozen=True)
 class CostModelKind:
     """One entry of COST_MODELS."""
-    options: Any        # (options as written, where, hardware, tp) -> kwargs; raises ScenarioError
+    options: Any        # (options as written, where, hardware, tp, model) -> kwargs; raises ScenarioError
     build: Any          # (kwargs, model, hardware, tp) -> CostModel
     takes: type | None  # type of the options as written: None (a bare name), dict or a path
     measured: bool      # are its step times measured (True) or estimated (False)?
@@ -331,10 +378,14 @@ COST_MODELS: dict[str, CostModelKind] = {
                           "every iteration lasts 1.0 (time counts iterations)"),
     "roofline": CostModelKind(_roofline_options, lambda kw, m, hw, tp: RooflineCost(m, hw, tp, **kw),
                               dict, False, "datasheet peaks x efficiencies + overheads (an estimate)"),
-    "profile": CostModelKind(_profile_options, lambda kw, m, hw, tp: ProfileCost(kw["profile"]),
-                             str, True, "a fitted step profile YAML (calibrate/ writes them)"),
+    "profile": CostModelKind(_profile_options, _build_profile, str, True,
+                             "a step profile YAML: fitted (v1) or tabulated from kernel tables (v2)"),
+    "measured": CostModelKind(_measured_options, _build_profile, dict, True,
+                              "the shipped profile from published kernel timings of the "
+                              "scenario's model, GPU and TP (the default where one exists)"),
 }
-_ALLOWED = "unit, roofline, {roofline: {constant: value}}, {profile: PATH}"
+_ALLOWED = ("measured, {measured: {cpu_overhead_s: S}}, roofline, {roofline: {constant: value}}, "
+            "{profile: PATH}, unit")
 
 
 @dataclass(frozen=True)
@@ -343,6 +394,7 @@ class CostModelSpec:
     loads); `build` makes the model for one simulation without touching any file."""
     name: str        # a key of COST_MODELS
     options: dict    # validated options: roofline constants, {"profile": StepProfile}, or {}
+    notice: str | None = None  # set when the default fell back to an estimate: say so once
 
     @property
     def profile(self) -> StepProfile | None:
@@ -353,9 +405,12 @@ class CostModelSpec:
 
     def as_yaml(self) -> Any:
         """The spec as a scenario writes it (profile paths absolute)."""
+        tuning = {k: v for k, v in self.options.items() if k != "profile"}
+        if self.name == "measured":
+            return {"measured": tuning} if tuning else "measured"
         if self.profile is not None:
             return {"profile": str(self.profile.source)}
-        return {self.name: dict(self.options)} if self.options else self.name
+        return {self.name: tuning} if tuning else self.name
 
     def provenance(self) -> dict:
         """What summary.json says about where the step times came from."""
@@ -363,10 +418,14 @@ class CostModelSpec:
         if self.profile is not None:
             meta = self.profile.metadata
             out.update(profile=str(self.profile.source), sha256=self.profile.sha256,
-                       device=meta["device"], model=meta["model"], measured=bool(meta["measured"]),
+                       device=meta["device"], model=meta["model"],
+                       measured=bool(meta.get("measured", False)),
                        heldout_mape=meta.get("heldout_mape"))
-        elif self.options:
-            out["options"] = dict(self.options)
+            if "source" in meta:
+                out["source"] = meta["source"]
+        tuning = {k: v for k, v in self.options.items() if k != "profile"}
+        if tuning:
+            out["options"] = tuning
         return out
 
 
@@ -385,7 +444,20 @@ def parse_cost_model(spec: Any, model: ModelSpec, hardware: HardwareSpec,
     if kind is None or not (isinstance(options, takes) or (takes is dict and options is None)
                             or (takes is str and isinstance(options, Path))):
         raise _fail(where, f"unknown cost model {spec!r}; allowed: {_ALLOWED}")
-    return CostModelSpec(name, kind.options(options, where, hardware, tensor_parallel_size))
+    return CostModelSpec(name, kind.options(options, where, hardware, tensor_parallel_size, model))
+
+
+def default_cost_model(model: ModelSpec, hardware: HardwareSpec, tensor_parallel_size: int,
+                       where: str = "") -> CostModelSpec:
+    """What a scenario without `cost_model` gets: the measured profile of its model x GPU x TP
+    where one is shipped, else the roofline estimate with a notice saying so."""
+    try:
+        return parse_cost_model("measured", model, hardware, tensor_parallel_size, where)
+    except ScenarioError:
+        spec = parse_cost_model("roofline", model, hardware, tensor_parallel_size, where)
+        return CostModelSpec("roofline", spec.options, notice=(
+            f"step costs are estimated (roofline), not measured: no measured profile for "
+            f"{model.name} on {hardware.name} at tensor_parallel_size={tensor_parallel_size}"))
 
 
 def make_cost_model(spec: Any, model: ModelSpec, hardware: HardwareSpec,

@@ -35,6 +35,9 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
     "a100-80gb": HardwareSpec("a100-80gb", 80e9, 2.039e12, 312e12, 300e9, 1.80),
     # L40S 48GB GDDR6: 864 GB/s, 362 TFLOP/s dense bf16; no NVLink, PCIe Gen4 x16 ~32 GB/s.
     "l40s": HardwareSpec("l40s", 48e9, 0.864e12, 362e12, 32e9, 1.00),
+    # B200 (HGX/DGX B200, 180 GB HBM3e per GPU): 8 TB/s, 2.25 PFLOP/s dense bf16, NVLink5 1.8 TB/s
+    # bidirectional. Price: a rounded on-demand estimate like the others, not a quote.
+    "b200": HardwareSpec("b200", 180e9, 8.0e12, 2.25e15, 900e9, 6.00),
 }
 
 _FIELDS = tuple(f.name for f in dc_fields(HardwareSpec))

@@ -59,7 +59,7 @@ def test_defaults(tmp_path):
     assert sc.seed == 0
     assert sc.engine == EngineConfig()    # every engine key defaults
     assert sc.engine.scheduler == "continuous" and sc.engine.num_gpu_blocks is None
-    assert sc.cost_model.as_yaml() == "roofline"
+    assert sc.cost_model.as_yaml() == "measured"  # llama-3-8b on h100-sxm has a shipped profile
     assert sc.slo is None
     assert sc.model == MODEL_PRESETS["llama-3-8b"]
     assert sc.hardware.name == "h100-sxm"
@@ -69,7 +69,7 @@ def test_defaults(tmp_path):
 def test_null_means_default(tmp_path):
     text = yaml.safe_dump(MINIMAL) + "name:\nseed:\ncost_model:\nslo:\nengine:\n  max_num_seqs:\n  block_size: null\n"
     sc = load_scenario(write(tmp_path, text))
-    assert (sc.name, sc.seed, sc.cost_model.as_yaml(), sc.slo, sc.engine) == ("chat", 0, "roofline", None, EngineConfig())
+    assert (sc.name, sc.seed, sc.cost_model.as_yaml(), sc.slo, sc.engine) == ("chat", 0, "measured", None, EngineConfig())
 
 
 def test_every_key_given(tmp_path):
@@ -264,7 +264,7 @@ def test_bad_engine_values(tmp_path, engine, expected):
                 "vocab_size": 8}}, "chat.yaml: model.num_layers: 0 is not an integer >= 1"),
     ({"hardware": {"memory_bytes": "lots", "hbm_bandwidth": 1, "bf16_flops": 1}},
      "chat.yaml: hardware.memory_bytes: 'lots' is not a number > 0"),
-    ({"cost_model": "magic"}, "chat.yaml: cost_model: unknown cost model 'magic'; allowed: unit, roofline"),
+    ({"cost_model": "magic"}, "chat.yaml: cost_model: unknown cost model 'magic'; allowed: measured, {measured: "),
     ({"cost_model": {"profile": "missing.yaml"}}, "chat.yaml: cost_model.profile: no such file 'missing.yaml'"),
     ({"workload": {"trace": "traces/missing.csv"}}, "chat.yaml: workload.trace: no such file 'traces/missing.csv'"),
     ({"workload": {"arrival": {"process": "poisson", "rate": 1}}}, "chat.yaml: workload: needs either trace"),

@@ -12,6 +12,7 @@ from sim.batch import BatchStats
 from sim.cost import (COST_MODELS, ProfileCost, RooflineCost, UnitCost, load_profile,
                       make_cost_model, prefill_attention_work)
 from sim.errors import ScenarioError
+from sim.measured import TableProfileCost
 from sim.hardware import HARDWARE_PRESETS
 from sim.models import MODEL_PRESETS
 
@@ -201,10 +202,11 @@ def test_profile_file_errors(tmp_path):
 
 
 def test_make_cost_model():
-    assert set(COST_MODELS) == {"unit", "roofline", "profile"}
+    assert set(COST_MODELS) == {"unit", "roofline", "profile", "measured"}
     assert isinstance(make_cost_model("unit", LLAMA3, H100, 1), UnitCost)
     assert isinstance(make_cost_model("roofline", LLAMA3, H100, 1), RooflineCost)
     assert isinstance(make_cost_model({"profile": EXAMPLE}, LLAMA3, H100, 1), ProfileCost)
+    assert isinstance(make_cost_model("measured", LLAMA3, H100, 1), TableProfileCost)
     slow = make_cost_model({"roofline": {"overhead_s": 0.01}}, LLAMA3, H100, 1)
     fast = make_cost_model("roofline", LLAMA3, H100, 1)
     b = batch(decodes=1, ctx_sum=10)
@@ -212,8 +214,8 @@ def test_make_cost_model():
 
 
 @pytest.mark.parametrize("spec, tp, hw, message", [
-    ("vidur", 1, "h100-sxm", "^s.yaml: cost_model: unknown cost model 'vidur'; allowed: unit, "
-                             "roofline, "),
+    ("vidur", 1, "h100-sxm", "^s.yaml: cost_model: unknown cost model 'vidur'; allowed: measured, "
+                             "\\{measured: "),
     ({"unit": 1}, 1, "h100-sxm", "unknown cost model \\{'unit': 1\\}"),
     ({"roofline": {"speed": 2}}, 1, "h100-sxm", "s.yaml: cost_model.roofline.speed: unknown key; "
                                                 "allowed: compute_efficiency"),

@@ -1,0 +1,224 @@
+"""Import the kernel timings servesim needs from NVIDIA AIConfigurator's published measurements.
+
+    pip download --no-deps aiconfigurator-core==0.12.0 -d /tmp/aic
+    python -m calibrate.aic_import /tmp/aic/aiconfigurator_core-0.12.0-*.whl [--out calibrate/tables]
+
+The wheel (or a folder it was unpacked into) ships parquet tables of kernels timed on real GPUs with
+vLLM's kernels (Apache-2.0). This script downloads nothing and imports nothing from the package: it
+reads the parquet files with pandas + pyarrow and writes, per GPU, compact CSVs of only the rows
+servesim's model presets can reach (every tensor-parallel size that splits their heads), plus
+`provenance.yaml`: package and version, the wheel's and each source parquet's sha256 and in-wheel
+path, the device string, the vLLM version and kernel, the licence, and each CSV's sha256. Latencies
+stay in milliseconds, as measured; no value is changed.
+
+Rows kept (calibrate/composer.py decides which measured rows stand in for each shape):
+  gemm.csv                  bf16 GEMMs: every m, at the measured n and k around each layer's shape
+  context_attention.csv     prefill attention (batch x length), bf16 KV, head_dim 128, no window
+  generation_attention.csv  decode attention (batch x KV length = isl + step), same filters
+  allreduce.csv             vLLM custom all-reduce, bf16, 2/4/8 GPUs, CUDA-graph and eager
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import re
+import sys
+import zipfile
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from calibrate.composer import attention_sources, bracket, gemm_shapes
+from sim.memory import kv_heads_per_rank
+from sim.models import MODEL_PRESETS
+
+PACKAGE = "aiconfigurator-core"
+DATA = "aiconfigurator_core/systems/data"
+TP_SIZES = (1, 2, 4, 8)
+# servesim hardware preset -> (AIConfigurator system folder, attention kernels vLLM uses there by
+# default: FlashAttention 3 on Hopper, 2 on Ampere and Ada, FlashInfer's TRT-LLM kernels on
+# Blackwell), as (prefill kernel, decode kernel)
+GPUS = {
+    "h100-sxm": ("h100_sxm", ("vllm_flash_attn_fa3", "vllm_flash_attn_fa3")),
+    "h200": ("h200_sxm", ("vllm_flash_attn_fa3", "vllm_flash_attn_fa3")),
+    "a100-80gb": ("a100_sxm", ("vllm_flash_attn", "vllm_flash_attn")),
+    "l40s": ("l40s", ("vllm_flash_attn_fa2", "vllm_flash_attn_fa2")),
+    "b200": ("b200_sxm", ("vllm_flashinfer_trtllmprefill", "vllm_flashinfer_trtllmdecode")),
+}
+OUT = Path(__file__).resolve().parent / "tables"
+
+
+class Source:
+    """The wheel (a zip) or an unpacked folder; paths are in-wheel paths."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.zip = zipfile.ZipFile(path) if path.is_file() else None
+        names = self.zip.namelist() if self.zip else [
+            str(p.relative_to(path)) for p in path.rglob("*") if p.is_file()]
+        self.names = sorted(names)
+
+    def read(self, name: str) -> bytes:
+        return self.zip.read(name) if self.zip else (self.path / name).read_bytes()
+
+    def version(self) -> str:
+        meta = next((n for n in self.names if n.endswith(".dist-info/METADATA")), None)
+        if meta is None:
+            return "unknown"
+        found = re.search(r"^Version: (.+)$", self.read(meta).decode(), re.M)
+        return found.group(1).strip() if found else "unknown"
+
+
+def _latest(src: Source, system: str, op: str, table: str, kernel: str | None = None) -> str:
+    """The in-wheel path of `table` for the newest vLLM version that has it (with `kernel`)."""
+    pattern = re.compile(rf"{DATA}/{system}/{op}/vllm/([^/]+)/{table}\.parquet$")
+    found = []
+    for name in src.names:
+        m = pattern.match(name)
+        if m:
+            if kernel is not None and kernel not in set(_parquet(src, name)["kernel_source"]):
+                continue
+            found.append((tuple(int(x) for x in re.findall(r"\d+", m.group(1))[:3]), name))
+    if not found:
+        raise SystemExit(f"error: no {system}/{op}/vllm/*/{table}.parquet"
+                         + (f" with kernel {kernel}" if kernel else "") + f" in {src.path}")
+    return max(found)[1]
+
+
+_CACHE: dict[str, pd.DataFrame] = {}
+
+
+def _parquet(src: Source, name: str) -> pd.DataFrame:
+    if name not in _CACHE:
+        _CACHE[name] = pd.read_parquet(io.BytesIO(src.read(name)))
+    return _CACHE[name]
+
+
+def _reachable_shapes():
+    """(model, tp) pairs of the presets: every TP size that divides the attention heads."""
+    for name, model in sorted(MODEL_PRESETS.items()):
+        if name == "tiny":
+            continue
+        for tp in TP_SIZES:
+            if model.num_attention_heads % tp == 0:
+                yield model, tp
+
+
+def _gemm_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    frame = frame[frame["gemm_dtype"] == "bfloat16"]
+    ns, ks = sorted(frame["n"].unique().tolist()), sorted(frame["k"].unique().tolist())
+    keep = set()
+    for model, tp in _reachable_shapes():
+        for s in gemm_shapes(model, tp):
+            parts = -(-s.n // ns[-1])
+            for n in bracket(ns, s.n / parts):
+                for k in bracket(ks, s.k):
+                    keep.add((n, k))
+    rows = frame[[(n, k) in keep for n, k in zip(frame["n"], frame["k"])]]
+    return rows[["m", "n", "k", "latency"]]
+
+
+def _attention_rows(frame: pd.DataFrame, kernel: str, length: str) -> pd.DataFrame:
+    frame = frame[(frame["kernel_source"] == kernel) & (frame["head_dim"] == 128)
+                  & (frame["kv_cache_dtype"] == "bfloat16")]
+    if "window_size" in frame:
+        frame = frame[frame["window_size"] == 0]
+    combos = set(zip(frame["num_heads"], frame["num_key_value_heads"]))
+    keep = set()
+    for model, tp in _reachable_shapes():
+        q, kv = model.num_attention_heads // tp, kv_heads_per_rank(model, tp)
+        keep |= {(h, k) for h, k, _ in attention_sources(q, kv, combos)}
+    frame = frame[[c in keep for c in zip(frame["num_heads"], frame["num_key_value_heads"])]]
+    out = frame.rename(columns={"num_key_value_heads": "num_kv_heads"})
+    if length == "kv_len":  # decode: the KV length is isl + step
+        out = out.assign(kv_len=out["isl"] + out["step"])
+    else:
+        out = out[out["step"] == 0]
+    return out[["num_heads", "num_kv_heads", "batch_size", length, "latency"]]
+
+
+def _one_per_key(rows: pd.DataFrame, keys: list[str]) -> tuple[pd.DataFrame, int]:
+    """Repeated measurements of one shape (rare) are reduced to their median; returns how many."""
+    dup = int(rows.duplicated(keys).sum())
+    rows = rows.groupby(keys, as_index=False)["latency"].median() if dup else rows
+    return rows.sort_values(keys).rename(columns={"latency": "latency_ms"}), dup
+
+
+def _licence(src: Source, parquet: str) -> str:
+    meta = parquet.rsplit("/", 1)[0] + "/collection_meta.yaml"
+    if meta in src.names:
+        found = re.search(r"SPDX-License-Identifier:\s*(\S+)", src.read(meta).decode())
+        if found:
+            return found.group(1)
+    return "Apache-2.0 (package licence)"
+
+
+def import_gpu(src: Source, preset: str, out: Path, wheel_sha: str | None) -> dict:
+    system, (prefill_kernel, decode_kernel) = GPUS[preset]
+    paths = {
+        "gemm": _latest(src, system, "gemm", "gemm_perf"),
+        "context_attention": _latest(src, system, "attention", "context_attention_perf", prefill_kernel),
+        "generation_attention": _latest(src, system, "attention", "generation_attention_perf",
+                                        decode_kernel),
+        "allreduce": _latest(src, system, "comm", "custom_allreduce_perf"),
+    }
+    frames = {k: _parquet(src, p) for k, p in paths.items()}
+    ar = frames["allreduce"]
+    ar = ar[ar["allreduce_dtype"] == "bfloat16"][["num_gpus", "message_size", "backend", "latency"]]
+    tables = {
+        "gemm": _one_per_key(_gemm_rows(frames["gemm"]), ["m", "n", "k"]),
+        "context_attention": _one_per_key(
+            _attention_rows(frames["context_attention"], prefill_kernel, "isl"),
+            ["num_heads", "num_kv_heads", "batch_size", "isl"]),
+        "generation_attention": _one_per_key(
+            _attention_rows(frames["generation_attention"], decode_kernel, "kv_len"),
+            ["num_heads", "num_kv_heads", "batch_size", "kv_len"]),
+        "allreduce": _one_per_key(ar, ["num_gpus", "backend", "message_size"]),
+    }
+    folder = out / system
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for name, (rows, dup) in tables.items():
+        text = rows.to_csv(index=False, float_format="%.9g")
+        (folder / f"{name}.csv").write_text(text)
+        f = frames[name]
+        files[name] = {
+            "csv": f"{name}.csv", "csv_sha256": hashlib.sha256(text.encode()).hexdigest(),
+            "rows": len(rows), "medians_of_repeats": dup,
+            "source": paths[name], "source_sha256": hashlib.sha256(src.read(paths[name])).hexdigest(),
+            "source_rows": len(f), "device": str(f["device"].iloc[0]),
+            "framework_version": f"{f['framework'].iloc[0]} {f['version'].iloc[0]}",
+            "licence": _licence(src, paths[name]),
+        }
+    files["context_attention"]["kernel"] = prefill_kernel
+    files["generation_attention"]["kernel"] = decode_kernel
+    provenance = {
+        "package": PACKAGE, "package_version": src.version(), "wheel": src.path.name,
+        "wheel_sha256": wheel_sha, "servesim_hardware_preset": preset, "system": system,
+        "latency_unit": "ms", "licence": "Apache-2.0 (NVIDIA AIConfigurator; see NOTICE)",
+        "importer": "python -m calibrate.aic_import", "tables": files,
+    }
+    (folder / "provenance.yaml").write_text(yaml.safe_dump(provenance, sort_keys=False))
+    return provenance
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("source", type=Path, help="the aiconfigurator-core wheel, or its unpacked folder")
+    ap.add_argument("--out", type=Path, default=OUT, help=f"tables folder (default {OUT})")
+    ap.add_argument("--gpu", action="append", choices=sorted(GPUS), help="only these (repeatable)")
+    args = ap.parse_args(argv)
+    if not args.source.exists():
+        raise SystemExit(f"error: {args.source}: no such file or folder")
+    src = Source(args.source)
+    wheel_sha = hashlib.sha256(args.source.read_bytes()).hexdigest() if src.zip else None
+    for preset in args.gpu or sorted(GPUS):
+        p = import_gpu(src, preset, args.out, wheel_sha)
+        sizes = ", ".join(f"{k} {v['rows']}" for k, v in p["tables"].items())
+        print(f"{preset:<10} -> {args.out / p['system']}: {sizes} rows", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

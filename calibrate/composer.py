@@ -1,0 +1,290 @@
+"""One engine iteration's GPU time composed from measured kernel tables (calibrate/tables/<gpu>/).
+
+    tables = KernelTables.load("calibrate/tables/h100_sxm")
+    step = StepComposer(tables, model, tensor_parallel_size=1)
+    step.seconds(BatchStats(...))          # one iteration
+    step.terms(BatchStats(...))            # the same, term by term (ms)
+
+An iteration of a Llama-style decoder at T scheduled tokens and S sequences (vLLM V1: one forward
+pass over every scheduled token):
+
+    layers x [ GEMM(T, qkv) + GEMM(T, o) + GEMM(T, gate_up) + GEMM(T, down)     measured (gemm)
+             + prefill attention of the chunks                                  measured (context)
+             + decode attention of the decodes                                  measured (generation)
+             + 2 all-reduces of T x hidden (TP > 1)                             measured (all-reduce)
+             + norms, activation, residuals, rope                               modelled: bytes / HBM ]
+    + GEMM(S, lm_head)                                                          measured (gemm)
+    + CPU/framework overhead: per iteration + per sequence                      cited default, tunable
+
+Interpolation is piecewise-linear between measured points (in m, n and k for GEMMs; in batch and
+length for attention, in message size for all-reduces), so at a measured point the composer returns
+the measured value exactly and between points it never leaves the measured bracket. Nothing is
+extrapolated silently: past the largest measured value of an axis the last measured point is scaled
+in proportion to the work (a GEMM with n beyond the table is split into equal in-table GEMMs; longer
+contexts and larger batches scale the last point by the ratio of work) and every such use is counted
+in `extrapolated`, which calibrate/measured.py writes into the profile's metadata.
+
+Which measured rows stand in for a shape the tables do not list (attention heads per GPU, GEMM n and
+k) is decided by `attention_sources` and `bracket`, which calibrate/aic_import.py also uses to pick
+the rows it ships.
+"""
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sim.batch import BatchStats
+from sim.memory import kv_heads_per_rank
+from sim.models import ModelSpec
+
+# Elementwise work per token per layer, in elements of the activation dtype read + written: two
+# RMSNorms (read + write hidden each), SiLU x mul (read 2 x intermediate/tp, write intermediate/tp),
+# two residual adds (read 2, write 1 hidden each), rope on q and k (read + write). Bandwidth-bound:
+# time = bytes / (HBM bandwidth x ELEMENTWISE_BANDWIDTH_EFFICIENCY).
+ELEMENTWISE_BANDWIDTH_EFFICIENCY = 0.7
+# All-reduces run inside CUDA graphs for batches vLLM captures (up to 512 tokens by default) and
+# eagerly above: the measured table has both.
+CUDA_GRAPH_MAX_TOKENS = 512
+# CPU/framework time per iteration that no kernel table holds (scheduling, input preparation,
+# sampling, output processing). Default: the ~4 ms GPU bubble per decode step that vLLM's
+# maintainers measured for the synchronous engine loop (vLLM issue #6854, "[RFC]: Multi-Step
+# Scheduling", 2024-07-26). vLLM V1's asynchronous scheduling overlaps part of it, so this is a
+# conservative upper bound; set cost_model: {measured: {cpu_overhead_s: ...}} to tune it.
+DEFAULT_CPU_OVERHEAD_S = 4e-3
+DEFAULT_CPU_OVERHEAD_PER_SEQ_S = 0.0
+
+
+# ---------------------------------------------------------------- the tables
+
+@dataclass
+class KernelTables:
+    """The compact CSVs of one GPU (latencies in ms, as measured)."""
+    gemm: pd.DataFrame                  # m, n, k, latency_ms
+    context_attention: pd.DataFrame     # num_heads, num_kv_heads, batch_size, isl, latency_ms
+    generation_attention: pd.DataFrame  # num_heads, num_kv_heads, batch_size, kv_len, latency_ms
+    allreduce: pd.DataFrame             # num_gpus, message_size, backend, latency_ms
+    hbm_bandwidth: float                # bytes/s, for the modelled elementwise term
+    folder: Path | None = None
+
+    @classmethod
+    def load(cls, folder: str | Path, hbm_bandwidth: float) -> "KernelTables":
+        folder = Path(folder)
+        read = lambda name: pd.read_csv(folder / f"{name}.csv")  # noqa: E731
+        return cls(read("gemm"), read("context_attention"), read("generation_attention"),
+                   read("allreduce"), hbm_bandwidth, folder)
+
+
+def bracket(values: list[int], x: float) -> tuple[int, int]:
+    """The measured values around x (equal when x is measured); past the ends, the end itself."""
+    i = bisect_left(values, x)
+    if i < len(values) and values[i] == x:
+        return values[i], values[i]
+    lo = values[max(i - 1, 0)]
+    hi = values[min(i, len(values) - 1)]
+    return lo, hi
+
+
+def attention_sources(q: int, kv: int, combos: set[tuple[int, int]]) -> list[tuple[int, int, float]]:
+    """Measured (heads, kv heads) combos and weights whose weighted sum stands in for (q, kv) heads
+    per GPU. Exact when measured. Else, at the same kv heads, linear in query heads between the
+    nearest measured ones. Else (more kv heads than any measured row with this query:kv ratio, e.g.
+    MHA's 32:32 in a decode table that stops at 8 kv heads), the largest measured kv at the same
+    ratio, scaled by kv / that kv: attention reads K and V per kv head, so its time is proportional
+    to kv heads at a fixed ratio."""
+    if (q, kv) in combos:
+        return [(q, kv, 1.0)]
+    same_kv = sorted(h for h, k in combos if k == kv)
+    if same_kv and same_kv[0] <= q <= same_kv[-1]:
+        lo, hi = bracket(same_kv, q)
+        w = (q - lo) / (hi - lo)
+        return [(lo, kv, 1 - w), (hi, kv, w)]
+    ratio = q / kv
+    same_ratio = sorted(k for h, k in combos if h == k * ratio)
+    if same_ratio:
+        ref = max(k for k in same_ratio if k <= kv) if min(same_ratio) <= kv else same_ratio[0]
+        return [(int(ref * ratio), ref, kv / ref)]
+    raise ValueError(f"no measured attention rows can stand in for {q} heads / {kv} kv heads")
+
+
+# ---------------------------------------------------------------- piecewise-linear lookups
+
+class _Curve:
+    """y(x) piecewise-linear through measured points (x strictly increasing); past the last point,
+    y scales in proportion to x (work grows linearly), counted as an extrapolation."""
+
+    def __init__(self, x, y):
+        order = np.argsort(x)
+        self.x = np.asarray(x, dtype=np.float64)[order]
+        self.y = np.asarray(y, dtype=np.float64)[order]
+
+    def __call__(self, x: float, seen: Counter, what: str) -> float:
+        if x > self.x[-1]:
+            seen[what] += 1
+            return float(self.y[-1] * x / self.x[-1])
+        return float(np.interp(x, self.x, self.y))
+
+
+class _Grid:
+    """z(a, b) bilinear over a measured (a, b) grid (each axis piecewise-linear, as _Curve)."""
+
+    def __init__(self, frame: pd.DataFrame, a: str, b: str, z: str = "latency_ms"):
+        self.a = sorted(frame[a].unique().tolist())
+        self.curves = {va: _Curve(g[b].to_numpy(), g[z].to_numpy())
+                       for va, g in frame.groupby(a)}
+
+    def __call__(self, va: float, vb: float, seen: Counter, what: str) -> float:
+        lo, hi = bracket(self.a, va)
+        if va > self.a[-1]:
+            seen[what] += 1
+            return self.curves[hi](vb, seen, what) * va / hi
+        if va < self.a[0]:
+            seen[what] += 1
+            return self.curves[lo](vb, seen, what) * va / lo
+        zl = self.curves[lo](vb, seen, what)
+        if hi == lo:
+            return zl
+        w = (va - lo) / (hi - lo)
+        return zl + w * (self.curves[hi](vb, seen, what) - zl)
+
+
+# ---------------------------------------------------------------- the composer
+
+@dataclass(frozen=True)
+class GemmShape:
+    name: str
+    n: int  # output features per GPU
+    k: int  # input features per GPU
+
+
+def gemm_shapes(model: ModelSpec, tp: int) -> list[GemmShape]:
+    """The linear layers of one decoder layer per GPU (vLLM merges q/k/v and gate/up), and the
+    LM head (vocab split across GPUs)."""
+    kv = kv_heads_per_rank(model, tp)
+    q = model.num_attention_heads // tp
+    hd, h, inter = model.head_dim, model.hidden_size, model.intermediate_size // tp
+    return [GemmShape("qkv", (q + 2 * kv) * hd, h), GemmShape("o", h, q * hd),
+            GemmShape("gate_up", 2 * inter, h), GemmShape("down", h, inter),
+            GemmShape("lm_head", -(-model.vocab_size // tp), h)]
+
+
+class StepComposer:
+    def __init__(self, tables: KernelTables, model: ModelSpec, tensor_parallel_size: int = 1, *,
+                 cpu_overhead_s: float = DEFAULT_CPU_OVERHEAD_S,
+                 cpu_overhead_per_seq_s: float = DEFAULT_CPU_OVERHEAD_PER_SEQ_S):
+        tp = tensor_parallel_size
+        self.model, self.tp, self.tables = model, tp, tables
+        self.cpu_overhead_s, self.cpu_overhead_per_seq_s = cpu_overhead_s, cpu_overhead_per_seq_s
+        self.extrapolated: Counter = Counter()  # lookups past a table's last point, by term
+        self.notes: list[str] = []              # modelling choices this composition needed
+        self.shapes = gemm_shapes(model, tp)
+        self._gemm = self._gemm_curves(tables.gemm)
+        q, kv = model.num_attention_heads // tp, kv_heads_per_rank(model, tp)
+        self._ctx = self._attention(tables.context_attention, q, kv, "isl")
+        self._gen = self._attention(tables.generation_attention, q, kv, "kv_len")
+        ar = tables.allreduce[tables.allreduce["num_gpus"] == tp] if tp > 1 else None
+        self._allreduce = None if ar is None else {
+            backend: _Curve(g["message_size"].to_numpy(), g["latency_ms"].to_numpy())
+            for backend, g in ar.groupby("backend")}
+        if tp > 1 and not self._allreduce:
+            raise ValueError(f"{tables.folder}: no all-reduce rows for {tp} GPUs")
+        inter = model.intermediate_size // tp
+        dims = (model.num_attention_heads // tp + kv) * model.head_dim
+        elements = 2 * 2 * model.hidden_size + 3 * inter + 2 * 3 * model.hidden_size + 2 * dims
+        self._elementwise_s_per_token = (model.num_layers * elements * model.dtype_bytes
+                                         / (tables.hbm_bandwidth * ELEMENTWISE_BANDWIDTH_EFFICIENCY))
+
+    # -- construction -------------------------------------------------------------------------
+    def _gemm_curves(self, gemm: pd.DataFrame) -> dict:
+        """For each layer GEMM: the measured (n, k) bracket points and their m-curves."""
+        ns = sorted(gemm["n"].unique().tolist())
+        ks = sorted(gemm["k"].unique().tolist())
+        out = {}
+        for s in self.shapes:
+            parts = max(1, math.ceil(s.n / ns[-1]))  # n past the table: equal in-table GEMMs
+            if parts > 1:
+                self.notes.append(f"GEMM {s.name}: n = {s.n} is past the measured {ns[-1]}; "
+                                  f"priced as {parts} GEMMs of n = {s.n / parts:g}")
+            n = s.n / parts
+            if s.k > ks[-1]:
+                raise ValueError(f"GEMM {s.name}: k {s.k} is beyond the measured {ks[-1]}")
+            corners = {}
+            for vn in set(bracket(ns, n)):
+                for vk in set(bracket(ks, s.k)):
+                    rows = gemm[(gemm["n"] == vn) & (gemm["k"] == vk)]
+                    if rows.empty:
+                        raise ValueError(f"GEMM {s.name}: no measured rows at n={vn}, k={vk}")
+                    corners[(vn, vk)] = _Curve(rows["m"].to_numpy(), rows["latency_ms"].to_numpy())
+            out[s.name] = (n, s.k, parts, bracket(ns, n), bracket(ks, s.k), corners)
+        return out
+
+    def _attention(self, frame: pd.DataFrame, q: int, kv: int, length: str):
+        combos = set(zip(frame["num_heads"], frame["num_kv_heads"]))
+        out = []
+        for h, k, weight in attention_sources(q, kv, combos):
+            rows = frame[(frame["num_heads"] == h) & (frame["num_kv_heads"] == k)]
+            out.append((_Grid(rows, "batch_size", length), weight))
+        return out
+
+    # -- terms (ms) ---------------------------------------------------------------------------
+    def gemm_ms(self, name: str, m: float) -> float:
+        n, k, parts, (n0, n1), (k0, k1), corners = self._gemm[name]
+        seen, what = self.extrapolated, f"GEMM {name} tokens"
+
+        def at(vn):  # linear in k at this n
+            lo = corners[(vn, k0)](m, seen, what)
+            return lo if k1 == k0 else lo + (k - k0) / (k1 - k0) * (corners[(vn, k1)](m, seen, what) - lo)
+        lo = at(n0)
+        return parts * (lo if n1 == n0 else lo + (n - n0) / (n1 - n0) * (at(n1) - lo))
+
+    def prefill_attention_ms(self, lens, contexts) -> float:
+        """The chunks as one varlen call: `len(lens)` sequences at the length whose causal pairs,
+        summed, equal the chunks' (a chunk of c tokens after p cached ones has c x p + c^2 / 2
+        (query, key) pairs; a fresh prompt of s tokens has s^2 / 2). Exact for equal fresh
+        prompts at a measured batch and length."""
+        if not len(lens):
+            return 0.0
+        pairs = sum(c * p + c * c / 2 for c, p in zip(lens, contexts))
+        b = len(lens)
+        s = math.sqrt(2 * pairs / b)
+        return sum(w * g(b, s, self.extrapolated, "prefill attention") for g, w in self._ctx)
+
+    def decode_attention_ms(self, num_decodes: int, context_sum: float) -> float:
+        """`num_decodes` sequences at their mean KV length (the table's kv_len = isl + step)."""
+        if not num_decodes:
+            return 0.0
+        mean = context_sum / num_decodes
+        return sum(w * g(num_decodes, mean, self.extrapolated, "decode attention")
+                   for g, w in self._gen)
+
+    def allreduce_ms(self, tokens: int) -> float:
+        if self.tp == 1 or not tokens:
+            return 0.0
+        backend = "vllm_graph" if tokens <= CUDA_GRAPH_MAX_TOKENS else "vllm_eager"
+        curve = self._allreduce.get(backend) or next(iter(self._allreduce.values()))
+        return curve(tokens * self.model.hidden_size * self.model.dtype_bytes, self.extrapolated,
+                     "all-reduce message")
+
+    def terms(self, stats: BatchStats) -> dict[str, float]:
+        """Milliseconds of each part of one iteration of `stats`."""
+        lens, contexts = stats.prefill_lens.tolist(), stats.prefill_contexts.tolist()
+        tokens = sum(lens) + stats.num_decodes
+        seqs = len(lens) + stats.num_decodes
+        layers = self.model.num_layers
+        out = {name: layers * self.gemm_ms(name, tokens) for name in ("qkv", "o", "gate_up", "down")}
+        out["lm_head"] = self.gemm_ms("lm_head", seqs) if seqs else 0.0
+        out["prefill_attention"] = layers * self.prefill_attention_ms(lens, contexts)
+        out["decode_attention"] = layers * self.decode_attention_ms(stats.num_decodes,
+                                                                    stats.decode_context_sum)
+        out["allreduce"] = 2 * layers * self.allreduce_ms(tokens)
+        out["elementwise"] = 1e3 * self._elementwise_s_per_token * tokens
+        out["cpu_overhead"] = 1e3 * (self.cpu_overhead_s + self.cpu_overhead_per_seq_s * seqs)
+        return out
+
+    def seconds(self, stats: BatchStats) -> float:
+        return sum(self.terms(stats).values()) / 1e3
