@@ -381,6 +381,8 @@ def plan(
         if gpu_hour_usd is not None and not 0 <= gpu_hour_usd < math.inf:
             raise ScenarioError(f"--gpu-hour-usd: {gpu_hour_usd} is not a finite number >= 0")
         sc = load_scenario(scenario, set_ or ())
+        if sc.cost_model.notice:  # the default fell back to an estimate: say so, once
+            typer.echo(f"note: {sc.cost_model.notice}", err=True)
         if slo is not None:
             slo_cfg = parse_slo(slo)
         elif sc.slo is not None:

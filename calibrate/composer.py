@@ -18,7 +18,11 @@ pass over every scheduled token):
 
 Interpolation is piecewise-linear between measured points (in m, n and k for GEMMs; in batch and
 length for attention, in message size for all-reduces), so at a measured point the composer returns
-the measured value exactly and between points it never leaves the measured bracket. Nothing is
+the measured value exactly and between points it never leaves the measured bracket. More work never
+costs less: where a larger shape was measured faster than a smaller one (kernel selection, noise),
+the larger one's time is raised to the smaller one's (the upper monotone envelope along each axis:
+tokens, batch, length, message size), which errs on the slow side for capacity planning; how many
+measured points that raised is counted in `notes`. Nothing is
 extrapolated silently: past the largest measured value of an axis the last measured point is scaled
 in proportion to the work (a GEMM with n beyond the table is split into equal in-table GEMMs; longer
 contexts and larger batches scale the last point by the ratio of work) and every such use is counted
@@ -115,13 +119,16 @@ def attention_sources(q: int, kv: int, combos: set[tuple[int, int]]) -> list[tup
 # ---------------------------------------------------------------- piecewise-linear lookups
 
 class _Curve:
-    """y(x) piecewise-linear through measured points (x strictly increasing); past the last point,
-    y scales in proportion to x (work grows linearly), counted as an extrapolation."""
+    """y(x) piecewise-linear through measured points (x strictly increasing), made non-decreasing
+    (each y at least every y before it); past the last point, y scales in proportion to x (work
+    grows linearly), counted as an extrapolation. `raised`: measured points the envelope lifted."""
 
     def __init__(self, x, y):
         order = np.argsort(x)
         self.x = np.asarray(x, dtype=np.float64)[order]
-        self.y = np.asarray(y, dtype=np.float64)[order]
+        measured = np.asarray(y, dtype=np.float64)[order]
+        self.y = np.maximum.accumulate(measured)
+        self.raised = int((self.y > measured).sum())
 
     def __call__(self, x: float, seen: Counter, what: str) -> float:
         if x > self.x[-1]:
@@ -131,12 +138,21 @@ class _Curve:
 
 
 class _Grid:
-    """z(a, b) bilinear over a measured (a, b) grid (each axis piecewise-linear, as _Curve)."""
+    """z(a, b) bilinear over a measured (a, b) grid (each axis piecewise-linear, as _Curve). Rows
+    measured over fewer b values are completed on the union of b (their own interpolation and
+    proportional extension), then made non-decreasing along b and across a."""
 
     def __init__(self, frame: pd.DataFrame, a: str, b: str, z: str = "latency_ms"):
         self.a = sorted(frame[a].unique().tolist())
-        self.curves = {va: _Curve(g[b].to_numpy(), g[z].to_numpy())
-                       for va, g in frame.groupby(a)}
+        rows = {va: _Curve(g[b].to_numpy(), g[z].to_numpy()) for va, g in frame.groupby(a)}
+        xs = np.array(sorted(frame[b].unique().tolist()), dtype=np.float64)
+        dense = np.array([[rows[va](x, Counter(), "") for x in xs] for va in self.a])
+        dense = np.maximum.accumulate(np.maximum.accumulate(dense, axis=1), axis=0)
+        self.curves = {va: _Curve(xs, dense[i]) for i, va in enumerate(self.a)}
+        # measured points the envelopes lifted
+        self.raised = int(sum((np.interp(g[b].to_numpy(), xs, dense[self.a.index(va)])
+                               > g[z].to_numpy() + 1e-12).sum() for va, g in frame.groupby(a)))
+        self.points = len(frame)
 
     def __call__(self, va: float, vb: float, seen: Counter, what: str) -> float:
         lo, hi = bracket(self.a, va)
@@ -219,7 +235,11 @@ class StepComposer:
                     rows = gemm[(gemm["n"] == vn) & (gemm["k"] == vk)]
                     if rows.empty:
                         raise ValueError(f"GEMM {s.name}: no measured rows at n={vn}, k={vk}")
-                    corners[(vn, vk)] = _Curve(rows["m"].to_numpy(), rows["latency_ms"].to_numpy())
+                    corner = corners[(vn, vk)] = _Curve(rows["m"].to_numpy(),
+                                                        rows["latency_ms"].to_numpy())
+                    if corner.raised:
+                        self.notes.append(f"GEMM n={vn} k={vk}: {corner.raised} of {len(rows)} "
+                                          f"measured points raised to keep it monotone in tokens")
             out[s.name] = (n, s.k, parts, bracket(ns, n), bracket(ks, s.k), corners)
         return out
 
@@ -228,7 +248,15 @@ class StepComposer:
         out = []
         for h, k, weight in attention_sources(q, kv, combos):
             rows = frame[(frame["num_heads"] == h) & (frame["num_kv_heads"] == k)]
-            out.append((_Grid(rows, "batch_size", length), weight))
+            grid = _Grid(rows, "batch_size", length)
+            what = "prefill" if length == "isl" else "decode"
+            if weight != 1.0 or (h, k) != (q, kv):
+                self.notes.append(f"{what} attention for {q}/{kv} heads per GPU: measured {h}/{k} "
+                                  f"x {weight:.4g}")
+            if grid.raised:
+                self.notes.append(f"{what} attention {h}/{k} heads: {grid.raised} of "
+                                  f"{grid.points} measured points raised to keep it monotone")
+            out.append((grid, weight))
         return out
 
     # -- terms (ms) ---------------------------------------------------------------------------
