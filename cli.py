@@ -52,6 +52,47 @@ def main() -> None:
     Scenario format and output files: README.md."""
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C's KeyboardInterrupt would be, so every command's clean
+    interruption path runs; main_entry turns its exit code into 143."""
+
+
+_SIGNAL = {"terminated": False}
+
+
+def _on_sigterm(signum, frame) -> None:
+    _SIGNAL["terminated"] = True
+    raise _Terminated()
+
+
+def main_entry() -> None:
+    """The `servesim` console command: the typer app, with SIGINT and SIGTERM at any moment (also
+    while modules import) ending in one line and exit code 130 or 143, never a traceback."""
+    import signal
+    import sys
+
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        code = app(standalone_mode=False)
+    except (KeyboardInterrupt, typer.Abort):
+        typer.echo("error: interrupted; nothing was written", err=True)
+        code = 130
+    except SystemExit as e:
+        code = e.code
+    except Exception as e:  # click's usage errors (typer may vendor click: matched by interface)
+        if not (hasattr(e, "format_message") and getattr(e, "exit_code", None) == 2):
+            raise
+        message = " ".join(e.format_message().split())
+        if message:  # (no message: no arguments at all, and the help was shown)
+            ctx = getattr(e, "ctx", None)
+            hint = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+            typer.echo(f"error: {message}{hint}", err=True)
+        code = 2
+    if _SIGNAL["terminated"] and code in (1, 130):
+        code = 143
+    sys.exit(code if isinstance(code, int) else 0)
+
+
 def _fail(message: str, code: int = 2) -> typer.Exit:
     # Plain echo, not rich: rich would wrap long messages and interpret [brackets] as markup.
     typer.echo(f"error: {message}", err=True)
@@ -73,9 +114,11 @@ def run(
         show_default=False)] = None,
     quiet: Annotated[bool, typer.Option(
         "--quiet", "-q", help="Print only the output directory: no progress bar, no table.")] = False,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Run even if the estimated memory exceeds what the machine has free.")] = False,
 ) -> None:
-    """Simulate one scenario and write [bold]requests.csv[/], [bold]steps.csv[/] and
-    [bold]summary.json[/] to the output directory."""
+    """Simulate one scenario and write [bold]requests.csv[/], [bold]steps.csv[/],
+    [bold]scenario.yaml[/] and [bold]summary.json[/] to the output directory."""
     from sim.config import load_scenario
     from sim.checks import check_out_dir
     from sim.errors import ScenarioError
@@ -84,7 +127,9 @@ def run(
         sc = load_scenario(scenario, overrides=set_ or (), seed=seed)
         out_dir = out if out is not None else Path("runs") / sc.name
         check_out_dir(out_dir)
-        from sim.simulate import simulate, write_outputs
+        from sim.simulate import check_memory, simulate, write_outputs
+
+        check_memory(sc, force)
 
         with _Progress("simulating", "requests", enabled=not quiet, after_s=PROGRESS_AFTER_S) as progress:
             result = simulate(sc, progress=progress)
@@ -96,7 +141,7 @@ def run(
     except OSError as e:  # e.g. the output directory is not writable
         raise _fail(f"{e.filename or ''}: {e.strerror or e}".lstrip(": "), code=1) from None
     except KeyboardInterrupt:
-        raise _fail("interrupted; the run is incomplete (no summary.json written)", code=130) from None
+        raise _fail(f"interrupted; nothing was written to {out if out is not None else 'runs/<name>'} (an earlier run there is untouched)", code=130) from None
     if sc.cost_model.notice:  # the default fell back to an estimate: say so, once
         typer.echo(f"note: {sc.cost_model.notice}", err=True)
     if not quiet:
@@ -106,6 +151,10 @@ def run(
         typer.echo(f"step costs: {cost_model_line(result.summary['run']['cost_model'])}")
     typer.echo(str(out_dir) if quiet else
                f"output: {out_dir}/ (requests.csv, steps.csv, scenario.yaml, summary.json)")
+    total = len(result.requests)
+    if result.summary["completed"] < total:  # written, but not a success
+        raise _fail(f"only {result.summary['completed']} of {total} requests completed; see "
+                    f"{out_dir}/requests.csv (empty finish_s)", code=1)
 
 
 def cost_model_line(c: dict) -> str:
@@ -247,6 +296,8 @@ def sweep(
     cluster: Annotated[str | None, typer.Option(
         help="Run on a running Dask distributed scheduler instead, e.g. [bold]tcp://host:8786[/] "
              "(needs servesim\\[cluster] here and on the workers).", metavar="ADDRESS", show_default=False)] = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Run a sweep of more than 10,000 runs.")] = False,
     quiet: Annotated[bool, typer.Option(
         "--quiet", "-q", help="Print only the results path: no progress bar, no table.")] = False,
 ) -> None:
@@ -265,7 +316,7 @@ def sweep(
         check_out_dir(out_dir)
         with _Progress("sweep", "runs", enabled=not quiet) as progress:
             result = run_sweep(scenario, points, out_dir, sets=set_ or (), seed=seed, repeats=repeats,
-                               workers=workers, cluster=cluster, progress=progress)
+                               workers=workers, cluster=cluster, progress=progress, force=force)
     except ScenarioError as e:
         raise _fail(str(e)) from None
     except OSError as e:

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 import re
+import stat
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -35,7 +37,10 @@ def _show(v: Any) -> str:
         return {None: "null", True: "true", False: "false"}[v]
     if isinstance(v, (dict, list)):
         return "a mapping" if isinstance(v, dict) else "a list"
-    return repr(v)
+    if isinstance(v, int) and abs(v) >= 10**30:  # no 5000-digit numbers in a one-line message
+        return f"an integer of {len(str(abs(v))) if abs(v).bit_length() < 14000 else 'over 4000'} digits"
+    text = repr(v)
+    return text if len(text) <= 80 else text[:60] + f"... ({len(text)} characters)"
 
 
 def _number_hint(v: Any) -> str:
@@ -48,18 +53,43 @@ def _number_hint(v: Any) -> str:
     return ""
 
 
+# Bounds: what is physically meaningful for one simulated deployment, and far inside what float64
+# and int64 represent exactly, so no value reaching the simulator can overflow, hang or come out
+# negative. README "Errors" lists them.
+MAX_TOKENS = 10_000_000          # tokens in one request (prompt or output), one batch, one budget
+MAX_REQUESTS = 100_000_000       # requests in one run
+MAX_SECONDS = 1e9                # any time or time span (~31.7 years)
+MIN_RATE = 1e-6                  # requests/s (one request per ~11.6 days)
+MAX_RATE = 1e6                   # requests/s
+MAX_COUNT = 1_000_000            # sequences, replicas, GPUs, layers, heads, users per run
+MAX_BLOCKS = 1_000_000_000       # KV blocks per GPU
+MAX_BYTES = 1e15                 # bytes of GPU memory (a petabyte)
+MAX_RATE_PHYSICAL = 1e18         # FLOP/s or bytes/s of one GPU
+MAX_USD_PER_HOUR = 1e6
+MAX_STEP_SECONDS = 3600.0        # any per-iteration or per-sequence time constant
+
+MAX_YAML_DEPTH = 64              # nested mappings/lists in a YAML or JSON input
+MAX_INPUT_BYTES = {              # largest input file read, by kind
+    "scenario": 10 << 20, "profile": 64 << 20, "config": 10 << 20, "trace": 4 << 30,
+    "summary": 64 << 20,
+}
+
 _EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")  # what YAML 1.1 leaves a string
 
 
-def _int(v: Any, where: str, lo: int, hi: int | None = None) -> int:
+def _int(v: Any, where: str, lo: int, hi: int | None = None, cap: int | None = None) -> int:
+    """An integer in [lo, hi]; `cap`: a sanity bound (module constants above), said apart."""
     if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
         allowed = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
         raise ScenarioError(f"{where}: {_show(v)} is not an integer {allowed}{_number_hint(v)}")
+    if cap is not None and v > cap:
+        raise ScenarioError(f"{where}: {_show(v)} is more than {cap}, the most servesim accepts here")
     return v
 
 
 def _num(v: Any, where: str, lo: float, hi: float | None = None, open_lo: bool = False,
-         open_hi: bool = False) -> float:
+         open_hi: bool = False, cap: float | None = None) -> float:
+    """A finite number in the range; `cap`: a sanity bound (module constants above), said apart."""
     if isinstance(v, str) and _EXPONENT.fullmatch(v.strip()):
         v = float(v)
     ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
@@ -67,6 +97,8 @@ def _num(v: Any, where: str, lo: float, hi: float | None = None, open_lo: bool =
         allowed = (f"{'>' if open_lo else '>='} {lo}" if hi is None else
                    f"in {'(' if open_lo else '['}{lo}, {hi}{')' if open_hi else ']'}")
         raise ScenarioError(f"{where}: {_show(v)} is not a number {allowed}{_number_hint(v)}")
+    if cap is not None and v > cap:
+        raise ScenarioError(f"{where}: {_show(v)} is more than {cap:g}, the most servesim accepts here")
     return float(v)
 
 
@@ -134,3 +166,101 @@ def check_out_dir(out_dir: Path) -> None:
     if not existing.is_dir():
         where = "" if existing == out_dir else f"{existing} "
         raise ScenarioError(f"--out {out_dir}: {where}exists and is not a directory")
+
+
+# ---------------------------------------------------------------- safe input
+
+def check_input_file(path: Path, kind: str, label: str | None = None) -> int:
+    """A regular file no larger than MAX_INPUT_BYTES[kind] (not /dev/zero, a FIFO or a folder);
+    returns its size. `label` names it in messages (default: the path)."""
+    label = label or str(path)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise ScenarioError(f"{label}: no such file") from None
+    except OSError as e:
+        raise ScenarioError(f"{label}: cannot read: {e.strerror}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ScenarioError(f"{label}: is a directory, not a {kind} file")
+    if not stat.S_ISREG(st.st_mode):
+        raise ScenarioError(f"{label}: not a regular file (a device, pipe or socket); expected a {kind} file")
+    limit = MAX_INPUT_BYTES[kind]
+    if st.st_size > limit:
+        raise ScenarioError(f"{label}: {st.st_size} bytes, more than the {limit >> 20} MiB servesim "
+                            f"reads as a {kind} file")
+    return st.st_size
+
+
+def read_text(path: Path, kind: str, label: str | None = None) -> str:
+    """The file as UTF-8 text (a leading BOM dropped), after check_input_file."""
+    label = label or str(path)
+    check_input_file(path, kind, label)
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise ScenarioError(f"{label}: cannot read: {e.strerror}") from None
+    if b"\x00" in data[:65536]:
+        raise ScenarioError(f"{label}: binary data, not a text {kind} file")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ScenarioError(f"{label}: not UTF-8 text (byte {e.start})") from None
+
+
+def load_yaml(text: str, label: str):
+    """Parse YAML text with the rules above; errors are one-line ScenarioErrors naming `label`."""
+    import yaml
+
+    try:
+        return yaml.load(text, Loader=_yaml_loader())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        line = f" line {mark.line + 1}:" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ScenarioError(f"{label}:{line} invalid YAML: {problem}") from None
+    except ValueError as e:  # e.g. an integer of more than 4300 digits
+        raise ScenarioError(f"{label}: invalid value: {str(e).splitlines()[0][:120]}") from None
+    except RecursionError:
+        raise ScenarioError(f"{label}: nested too deeply (more than {MAX_YAML_DEPTH} levels)") from None
+
+
+_LOADER = None
+
+
+def _yaml_loader():
+    global _LOADER  # built once, on first use (yaml is imported lazily)
+    if _LOADER is None:
+        import yaml
+
+        class Loader(yaml.SafeLoader):
+            def __init__(self, stream):
+                super().__init__(stream)
+                self._depth = 0
+
+            def compose_node(self, parent, index):
+                if self.check_event(yaml.events.AliasEvent):
+                    event = self.peek_event()
+                    raise yaml.composer.ComposerError(
+                        None, None, "aliases (*name) are not supported", event.start_mark)
+                self._depth += 1
+                try:
+                    if self._depth > MAX_YAML_DEPTH:
+                        raise yaml.composer.ComposerError(
+                            None, None, f"nested more than {MAX_YAML_DEPTH} levels deep",
+                            self.peek_event().start_mark)
+                    return super().compose_node(parent, index)
+                finally:
+                    self._depth -= 1
+
+            def construct_mapping(self, node, deep=False):
+                seen = set()
+                for key_node, _ in node.value:
+                    if isinstance(key_node, yaml.ScalarNode):
+                        if key_node.value in seen:
+                            raise yaml.constructor.ConstructorError(
+                                None, None, f"duplicate key {key_node.value[:80]!r}", key_node.start_mark)
+                        seen.add(key_node.value)
+                return super().construct_mapping(node, deep=deep)
+
+        _LOADER = Loader
+    return _LOADER

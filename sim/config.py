@@ -24,7 +24,8 @@ from typing import Any
 import yaml
 
 from . import cost, hardware, memory, models, workload
-from .checks import Where, _check_keys, _choice, _existing_path, _int, _num, _or, _section, _show
+from .checks import (MAX_BLOCKS, MAX_COUNT, MAX_SECONDS, MAX_TOKENS, Where, _check_keys, _choice,
+                     _existing_path, _int, _num, _or, _section, _show, load_yaml, read_text)
 from .routers import ROUTERS
 from .cost import CostModelSpec
 from .errors import ScenarioError
@@ -193,36 +194,10 @@ def _plain(value: Any) -> Any:
 
 # ---------------------------------------------------------------- YAML and --set
 
-class _StrictLoader(yaml.SafeLoader):
-    """safe_load that rejects duplicate keys (plain safe_load silently keeps the last one)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        seen = set()
-        for key_node, _ in node.value:
-            if isinstance(key_node, yaml.ScalarNode):
-                if key_node.value in seen:
-                    raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key {key_node.value!r}", key_node.start_mark)
-                seen.add(key_node.value)
-        return super().construct_mapping(node, deep=deep)
-
-
 def _read_yaml(path: Path) -> Any:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ScenarioError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise ScenarioError(f"{path}: is a directory, not a scenario .yaml file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ScenarioError(f"{path}: cannot read: {e}") from None
-    try:
-        raw = yaml.load(text, Loader=_StrictLoader)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = f" line {mark.line + 1}:" if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ScenarioError(f"{path}:{line} invalid YAML: {problem}") from None
+    """The scenario file, read safely (sim/checks.py: a regular file of at most 10 MiB, UTF-8, no
+    YAML aliases, duplicate keys or deep nesting)."""
+    raw = load_yaml(read_text(path, "scenario"), str(path))
     if raw is None:
         raise ScenarioError(f"{path}: empty file; expected a mapping with keys " + ", ".join(TOP_KEYS))
     return raw
@@ -238,9 +213,9 @@ def _apply_overrides(raw: dict, overrides: Iterable[str]) -> dict[str, str]:
             raise ScenarioError(f"--set {item}: expected KEY=VALUE with a dotted key, "
                                 "e.g. --set engine.max_num_seqs=128")
         try:
-            value = yaml.safe_load(text) if text.strip() else None
-        except yaml.YAMLError:
-            raise ScenarioError(f"--set {key}: {text!r} is not a YAML value") from None
+            value = load_yaml(text, f"--set {key}") if text.strip() else None
+        except ScenarioError as e:
+            raise ScenarioError(f"--set {key}: {_show(text)} is not a YAML value ({e})") from None
         node = raw
         for i, part in enumerate(parts[:-1]):
             if node.get(part) is None:
@@ -330,19 +305,22 @@ def _parse_engine(v: Any, w: Where) -> EngineConfig:
     engine = EngineConfig(
         # names: the plug-ins' registries, read now (a scheduler registered later is accepted)
         scheduler=_choice(get("scheduler"), at("scheduler"), SCHEDULERS),
-        max_num_seqs=_int(get("max_num_seqs"), at("max_num_seqs"), lo=1),
-        max_num_batched_tokens=_int(get("max_num_batched_tokens"), at("max_num_batched_tokens"), lo=1),
+        max_num_seqs=_int(get("max_num_seqs"), at("max_num_seqs"), lo=1, cap=MAX_COUNT),
+        max_num_batched_tokens=_int(get("max_num_batched_tokens"), at("max_num_batched_tokens"), lo=1,
+                                    cap=MAX_TOKENS),
         block_size=block_size,
         gpu_memory_utilization=_num(get("gpu_memory_utilization"), at("gpu_memory_utilization"),
                                     0, 1, open_lo=True),
-        num_gpu_blocks=None if blocks is None else _int(blocks, at("num_gpu_blocks"), lo=1),
-        tensor_parallel_size=_int(get("tensor_parallel_size"), at("tensor_parallel_size"), lo=1),
-        replicas=_int(get("replicas"), at("replicas"), lo=1),
+        num_gpu_blocks=None if blocks is None else _int(blocks, at("num_gpu_blocks"), lo=1,
+                                                        cap=MAX_BLOCKS),
+        tensor_parallel_size=_int(get("tensor_parallel_size"), at("tensor_parallel_size"), lo=1,
+                                  cap=MAX_COUNT),
+        replicas=_int(get("replicas"), at("replicas"), lo=1, cap=MAX_COUNT),
         # router (replicas > 1) and batch_timeout_s (static) are accepted and ignored where they do
         # not apply, so that a sweep over replicas or schedulers can start from any scenario.
         router=_choice(get("router"), at("router"), ROUTERS),
         policy=_choice(get("policy"), at("policy"), POLICIES),
-        batch_timeout_s=_num(get("batch_timeout_s"), at("batch_timeout_s"), 0),
+        batch_timeout_s=_num(get("batch_timeout_s"), at("batch_timeout_s"), 0, cap=MAX_SECONDS),
     )
     if SCHEDULERS[engine.scheduler].token_budget and engine.max_num_batched_tokens < engine.max_num_seqs:
         # vLLM's rule: every running sequence must be able to decode one token per iteration.
@@ -386,7 +364,7 @@ def _parse_slo(v: Any, w: Where) -> SLOConfig | None:
     if v is None:
         return None
     m = _section(v, "slo", w, tuple(f.name for f in fields(SLOConfig)))
-    limits = {k: None if m.get(k) is None else _num(m[k], w(f"slo.{k}"), 0, open_lo=True)
+    limits = {k: None if m.get(k) is None else _num(m[k], w(f"slo.{k}"), 0, open_lo=True, cap=MAX_SECONDS * 1e3)
               for k in ("ttft_ms", "tpot_ms")}
     if limits["ttft_ms"] is None and limits["tpot_ms"] is None:
         raise ScenarioError(f"{w('slo')}: give ttft_ms and/or tpot_ms (milliseconds), or leave slo out")

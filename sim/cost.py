@@ -23,7 +23,7 @@ import numpy as np
 import yaml
 
 from .batch import BatchStats
-from .checks import _num, _section
+from .checks import MAX_STEP_SECONDS, _num, _section, check_input_file, load_yaml
 from . import measured
 from .errors import ScenarioError
 from .hardware import HardwareSpec
@@ -271,14 +271,15 @@ def load_profile(path: Path, where: str = ""):
 def _load_profile(path: Path, where: str = ""):
     """Read and strictly validate a step-cost profile YAML. Errors name the file and key path."""
     path = Path(path)
+    if not path.exists():
+        raise _fail(where, f"profile file {path} not found")
+    check_input_file(path, "profile")
     try:
         data = path.read_bytes()
-        doc = yaml.safe_load(data.decode("utf-8"))
-    except FileNotFoundError:
-        raise _fail(where, f"profile file {path} not found") from None
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise ScenarioError(f"{path}: not a readable YAML file ({str(exc).splitlines()[0]})") \
-            from None
+        doc = load_yaml(data.decode("utf-8"), str(path))
+    except (OSError, UnicodeDecodeError, ScenarioError) as exc:
+        problem = str(exc).splitlines()[0].removeprefix(f"{path}:").strip()
+        raise ScenarioError(f"{path}: not a readable YAML file ({problem})") from None
     if isinstance(doc, dict) and doc.get("format") == measured.FORMAT:
         return measured.load_table_profile(path, doc, data)
     doc = _keys(doc, str(path), ("format", "metadata", "model"))
@@ -307,7 +308,7 @@ def _roofline_options(options: Any, where: str, hardware: HardwareSpec, tp: int,
     at = f"{where}.roofline"
     options = _section(options, at, lambda path: path, _ROOFLINE_KWARGS)
     kwargs = {k: _num(v, f"{at}.{k}", 0, 1, open_lo=True) if k.endswith("_efficiency")
-              else _num(v, f"{at}.{k}", 0) for k, v in options.items()}
+              else _num(v, f"{at}.{k}", 0, cap=MAX_STEP_SECONDS) for k, v in options.items()}
     if tp > 1 and hardware.interconnect_bandwidth <= 0:
         raise _fail(where, f"roofline needs {hardware.name}.interconnect_bandwidth > 0 for "
                            f"tensor_parallel_size={tp}")
@@ -332,7 +333,7 @@ def _measured_options(options: Any, where: str, hardware: HardwareSpec, tp: int,
     """The shipped profile of the scenario's model x GPU x TP (sim/profiles/), read now, and the
     scenario's CPU-overhead tuning."""
     options = _section(options, f"{where}.measured", lambda path: path, _MEASURED_KWARGS)
-    kwargs = {k: _num(v, f"{where}.measured.{k}", 0) for k, v in options.items()}
+    kwargs = {k: _num(v, f"{where}.measured.{k}", 0, cap=MAX_STEP_SECONDS) for k, v in options.items()}
     from .hardware import HARDWARE_PRESETS
     from .models import MODEL_PRESETS
 

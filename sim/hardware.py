@@ -13,7 +13,8 @@ override `usd_per_hour` in a scenario for your own contract. See docs/cost_model
 from __future__ import annotations
 
 from dataclasses import dataclass, fields as dc_fields
-from .checks import _num, _text, check_fields
+from .checks import (MAX_BYTES, MAX_RATE_PHYSICAL, MAX_USD_PER_HOUR, _num, _text,
+                     check_fields)
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,8 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
 }
 
 _FIELDS = tuple(f.name for f in dc_fields(HardwareSpec))
+_BOUNDS = {"memory_bytes": MAX_BYTES, "hbm_bandwidth": MAX_RATE_PHYSICAL, "bf16_flops": MAX_RATE_PHYSICAL,
+           "interconnect_bandwidth": MAX_RATE_PHYSICAL, "usd_per_hour": MAX_USD_PER_HOUR}
 _REQUIRED = ("memory_bytes", "hbm_bandwidth", "bf16_flops")
 
 
@@ -48,6 +51,6 @@ def hardware_from_fields(fields: dict, where: str) -> HardwareSpec:
     """Explicit HardwareSpec mapping (e.g. a scenario's `hardware:` block); units: bytes,
     bytes/s, FLOP/s, USD/hour. `where` prefixes messages, e.g. "chat.yaml: hardware"."""
     check_fields(fields, where, _FIELDS, _REQUIRED)
-    values = {k: _num(fields[k], f"{where}.{k}", 0, open_lo=k in _REQUIRED)
+    values = {k: _num(fields[k], f"{where}.{k}", 0, open_lo=k in _REQUIRED, cap=_BOUNDS[k])
               for k in _FIELDS if k != "name" and k in fields}
     return HardwareSpec(name=_text(fields.get("name", "custom"), f"{where}.name"), **values)

@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass, fields as dc_fields
 from pathlib import Path
 
-from .checks import _bool, _int, _show, _text, check_fields
+from .checks import MAX_COUNT, MAX_TOKENS, _bool, _int, _show, _text, check_fields, read_text
 from .errors import ScenarioError
 
 
@@ -103,6 +103,8 @@ DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "f
 
 _REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
 _FIELDS = tuple(f.name for f in dc_fields(ModelSpec))
+_HI = {"num_layers": MAX_COUNT, "hidden_size": MAX_COUNT, "num_attention_heads": MAX_COUNT,
+       "intermediate_size": MAX_TOKENS, "vocab_size": MAX_TOKENS * 10}
 
 
 def _fail(where: str, msg: str) -> ScenarioError:
@@ -115,13 +117,14 @@ def model_from_fields(fields: dict, where: str) -> ModelSpec:
     hidden_size // num_attention_heads, name to "custom"."""
     check_fields(fields, where, _FIELDS, _REQUIRED)
     at = lambda key: f"{where}.{key}"  # noqa: E731
-    v = {k: _int(fields[k], at(k), lo=1) for k in _REQUIRED}
+    v = {k: _int(fields[k], at(k), lo=1, cap=_HI[k]) for k in _REQUIRED}
     heads = v["num_attention_heads"]
-    v["num_kv_heads"] = _int(fields.get("num_kv_heads", heads), at("num_kv_heads"), lo=1)
+    v["num_kv_heads"] = _int(fields.get("num_kv_heads", heads), at("num_kv_heads"), lo=1, cap=MAX_COUNT)
     if heads % v["num_kv_heads"]:
         raise ScenarioError(f"{at('num_kv_heads')}: {v['num_kv_heads']} does not divide "
                             f"num_attention_heads ({heads})")
-    v["head_dim"] = _int(fields.get("head_dim", v["hidden_size"] // heads), at("head_dim"), lo=1)
+    v["head_dim"] = _int(fields.get("head_dim", v["hidden_size"] // heads), at("head_dim"), lo=1,
+                         cap=MAX_COUNT)
     dtype_bytes = fields.get("dtype_bytes", 2)
     if dtype_bytes not in (1, 2, 4) or isinstance(dtype_bytes, bool):
         raise ScenarioError(f"{at('dtype_bytes')}: {_show(dtype_bytes)} is not one of 1, 2, 4")
@@ -151,12 +154,15 @@ def model_from_hf_config(path: Path, name: str | None = None) -> ModelSpec:
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
+    if not path.exists():
+        raise ScenarioError(f"{path}: file not found")
+    text = read_text(path, "config")
     try:
-        cfg = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ScenarioError(f"{path}: file not found") from None
-    except (OSError, ValueError) as exc:
-        raise ScenarioError(f"{path}: not a readable JSON file ({exc})") from None
+        cfg = json.loads(text)
+    except ValueError as exc:
+        raise ScenarioError(f"{path}: not a readable JSON file ({str(exc)[:120]})") from None
+    except RecursionError:
+        raise ScenarioError(f"{path}: nested too deeply to be a config.json") from None
     if not isinstance(cfg, dict):
         raise ScenarioError(f"{path}: expected a JSON object")
     missing = [k for k in _HF_KEYS if k not in cfg]
@@ -168,7 +174,7 @@ def model_from_hf_config(path: Path, name: str | None = None) -> ModelSpec:
         if cfg.get(theirs) is not None:  # some configs write "head_dim": null
             fields[ours] = cfg[theirs]
     dtype = cfg.get("torch_dtype", cfg.get("dtype", "bfloat16"))
-    if dtype not in DTYPE_BYTES:
+    if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
         raise ScenarioError(f"{path}: torch_dtype {dtype!r} not supported; "
                             f"allowed: {', '.join(DTYPE_BYTES)}")
     fields["dtype_bytes"] = DTYPE_BYTES[dtype]

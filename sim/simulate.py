@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
+import signal
 import tempfile
 import time
 from dataclasses import dataclass
@@ -17,6 +19,7 @@ import simpy
 from .cluster import ClosedLoopRouter, make_inboxes
 from .routers import make_router
 from .config import Scenario, resolved_yaml
+from .errors import ScenarioError
 from .engine import Replica
 from .metrics import requests_frame, steps_frame, summarize
 from .recorder import Recorder
@@ -107,25 +110,75 @@ def _progress_ticker(req: RequestTable, progress):
 
 
 def write_outputs(result: SimResult, out_dir: Path) -> None:
-    """Write requests.csv, steps.csv, scenario.yaml (the resolved scenario, when given) and
-    summary.json. Each file is written to a temporary name and renamed, summary.json last, so a
-    directory with summary.json holds a complete run."""
+    """Write requests.csv, steps.csv, scenario.yaml (the resolved scenario, when it reproduces the
+    run) and summary.json (strict JSON: a non-finite number is written as null).
+
+    Every file is first written under a temporary name; only when all are complete are they renamed
+    into place, summary.json last, with SIGINT and SIGTERM held back for those few renames. So an
+    interruption or a failure leaves an earlier complete run in `out_dir` untouched, and a folder
+    with summary.json always holds one complete run."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "summary.json").unlink(missing_ok=True)
-    _atomic(out_dir / "requests.csv", lambda f: result.requests.to_csv(f, index=False))
-    _atomic(out_dir / "steps.csv", lambda f: result.steps.to_csv(f, index=False))
+    summary = json.dumps(finite(result.summary), indent=2, allow_nan=False) + "\n"
+    writers = [("requests.csv", lambda f: result.requests.to_csv(f, index=False)),
+               ("steps.csv", lambda f: result.steps.to_csv(f, index=False))]
     if result.scenario is not None:
-        _atomic(out_dir / "scenario.yaml", lambda f: f.write(resolved_yaml(result.scenario)))
-    _atomic(out_dir / "summary.json", lambda f: f.write(json.dumps(result.summary, indent=2) + "\n"))
-
-
-def _atomic(path: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        writers.append(("scenario.yaml", lambda f: f.write(resolved_yaml(result.scenario))))
+    writers.append(("summary.json", lambda f: f.write(summary)))
+    temps: list[tuple[str, Path]] = []
     try:
-        with os.fdopen(fd, "w", newline="") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        for name, write in writers:
+            fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{name}.")
+            temps.append((name, Path(tmp)))
+            with os.fdopen(fd, "w", newline="") as f:
+                write(f)
+        held = {signal.SIGINT, signal.SIGTERM}
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+        try:
+            for name, tmp in temps:
+                os.replace(tmp, out_dir / name)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    finally:
+        for _, tmp in temps:
+            tmp.unlink(missing_ok=True)
+
+
+def finite(value):
+    """`value` with every NaN or infinity replaced by None (JSON has neither)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+# Peak memory of a run, measured: 1M chat requests peaked at 1.59 GB, 100k at 247 MB (../shared
+# SPEED_NOTES.md), so ~1.6 KB per request on top of ~100 MB for the interpreter and imports.
+BYTES_PER_REQUEST = 1600
+BASE_BYTES = 100e6
+
+
+def estimate_memory_bytes(num_requests: int) -> float:
+    return BASE_BYTES + BYTES_PER_REQUEST * num_requests
+
+
+def available_memory_bytes() -> float:
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return float("inf")
+
+
+def check_memory(scenario: Scenario, force: bool = False) -> None:
+    """Refuse up front a run whose estimated peak memory exceeds what the machine has free."""
+    n = scenario.workload.num_requests
+    if n is None or force:
+        return  # a whole trace: its size was capped when read; or the user said --force
+    need, have = estimate_memory_bytes(n), available_memory_bytes()
+    if need > have:
+        raise ScenarioError(f"{_where(scenario)}workload.num_requests: {n} requests need about "
+                            f"{need / 1e9:.1f} GB ({BYTES_PER_REQUEST} bytes each, measured) but "
+                            f"{have / 1e9:.1f} GB is free; lower it, or pass --force to try anyway")

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .checks import MAX_SECONDS, MAX_TOKENS, check_input_file
 from .errors import ScenarioError
 
 # The three accepted layouts: (arrival column, prompt column, output column) as the file spells them.
@@ -39,6 +40,7 @@ def read_trace(path: Path) -> pd.DataFrame:
     """The requests in the trace at `path`, validated, in arrival order (a stable sort keeps ties)."""
     path = Path(path)
     name = shown(path)
+    check_input_file(path, "trace", name)
     try:
         with open(path, "rb") as f:
             head = f.read(4096).lstrip()
@@ -95,13 +97,13 @@ def _read_jsonl(path: Path, name: str) -> pd.DataFrame:
     kept = [i for i, row in enumerate(rows) if row.strip()]
     try:  # one C-speed parse of the whole file; the per-line loop below only runs to find an error
         records = json.loads("[" + ",".join(rows[i] for i in kept) + "]")
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         records = []
     if len(records) != len(kept) or not all(isinstance(r, dict) for r in records):
         records = [_json_object(rows[i], i + 1, name) for i in kept]
     df = pd.DataFrame(records, columns=list(MOONCAKE))
     lines = np.asarray(kept, dtype=np.int64) + 1
-    arrival = _seconds(df["timestamp"], lines, name, "timestamp") / 1000.0  # ms -> s
+    arrival = _seconds(df["timestamp"], lines, name, "timestamp", unit=1e-3) / 1000.0  # ms -> s
     return _table(arrival, df, MOONCAKE, lines, name)
 
 
@@ -110,6 +112,8 @@ def _json_object(row: str, line: int, name: str) -> dict:
         record = json.loads(row)
     except json.JSONDecodeError as e:
         raise ScenarioError(f"{name}:{line}: not valid JSON ({e.msg})") from None
+    except RecursionError:
+        raise ScenarioError(f"{name}:{line}: nested too deeply to be a request record") from None
     if not isinstance(record, dict):
         raise ScenarioError(f"{name}:{line}: expected a JSON object with keys {', '.join(MOONCAKE)}")
     return record
@@ -129,32 +133,48 @@ def _table(arrival: np.ndarray, df: pd.DataFrame, cols: tuple[str, str, str], li
 
 
 def _ints(col: pd.Series, lines: np.ndarray, name: str, label: str, lo: float) -> np.ndarray:
-    """`col` as int64 with every value an integer >= lo, else an error naming the first bad line."""
+    """`col` as int64 with every value an integer in [lo, MAX_TOKENS], else an error naming the
+    first bad line (so nothing overflows int64 or hangs the scheduler)."""
     values = pd.to_numeric(col, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
     ok = np.isfinite(values) & (values == np.floor(values)) & (values >= lo)
     if not ok.all():
         what = {1: "a positive integer", 0: "a non-negative integer"}.get(lo, "an integer")
         _fail(col, lines, name, label, ok, what)
+    ok = values <= MAX_TOKENS
+    if not ok.all():
+        _fail(col, lines, name, label, ok, f"at most {MAX_TOKENS} tokens, the most servesim accepts")
     return values.astype(np.int64)
 
 
-def _seconds(col: pd.Series, lines: np.ndarray, name: str, label: str) -> np.ndarray:
-    """`col` as float64 with every value finite and >= 0 (the file's own time unit)."""
+def _seconds(col: pd.Series, lines: np.ndarray, name: str, label: str, unit: float = 1.0) -> np.ndarray:
+    """`col` as float64 with every value finite, >= 0 and at most MAX_SECONDS (in the file's own
+    time unit: `unit` seconds)."""
     values = pd.to_numeric(col, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
     ok = np.isfinite(values) & (values >= 0)
     if not ok.all():
         _fail(col, lines, name, label, ok, "a non-negative number")
+    ok = values * unit <= MAX_SECONDS
+    if not ok.all():
+        _fail(col, lines, name, label, ok, f"at most {MAX_SECONDS:g} s, the longest span servesim accepts")
     return values
 
 
 def _wall_clock(col: pd.Series, lines: np.ndarray, name: str) -> np.ndarray:
     """Azure timestamps -> seconds after the earliest one (float64; 7 fractional digits = 100 ns)."""
-    stamps = pd.to_datetime(col, format="ISO8601", errors="coerce")
+    try:
+        stamps = pd.to_datetime(col, format="ISO8601", errors="coerce")
+    except (ValueError, TypeError) as e:  # e.g. timestamps in several time zones
+        raise ScenarioError(f"{name}: TIMESTAMP: cannot be read as one clock ({str(e).splitlines()[0]}); "
+                            f"write every timestamp in one time zone") from None
     ok = stamps.notna().to_numpy()
     if not ok.all():
         _fail(col, lines, name, "TIMESTAMP", ok, "a timestamp like '2023-11-16 18:15:46.6805900'")
     offsets_ns = (stamps - stamps.min()).to_numpy().astype("timedelta64[ns]").astype(np.int64)
-    return offsets_ns / 1e9  # integer ns / 1e9 rounds once, so 4.314579 s reads back as 4.314579
+    offsets = offsets_ns / 1e9
+    ok = offsets <= MAX_SECONDS
+    if not ok.all():
+        _fail(col, lines, name, "TIMESTAMP", ok, f"within {MAX_SECONDS:g} s of the earliest")
+    return offsets  # integer ns / 1e9 rounds once, so 4.314579 s reads back as 4.314579
 
 
 def _fail(col: pd.Series, lines: np.ndarray, name: str, label: str, ok: np.ndarray, what: str):

@@ -20,7 +20,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .checks import _check_keys, _choice, _int, _num, _show
+from .checks import (MAX_COUNT, MAX_RATE, MAX_REQUESTS, MAX_SECONDS, MAX_TOKENS, MIN_RATE, _check_keys,
+                     _choice, _int, _num, _show)
 from .errors import ScenarioError
 from .traces import read_trace, shown
 
@@ -219,8 +220,8 @@ def parse_workload(raw: dict, where: str, base_dir: Path) -> WorkloadConfig:
     top = _Keys(raw, where, "workload", SECTION_KEYS)
     top.only()
     priority = raw.get("priority")
-    common = dict(time_scale=top.number("time_scale", default=1.0),
-                  num_requests=top.integer("num_requests", 1, default=None),
+    common = dict(time_scale=top.number("time_scale", default=1.0, high=1e6, floor=1e-6),
+                  num_requests=top.integer("num_requests", 1, default=None, high=MAX_REQUESTS),
                   priority=None if priority is None else _dist(top, "priority", PRIORITIES, 0, base_dir))
     if raw.get("trace") is not None:
         clash = [k for k in GENERATOR_KEYS[:3] if raw.get(k) is not None]
@@ -232,7 +233,13 @@ def parse_workload(raw: dict, where: str, base_dir: Path) -> WorkloadConfig:
     if missing:
         raise ScenarioError(f"{where}: workload: needs either trace or all of "
                             f"{', '.join(GENERATOR_KEYS)} (missing {', '.join(missing)})")
-    return WorkloadConfig(arrival=_arrival(top), **common,
+    arrival = _arrival(top)
+    rate = getattr(arrival, "rate", None)
+    if rate is not None and common["num_requests"] / (rate * common["time_scale"]) > MAX_SECONDS:
+        raise top.fail("arrival.rate", f"{common['num_requests']} requests at {rate:g} req/s "
+                                       f"(time_scale {common['time_scale']:g}) span more than "
+                                       f"{MAX_SECONDS:g} s; raise the rate or lower num_requests")
+    return WorkloadConfig(arrival=arrival, **common,
                           prompt_tokens=_dist(top, "prompt_tokens", LENGTHS, 1, base_dir),
                           output_tokens=_dist(top, "output_tokens", LENGTHS, 1, base_dir))
 
@@ -242,13 +249,18 @@ def _arrival(top: _Keys) -> ArrivalProcess:
     process = keys.choice("process", tuple(ARRIVALS))
     keys.only(ARRIVALS[process])
     if process == "burst":
-        return Burst(keys.number("at", default=0.0, low=0))
+        return Burst(keys.number("at", default=0.0, low=0, high=MAX_SECONDS))
     if process == "gamma":
-        return Gamma(keys.number("rate"), keys.number("cv"))
+        return Gamma(_rate(keys), keys.number("cv", high=1e3, floor=1e-3))
     if process == "closed_loop":
-        return ClosedLoop(keys.integer("users", 1), keys.number("think_time", low=0),
+        return ClosedLoop(keys.integer("users", 1, high=MAX_COUNT),
+                          keys.number("think_time", low=0, high=MAX_SECONDS),
                           keys.choice("think_dist", THINK_DISTS, "exponential"))
-    return ARRIVALS[process](keys.number("rate"))
+    return ARRIVALS[process](_rate(keys))
+
+
+def _rate(keys: _Keys) -> float:
+    return keys.number("rate", high=MAX_RATE, floor=MIN_RATE)  # req/s
 
 
 def _dist(top: _Keys, key: str, table: dict, lo: int, base_dir: Path) -> LengthDist:
@@ -304,16 +316,24 @@ class _Keys:
             raise self.fail(key, f"missing (expected {allowed})")
         return default
 
-    def integer(self, key: str, low: int, default: Any = _REQUIRED) -> int | None:
+    def integer(self, key: str, low: int, default: Any = _REQUIRED, high: int = MAX_TOKENS) -> int | None:
         value = self._get(key, default, f"an integer >= {low}")
-        return value if value is default else _int(value, self.at(key), lo=low)
+        return value if value is default else _int(value, self.at(key), lo=low, cap=high)
 
-    def number(self, key: str, default: Any = _REQUIRED, low: int | None = None) -> float:
-        """A finite number > 0 (or >= low when `low` is given)."""
+    def number(self, key: str, default: Any = _REQUIRED, low: float | None = None,
+               high: float = MAX_TOKENS, floor: float | None = None) -> float:
+        """A finite number > 0 (or >= low when `low` is given); `high` and `floor` are sanity
+        bounds, said apart."""
         value = self._get(key, default, "a number > 0" if low is None else f"a number >= {low}")
         if value is default:
             return value
-        return _num(value, self.at(key), 0, open_lo=True) if low is None else _num(value, self.at(key), low)
+        if low is None:
+            value = _num(value, self.at(key), 0, open_lo=True, cap=high)
+        else:
+            value = _num(value, self.at(key), low, cap=high)
+        if floor is not None and value < floor:
+            raise self.fail(key, f"{value!r} is less than {floor:g}, the least servesim accepts here")
+        return value
 
     def choice(self, key: str, options: tuple[str, ...], default: Any = _REQUIRED) -> str:
         value = self._get(key, default, f"one of {', '.join(options)}")

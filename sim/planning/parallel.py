@@ -38,7 +38,8 @@ def run_parallel(fn: Callable[..., Any], args: Sequence[tuple], *, workers: int 
         for i, a in enumerate(args):
             yield i, fn(*a)
         return
-    with ProcessPoolExecutor(max_workers=workers, initializer=_exit_on_sigint) as pool:
+    with ProcessPoolExecutor(max_workers=workers, initializer=_worker_init,
+                             initargs=(os.getpid(),)) as pool:
         pending = {pool.submit(fn, *a): i for i, a in enumerate(args)}
         try:
             while pending:
@@ -50,10 +51,23 @@ def run_parallel(fn: Callable[..., Any], args: Sequence[tuple], *, workers: int 
                 fut.cancel()
 
 
-def _exit_on_sigint() -> None:
+def _worker_init(parent: int) -> None:
     """Worker initializer. Ctrl-C reaches every process of the group: a worker then exits at once,
-    rather than abandon only its current call and go on with the calls already queued to it."""
+    rather than abandon only its current call and go on with the calls already queued to it; so
+    does SIGTERM. And a worker dies with its parent, even one killed with SIGKILL (Linux's
+    PR_SET_PDEATHSIG; elsewhere the pool's own shutdown applies)."""
     signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(143))
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # the parent died before the line above took effect
+        os._exit(1)
 
 
 def _run_on_cluster(fn: Callable[..., Any], args: Sequence[tuple], address: str

@@ -19,6 +19,7 @@ import hashlib
 import io
 import itertools
 import json
+import math
 import os
 import tempfile
 from dataclasses import dataclass, replace
@@ -27,7 +28,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import yaml
 
-from ..checks import check_out_dir
+from ..checks import _int, check_out_dir
 from ..config import Scenario, load_scenario
 from ..errors import ScenarioError
 from .parallel import run_parallel
@@ -93,15 +94,23 @@ def yaml_text(value: Any) -> str:
     return text[:-3].rstrip() if text.endswith("\n...") else text
 
 
+MAX_SWEEP_RUNS = 10_000  # runs in one sweep without --force (each is a whole simulation)
+
+
 def plan_sweep(scenario: str | Path, grid: Mapping[str, list], *, sets: Sequence[str] = (),
-               seed: int | None = None, repeats: int = 1) -> tuple[Scenario, list[SweepRun]]:
+               seed: int | None = None, repeats: int = 1,
+               force: bool = False) -> tuple[Scenario, list[SweepRun]]:
     """Validate every point and return the base scenario (the file with --set and --seed) and the
     runs in grid order (first key outermost, repeats innermost). Raises ScenarioError naming --set,
     --seed, --repeats or --grid KEY."""
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ScenarioError(f"--repeats: {repeats!r} is not an integer >= 1")
+    _int(repeats, "--repeats", lo=1, cap=MAX_SWEEP_RUNS)
     if not grid:
         raise ScenarioError("--grid: give at least one, e.g. --grid engine.max_num_seqs=64,128")
+    points = math.prod(len(v) for v in grid.values())
+    if points * repeats > MAX_SWEEP_RUNS and not force:  # said before any point is validated
+        raise ScenarioError(f"--grid: {points} points x {repeats} repeats = {points * repeats} runs, "
+                            f"more than the {MAX_SWEEP_RUNS} a sweep takes; split it, or pass "
+                            f"--force to run them anyway")
     base = load_scenario(scenario, overrides=sets, seed=seed)
     canon_sets = [_canonical(s) for s in sets]
     runs = []
@@ -140,14 +149,14 @@ def _load_point(scenario, sets: Sequence[str], params: Mapping[str, Any], seed: 
 def run_sweep(scenario: str | Path, grid: Mapping[str, list], out_dir: str | Path, *,
               sets: Sequence[str] = (), seed: int | None = None, repeats: int = 1,
               workers: int | None = None, cluster: str | None = None,
-              progress: Callable[[int, int], None] | None = None) -> SweepResult:
+              progress: Callable[[int, int], None] | None = None, force: bool = False) -> SweepResult:
     """Run every point of `grid` not already in out_dir/results.csv; see the module docstring.
     `progress(done, total)` is called before the first run and after each one."""
     if workers is not None and (isinstance(workers, bool) or workers < 1):
         raise ScenarioError(f"--workers: {workers!r} is not an integer >= 1")
     if workers is not None and cluster is not None:
         raise ScenarioError("--workers: not used with --cluster (the cluster's workers run the sweep)")
-    base, runs = plan_sweep(scenario, grid, sets=sets, seed=seed, repeats=repeats)
+    base, runs = plan_sweep(scenario, grid, sets=sets, seed=seed, repeats=repeats, force=force)
     out_dir = Path(out_dir)
     check_out_dir(out_dir)
     name = base.name  # the file's, even if --grid name=... renames runs
