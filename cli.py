@@ -429,6 +429,11 @@ def plan(
             if v is not None and not 0 < v < math.inf:
                 rule = "an integer >= 1" if isinstance(v, int) else "a finite number > 0"
                 raise ScenarioError(f"{flag}: {v} is not {rule}")
+        from sim.checks import MAX_COUNT, MAX_RATE
+
+        for flag, v, cap in (("--target-rate", target_rate, MAX_RATE), ("--target-users", target_users, MAX_COUNT)):
+            if v is not None and v > cap:  # said before any search runs
+                raise ScenarioError(f"{flag}: {v:g} is more than {cap:g}, the most servesim plans for")
         if gpu_hour_usd is not None and not 0 <= gpu_hour_usd < math.inf:
             raise ScenarioError(f"--gpu-hour-usd: {gpu_hour_usd} is not a finite number >= 0")
         sc = load_scenario(scenario, set_ or ())
@@ -527,8 +532,9 @@ def capacity(
             flag = "--model" if m is None else "--gpu"
             names = model_presets.MODEL_PRESETS if m is None else hw_presets.HARDWARE_PRESETS
             raise ScenarioError(f"{flag}: missing (or give --scenario FILE); presets: " + ", ".join(sorted(names)))
-        if seq_len < 1:
-            raise ScenarioError(f"--seq-len: {seq_len} is not an integer >= 1")
+        from sim.checks import MAX_TOKENS, _int
+
+        _int(seq_len, "--seq-len", lo=1, cap=MAX_TOKENS)
         _check_capacity_options(m, tp, gpu_memory_utilization, block_size, max_num_batched_tokens)
         b = kv_budget(m, hw, tensor_parallel_size=_or_default(tp, defaults["tp"]),
                       gpu_memory_utilization=_or_default(gpu_memory_utilization, defaults["util"]),

@@ -73,7 +73,7 @@ def test_console_script_is_declared():
     import tomllib
 
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
-    assert project["project"]["scripts"]["servesim"] == "cli:app"
+    assert project["project"]["scripts"]["servesim"] == "cli:main_entry"  # the app, with signals and usage errors in one line
 
 
 # ---------------------------------------------------------------- successful runs

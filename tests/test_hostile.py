@@ -1,0 +1,479 @@
+"""Hostile and extreme inputs (issue 14): every case ends, within its time (and, where memory is
+the attack, memory) limit, in a clean result or in exit 2 with one `error:` line, no traceback,
+and nothing written."""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from cli import app
+from sim.config import load_scenario, scenario_from_dict
+from sim.errors import ScenarioError
+from sim.traces import read_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICK = {"name": "h", "model": "llama-3-8b", "hardware": "h100-sxm", "cost_model": "roofline",
+         "engine": {"scheduler": "chunked", "max_num_seqs": 16, "max_num_batched_tokens": 2048},
+         "workload": {"arrival": {"process": "poisson", "rate": 5}, "num_requests": 20,
+                      "prompt_tokens": {"dist": "fixed", "value": 64},
+                      "output_tokens": {"dist": "fixed", "value": 8}}}
+TIMEOUT_S = 60
+
+
+MEMORY_HEADROOM = 3 << 30  # bytes of address space a case may add to what the process holds
+
+
+@contextmanager
+def time_limit(seconds: int):
+    """A wall-clock limit (SIGALRM) and a memory limit (RLIMIT_AS: the address space in use now
+    plus MEMORY_HEADROOM) around one in-process case; both are lifted afterwards."""
+    def fire(*_):
+        raise TimeoutError(f"no result within {seconds} s: a hang")
+    old = signal.signal(signal.SIGALRM, fire)
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (_address_space() + MEMORY_HEADROOM, hard))
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+        signal.signal(signal.SIGALRM, old)
+
+
+def _address_space() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmSize:"):
+            return int(line.split()[1]) * 1024
+    return 16 << 30
+
+
+def with_(**changes) -> dict:
+    raw = json.loads(json.dumps(QUICK))
+    for path, value in changes.items():
+        node, keys = raw, path.split("__")
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+        node[keys[-1]] = value
+    return raw
+
+
+def scenario_file(tmp: Path, raw=None, text: str | None = None) -> Path:
+    p = tmp / "s.yaml"
+    p.write_text(text if text is not None else yaml.safe_dump(raw))
+    return p
+
+
+def trace(tmp: Path, text: str, name: str = "t.csv") -> dict:
+    p = tmp / name
+    p.write_text(text)
+    return {"trace": str(p)}
+
+
+def assert_clean(result, out: Path | None, ok: bool) -> None:
+    text = result.output
+    assert "Traceback" not in text and "Error:" not in text.replace("error:", ""), text[-2000:]
+    if ok:
+        assert result.exit_code == 0, text[-2000:]
+        return
+    assert result.exit_code == 2, (result.exit_code, text[-2000:])
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr[-2000:]
+    if out is not None:
+        assert not out.exists() or not any(out.iterdir()), list(out.iterdir())
+
+
+# ---------------------------------------------------------------- run: scenario values
+
+BIG = 10**5000  # (PyYAML refuses to build it: more than 4300 digits)
+SCENARIO_CASES = {
+    "fixed length 1e20": with_(workload__prompt_tokens={"dist": "fixed", "value": 10**20}),
+    "lognormal std 1e300": with_(workload__prompt_tokens={"dist": "lognormal", "mean": 500, "std": 1e300}),
+    "lognormal mean 1e300": with_(workload__output_tokens={"dist": "lognormal", "mean": 1e300, "std": 5}),
+    "uniform high 1e12": with_(workload__prompt_tokens={"dist": "uniform", "low": 1, "high": 10**12}),
+    "gamma cv 1e-200": with_(workload__arrival={"process": "gamma", "rate": 5, "cv": 1e-200}),
+    "gamma cv 1e200": with_(workload__arrival={"process": "gamma", "rate": 5, "cv": 1e200}),
+    "rate 5e-324": with_(workload__arrival={"process": "poisson", "rate": 5e-324}),
+    "rate 1e300": with_(workload__arrival={"process": "poisson", "rate": 1e300}),
+    "rate x requests span 1e12 s": with_(workload__arrival={"process": "constant", "rate": 1e-5},
+                                         workload__num_requests=10**8),
+    "num_requests 1e20": with_(workload__num_requests=10**20),
+    "time_scale 1e-300": with_(workload__time_scale=1e-300),
+    "time_scale 1e300": with_(workload__time_scale=1e300),
+    "burst at 1e300": with_(workload__arrival={"process": "burst", "at": 1e300}),
+    "closed loop think 1e300": with_(workload__arrival={"process": "closed_loop", "users": 4,
+                                                        "think_time": 1e300}),
+    "closed loop users 1e12": with_(workload__arrival={"process": "closed_loop", "users": 10**12,
+                                                       "think_time": 1}),
+    "num_gpu_blocks 1e20": with_(engine__num_gpu_blocks=10**20),
+    "max_num_seqs 1e20": with_(engine__max_num_seqs=10**20),
+    "max_num_batched_tokens 1e15": with_(engine__max_num_batched_tokens=10**15),
+    "replicas 1e7": with_(engine__replicas=10**7),
+    "tensor_parallel_size 1e7": with_(engine__tensor_parallel_size=10**7),
+    "block_size 0": with_(engine__block_size=0),
+    "batch_timeout_s 1e300": with_(engine__batch_timeout_s=1e300),
+    "gpu_memory_utilization nan": with_(engine__gpu_memory_utilization=float("nan")),
+    "memory_bytes inf": with_(hardware={"memory_bytes": float("inf"), "hbm_bandwidth": 3e12,
+                                        "bf16_flops": 1e15}),
+    "memory_bytes 1e300": with_(hardware={"memory_bytes": 1e300, "hbm_bandwidth": 3e12, "bf16_flops": 1e15}),
+    "bf16_flops inf": with_(hardware={"memory_bytes": 8e10, "hbm_bandwidth": 3e12, "bf16_flops": float("inf")}),
+    "num_layers 1e9": with_(model={"num_layers": 10**9, "hidden_size": 64, "num_attention_heads": 4,
+                                   "intermediate_size": 128, "vocab_size": 256}),
+    "vocab 1e12": with_(model={"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+                               "intermediate_size": 128, "vocab_size": 10**12}),
+    "overhead_s 1e308": with_(cost_model={"roofline": {"overhead_s": 1e308}}),
+    "overhead_s -1": with_(cost_model={"roofline": {"overhead_s": -1}}),
+    "cpu_overhead_s 1e9": with_(cost_model={"measured": {"cpu_overhead_s": 1e9}}),
+    "slo ttft 1e308": with_(slo={"ttft_ms": 1e308}),
+    "slo percentile nan": with_(slo={"ttft_ms": 5, "percentile": float("nan")}),
+    "name with path traversal": with_(name="../../etc"),
+    "name unicode": with_(name="ünïcødé"),
+    "top-level list": [1, 2, 3],
+    "model as a number": with_(model=7),
+}
+
+
+@pytest.mark.parametrize("raw", SCENARIO_CASES.values(), ids=SCENARIO_CASES.keys())
+def test_run_refuses_extreme_values(tmp_path, raw):
+    out = tmp_path / "out"
+    with time_limit(TIMEOUT_S):
+        r = CliRunner().invoke(app, ["run", str(scenario_file(tmp_path, raw)), "--out", str(out), "-q"])
+    assert_clean(r, out, ok=False)
+
+
+TEXT_CASES = {
+    "YAML alias bomb": "a: &a [x,x,x,x,x,x,x,x,x]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\n"
+                       "c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]\nd: [*c,*c,*c,*c,*c,*c,*c,*c,*c]\n"
+                       "model: llama-3-8b\n",
+    "5000-digit integer": "seed: " + "9" * 5000 + "\n",
+    "5000-deep nesting": "a: " + "[" * 5000 + "]" * 5000 + "\n",
+    "python tag": "model: !!python/object/apply:os.system ['true']\n",
+    "duplicate key": yaml.safe_dump(QUICK) + "seed: 3\nseed: 4\n",
+    "binary bytes": "\x00\x01\x02garbage",
+    "malformed": "model: [llama\n",
+    "empty": "",
+}
+
+
+@pytest.mark.parametrize("text", TEXT_CASES.values(), ids=TEXT_CASES.keys())
+def test_run_refuses_hostile_yaml(tmp_path, text):
+    out = tmp_path / "out"
+    with time_limit(TIMEOUT_S):
+        r = CliRunner().invoke(app, ["run", str(scenario_file(tmp_path, text=text)), "--out", str(out)])
+    assert_clean(r, out, ok=False)
+
+
+def _trace_case(text, name="t.csv", ok=False):
+    return lambda tmp: (with_(workload=trace(tmp, text, name)), ok)
+
+
+TRACE_CASES = {
+    "prompt 1e20": _trace_case("arrival_s,prompt_tokens,output_tokens\n0,100000000000000000000,5\n"),
+    "output 1e20": _trace_case("arrival_s,prompt_tokens,output_tokens\n0,5,1e20\n"),
+    "arrival 1e300": _trace_case("arrival_s,prompt_tokens,output_tokens\n0,5,5\n1e300,5,5\n"),
+    "arrival -1": _trace_case("arrival_s,prompt_tokens,output_tokens\n-1,5,5\n"),
+    "arrival inf": _trace_case("arrival_s,prompt_tokens,output_tokens\ninf,5,5\n"),
+    "no rows": _trace_case("arrival_s,prompt_tokens,output_tokens\n"),
+    "mooncake deep nesting": _trace_case('{"timestamp": 0, "input_length": 5, "output_length": 5, "x": '
+                                         + "[" * 5000 + "]" * 5000 + "}\n", "t.jsonl"),
+    "mooncake timestamp 1e300": _trace_case('{"timestamp": 1e300, "input_length": 5, "output_length": 5}\n',
+                                            "t.jsonl"),
+    "azure mixed time zones": _trace_case(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68+00:00,10,5\n"
+        "2023-11-16 18:15:47.00+05:00,10,5\n2023-11-16 18:15:48.00,10,5\n"),
+    "BOM, CRLF, unsorted (fine)": _trace_case(
+        "\ufeffarrival_s,prompt_tokens,output_tokens\r\n1.5,30,4\r\n0.5,20,3\r\n", ok=True),
+}
+
+
+@pytest.mark.parametrize("case", TRACE_CASES.values(), ids=TRACE_CASES.keys())
+def test_run_refuses_hostile_traces(tmp_path, case):
+    raw, ok = case(tmp_path)
+    out = tmp_path / "out"
+    with time_limit(TIMEOUT_S):
+        r = CliRunner().invoke(app, ["run", str(scenario_file(tmp_path, raw)), "--out", str(out), "-q"])
+    assert_clean(r, None if ok else out, ok=ok)
+
+
+def test_hf_config_with_a_list_dtype_and_a_binary_profile_are_refused(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+                               "intermediate_size": 128, "vocab_size": 256, "torch_dtype": ["bf16"]}))
+    prof = tmp_path / "p.yaml"
+    prof.write_bytes(b"\x00\xff\xfe binary")
+    for raw in (with_(model={"hf_config": str(cfg)}), with_(cost_model={"profile": str(prof)})):
+        r = CliRunner().invoke(app, ["run", str(scenario_file(tmp_path, raw)), "--out", str(tmp_path / "o")])
+        assert_clean(r, tmp_path / "o", ok=False)
+
+
+# ---------------------------------------------------------------- other commands
+
+def _sweep(tmp, *extra):
+    return ["sweep", str(scenario_file(tmp, QUICK)), "--out", str(tmp / "out"), *extra]
+
+
+OTHER_CASES = {
+    "sweep --repeats 1e8": lambda t: _sweep(t, "--grid", "engine.max_num_seqs=8", "--repeats", "1e8"),
+    "sweep --repeats 100000000": lambda t: _sweep(t, "--grid", "engine.max_num_seqs=8", "--repeats", "100000000"),
+    "sweep 40,000-point grid": lambda t: _sweep(t, "--grid", "engine.max_num_seqs=" + ",".join(map(str, range(1, 201))),
+                                                "--grid", "workload.arrival.rate=" + ",".join(map(str, range(1, 201)))),
+    "sweep grid alias": lambda t: _sweep(t, "--grid", "engine.max_num_seqs=*a"),
+    "sweep --workers 0": lambda t: _sweep(t, "--grid", "engine.max_num_seqs=8", "--workers", "0"),
+    "sweep --set 5000 digits": lambda t: _sweep(t, "--grid", "engine.max_num_seqs=8", "--set", "seed=" + "9" * 5000),
+    "plan --slo inf": lambda t: ["plan", str(scenario_file(t, QUICK)), "--slo", "ttft_ms=inf", "--out", str(t / "out")],
+    "plan --slo 5000 digits": lambda t: ["plan", str(scenario_file(t, QUICK)), "--slo", "ttft_ms=" + "9" * 5000,
+                                         "--out", str(t / "out")],
+    "plan --target-rate 1e308": lambda t: ["plan", str(scenario_file(t, QUICK)), "--slo", "ttft_ms=500",
+                                           "--target-rate", "1e308", "--out", str(t / "out")],
+    "capacity --tp 1e9": lambda t: ["capacity", "--model", "llama-3-8b", "--gpu", "h100-sxm", "--tp", "1000000000"],
+    "capacity --seq-len 1e12": lambda t: ["capacity", "--model", "llama-3-8b", "--gpu", "h100-sxm",
+                                          "--seq-len", "1000000000000"],
+    "capacity --gpu-memory-utilization nan": lambda t: ["capacity", "--model", "llama-3-8b", "--gpu", "h100-sxm",
+                                                        "--gpu-memory-utilization", "nan"],
+    "run --set alias": lambda t: ["run", str(scenario_file(t, QUICK)), "--set", "seed=*a", "--out", str(t / "out")],
+    "run --seed -1": lambda t: ["run", str(scenario_file(t, QUICK)), "--seed", "-1", "--out", str(t / "out")],
+    "run scenario is a folder": lambda t: ["run", str(t), "--out", str(t / "out")],
+    "run scenario /dev/zero": lambda t: ["run", "/dev/zero", "--out", str(t / "out")],
+    "calibrate --from-tables missing": lambda t: ["calibrate", "--from-tables", str(t / "nope"), "--model",
+                                                  "llama-3-8b", "--gpu", "h100-sxm", "--out", str(t / "p.yaml")],
+    "calibrate --from-tables tp 3": lambda t: ["calibrate", "--from-tables", str(ROOT / "calibrate/tables/h100_sxm"),
+                                               "--model", "llama-3-8b", "--gpu", "h100-sxm", "--tp", "3",
+                                               "--out", str(t / "p.yaml")],
+    "calibrate --from-tables config /dev/zero": lambda t: [
+        "calibrate", "--from-tables", str(ROOT / "calibrate/tables/h100_sxm"), "--model", "/dev/zero",
+        "--gpu", "h100-sxm", "--out", str(t / "p.yaml")],
+}
+
+
+@pytest.mark.parametrize("args", OTHER_CASES.values(), ids=OTHER_CASES.keys())
+def test_other_commands_refuse_hostile_options(tmp_path, args):
+    argv = args(tmp_path)
+    with time_limit(TIMEOUT_S):
+        r = _invoke_entry(argv)
+    assert_clean(r, tmp_path / "out", ok=False)
+
+
+class _Result:
+    def __init__(self, code, out, err):
+        self.exit_code, self.stdout, self.stderr, self.output = code, out, err, out + err
+
+
+def _invoke_entry(argv):
+    """The console command itself (main_entry: usage errors in one line), in this process."""
+    import contextlib
+    import io
+
+    from cli import main_entry
+
+    out, err = io.StringIO(), io.StringIO()
+    old = sys.argv
+    sys.argv = ["servesim", *argv]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main_entry()
+                code = 0
+            except SystemExit as e:
+                code = e.code
+    finally:
+        sys.argv = old
+    return _Result(code, out.getvalue(), err.getvalue())
+
+
+def _damaged(tmp: Path, what: str) -> Path:
+    run = tmp / "run"
+    r = CliRunner().invoke(app, ["run", str(scenario_file(tmp, QUICK)), "--out", str(run), "-q"])
+    assert r.exit_code == 0
+    if what == "truncated summary":
+        (run / "summary.json").write_text('{"completed": 3, ')
+    elif what == "no steps.csv":
+        (run / "steps.csv").unlink()
+    elif what == "binary requests.csv":
+        (run / "requests.csv").write_bytes(b"\x00\x01\x02" * 100)
+    elif what == "summary is a list":
+        (run / "summary.json").write_text("[1, 2]")
+    return run
+
+
+@pytest.mark.parametrize("what", ["truncated summary", "no steps.csv", "binary requests.csv",
+                                  "summary is a list"])
+def test_plot_refuses_a_damaged_run_folder(tmp_path, what):
+    run = _damaged(tmp_path, what)
+    with time_limit(TIMEOUT_S):
+        r = _invoke_entry(["plot", str(run), "--out", str(tmp_path / "out")])
+    assert_clean(r, tmp_path / "out", ok=False)
+
+
+# ---------------------------------------------------------------- outputs
+
+def test_summary_is_strict_json_and_counts_are_never_negative(tmp_path):
+    out = tmp_path / "out"
+    raw = with_(engine__num_gpu_blocks=10**8)  # large but allowed
+    r = CliRunner().invoke(app, ["run", str(scenario_file(tmp_path, raw)), "--out", str(out), "-q"])
+    assert r.exit_code == 0, r.output
+    text = (out / "summary.json").read_text()
+    json.loads(text, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+    import pandas as pd
+
+    steps = pd.read_csv(out / "steps.csv")
+    assert (steps[["kv_blocks_used", "kv_blocks_total", "num_seqs", "count"]] >= 0).all().all()
+    rq = pd.read_csv(out / "requests.csv")
+    assert (rq.loc[rq["output_tokens"] > 1, "e2e_s"] > 0).all()
+
+
+# ---------------------------------------------------------------- resources (subprocesses)
+
+def _limited(argv, *, mem_bytes=3 << 30, timeout=TIMEOUT_S):
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (mem_bytes, mem_bytes))
+    code = "import sys; from cli import main_entry; sys.argv = ['servesim'] + sys.argv[1:]; main_entry()"
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,
+                       timeout=timeout, preexec_fn=limit, cwd=ROOT)
+    return _Result(p.returncode, p.stdout, p.stderr), time.monotonic() - t0
+
+
+RESOURCE_CASES = {
+    "1e8 requests (memory estimate)": lambda t: ["run", str(scenario_file(t, with_(workload__num_requests=10**8))),
+                                                 "--out", str(t / "out")],
+    "alias bomb": lambda t: ["run", str(scenario_file(t, text=TEXT_CASES["YAML alias bomb"])), "--out", str(t / "out")],
+    "/dev/zero scenario": lambda t: ["run", "/dev/zero", "--out", str(t / "out")],
+    "/dev/zero HF config": lambda t: ["run", str(scenario_file(t, with_(model={"hf_config": "/dev/zero"}))),
+                                      "--out", str(t / "out")],
+    "/dev/zero profile": lambda t: ["run", str(scenario_file(t, with_(cost_model={"profile": "/dev/zero"}))),
+                                    "--out", str(t / "out")],
+    "/dev/zero trace": lambda t: ["run", str(scenario_file(t, with_(workload={"trace": "/dev/zero"}))),
+                                  "--out", str(t / "out")],
+}
+
+
+@pytest.mark.parametrize("args", RESOURCE_CASES.values(), ids=RESOURCE_CASES.keys())
+def test_resource_attacks_are_refused_up_front(tmp_path, args):
+    r, took = _limited(args(tmp_path))
+    assert_clean(r, tmp_path / "out", ok=False)
+    assert took < 30
+
+
+def test_sigkill_of_a_sweep_leaves_no_worker(tmp_path):
+    sc = scenario_file(tmp_path, with_(workload__num_requests=3000))
+    code = "import sys; from cli import main_entry; sys.argv = ['servesim'] + sys.argv[1:]; main_entry()"
+    p = subprocess.Popen([sys.executable, "-c", code, "sweep", str(sc), "--grid",
+                          "engine.max_num_seqs=8,16,32,64,128,256", "--workers", "2", "--out",
+                          str(tmp_path / "out"), "-q"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    children: set[int] = set()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and len(children) < 2:
+        children = _children(p.pid)
+        time.sleep(0.1)
+    assert len(children) >= 2, "the sweep never started its workers"
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(c) for c in children):
+        time.sleep(0.1)
+    assert not any(_alive(c) for c in children), "a worker outlived its killed parent"
+
+
+def _children(pid: int) -> set[int]:
+    out = set()
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.add(int(d.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+# ---------------------------------------------------------------- fuzzing
+
+VALID = yaml.safe_dump(QUICK)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_fuzz_scenario_loader(tmp_path, data):
+    """Random edits of a valid scenario: a Scenario or a ScenarioError, nothing else."""
+    text = VALID
+    for _ in range(data.draw(st.integers(1, 4))):
+        i = data.draw(st.integers(0, len(text)))
+        j = data.draw(st.integers(i, min(len(text), i + 8)))
+        text = text[:i] + data.draw(st.text(alphabet=st.sampled_from(list("0123456789.e-+:[]{}&*!,# \n\tabx\"'")),
+                                            max_size=8)) + text[j:]
+    path = tmp_path / "f.yaml"
+    path.write_text(text)
+    with time_limit(20):
+        try:
+            load_scenario(path)
+        except ScenarioError as e:
+            assert "\n" not in str(e)
+
+
+CSV = "arrival_s,prompt_tokens,output_tokens\n0,10,5\n0.5,200,30\n1.25,31,2\n"
+JSONL = '{"timestamp": 0, "input_length": 10, "output_length": 5}\n{"timestamp": 20, "input_length": 7, "output_length": 9}\n'
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.sampled_from([("t.csv", CSV), ("t.jsonl", JSONL)]), st.data())
+def test_fuzz_trace_readers(tmp_path, source, data):
+    name, text = source
+    for _ in range(data.draw(st.integers(1, 4))):
+        i = data.draw(st.integers(0, len(text)))
+        j = data.draw(st.integers(i, min(len(text), i + 6)))
+        text = text[:i] + data.draw(st.text(alphabet=st.sampled_from(list('0123456789.e-+,{}[]":nulaINF \n')),
+                                            max_size=8)) + text[j:]
+    path = tmp_path / name
+    path.write_text(text)
+    with time_limit(20):
+        try:
+            table = read_trace(path)
+        except ScenarioError as e:
+            assert "\n" not in str(e)
+            return
+    assert (table["prompt_tokens"] >= 1).all() and (table["output_tokens"] >= 1).all()
+    assert (table["arrival_s"] >= 0).all()
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_mid_run_writes_nothing_and_keeps_the_earlier_run(tmp_path, sig, code):
+    out = tmp_path / "out"
+    small = scenario_file(tmp_path, QUICK)
+    r, _ = _limited(["run", str(small), "--out", str(out), "-q"])
+    assert r.exit_code == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    big = tmp_path / "big.yaml"
+    big.write_text(yaml.safe_dump(with_(workload__num_requests=200_000)))
+    prog = "import sys; from cli import main_entry; sys.argv = ['servesim'] + sys.argv[1:]; main_entry()"
+    p = subprocess.Popen([sys.executable, "-c", prog, "run", str(big), "--out", str(out), "-q"], cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(3.0)  # imports done, simulating
+    p.send_signal(sig)
+    stdout, stderr = p.communicate(timeout=60)
+    assert p.returncode == code, (p.returncode, stderr)
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: interrupted"), stderr
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # untouched, no temporaries
