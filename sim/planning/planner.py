@@ -119,6 +119,7 @@ def plan(path: str | Path, slo: SLOConfig, *, overrides: Iterable[str] = (), tar
         "scenario": sc.name, "source": str(path), "overrides": list(ev.base),
         "slo": {k: getattr(slo, k) for k in SLO_KEYS},
         "model": sc.model.name, "hardware": sc.hardware.name,
+        "cost_model": sc.cost_model.provenance(),
         "engine": {k: getattr(sc.engine, k) for k in ("scheduler", "max_num_seqs", "max_num_batched_tokens",
                                                         "tensor_parallel_size", "router")},
         "workload": workload, "deterministic": ev.deterministic,
