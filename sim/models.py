@@ -136,6 +136,44 @@ def model_from_fields(fields: dict, where: str) -> ModelSpec:
     )
 
 
+# Dense decoders with Llama's layer shapes (GQA attention, gated MLP), which ModelSpec sizes and
+# prices; other model types may differ in ways that change weights, KV bytes or FLOPs.
+LLAMA_STYLE = ("llama", "mistral", "qwen2", "qwen3")
+# (config key, what it means): present and active -> a model servesim does not size correctly yet
+_UNMODELLED = (
+    ("num_local_experts", "mixture of experts"), ("num_experts", "mixture of experts"),
+    ("n_routed_experts", "mixture of experts"), ("moe_intermediate_size", "mixture of experts"),
+    ("kv_lora_rank", "multi-head latent attention (MLA)"), ("q_lora_rank", "multi-head latent attention (MLA)"),
+    ("quantization_config", "quantised weights"),
+)
+
+
+def _refuse_unmodelled(cfg: dict, path: Path) -> None:
+    """A config describing what ModelSpec does not model is an error naming the field, never a
+    silent dense bf16 sizing (a Mixtral sized as a dense 7B model under-counts its weights 6x)."""
+    for key, what in _UNMODELLED:
+        value = cfg.get(key)
+        if value not in (None, 0, False, {}, []):
+            shown = value.get("quant_method", "a mapping") if isinstance(value, dict) else value
+            raise ScenarioError(f"{path}: {key}: {_show(shown)}: {what} is not modelled yet, so "
+                                f"weights, KV bytes and FLOPs would be wrong; servesim sizes dense "
+                                f"Llama-style models ({', '.join(LLAMA_STYLE)})")
+    window = cfg.get("sliding_window")
+    if window not in (None, 0) and cfg.get("use_sliding_window", True) is not False:
+        raise ScenarioError(f"{path}: sliding_window: {_show(window)}: sliding-window attention is not "
+                            f"modelled yet (KV would be over-counted); servesim sizes full attention")
+    layer_types = cfg.get("layer_types")
+    if isinstance(layer_types, list) and any(t != "full_attention" for t in layer_types):
+        odd = next(t for t in layer_types if t != "full_attention")
+        raise ScenarioError(f"{path}: layer_types: {_show(odd)} layers are not modelled yet "
+                            f"(only full_attention)")
+    model_type = cfg.get("model_type")
+    if model_type is not None and model_type not in LLAMA_STYLE:
+        raise ScenarioError(f"{path}: model_type: {_show(model_type)} is not modelled; servesim sizes "
+                            f"dense Llama-style models ({', '.join(LLAMA_STYLE)}), or give the "
+                            f"model's fields under model: in the scenario")
+
+
 # config.json key -> ModelSpec field, for the keys every Llama-style config has.
 _HF_KEYS = {
     "num_hidden_layers": "num_layers",
@@ -165,6 +203,7 @@ def model_from_hf_config(path: Path, name: str | None = None) -> ModelSpec:
         raise ScenarioError(f"{path}: nested too deeply to be a config.json") from None
     if not isinstance(cfg, dict):
         raise ScenarioError(f"{path}: expected a JSON object")
+    _refuse_unmodelled(cfg, path)
     missing = [k for k in _HF_KEYS if k not in cfg]
     if missing:
         raise ScenarioError(f"{path}: missing key {missing[0]!r}; a Llama-style config.json "
