@@ -517,10 +517,11 @@ def capacity(
             sc = load_scenario(scenario)
             m, hw, e = sc.model, sc.hardware, sc.engine
             defaults = {"tp": e.tensor_parallel_size, "util": e.gpu_memory_utilization,
-                        "block": e.block_size, "tokens": e.max_num_batched_tokens}
+                        "block": e.block_size, "tokens": e.max_num_batched_tokens,
+                        "kv_dtype": e.kv_cache_dtype}
         else:
             m = hw = None
-            defaults = {"tp": 1, "util": 0.9, "block": 16, "tokens": 8192}
+            defaults = {"tp": 1, "util": 0.9, "block": 16, "tokens": 8192, "kv_dtype": "auto"}
         if model is not None:
             m = _capacity_model(model, model_presets)
         if gpu is not None:
@@ -540,10 +541,10 @@ def capacity(
                       gpu_memory_utilization=_or_default(gpu_memory_utilization, defaults["util"]),
                       block_size=_or_default(block_size, defaults["block"]),
                       max_num_batched_tokens=_or_default(max_num_batched_tokens, defaults["tokens"]),
-                      where="capacity")
+                      where="capacity", kv_cache_dtype=defaults["kv_dtype"])
     except ScenarioError as e:
         raise _fail(str(e)) from None
-    rows = capacity_rows(m.name, hw.name, b, seq_len)
+    rows = capacity_rows(m.name, hw.name, b, seq_len, spec=m, kv_cache_dtype=defaults["kv_dtype"])
     if json_:
         typer.echo(json.dumps({key: value for key, _, value, _ in rows}, indent=2))
         return
@@ -594,11 +595,13 @@ def _capacity_model(name: str, model_presets: Any) -> Any:
                         + ", ".join(sorted(model_presets.MODEL_PRESETS)) + " (or a path to a HF config.json)")
 
 
-def capacity_rows(model: str, gpu: str, b: Any, seq_len: int) -> list[tuple[str, str, Any, str]]:
+def capacity_rows(model: str, gpu: str, b: Any, seq_len: int, spec: Any = None,
+                  kv_cache_dtype: str = "auto") -> list[tuple[str, str, Any, str]]:
     """(json key, label, value, shown) for `servesim capacity`; bytes are per GPU (per TP rank)."""
     gb = lambda x: f"{x / 1e9:,.2f} GB"  # noqa: E731
     per_seq = -(-seq_len // b.block_size)
-    return [
+    extra = [] if spec is None else _architecture_rows(spec, b.tensor_parallel_size, kv_cache_dtype, gb)
+    rows = [
         ("model", "model", model, model), ("gpu", "GPU", gpu, gpu),
         ("tensor_parallel_size", "tensor_parallel_size", b.tensor_parallel_size, str(b.tensor_parallel_size)),
         ("total_bytes", "GPU memory", b.total_bytes, gb(b.total_bytes)),
@@ -617,7 +620,36 @@ def capacity_rows(model: str, gpu: str, b: Any, seq_len: int) -> list[tuple[str,
         ("max_concurrent_seqs", f"concurrent sequences of {seq_len:,} tokens", b.max_concurrent_seqs(seq_len),
          f"{b.max_concurrent_seqs(seq_len):,}"),
     ]
+    return rows[:3] + extra + rows[3:]  # after model, GPU and TP: what the weights and KV are made of
 
+
+
+def _architecture_rows(m: Any, tp: int, kv_cache_dtype: str, gb) -> list[tuple[str, str, Any, str]]:
+    """What the weights and the KV bytes per token are made of (MoE experts, MLA latent, fp8)."""
+    from sim.memory import KV_CACHE_DTYPES
+
+    rows = [("num_params", "parameters (all)", m.num_params, f"{m.num_params / 1e9:,.2f} B"),
+            ("active_params", "parameters one token multiplies", m.matmul_params,
+             f"{m.matmul_params / 1e9:,.2f} B")]
+    wbytes = m.dtype_bytes if m.linear_weight_bytes is None else m.linear_weight_bytes
+    if m.moe is not None:
+        e = m.moe
+        routed = (m.num_layers - e.dense_layers) * e.num_experts * 3 * m.hidden_size * e.expert_intermediate_size
+        rows.append(("routed_expert_bytes_per_gpu", f"routed experts per GPU ({e.num_experts} x "
+                     f"{m.num_layers - e.dense_layers} layers, {e.experts_per_token} per token)",
+                     routed * wbytes / tp, gb(routed * wbytes / tp)))
+    if m.linear_weight_bytes is not None:
+        rows.append(("linear_weight_bytes", "bytes per linear-layer weight (quantised)",
+                     m.linear_weight_bytes, f"{m.linear_weight_bytes:g}"))
+    elem = KV_CACHE_DTYPES[kv_cache_dtype] or m.dtype_bytes
+    if m.mla is not None:
+        why = (f"{m.num_layers} layers x ({m.mla.kv_lora_rank} latent + {m.mla.qk_rope_head_dim} rope) "
+               f"x {elem} B, the same on every GPU (MLA)")
+    else:
+        heads = max(1, m.num_kv_heads // tp)
+        why = f"2 (K, V) x {m.num_layers} layers x {heads} KV heads x {m.head_dim} x {elem} B"
+    rows.append(("kv_bytes_per_token_why", "KV bytes per token, because", why, why))
+    return rows
 
 
 # ---- plot (issue 5: owned by the plots engineer) ----

@@ -194,6 +194,10 @@ class StepComposer:
                  cpu_overhead_s: float = DEFAULT_CPU_OVERHEAD_S,
                  cpu_overhead_per_seq_s: float = DEFAULT_CPU_OVERHEAD_PER_SEQ_S):
         tp = tensor_parallel_size
+        if model.moe is not None or model.mla is not None or model.linear_weight_bytes is not None:
+            raise ValueError(f"{model.name}: MoE, MLA and quantised weights are not composed from "
+                             f"the kernel tables yet (dense bf16 Llama-style models only); the "
+                             f"roofline prices them")
         self.model, self.tp, self.tables = model, tp, tables
         self.cpu_overhead_s, self.cpu_overhead_per_seq_s = cpu_overhead_s, cpu_overhead_per_seq_s
         self.extrapolated: Counter = Counter()  # lookups past a table's last point, by term

@@ -14,6 +14,7 @@ scenario_from_dict again with overrides.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
@@ -25,7 +26,7 @@ import yaml
 
 from . import cost, hardware, memory, models, workload
 from .checks import (MAX_BLOCKS, MAX_COUNT, MAX_SECONDS, MAX_TOKENS, Where, _check_keys, _choice,
-                     _existing_path, _int, _num, _or, _section, _show, load_yaml, read_text)
+                     _bool, _existing_path, _int, _num, _or, _section, _show, load_yaml, read_text)
 from .routers import ROUTERS
 from .cost import CostModelSpec
 from .errors import ScenarioError
@@ -50,6 +51,8 @@ class EngineConfig:
     router: str = "round_robin"            # a key of sim.routers.ROUTERS
     policy: str = "fcfs"                   # a key of sim.queues.POLICIES
     batch_timeout_s: float = 0.0           # static only: how long a partial batch waits
+    kv_cache_dtype: str = "auto"           # vLLM's --kv-cache-dtype: auto (the model's) | fp8
+    enable_expert_parallel: bool = False   # MoE: experts placed whole on GPUs instead of split
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,9 @@ class Scenario:
                                 block_size=e.block_size,
                                 max_num_batched_tokens=e.max_num_batched_tokens,
                                 num_gpu_blocks=e.num_gpu_blocks,
-                                where=f"{self.source}: engine" if self.source else "engine")
+                                where=f"{self.source}: engine" if self.source else "engine",
+                                kv_cache_dtype=e.kv_cache_dtype,
+                                enable_expert_parallel=e.enable_expert_parallel)
 
     def cost(self):
         """A fresh cost model for one simulation (no file is read: the spec was resolved)."""
@@ -149,7 +154,7 @@ def resolved_mapping(scenario: Scenario) -> dict:
     engine = {f.name: getattr(e, f.name) for f in fields(EngineConfig)
               if getattr(e, f.name) is not None}
     out = {"name": scenario.name, "seed": scenario.seed,
-           "model": {f.name: getattr(scenario.model, f.name) for f in fields(ModelSpec)},
+           "model": {k: v for k, v in dataclasses.asdict(scenario.model).items() if v is not None},
            "hardware": {f.name: getattr(scenario.hardware, f.name) for f in fields(HardwareSpec)},
            "cost_model": scenario.cost_model.as_yaml(), "engine": engine,
            "workload": _absolute_paths(copy.deepcopy((scenario.raw or {}).get("workload")),
@@ -321,6 +326,8 @@ def _parse_engine(v: Any, w: Where) -> EngineConfig:
         router=_choice(get("router"), at("router"), ROUTERS),
         policy=_choice(get("policy"), at("policy"), POLICIES),
         batch_timeout_s=_num(get("batch_timeout_s"), at("batch_timeout_s"), 0, cap=MAX_SECONDS),
+        kv_cache_dtype=_choice(get("kv_cache_dtype"), at("kv_cache_dtype"), memory.KV_CACHE_DTYPES),
+        enable_expert_parallel=_bool(get("enable_expert_parallel"), at("enable_expert_parallel")),
     )
     if SCHEDULERS[engine.scheduler].token_budget and engine.max_num_batched_tokens < engine.max_num_seqs:
         # vLLM's rule: every running sequence must be able to decode one token per iteration.
@@ -345,7 +352,9 @@ def _check_fits(engine: EngineConfig, model: ModelSpec, hw: HardwareSpec, w: Whe
     return memory.kv_budget(model, hw, tensor_parallel_size=tp,
                      gpu_memory_utilization=engine.gpu_memory_utilization,
                      block_size=engine.block_size, max_num_batched_tokens=engine.max_num_batched_tokens,
-                     num_gpu_blocks=engine.num_gpu_blocks, where=where)
+                     num_gpu_blocks=engine.num_gpu_blocks, where=where,
+                            kv_cache_dtype=engine.kv_cache_dtype,
+                            enable_expert_parallel=engine.enable_expert_parallel)
 
 
 def _parse_cost_model(v: Any, w: Where, base_dir: Path, model: ModelSpec, hw: HardwareSpec,

@@ -73,15 +73,35 @@ class RooflineCost:
         flop_s = hardware.bf16_flops * compute_efficiency          # FLOP/s achieved
         byte_s = hardware.hbm_bandwidth * bandwidth_efficiency     # B/s achieved
         head_params = model.vocab_size * model.hidden_size
-        layer_params = model.num_layers * model.layer_matmul_params
+        layer_params = model.num_layers * model.layer_matmul_params  # MoE: the experts a token uses
+        # fp8 weights run the layers' GEMMs at the fp8 peak where the GPU has one
+        fp8 = model.linear_weight_bytes == 1 and hardware.fp8_flops > 0
+        linear_flop_s = hardware.fp8_flops * compute_efficiency if fp8 else flop_s
         # Linear layers: 2 FLOPs per weight per token; lm_head only for one token per sequence.
-        self._s_per_token = 2 * layer_params / tp / flop_s
+        self._s_per_token = 2 * layer_params / tp / linear_flop_s
         self._s_per_seq_logits = 2 * head_params / tp / flop_s
         # Every weight is read once per iteration; the embedding only gathers rows (ignored).
         self._weight_read_s = (layer_params + head_params) / tp * model.dtype_bytes / byte_s
-        # Attention: QK^T and PV, 2 + 2 FLOPs per (query, key) pair per head per head_dim.
+        self._moe = None
+        if model.moe is not None or model.linear_weight_bytes is not None:
+            # Non-expert weights every iteration; routed experts only those the batch touches:
+            # with T tokens each routed to k of E experts, independently and uniformly (the
+            # expectation used), a layer reads E x (1 - (1 - k/E)^T) distinct experts.
+            wbytes = model.dtype_bytes if model.linear_weight_bytes is None else model.linear_weight_bytes
+            m = model.moe
+            routed = 0 if m is None else (model.num_layers - m.dense_layers) * m.num_experts * (
+                3 * model.hidden_size * m.expert_intermediate_size)
+            fixed = (model.linear_params_total - routed) * wbytes + head_params * model.dtype_bytes
+            self._weight_read_s = fixed / tp / byte_s
+            if m is not None:
+                self._moe = (routed * wbytes / tp / byte_s, 1 - m.experts_per_token / m.num_experts)
+        # Attention: QK^T and PV, 2 + 2 FLOPs per (query, key) pair per head per head_dim; MLA
+        # (absorbed, as vLLM runs it) over the latent: QK on kv_lora_rank + rope dims, PV on kv_lora_rank.
         q_heads = model.num_attention_heads // tp
-        self._s_per_pair = 4 * model.num_layers * q_heads * model.head_dim / flop_s
+        per_head = 4 * model.head_dim if model.mla is None else (
+            2 * (model.mla.kv_lora_rank + model.mla.qk_rope_head_dim) + 2 * model.mla.kv_lora_rank)
+        self._s_per_pair = (4 * model.num_layers * q_heads * model.head_dim / flop_s if model.mla is None
+                            else model.num_layers * q_heads * per_head / flop_s)
         self._s_per_kv_token = kv_bytes_per_token_per_rank(model, tp) / byte_s
         # Ring all-reduce of the hidden state, twice per layer (after attention and after MLP).
         self._allreduce_fixed_s = 0.0
@@ -117,8 +137,11 @@ class RooflineCost:
 
     def _linear_time(self, tokens: int, seqs: int) -> float:
         """Seconds of the linear layers, all-reduces and CPU overhead for this many tokens/seqs."""
-        linear = max(self._s_per_token * tokens + self._s_per_seq_logits * seqs,
-                     self._weight_read_s)
+        read = self._weight_read_s
+        if self._moe is not None:
+            experts_s, miss = self._moe
+            read += experts_s * (1 - miss ** tokens)
+        linear = max(self._s_per_token * tokens + self._s_per_seq_logits * seqs, read)
         return (self._overhead_s + self._overhead_per_seq_s * seqs + linear
                 + self._allreduce_fixed_s + self._allreduce_s_per_token * tokens)
 

@@ -60,9 +60,31 @@ def kv_heads_per_rank(model: ModelSpec, tensor_parallel_size: int) -> int:
     return max(1, model.num_kv_heads // tensor_parallel_size)
 
 
-def kv_bytes_per_token_per_rank(model: ModelSpec, tensor_parallel_size: int) -> int:
+KV_CACHE_DTYPES = {"auto": None, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}  # vLLM's --kv-cache-dtype
+
+
+def kv_bytes_per_token_per_rank(model: ModelSpec, tensor_parallel_size: int,
+                                kv_cache_dtype: str = "auto") -> int:
+    """KV bytes of one token on one GPU. GQA: K and V of the KV heads on that rank. MLA: the whole
+    latent + rope key, which vLLM keeps on every rank (it is not split by heads)."""
+    elem = KV_CACHE_DTYPES[kv_cache_dtype] or model.dtype_bytes
+    if model.mla is not None:
+        return model.kv_elements_per_token * elem
     heads = kv_heads_per_rank(model, tensor_parallel_size)
-    return 2 * model.num_layers * heads * model.head_dim * model.dtype_bytes
+    return 2 * model.num_layers * heads * model.head_dim * elem
+
+
+def weights_per_gpu(model: ModelSpec, tp: int, expert_parallel: bool = False) -> float:
+    """Weight bytes on one GPU. Tensor parallelism splits every matrix evenly: total / tp. With
+    expert parallelism (vLLM's --enable-expert-parallel) each routed expert sits whole on one GPU,
+    so the busiest GPU holds ceil(experts / tp) of them; everything else is still split by tp."""
+    m = model.moe
+    if not expert_parallel or m is None:
+        return model.weight_bytes / tp
+    wbytes = model.dtype_bytes if model.linear_weight_bytes is None else model.linear_weight_bytes
+    routed = (model.num_layers - m.dense_layers) * m.num_experts * 3 * model.hidden_size * m.expert_intermediate_size
+    per_expert = routed * wbytes / m.num_experts
+    return (model.weight_bytes - routed * wbytes) / tp + -(-m.num_experts // tp) * per_expert
 
 
 def activation_reserve_bytes(model: ModelSpec, tensor_parallel_size: int,
@@ -89,7 +111,8 @@ def _check_args(model, tp, util, block_size, max_tokens, override, where) -> Non
 
 def kv_budget(model: ModelSpec, hardware: HardwareSpec, *, tensor_parallel_size: int,
               gpu_memory_utilization: float, block_size: int, max_num_batched_tokens: int = 8192,
-              num_gpu_blocks: int | None = None, where: str = "") -> MemoryBudget:
+              num_gpu_blocks: int | None = None, where: str = "",
+              kv_cache_dtype: str = "auto", enable_expert_parallel: bool = False) -> MemoryBudget:
     """KV blocks per GPU. Raises ScenarioError when the weights (or weights + reserve) leave no
     room; a `num_gpu_blocks` override is trusted as given (like vLLM's
     num_gpu_blocks_override) but the weights must still fit."""
@@ -97,7 +120,7 @@ def kv_budget(model: ModelSpec, hardware: HardwareSpec, *, tensor_parallel_size:
     _check_args(model, tp, gpu_memory_utilization, block_size, max_num_batched_tokens,
                 num_gpu_blocks, where)
     usable = gpu_memory_utilization * hardware.memory_bytes
-    weights = model.weight_bytes / tp
+    weights = weights_per_gpu(model, tp, enable_expert_parallel)
     if weights >= usable:
         raise _fail(where, f"{model.name} needs {weights / 1e9:.1f} GB of weights per GPU at "
                            f"tensor_parallel_size={tp} but {hardware.name} has "
@@ -105,7 +128,7 @@ def kv_budget(model: ModelSpec, hardware: HardwareSpec, *, tensor_parallel_size:
                            f"{gpu_memory_utilization}); raise tensor_parallel_size or use a "
                            f"bigger GPU")
     reserve = activation_reserve_bytes(model, tp, max_num_batched_tokens)
-    per_token = kv_bytes_per_token_per_rank(model, tp)
+    per_token = kv_bytes_per_token_per_rank(model, tp, kv_cache_dtype)
     block_bytes = block_size * per_token
     blocks = num_gpu_blocks
     if blocks is None:

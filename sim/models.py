@@ -12,12 +12,34 @@ SwiGLU MLP (gate/up/down). Preset numbers are copied from each model's Hugging F
 """
 from __future__ import annotations
 
+import dataclasses
 import json
-from dataclasses import dataclass, fields as dc_fields
+from dataclasses import dataclass, fields as dc_fields, replace
 from pathlib import Path
 
 from .checks import MAX_COUNT, MAX_TOKENS, _bool, _int, _show, _text, check_fields, read_text
 from .errors import ScenarioError
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """Mixture-of-experts MLP layers (Mixtral, Qwen3-MoE, DeepSeek-V3), from config.json."""
+    num_experts: int               # routed experts per MoE layer
+    experts_per_token: int         # routed experts each token is sent to
+    expert_intermediate_size: int  # gate/up/down width of one expert
+    shared_experts: int = 0        # experts every token also uses (DeepSeek), same width
+    dense_layers: int = 0          # leading layers with a dense MLP of intermediate_size
+
+
+@dataclass(frozen=True)
+class MLASpec:
+    """Multi-head latent attention (DeepSeek-V2/V3): the KV cache holds one compressed latent of
+    kv_lora_rank plus the shared rope key per token and layer, not K and V per head."""
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    qk_nope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int = 0           # 0: queries projected from the hidden state directly
 
 
 @dataclass(frozen=True)
@@ -30,9 +52,14 @@ class ModelSpec:
     head_dim: int
     intermediate_size: int
     vocab_size: int
-    dtype_bytes: int = 2  # bf16/fp16 weights and KV cache
+    dtype_bytes: int = 2  # bf16/fp16 activations, KV cache (kv_cache_dtype auto) and unquantised weights
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # q/k/v projections carry a bias (Qwen2/2.5); o_proj never does
+    moe: MoESpec | None = None
+    mla: MLASpec | None = None
+    # bytes per weight of the linear layers when quantised (fp8: 1, int4: 0.5); None: dtype_bytes.
+    # Embeddings, LM head and norms stay at dtype_bytes, as vLLM loads them.
+    linear_weight_bytes: float | None = None
 
     @property
     def q_dim(self) -> int:
@@ -43,40 +70,81 @@ class ModelSpec:
         return self.num_kv_heads * self.head_dim
 
     @property
+    def attention_params(self) -> int:
+        """Weights of one layer's attention projections."""
+        h, heads = self.hidden_size, self.num_attention_heads
+        if self.mla is None:
+            return h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h
+        a = self.mla
+        q_head = a.qk_nope_head_dim + a.qk_rope_head_dim
+        q = h * heads * q_head if not a.q_lora_rank else h * a.q_lora_rank + a.q_lora_rank * heads * q_head
+        kv = h * (a.kv_lora_rank + a.qk_rope_head_dim) + a.kv_lora_rank * heads * (a.qk_nope_head_dim + a.v_head_dim)
+        return q + kv + heads * a.v_head_dim * h
+
+    def _mlp_params(self, layer: int, active: bool) -> int:
+        """Weights of layer `layer`'s MLP: all of them, or those one token uses (`active`)."""
+        h, m = self.hidden_size, self.moe
+        if m is None or layer < m.dense_layers:
+            return 3 * h * self.intermediate_size
+        routed = m.experts_per_token if active else m.num_experts
+        return 3 * h * m.expert_intermediate_size * (routed + m.shared_experts) + h * m.num_experts  # + router
+
+    @property
     def layer_matmul_params(self) -> int:
-        """Weights of one decoder layer's linear layers: q, k, v, o + gate, up, down."""
-        h = self.hidden_size
-        attn = h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h
-        mlp = 3 * h * self.intermediate_size
-        return attn + mlp
+        """Weights one token multiplies in an average decoder layer (MoE: only its experts)."""
+        return self.active_layer_params_total // self.num_layers
+
+    @property
+    def active_layer_params_total(self) -> int:
+        return sum(self.attention_params + self._mlp_params(i, True) for i in range(self.num_layers))
+
+    @property
+    def linear_params_total(self) -> int:
+        """Every decoder layer's linear weights (MoE: every expert)."""
+        return sum(self.attention_params + self._mlp_params(i, False) for i in range(self.num_layers))
 
     @property
     def matmul_params(self) -> int:
-        """Parameters used as matmul weights per token: all layers + lm_head (tied or not)."""
-        return self.num_layers * self.layer_matmul_params + self.vocab_size * self.hidden_size
+        """Parameters used as matmul weights per token: its layers' + lm_head (tied or not)."""
+        return self.active_layer_params_total + self.vocab_size * self.hidden_size
+
+    @property
+    def other_params(self) -> int:
+        """Embedding, LM head, norms and biases: loaded at dtype_bytes even when quantised."""
+        h = self.hidden_size
+        bias = (self.q_dim + 2 * self.kv_dim) if self.attention_bias else 0
+        norms = 2 * h + (self.mla.kv_lora_rank + self.mla.q_lora_rank if self.mla else 0)
+        embed = self.vocab_size * h
+        lm_head = 0 if self.tie_word_embeddings else self.vocab_size * h
+        return embed + self.num_layers * (bias + norms) + h + lm_head  # + final norm
 
     @property
     def num_params(self) -> int:
-        h = self.hidden_size
-        bias = (self.q_dim + 2 * self.kv_dim) if self.attention_bias else 0
-        per_layer = self.layer_matmul_params + bias + 2 * h  # + input/post-attention RMSNorm
-        embed = self.vocab_size * h
-        lm_head = 0 if self.tie_word_embeddings else self.vocab_size * h
-        return embed + self.num_layers * per_layer + h + lm_head  # + final norm
+        return self.linear_params_total + self.other_params
 
     @property
-    def weight_bytes(self) -> int:
-        return self.num_params * self.dtype_bytes
+    def weight_bytes(self) -> float:
+        linear = self.dtype_bytes if self.linear_weight_bytes is None else self.linear_weight_bytes
+        total = self.linear_params_total * linear + self.other_params * self.dtype_bytes
+        return int(total) if float(total).is_integer() else total
+
+    @property
+    def kv_elements_per_token(self) -> int:
+        """KV-cache elements one token holds over all layers: K and V per KV head, or (MLA) the
+        latent and the rope key."""
+        if self.mla is not None:
+            return self.num_layers * (self.mla.kv_lora_rank + self.mla.qk_rope_head_dim)
+        return 2 * self.num_layers * self.kv_dim
 
     @property
     def kv_bytes_per_token(self) -> int:
         """K and V for every layer, whole model (divide by TP for one rank). Bytes."""
-        return 2 * self.num_layers * self.kv_dim * self.dtype_bytes
+        return self.kv_elements_per_token * self.dtype_bytes
 
     @property
     def flops_per_token(self) -> int:
-        """2 FLOPs per matmul weight. Excludes attention scores (QK^T, PV), which grow with
-        context; cost models add those separately. Biases, norms, activations are negligible."""
+        """2 FLOPs per matmul weight a token uses (MoE: its experts only). Excludes attention
+        scores (QK^T, PV), which grow with context; cost models add those separately."""
         return 2 * self.matmul_params
 
 
@@ -128,36 +196,51 @@ def model_from_fields(fields: dict, where: str) -> ModelSpec:
     dtype_bytes = fields.get("dtype_bytes", 2)
     if dtype_bytes not in (1, 2, 4) or isinstance(dtype_bytes, bool):
         raise ScenarioError(f"{at('dtype_bytes')}: {_show(dtype_bytes)} is not one of 1, 2, 4")
+    parts = {}
+    for key, cls in (("moe", MoESpec), ("mla", MLASpec)):
+        if fields.get(key) is not None:
+            names = tuple(f.name for f in dc_fields(cls))
+            required = tuple(f.name for f in dc_fields(cls) if f.default is dataclasses.MISSING)
+            check_fields(fields[key], at(key), names, required)
+            parts[key] = cls(**{k: _int(v, f"{at(key)}.{k}", lo=0, cap=MAX_TOKENS)
+                                for k, v in fields[key].items()})
+    lwb = fields.get("linear_weight_bytes")
+    if lwb is not None and (isinstance(lwb, bool) or lwb not in (0.5, 1, 2, 4)):
+        raise ScenarioError(f"{at('linear_weight_bytes')}: {_show(lwb)} is not one of 0.5, 1, 2, 4")
     return ModelSpec(
         name=_text(fields.get("name", "custom"), at("name")), dtype_bytes=dtype_bytes,
+        linear_weight_bytes=lwb, **parts,
         tie_word_embeddings=_bool(fields.get("tie_word_embeddings", False), at("tie_word_embeddings")),
         attention_bias=_bool(fields.get("attention_bias", False), at("attention_bias")),
         **v,
     )
 
 
-# Dense decoders with Llama's layer shapes (GQA attention, gated MLP), which ModelSpec sizes and
-# prices; other model types may differ in ways that change weights, KV bytes or FLOPs.
+# Model types whose layers ModelSpec sizes and prices: dense Llama-style decoders (GQA attention,
+# gated MLP), and the MoE / MLA layouts read by _moe / _mla below.
 LLAMA_STYLE = ("llama", "mistral", "qwen2", "qwen3")
-# (config key, what it means): present and active -> a model servesim does not size correctly yet
-_UNMODELLED = (
-    ("num_local_experts", "mixture of experts"), ("num_experts", "mixture of experts"),
-    ("n_routed_experts", "mixture of experts"), ("moe_intermediate_size", "mixture of experts"),
-    ("kv_lora_rank", "multi-head latent attention (MLA)"), ("q_lora_rank", "multi-head latent attention (MLA)"),
-    ("quantization_config", "quantised weights"),
-)
+MOE_TYPES = ("mixtral", "qwen3_moe", "deepseek_v3")
+MODELLED_TYPES = LLAMA_STYLE + MOE_TYPES
+# quantization_config.quant_method -> bytes per linear-layer weight (weight-only for awq/gptq:
+# their `bits`); anything else is refused
+QUANT_BYTES = {"fp8": 1.0}
+QUANT_BITS = ("awq", "gptq")
 
 
 def _refuse_unmodelled(cfg: dict, path: Path) -> None:
     """A config describing what ModelSpec does not model is an error naming the field, never a
     silent dense bf16 sizing (a Mixtral sized as a dense 7B model under-counts its weights 6x)."""
-    for key, what in _UNMODELLED:
-        value = cfg.get(key)
-        if value not in (None, 0, False, {}, []):
-            shown = value.get("quant_method", "a mapping") if isinstance(value, dict) else value
-            raise ScenarioError(f"{path}: {key}: {_show(shown)}: {what} is not modelled yet, so "
-                                f"weights, KV bytes and FLOPs would be wrong; servesim sizes dense "
-                                f"Llama-style models ({', '.join(LLAMA_STYLE)})")
+    model_type = cfg.get("model_type")
+    if model_type is not None and model_type not in MODELLED_TYPES:
+        raise ScenarioError(f"{path}: model_type: {_show(model_type)} is not modelled; servesim sizes "
+                            f"{', '.join(MODELLED_TYPES)}, or give the model's fields under model: "
+                            f"in the scenario")
+    if model_type not in MOE_TYPES:
+        for key in ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size",
+                    "kv_lora_rank", "q_lora_rank"):
+            if cfg.get(key) not in (None, 0, False):
+                raise ScenarioError(f"{path}: {key}: {_show(cfg[key])}: experts or latent attention "
+                                    f"in a {_show(model_type)} config are not modelled")
     window = cfg.get("sliding_window")
     if window not in (None, 0) and cfg.get("use_sliding_window", True) is not False:
         raise ScenarioError(f"{path}: sliding_window: {_show(window)}: sliding-window attention is not "
@@ -167,11 +250,41 @@ def _refuse_unmodelled(cfg: dict, path: Path) -> None:
         odd = next(t for t in layer_types if t != "full_attention")
         raise ScenarioError(f"{path}: layer_types: {_show(odd)} layers are not modelled yet "
                             f"(only full_attention)")
-    model_type = cfg.get("model_type")
-    if model_type is not None and model_type not in LLAMA_STYLE:
-        raise ScenarioError(f"{path}: model_type: {_show(model_type)} is not modelled; servesim sizes "
-                            f"dense Llama-style models ({', '.join(LLAMA_STYLE)}), or give the "
-                            f"model's fields under model: in the scenario")
+    if cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1 or cfg.get("moe_layer_freq", 1) != 1:
+        raise ScenarioError(f"{path}: mlp_only_layers / decoder_sparse_step / moe_layer_freq: MoE "
+                            f"layers interleaved with dense ones are not modelled (only leading dense "
+                            f"layers, first_k_dense_replace)")
+
+
+def _quantised_bytes(cfg: dict, path: Path) -> float | None:
+    q = cfg.get("quantization_config")
+    if q in (None, {}):
+        return None
+    method = q.get("quant_method") if isinstance(q, dict) else None
+    if method in QUANT_BYTES:
+        return QUANT_BYTES[method]
+    if method in QUANT_BITS and q.get("bits") in (4, 8):
+        return q["bits"] / 8
+    raise ScenarioError(f"{path}: quantization_config.quant_method: {_show(method)}: not modelled; "
+                        f"servesim sizes fp8 and awq/gptq 4- or 8-bit weights")
+
+
+def _moe(cfg: dict) -> MoESpec | None:
+    experts = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts")
+    if not experts:
+        return None
+    width = cfg.get("moe_intermediate_size") or cfg["intermediate_size"]  # Mixtral: experts are full width
+    return MoESpec(num_experts=experts, experts_per_token=cfg["num_experts_per_tok"],
+                   expert_intermediate_size=width, shared_experts=cfg.get("n_shared_experts") or 0,
+                   dense_layers=cfg.get("first_k_dense_replace") or 0)
+
+
+def _mla(cfg: dict) -> MLASpec | None:
+    if not cfg.get("kv_lora_rank"):
+        return None
+    return MLASpec(kv_lora_rank=cfg["kv_lora_rank"], qk_rope_head_dim=cfg["qk_rope_head_dim"],
+                   qk_nope_head_dim=cfg["qk_nope_head_dim"], v_head_dim=cfg["v_head_dim"],
+                   q_lora_rank=cfg.get("q_lora_rank") or 0)
 
 
 # config.json key -> ModelSpec field, for the keys every Llama-style config has.
@@ -219,5 +332,15 @@ def model_from_hf_config(path: Path, name: str | None = None) -> ModelSpec:
     fields["dtype_bytes"] = DTYPE_BYTES[dtype]
     fields["tie_word_embeddings"] = bool(cfg.get("tie_word_embeddings", False))
     fields["attention_bias"] = bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2"))
-    fields["name"] = name or path.resolve().parent.name or "custom"
-    return model_from_fields(fields, str(path))
+    fields["name"] = name or (path.stem if path.name != "config.json" else path.resolve().parent.name) or "custom"
+    spec = model_from_fields(fields, str(path))
+    try:
+        extra = {"moe": _moe(cfg), "mla": _mla(cfg), "linear_weight_bytes": _quantised_bytes(cfg, path)}
+        for part in ("moe", "mla"):
+            if extra[part] is not None:
+                for key, value in vars(extra[part]).items():
+                    _int(value, f"{path}: {part}.{key}", lo=0, cap=MAX_TOKENS)
+    except (KeyError, TypeError) as e:
+        raise ScenarioError(f"{path}: {e.args[0] if e.args else e}: missing or malformed for its "
+                            f"model_type {_show(cfg.get('model_type'))}") from None
+    return replace(spec, **extra)

@@ -75,7 +75,8 @@ def test_null_means_default(tmp_path):
 def test_every_key_given(tmp_path):
     engine = dict(scheduler="chunked", max_num_seqs=128, max_num_batched_tokens=2048, block_size=32,
                   gpu_memory_utilization=0.8, num_gpu_blocks=5000, tensor_parallel_size=2,
-                  replicas=3, router="least_loaded", policy="sjf", batch_timeout_s=0.25)
+                  replicas=3, router="least_loaded", policy="sjf", batch_timeout_s=0.25,
+                  kv_cache_dtype="fp8", enable_expert_parallel=True)
     raw = with_(name="x", seed=7, cost_model="unit", engine=engine,
                 slo={"ttft_ms": 300, "tpot_ms": 40, "percentile": 90})
     sc = load_scenario(write(tmp_path, raw))
@@ -205,7 +206,7 @@ def test_bad_yaml(tmp_path, text, expected):
     (with_(model={"hf_config": "x.json", "layers": 2}), "chat.yaml: model.layers: unknown key"),
     (with_(model={"num_layers": 2, "foo": 1}), "chat.yaml: model.foo: unknown key; allowed: name"),
     (with_(hardware={"memory_bytes": 1, "hbm_bandwidth": 1, "bf16_flops": 1, "tflops": 1}),
-     "chat.yaml: hardware.tflops: unknown key (did you mean 'bf16_flops'?); allowed: name, memory_bytes"),
+     "chat.yaml: hardware.tflops: unknown key (did you mean 'fp8_flops'?); allowed: name, memory_bytes"),
     (with_(cost_model={"roofline": {"efficiency": 1}}), "chat.yaml: cost_model.roofline.efficiency: unknown key"),
     (with_(workload={**MINIMAL["workload"], "rate": 1}), "chat.yaml: workload.rate: unknown key"),
 ])
