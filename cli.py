@@ -44,8 +44,19 @@ app = typer.Typer(
 PROGRESS_AFTER_S = 1.0  # show a progress bar only for runs that last longer than this (wall seconds)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from sim.version import __version__
+
+        typer.echo(f"servesim {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def main() -> None:
+def main(
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.",
+                                          callback=_print_version, is_eager=True)] = False,
+) -> None:
     """[bold]servesim[/]: a discrete-event simulator and capacity planner for LLM serving
     (vLLM-style paged KV cache; static, continuous and chunked-prefill batching).
 

@@ -264,3 +264,15 @@ def _yaml_loader():
 
         _LOADER = Loader
     return _LOADER
+
+
+# ---------------------------------------------------------------- output files
+
+_UMASK = os.umask(0o022)  # read once (os.umask can only be read by setting it), then restored
+os.umask(_UMASK)
+
+
+def like_open(fd: int) -> None:
+    """Give a temporary file (tempfile.mkstemp makes them 0600) the mode open() would give a new
+    file, so every output servesim writes is readable as the user's umask says."""
+    os.fchmod(fd, 0o666 & ~_UMASK)

@@ -18,6 +18,7 @@ import simpy
 
 from .cluster import ClosedLoopRouter, make_inboxes
 from .routers import make_router
+from .checks import like_open
 from .config import Scenario, resolved_yaml
 from .errors import ScenarioError
 from .engine import Replica
@@ -130,6 +131,7 @@ def write_outputs(result: SimResult, out_dir: Path) -> None:
         for name, write in writers:
             fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{name}.")
             temps.append((name, Path(tmp)))
+            like_open(fd)
             with os.fdopen(fd, "w", newline="") as f:
                 write(f)
         held = {signal.SIGINT, signal.SIGTERM}

@@ -214,3 +214,19 @@ def test_failed_run_leaves_nothing_that_looks_finished(tmp_path):
     out = tmp_path / "o"
     assert_one_line_error(invoke("run", path, "--out", out), "KV")
     assert not any((out / name).exists() for name in OUTPUTS)
+
+
+def test_version_and_output_file_modes(tmp_path):
+    """--version prints the package version; run files get open()'s mode (umask), not mkstemp's 0600."""
+    import os
+
+    from sim.version import __version__
+
+    r = runner.invoke(app, ["--version"])
+    assert r.exit_code == 0 and r.stdout.strip() == f"servesim {__version__}"
+    out = tmp_path / "out"
+    assert runner.invoke(app, ["run", str(SCENARIOS / "toy-continuous-8.yaml"), "--out", str(out), "-q"]).exit_code == 0
+    umask = os.umask(0)
+    os.umask(umask)
+    for f in out.iterdir():
+        assert f.stat().st_mode & 0o777 == 0o666 & ~umask, f

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import yaml
 
-from ..checks import _int, check_out_dir
+from ..checks import _int, check_out_dir, like_open
 from ..config import Scenario, load_scenario
 from ..errors import ScenarioError
 from .parallel import run_parallel
@@ -284,6 +284,7 @@ def _write_json(path: Path, obj: Any) -> None:
 def _atomic_write(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
+        like_open(fd)
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
             f.write(text)
             f.flush()
