@@ -237,13 +237,16 @@ def summary_table(name: str, s: dict) -> Any:
     from rich.console import Group
     from rich.table import Table
 
+    # the unit cost model makes every iteration last 1.0: times count iterations, not seconds
+    unit = ((s.get("run") or {}).get("cost_model") or {}).get("name") == "unit"
+    sec, ms = ("iter", "iterations") if unit else ("s", "ms")
     run = Table(title=f"servesim run: {name}", show_header=False, title_justify="left")
     run.add_column("metric")
     run.add_column("value", justify="right")
-    for label, key, digits in (("completed requests", "completed", 0), ("duration (s)", "duration_s", 2),
-                               ("iterations", "iterations", 0), ("requests/s", "request_throughput", 2),
-                               ("output tokens/s", "output_throughput", 1),
-                               ("total tokens/s", "total_token_throughput", 1),
+    for label, key, digits in (("completed requests", "completed", 0), (f"duration ({sec if unit else 's'})", "duration_s", 2),
+                               ("iterations", "iterations", 0), (f"requests/{sec}", "request_throughput", 2),
+                               (f"output tokens/{sec}", "output_throughput", 1),
+                               (f"total tokens/{sec}", "total_token_throughput", 1),
                                ("preemptions", "preemptions", 0)):
         if key in s:
             run.add_row(label, _fmt(s[key], digits))
@@ -254,7 +257,8 @@ def summary_table(name: str, s: dict) -> Any:
             run.add_row(label, f"{s[key]:.1%}")
     _goodput_rows(run, s.get("goodput"))
 
-    lat = Table(title="latency (ms)", title_justify="left", header_style="bold")
+    lat = Table(title=f"latency ({'1/1000 iterations: unit cost model' if unit else ms})", title_justify="left",
+                header_style="bold")
     for col in ("", "mean", "p50", "p90", "p99"):
         lat.add_column(col, justify="right" if col else "left")
     for label, key in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("ITL", "itl_ms"), ("E2E", "e2el_ms")):
