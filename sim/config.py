@@ -53,6 +53,9 @@ class EngineConfig:
     batch_timeout_s: float = 0.0           # static only: how long a partial batch waits
     kv_cache_dtype: str = "auto"           # vLLM's --kv-cache-dtype: auto (the model's) | fp8
     enable_expert_parallel: bool = False   # MoE: experts placed whole on GPUs instead of split
+    # vLLM's automatic prefix caching: None = the scheduler's default (on where it exists, as in
+    # vLLM V1); acts on workloads that say what prompts share (sim/prefix_cache.py)
+    enable_prefix_caching: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -328,7 +331,12 @@ def _parse_engine(v: Any, w: Where) -> EngineConfig:
         batch_timeout_s=_num(get("batch_timeout_s"), at("batch_timeout_s"), 0, cap=MAX_SECONDS),
         kv_cache_dtype=_choice(get("kv_cache_dtype"), at("kv_cache_dtype"), memory.KV_CACHE_DTYPES),
         enable_expert_parallel=_bool(get("enable_expert_parallel"), at("enable_expert_parallel")),
+        enable_prefix_caching=None if m.get("enable_prefix_caching") is None else _bool(
+            m["enable_prefix_caching"], at("enable_prefix_caching")),
     )
+    if engine.enable_prefix_caching and not SCHEDULERS[engine.scheduler].prefix_caching:
+        raise ScenarioError(f"{at('enable_prefix_caching')}: the {engine.scheduler} scheduler has no "
+                            f"prefix caching (it is: {', '.join(n for n, c in SCHEDULERS.items() if c.prefix_caching)})")
     if SCHEDULERS[engine.scheduler].token_budget and engine.max_num_batched_tokens < engine.max_num_seqs:
         # vLLM's rule: every running sequence must be able to decode one token per iteration.
         rule = f"the {engine.scheduler} scheduler needs max_num_batched_tokens >= max_num_seqs"

@@ -54,6 +54,19 @@ class PagedKVCache:
     def release(self, blocks: int) -> None:
         self.free += blocks
 
+    # the prefix-caching calls of sim/prefix_cache.PrefixKVCache, for a cache without it
+    def lookup(self, rid: int, num_tokens: int) -> list[int]:
+        return []
+
+    def admit(self, rid: int, hits: list[int], new_blocks: int, num_tokens: int) -> bool:
+        return self.allocate(new_blocks)
+
+    def commit(self, rid: int, computed: int) -> None:
+        pass
+
+    def free_request(self, rid: int, blocks: int, preempted: bool = False) -> None:
+        self.free += blocks
+
 
 class ContiguousKVCache:
     """Each request reserves its whole KV span up front; capacity counted in token slots."""

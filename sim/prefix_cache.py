@@ -78,17 +78,21 @@ class PrefixCache:
             held.append(b)
         for _ in range(new_blocks):
             b, _ = self.free_queue.popitem(last=False)
-            h = self.block_hash[b]
-            if h is not None:  # evict: the block is reused for new tokens
-                blocks = self.cached[h]
-                del blocks[b]
-                if not blocks:
-                    del self.cached[h]
-                self.block_hash[b] = None
-                self.evicted.append(h)
+            if self.block_hash[b] is not None:
+                self.evict(b)
             self.ref[b] = 1
             held.append(b)
         return True
+
+    def evict(self, b: int) -> None:
+        """Block `b` is reused for new tokens: it loses its hash."""
+        h = self.block_hash[b]
+        blocks = self.cached[h]
+        del blocks[b]
+        if not blocks:
+            del self.cached[h]
+        self.block_hash[b] = None
+        self.evicted.append(h)
 
     def cache_full_blocks(self, rid: int, hashes: Sequence, num_full_blocks: int) -> None:
         """Request `rid` has filled its first `num_full_blocks` blocks: those with a hash in
@@ -111,3 +115,139 @@ class PrefixCache:
             if self.ref[b] == 0:
                 self.free_queue[b] = None
         self.num_cached.pop(rid, None)
+
+
+def block_hashes(prefix, rid: int, prompt_tokens: int, block_size: int) -> list:
+    """The hash chain of a request's full prompt blocks that others may share. `prefix` = (ids,
+    unit): its first len(ids) x unit tokens are identified unit by unit by chained ids (Mooncake's
+    hash_ids: 512 tokens each; a shared system prompt: one unit). Block i ends at token
+    e = (i + 1) x block_size: inside the described prefix its hash is (the id of the unit holding
+    token e - 1, the offset of e in that unit), which names everything before e because the ids are
+    chained. Blocks past it are the request's own, named ("own", rid, i) by `own_hash` and cached
+    only when the request is preempted (nobody else can hit them)."""
+    if prefix is None:
+        return []
+    ids, unit = prefix
+    described = min(len(ids) * unit, prompt_tokens)
+    out = []
+    for i in range(described // block_size):
+        end = (i + 1) * block_size
+        u = (end - 1) // unit
+        out.append((ids[u], end - u * unit))
+    return out
+
+
+def own_hash(rid: int, i: int) -> tuple:
+    return ("own", rid, i)
+
+
+class PrefixKVCache:
+    """The paged KV cache of sim/kv_cache.py (the same count API the schedulers use) with prefix
+    caching underneath. Only blocks that can be hit carry identities: the shared prompt blocks a
+    request fills (`commit`), the hits it takes (`admit`), and, when it is preempted, its own full
+    prompt blocks (its resumption may hit them; nobody else can). Every other block (decode tokens,
+    partial blocks, own blocks of a request that finishes) is anonymous: taken from the head of the
+    free queue and given back to its tail in bulk, so a decode run still allocates in one call."""
+
+    def __init__(self, num_blocks: int, block_size: int, hashes: list, prompt_tokens: list):
+        self.pool = PrefixCache(num_blocks, block_size)
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.hashes = hashes      # per request: block_hashes(...) of its shared prompt blocks
+        self.prompt = prompt_tokens
+        self.anonymous: list[int] = []  # blocks held by running requests, no identity needed
+        self.own_cached: dict[int, int] = {}  # request -> own blocks cached at its preemption
+        self.queried_tokens = 0  # prefix_cache_hit_rate = hit / queried (vLLM's definition)
+        self.hit_tokens = 0
+        self.cached_tokens = [0] * len(hashes)  # per request: tokens found cached, summed over admissions
+
+    # the count API of PagedKVCache
+    @property
+    def free(self) -> int:
+        return len(self.pool.free_queue)
+
+    @property
+    def used(self) -> int:
+        return self.num_blocks - len(self.pool.free_queue)
+
+    def blocks_for(self, num_tokens):
+        return -(-num_tokens // self.block_size)
+
+    def growth(self, computed: int, new_tokens: int) -> int:
+        return self.blocks_for(computed + new_tokens) - self.blocks_for(computed)
+
+    def allocate(self, blocks: int) -> bool:
+        """Take `blocks` anonymous blocks from the head of the free queue, evicting the cached ones."""
+        pool = self.pool
+        if blocks > len(pool.free_queue):
+            return False
+        queue, block_hash, out = pool.free_queue, pool.block_hash, self.anonymous
+        for _ in range(blocks):
+            b = queue.popitem(last=False)[0]
+            if block_hash[b] is not None:
+                pool.evict(b)
+            out.append(b)
+        return True
+
+    # prefix caching
+    def lookup(self, rid: int, num_tokens: int) -> list[int]:
+        """Blocks of the longest cached prefix of request `rid` (no side effects): its shared
+        blocks, then, after a preemption, its own."""
+        chain = self.hashes[rid]
+        own = self.own_cached.get(rid)
+        if own:
+            chain = chain + [own_hash(rid, i) for i in range(len(chain), len(chain) + own)]
+        return self.pool.cached_prefix(chain, num_tokens) if chain else []
+
+    def admit(self, rid: int, hits: list[int], new_blocks: int, num_tokens: int) -> bool:
+        """Take the hits and `new_blocks` anonymous blocks for request `rid` (False: no change)."""
+        if hits:
+            if not self.pool.can_allocate(hits, new_blocks):
+                return False
+            self.pool.allocate(rid, hits, 0)
+        elif new_blocks > len(self.pool.free_queue):
+            return False
+        self.allocate(new_blocks)
+        self.queried_tokens += num_tokens
+        hit = len(hits) * self.block_size
+        self.hit_tokens += hit
+        self.cached_tokens[rid] += hit
+        return True
+
+    def commit(self, rid: int, computed: int) -> None:
+        """Request `rid` has `computed` tokens in the cache: its full shared prompt blocks become
+        cacheable (anonymous blocks are taken over for them: uncached blocks are all alike)."""
+        full = min(computed // self.block_size, len(self.hashes[rid]))
+        if full:
+            self._claim(rid, full, self.hashes[rid])
+
+    def _claim(self, rid: int, full: int, chain: list) -> None:
+        pool = self.pool
+        held = pool.held.setdefault(rid, [])
+        if len(held) >= full:
+            return
+        while len(held) < full:
+            b = self.anonymous.pop()
+            pool.ref[b] = 1
+            held.append(b)
+        pool.cache_full_blocks(rid, chain, full)
+
+    def free_request(self, rid: int, blocks: int, preempted: bool = False) -> None:
+        """Request `rid`, holding `blocks` blocks, finished or (`preempted`) was preempted. A
+        preempted request's own full prompt blocks are cached first, so its resumption can hit
+        them. Its anonymous blocks (its tail) join the free queue first, then its identified
+        blocks, last first (sim/prefix_cache.py)."""
+        pool = self.pool
+        if preempted:
+            shared = self.hashes[rid]
+            full = min(blocks, self.prompt[rid] // self.block_size)
+            if full > len(shared):
+                chain = shared + [own_hash(rid, i) for i in range(len(shared), full)]
+                self._claim(rid, full, chain)
+                self.own_cached[rid] = full - len(shared)
+        own = pool.held.get(rid, ())
+        k = blocks - len(own)
+        if k:
+            tail = self.anonymous[-k:]
+            del self.anonymous[-k:]
+            pool.free_queue.update(dict.fromkeys(reversed(tail)))
+        pool.free_request(rid)

@@ -23,6 +23,7 @@ from .config import Scenario, resolved_yaml
 from .errors import ScenarioError
 from .engine import Replica
 from .metrics import requests_frame, steps_frame, summarize
+from .prefix_cache import PrefixKVCache
 from .recorder import Recorder
 from .request import RequestTable
 from .schedulers import build_scheduler, check_servable
@@ -71,11 +72,17 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
     requests = requests_frame(req)
     if workload.users is not None:
         requests["user"] = loop.user  # who sent each request (closed loop only)
+    caches = [s.kv for s in schedulers if isinstance(s.kv, PrefixKVCache)]
+    if caches:  # prefix caching simulated: tokens each request found cached (vLLM: cached tokens)
+        requests["cached_tokens"] = np.sum([c.cached_tokens for c in caches], axis=0)
     m, hw = scenario.model, scenario.hardware
     summary = summarize(req, requests, steps, recorder, max_num_seqs=e.max_num_seqs, replicas=e.replicas,
                         gpus=e.replicas * e.tensor_parallel_size, flops_per_token=m.flops_per_token,
                         weight_bytes=m.weight_bytes, kv_bytes_per_token=m.kv_bytes_per_token,
                         peak_flops=hw.bf16_flops, hbm_bandwidth=hw.hbm_bandwidth, slo=scenario.slo)
+    if caches:
+        queried = sum(c.queried_tokens for c in caches)
+        summary["prefix_cache_hit_rate"] = sum(c.hit_tokens for c in caches) / queried if queried else 0.0
     summary = {"scenario": scenario.name, **summary, "run": run_record(scenario)}
     return SimResult(requests=requests, steps=steps, summary=summary,
                      scenario=scenario if own_workload else None)

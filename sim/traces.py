@@ -1,7 +1,8 @@
 """Request trace files -> one table: generic CSV, Azure LLM trace CSV or Mooncake JSONL, auto-detected.
 
     read_trace(path: Path) -> pd.DataFrame   columns arrival_s (float64, s), prompt_tokens,
-                                             output_tokens, priority (int64), sorted by arrival
+                                             output_tokens, priority (int64), sorted by arrival;
+                                             Mooncake traces with hash_ids also `prefix`
 
 Detection looks at the content, not the extension: a file whose first character is `{` is JSONL,
 anything else is a CSV recognised by its header. Every error is a one-line ScenarioError naming
@@ -22,7 +23,8 @@ from .errors import ScenarioError
 # The three accepted layouts: (arrival column, prompt column, output column) as the file spells them.
 GENERIC = ("arrival_s", "prompt_tokens", "output_tokens")      # seconds; optional `priority` column
 AZURE = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")      # wall clock '2023-11-16 18:15:46.6805900'
-MOONCAKE = ("timestamp", "input_length", "output_length")      # milliseconds; `hash_ids` ignored
+MOONCAKE = ("timestamp", "input_length", "output_length")      # milliseconds; optional `hash_ids`
+MOONCAKE_BLOCK_TOKENS = 512  # tokens per Mooncake hash_ids block
 ACCEPTED = ("CSV header arrival_s,prompt_tokens,output_tokens[,priority], "
             "Azure CSV header TIMESTAMP,ContextTokens,GeneratedTokens, "
             "or Mooncake JSONL with keys timestamp,input_length,output_length")
@@ -104,7 +106,21 @@ def _read_jsonl(path: Path, name: str) -> pd.DataFrame:
     df = pd.DataFrame(records, columns=list(MOONCAKE))
     lines = np.asarray(kept, dtype=np.int64) + 1
     arrival = _seconds(df["timestamp"], lines, name, "timestamp", unit=1e-3) / 1000.0  # ms -> s
-    return _table(arrival, df, MOONCAKE, lines, name)
+    table = _table(arrival, df, MOONCAKE, lines, name)
+    ids = [r.get("hash_ids") for r in records]
+    if any(v is not None for v in ids):
+        table["prefix"] = [_hash_ids(v, line, name) for v, line in zip(ids, lines.tolist())]
+    return table
+
+
+def _hash_ids(value, line: int, name: str):
+    """Mooncake's `hash_ids`: one chained id per 512-token block of the prompt (the prefix identity
+    prefix caching matches on), as (ids, MOONCAKE_BLOCK_TOKENS); None when absent."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise ScenarioError(f"{name}:{line}: hash_ids is not a list of integers")
+    return (tuple(value), MOONCAKE_BLOCK_TOKENS)
 
 
 def _json_object(row: str, line: int, name: str) -> dict:

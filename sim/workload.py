@@ -41,6 +41,10 @@ class Workload:
     output_tokens: np.ndarray  # int64 [n], >= 1
     priority: np.ndarray       # int64 [n], lower = more urgent (policy: priority); 0 when unknown
     users: Users | None = None  # closed loop: arrival times are only known during the run
+    # per request, what its prompt shares with others: (ids, unit tokens): the prompt's first
+    # len(ids) x unit tokens are identified unit by unit by chained ids (sim/prefix_cache.py); a
+    # request without one (None) shares nothing. None for the whole workload: no prefix identity.
+    prefix: list | None = None
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -173,14 +177,30 @@ class WorkloadConfig:
     num_requests: int | None = None             # generator: how many; trace: the first N (None = all)
     time_scale: float = 1.0                     # arrival offsets are divided by it (2 = twice the rate)
     priority: LengthDist | None = None          # None: the trace's `priority` column, else all 0
+    prefix: "SharedPrefix | None" = None        # generator: shared system prompts
+
+
+@dataclass(frozen=True)
+class SharedPrefix:
+    """A share of requests starts with one of `groups` system prompts of `tokens` tokens."""
+    tokens: int
+    groups: int
+    share: float
+
+    def draw(self, rng: np.random.Generator, prompt_tokens: np.ndarray) -> list:
+        chosen = rng.random(len(prompt_tokens)) < self.share
+        group = rng.integers(0, self.groups, size=len(prompt_tokens))
+        # (ids, unit tokens): one unit of `tokens` (or the whole prompt, if shorter) per group
+        return [((("prefix", int(g)),), int(min(self.tokens, p))) if c else None
+                for c, g, p in zip(chosen.tolist(), group.tolist(), prompt_tokens.tolist())]
 
 
 def build_workload(cfg: WorkloadConfig, rng: np.random.Generator) -> Workload:
     """The requests `cfg` describes; every random draw comes from `rng`. A closed loop's arrival
     times are nan (the run fills them in); time_scale divides its think times and start offsets."""
-    users = None
+    users, prefix = None, None
     if cfg.trace is not None:
-        arrival, prompt, output, priority = _replay(cfg.trace, cfg.num_requests)
+        arrival, prompt, output, priority, prefix = _replay(cfg.trace, cfg.num_requests)
     else:
         n = cfg.num_requests
         if isinstance(cfg.arrival, ClosedLoop):
@@ -192,10 +212,12 @@ def build_workload(cfg: WorkloadConfig, rng: np.random.Generator) -> Workload:
         priority = np.zeros(n, dtype=np.int64)
     if cfg.priority is not None:
         priority = cfg.priority.sample(rng, len(arrival))
+    if cfg.prefix is not None:  # drawn last: workloads without a prefix keep their numbers
+        prefix = cfg.prefix.draw(rng, prompt)
     if users is not None:
         users = Users(users.start_s / cfg.time_scale, users.think_s / cfg.time_scale)
     return Workload(arrival_s=arrival / cfg.time_scale, prompt_tokens=prompt,
-                    output_tokens=output, priority=priority, users=users)
+                    output_tokens=output, priority=priority, users=users, prefix=prefix)
 
 
 def _replay(trace: Path, num_requests: int | None) -> tuple[np.ndarray, ...]:
@@ -205,14 +227,15 @@ def _replay(trace: Path, num_requests: int | None) -> tuple[np.ndarray, ...]:
             raise ScenarioError(f"{shown(trace)}: has {len(table)} requests, fewer than "
                                 f"workload.num_requests = {num_requests}")
         table = table.iloc[:num_requests]
-    return tuple(table[c].to_numpy(copy=True) for c in
-                 ("arrival_s", "prompt_tokens", "output_tokens", "priority"))
+    columns = tuple(table[c].to_numpy(copy=True) for c in
+                    ("arrival_s", "prompt_tokens", "output_tokens", "priority"))
+    return (*columns, table["prefix"].tolist() if "prefix" in table else None)
 
 
 # ---- parsing the YAML section ----
 
 GENERATOR_KEYS = ("arrival", "prompt_tokens", "output_tokens", "num_requests")
-SECTION_KEYS = ("trace", "time_scale", "priority", *GENERATOR_KEYS)
+SECTION_KEYS = ("trace", "time_scale", "priority", "prefix", *GENERATOR_KEYS)
 
 
 def parse_workload(raw: dict, where: str, base_dir: Path) -> WorkloadConfig:
@@ -224,7 +247,7 @@ def parse_workload(raw: dict, where: str, base_dir: Path) -> WorkloadConfig:
                   num_requests=top.integer("num_requests", 1, default=None, high=MAX_REQUESTS),
                   priority=None if priority is None else _dist(top, "priority", PRIORITIES, 0, base_dir))
     if raw.get("trace") is not None:
-        clash = [k for k in GENERATOR_KEYS[:3] if raw.get(k) is not None]
+        clash = [k for k in (*GENERATOR_KEYS[:3], "prefix") if raw.get(k) is not None]
         if clash:
             raise top.fail(clash[0], "not allowed with workload.trace (a trace gives arrivals and "
                                      "lengths: use either trace or a generator)")
@@ -234,6 +257,11 @@ def parse_workload(raw: dict, where: str, base_dir: Path) -> WorkloadConfig:
         raise ScenarioError(f"{where}: workload: needs either trace or all of "
                             f"{', '.join(GENERATOR_KEYS)} (missing {', '.join(missing)})")
     arrival = _arrival(top)
+    if raw.get("prefix") is not None:
+        keys = _Keys(raw["prefix"], top.where, "workload.prefix", ("tokens", "groups", "share"))
+        keys.only()
+        common["prefix"] = SharedPrefix(keys.integer("tokens", 1), keys.integer("groups", 1, high=MAX_COUNT),
+                                        keys.number("share", low=0, high=1))
     rate = getattr(arrival, "rate", None)
     if rate is not None and common["num_requests"] / (rate * common["time_scale"]) > MAX_SECONDS:
         raise top.fail("arrival.rate", f"{common['num_requests']} requests at {rate:g} req/s "

@@ -177,3 +177,118 @@ def test_running_requests_share_blocks_through_reference_counts():
     assert pool.ref[:4] == [2, 2, 1, 1] and pool.used == 4
     pool.free_request(0)
     assert pool.ref[:4] == [1, 1, 0, 1] and list(pool.free_queue) == [4, 5, 2]
+
+
+# ---------------------------------------------------------------- in the simulator
+
+import json as _json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sim.config import scenario_from_dict
+from sim.errors import ScenarioError
+from sim.simulate import simulate
+from sim.traces import read_trace
+from sim.workload import Workload
+
+from simhelpers import make_scenario
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_mooncake_hit_rate_equals_the_hash_ids_under_an_infinite_cache():
+    """The bundled Mooncake sample, one request at a time (1000 s apart, so each finishes before
+    the next arrives), 512-token blocks (Mooncake's own) and room for everything: the simulated
+    hit rate equals the one computed directly from hash_ids here (a request hits the longest
+    prefix of its ids already cached, at most (prompt - 1) // 512 blocks; it caches its full
+    blocks), and TTFT is lower than with caching off."""
+    trace = ROOT / "scenarios/traces/mooncake_conv.jsonl"
+    rows = [_json.loads(line) for line in trace.read_text().splitlines() if line.strip()]
+    seen, hit, queried = set(), 0, 0
+    for r in rows:
+        ids, n = r["hash_ids"], r["input_length"]
+        k = 0
+        while k < min(len(ids), (n - 1) // 512) and ids[k] in seen:
+            k += 1
+        hit, queried = hit + 512 * k, queried + n
+        seen.update(ids[: n // 512])
+    table = read_trace(trace)
+    w = Workload(arrival_s=np.arange(len(table)) * 1000.0, prompt_tokens=table["prompt_tokens"].to_numpy(),
+                 output_tokens=table["output_tokens"].to_numpy(), priority=np.zeros(len(table), np.int64),
+                 prefix=table["prefix"].tolist())
+    results = {}
+    for on in (True, False):
+        sc = make_scenario(cost_model="roofline", scheduler="chunked", block_size=512, num_gpu_blocks=100_000,
+                           max_num_batched_tokens=8192, enable_prefix_caching=on)
+        results[on] = simulate(sc, workload=w)
+    s = results[True].summary
+    assert s["completed"] == len(rows) and s["prefix_cache_hit_rate"] == hit / queried
+    assert hit > 0  # the sample's prompts do share prefixes (3.3% of tokens, one at a time)
+    assert results[True].requests["cached_tokens"].sum() == hit
+    assert "prefix_cache_hit_rate" not in results[False].summary
+    assert s["ttft_ms"]["mean"] < results[False].summary["ttft_ms"]["mean"]
+
+
+def _two(enable):
+    """A and B share a 12-token (3-block) system prompt; 14-token prompts, 2 output tokens, unit
+    cost, block_size 4. B arrives at 5, after A has finished (at 2) and freed its blocks."""
+    w = Workload(arrival_s=np.array([0.0, 5.0]), prompt_tokens=np.array([14, 14]),
+                 output_tokens=np.array([2, 2]), priority=np.zeros(2, np.int64),
+                 prefix=[((("system",),), 12)] * 2)
+    sc = make_scenario(scheduler="chunked", block_size=4, max_num_seqs=8, max_num_batched_tokens=64,
+                       enable_prefix_caching=enable)
+    return simulate(sc, workload=w)
+
+
+def test_a_shared_prefix_timeline_by_hand():
+    """With caching, B finds A's 3 full prompt blocks (12 tokens; (14 - 1) // 4 = 3 may hit) and
+    prefills only its last 2 tokens in [5, 6]; its first token comes at 6 and it finishes at 7."""
+    on, off = _two(True), _two(False)
+    cols = ["start_s", "count", "prefill_tokens", "decode_tokens"]
+    assert on.steps[cols].values.tolist() == [[0, 1, 14, 0], [1, 1, 0, 1], [5, 1, 2, 0], [6, 1, 0, 1]]
+    assert off.steps[cols].values.tolist() == [[0, 1, 14, 0], [1, 1, 0, 1], [5, 1, 14, 0], [6, 1, 0, 1]]
+    assert on.requests["cached_tokens"].tolist() == [0, 12]
+    assert on.requests["first_token_s"].tolist() == [1.0, 6.0] and on.requests["finish_s"].tolist() == [2.0, 7.0]
+    assert on.summary["prefix_cache_hit_rate"] == 12 / 28
+
+
+def test_a_generated_shared_prefix_hits_and_the_knob_rules(tmp_path):
+    base = {"model": "llama-3-8b", "hardware": "h100-sxm", "cost_model": "roofline",
+            "engine": {"scheduler": "chunked"},
+            "workload": {"arrival": {"process": "poisson", "rate": 2}, "num_requests": 60,
+                         "prompt_tokens": {"dist": "fixed", "value": 1200},
+                         "output_tokens": {"dist": "fixed", "value": 20},
+                         "prefix": {"tokens": 1024, "groups": 2, "share": 1.0}}}
+    r = simulate(scenario_from_dict(base))
+    # 60 requests, 2 system prompts of 1024 tokens = 64 blocks: all but the first of each group
+    # hit them (at most; concurrent first requests may both miss)
+    assert 0.7 < r.summary["prefix_cache_hit_rate"] <= 58 * 1024 / (60 * 1200)
+    off = simulate(scenario_from_dict({**base, "engine": {"scheduler": "chunked", "enable_prefix_caching": False}}))
+    assert "prefix_cache_hit_rate" not in off.summary
+    assert r.summary["ttft_ms"]["mean"] < off.summary["ttft_ms"]["mean"]
+    with pytest.raises(ScenarioError, match="engine.enable_prefix_caching: the static scheduler has no prefix caching"):
+        scenario_from_dict({**base, "engine": {"scheduler": "static", "enable_prefix_caching": True}})
+    with pytest.raises(ScenarioError, match="workload.prefix.share: 1.5"):
+        scenario_from_dict({**base, "workload": {**base["workload"], "prefix": {"tokens": 8, "groups": 1,
+                                                                                 "share": 1.5}}})
+
+
+def test_invariants_under_pressure_with_caching():
+    """A small cache that evicts and preempts: every request finishes once, blocks stay within
+    capacity, reference counts never go negative and the cache ends empty but for cached blocks."""
+    rng = np.random.default_rng(3)
+    n = 80
+    prompt = rng.integers(20, 200, n)
+    w = Workload(arrival_s=np.sort(rng.uniform(0, 1, n)), prompt_tokens=prompt,
+                 output_tokens=rng.integers(1, 60, n), priority=np.zeros(n, np.int64),
+                 prefix=[((("doc", int(g)),), 96) if g < 3 else None for g in rng.integers(0, 5, n)])
+    import sim.simulate as sim_mod
+
+    sc = make_scenario(cost_model="roofline", scheduler="chunked", block_size=16, num_gpu_blocks=30,
+                       max_num_seqs=16, max_num_batched_tokens=256)
+    r = sim_mod.simulate(sc, workload=w)
+    assert r.summary["completed"] == n and r.summary["preemptions"] > 0
+    assert (r.steps["kv_blocks_used"] <= r.steps["kv_blocks_total"]).all()
+    assert 0 < r.summary["prefix_cache_hit_rate"] < 1

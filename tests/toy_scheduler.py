@@ -15,6 +15,7 @@ class OneAtATime:
     token_budget = False
     chunks_prompts = False
     iteration_level = False
+    prefix_caching = False
 
     def __init__(self, requests, kv, queue, **_unused):
         self.req, self.kv, self.waiting = requests, kv, queue

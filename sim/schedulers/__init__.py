@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 import numpy as np
 
 from ..errors import ScenarioError
+from ..prefix_cache import PrefixKVCache, block_hashes
 from ..queues import make_queue
 from ..request import RequestTable
 from ..step import Schedule, StepOutcome
@@ -38,6 +39,7 @@ class Scheduler(Protocol):
     token_budget: ClassVar[bool]  # does max_num_batched_tokens limit each iteration?
     chunks_prompts: ClassVar[bool]  # may a prompt be split over iterations (else whole or nothing)?
     iteration_level: ClassVar[bool]  # do requests join and leave at every iteration (vLLM's kind)?
+    prefix_caching: ClassVar[bool]   # can it run over a prefix-caching KV cache?
     retry_at: float  # when schedule() may return work without a new arrival (inf: only on arrival)
 
     def add(self, rid: int) -> None:
@@ -72,12 +74,26 @@ def make_scheduler(name: str, **kwargs) -> Scheduler:
 def build_scheduler(e: EngineConfig, requests: RequestTable, num_blocks: int,
                     workload: Workload) -> Scheduler:
     """One replica's scheduler with its own KV cache of `num_blocks` blocks and waiting queue."""
-    kv = SCHEDULERS[e.scheduler].kv_cache.for_replica(num_blocks, e.block_size, len(requests))
+    cls = SCHEDULERS[e.scheduler]
+    if prefix_caching(e, workload):
+        prompt = requests.prompt.tolist()
+        kv = PrefixKVCache(num_blocks, e.block_size, [
+            block_hashes(p, rid, n, e.block_size) for rid, (p, n) in enumerate(zip(workload.prefix, prompt))],
+            prompt)
+    else:
+        kv = cls.kv_cache.for_replica(num_blocks, e.block_size, len(requests))
     return make_scheduler(e.scheduler, requests=requests, kv=kv,
                           queue=make_queue(e.policy, requests), max_num_seqs=e.max_num_seqs,
                           max_num_batched_tokens=e.max_num_batched_tokens,
                           batch_timeout_s=e.batch_timeout_s,
                           max_output_tokens=int(workload.output_tokens.max(initial=1)))
+
+
+def prefix_caching(e: EngineConfig, workload: Workload) -> bool:
+    """Is prefix caching simulated: on (or left at vLLM's default, on) for a scheduler that has it,
+    and the workload says what its prompts share (a trace's hash_ids, workload.prefix)?"""
+    return (SCHEDULERS[e.scheduler].prefix_caching and e.enable_prefix_caching is not False
+            and workload.prefix is not None and len(workload.prefix) == len(workload))
 
 
 def check_servable(w: Workload, e: EngineConfig, num_blocks: int, where: str = "") -> None:

@@ -30,6 +30,7 @@ class IterationLevelScheduler:
     token_budget = True          # max_num_batched_tokens limits every iteration
     chunks_prompts = True        # a prompt may be split over iterations (else: whole or nothing)
     iteration_level = True       # requests join and leave at every iteration (the real engine's kind)
+    prefix_caching = True        # may run over sim/prefix_cache.PrefixKVCache (vLLM V1: on by default)
 
     def __init__(self, requests: RequestTable, kv: PagedKVCache, queue, *, max_num_seqs: int,
                  max_num_batched_tokens: int, **_unused):
@@ -95,6 +96,7 @@ class IterationLevelScheduler:
         for rid, t in zip(schedule.prefill_ids.tolist(), schedule.stats.prefill_lens.tolist()):
             computed = int(req.computed[rid]) + t
             req.computed[rid] = computed
+            kv.commit(rid, computed)  # (prefix caching: its full prompt blocks become cacheable)
             generated = int(req.generated[rid])
             if computed < req.prompt[rid] + generated:
                 continue  # more of the prompt to come
@@ -145,7 +147,7 @@ class IterationLevelScheduler:
         else:
             self.prefilling.remove(rid)
         del self.order[rid]
-        self.kv.release(self.kv.blocks_for(int(req.computed[rid])))
+        self.kv.free_request(rid, self.kv.blocks_for(int(req.computed[rid])), preempted=True)
         self._preempted.append(rid)
         req.computed[rid] = 0
         req.preemptions[rid] += 1
@@ -159,7 +161,7 @@ class IterationLevelScheduler:
         req, kv = self.req, self.kv
         for rid in rids:  # a handful at a time: scalar numpy indexing beats building an index array
             req.finish[rid] = now
-            kv.release(kv.blocks_for(int(req.computed[rid])))
+            kv.free_request(rid, kv.blocks_for(int(req.computed[rid])))
             del self.order[rid]
 
     def _first_or_resumed_token(self, rid: int, now: float) -> None:
@@ -177,9 +179,16 @@ class IterationLevelScheduler:
         while len(waiting) and len(self.order) < self.max_num_seqs and budget > 0:
             rid = waiting.peek()
             computed = int(req.computed[rid])
-            t = self.admit_tokens(int(req.prompt[rid] + req.generated[rid]) - computed, budget)
-            if t == 0 or not kv.allocate(kv.growth(computed, t)):
+            total = int(req.prompt[rid] + req.generated[rid])
+            # prefix caching: a new or resumed request starts from its longest cached prefix
+            hits = kv.lookup(rid, total) if computed == 0 else ()
+            start = computed + len(hits) * kv.block_size
+            t = self.admit_tokens(total - start, budget)
+            if t == 0 or not kv.admit(rid, hits, kv.blocks_for(start + t) - kv.blocks_for(computed)
+                                      - len(hits), total):
                 break  # head-of-line: whoever is first in line waits for room
+            if hits:
+                req.computed[rid] = start
             waiting.pop()
             admitted.append((rid, t))
             self.prefilling.append(rid)

@@ -21,6 +21,7 @@ class StaticScheduler:
     token_budget = False          # max_num_batched_tokens does not apply
     chunks_prompts = False
     iteration_level = False       # a batch runs to its end: not what the real engine runs
+    prefix_caching = False        # contiguous reservations: nothing to share
 
     def __init__(self, requests: RequestTable, kv: ContiguousKVCache, queue, *, max_num_seqs: int,
                  max_output_tokens: int, batch_timeout_s: float = 0.0, **_unused):
