@@ -19,7 +19,7 @@ it cannot. Block ids are ints 0..num_blocks-1.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 
 
@@ -143,19 +143,37 @@ def own_hash(rid: int, i: int) -> tuple:
 
 class PrefixKVCache:
     """The paged KV cache of sim/kv_cache.py (the same count API the schedulers use) with prefix
-    caching underneath. Only blocks that can be hit carry identities: the shared prompt blocks a
-    request fills (`commit`), the hits it takes (`admit`), and, when it is preempted, its own full
-    prompt blocks (its resumption may hit them; nobody else can). Every other block (decode tokens,
-    partial blocks, own blocks of a request that finishes) is anonymous: taken from the head of the
-    free queue and given back to its tail in bulk, so a decode run still allocates in one call."""
+    caching underneath, cheap enough to run on every iteration.
+
+    Only blocks that can be hit carry identities: the shared prompt blocks a request fills
+    (`commit`), the hits it takes (`admit`), and, when it is preempted, its own full prompt blocks
+    (its resumption may hit them; nobody else can). All other blocks (decode tokens, partial blocks,
+    own blocks of a request that finishes) are hashless and interchangeable, so the free queue keeps
+    them as run-length segments: freeing k of them appends one segment, allocating takes from the
+    head segment in O(1), whatever k is. Cached blocks sit in the same queue one entry each, in the
+    order they were freed, so eviction order is vLLM's (sim/prefix_cache.PrefixCache is the same
+    rules block by block; a hypothesis test checks both against one reference model). A hit takes a
+    cached block out of the queue lazily: its entry is skipped when it reaches the head.
+    """
 
     def __init__(self, num_blocks: int, block_size: int, hashes: list, prompt_tokens: list):
-        self.pool = PrefixCache(num_blocks, block_size)
         self.num_blocks, self.block_size = num_blocks, block_size
         self.hashes = hashes      # per request: block_hashes(...) of its shared prompt blocks
         self.prompt = prompt_tokens
-        self.anonymous: list[int] = []  # blocks held by running requests, no identity needed
-        self.own_cached: dict[int, int] = {}  # request -> own blocks cached at its preemption
+        self.queue: deque = deque([[num_blocks]])  # [count] segments of hashless blocks, (id, gen) cached ones
+        self.num_free = num_blocks
+        self.queued: dict[int, int] = {}  # cached block in the queue -> generation of its live entry
+        self.generation = 0
+        self.ids = list(range(num_blocks - 1, -1, -1))  # ids not given to an identified block
+        self.ref: dict[int, int] = {}                   # identified block -> references
+        self.block_hash: dict[int, object] = {}         # identified block -> its hash
+        self.cached: dict[object, dict[int, None]] = {}  # hash -> its blocks, first cached first
+        self.first: dict[object, int] = {}               # hash -> its first cached block (lookups)
+        self.held: dict[int, list[int]] = {}            # request -> its identified blocks, in order
+        self.num_cached: dict[int, int] = {}            # request -> leading blocks with a hash
+        self.anonymous = 0                              # hashless blocks held by running requests
+        self.own_cached: dict[int, int] = {}            # request -> own blocks cached at preemption
+        self.evicted: list = []
         self.queried_tokens = 0  # prefix_cache_hit_rate = hit / queried (vLLM's definition)
         self.hit_tokens = 0
         self.cached_tokens = [0] * len(hashes)  # per request: tokens found cached, summed over admissions
@@ -163,11 +181,11 @@ class PrefixKVCache:
     # the count API of PagedKVCache
     @property
     def free(self) -> int:
-        return len(self.pool.free_queue)
+        return self.num_free
 
     @property
     def used(self) -> int:
-        return self.num_blocks - len(self.pool.free_queue)
+        return self.num_blocks - self.num_free
 
     def blocks_for(self, num_tokens):
         return -(-num_tokens // self.block_size)
@@ -176,19 +194,62 @@ class PrefixKVCache:
         return self.blocks_for(computed + new_tokens) - self.blocks_for(computed)
 
     def allocate(self, blocks: int) -> bool:
-        """Take `blocks` anonymous blocks from the head of the free queue, evicting the cached ones."""
-        pool = self.pool
-        if blocks > len(pool.free_queue):
+        """Take `blocks` hashless blocks from the head of the free queue; a cached block met there
+        is evicted (it loses its hash and becomes hashless)."""
+        if blocks > self.num_free:
             return False
-        queue, block_hash, out = pool.free_queue, pool.block_hash, self.anonymous
-        for _ in range(blocks):
-            b = queue.popitem(last=False)[0]
-            if block_hash[b] is not None:
-                pool.evict(b)
-            out.append(b)
+        self.num_free -= blocks
+        self.anonymous += blocks
+        queue = self.queue
+        while blocks:
+            head = queue[0]
+            if isinstance(head, list):  # a segment of hashless blocks
+                take = min(head[0], blocks)
+                head[0] -= take
+                blocks -= take
+                if not head[0]:
+                    queue.popleft()
+                continue
+            queue.popleft()
+            b, gen = head
+            if self.queued.get(b) != gen:
+                continue  # taken by a hit since it was queued
+            del self.queued[b]
+            self._evict(b)
+            blocks -= 1
         return True
 
+    def _evict(self, b: int) -> None:
+        h = self.block_hash.pop(b)
+        blocks = self.cached[h]
+        del blocks[b]
+        if not blocks:
+            del self.cached[h]
+            del self.first[h]
+        elif self.first[h] == b:
+            self.first[h] = next(iter(blocks))
+        del self.ref[b]
+        self.ids.append(b)
+        self.evicted.append(h)
+
+    def _queue_hashless(self, k: int) -> None:
+        tail = self.queue[-1] if self.queue else None
+        if isinstance(tail, list):
+            tail[0] += k
+        else:
+            self.queue.append([k])
+        self.num_free += k
+
     # prefix caching
+    def cached_prefix(self, chain: list, num_tokens: int) -> list[int]:
+        hits, first = [], self.first.get
+        for h in chain[: max(num_tokens - 1, 0) // self.block_size]:
+            b = first(h)
+            if b is None:
+                break
+            hits.append(b)
+        return hits
+
     def lookup(self, rid: int, num_tokens: int) -> list[int]:
         """Blocks of the longest cached prefix of request `rid` (no side effects): its shared
         blocks, then, after a preemption, its own."""
@@ -196,16 +257,23 @@ class PrefixKVCache:
         own = self.own_cached.get(rid)
         if own:
             chain = chain + [own_hash(rid, i) for i in range(len(chain), len(chain) + own)]
-        return self.pool.cached_prefix(chain, num_tokens) if chain else []
+        return self.cached_prefix(chain, num_tokens) if chain else []
 
     def admit(self, rid: int, hits: list[int], new_blocks: int, num_tokens: int) -> bool:
-        """Take the hits and `new_blocks` anonymous blocks for request `rid` (False: no change)."""
-        if hits:
-            if not self.pool.can_allocate(hits, new_blocks):
-                return False
-            self.pool.allocate(rid, hits, 0)
-        elif new_blocks > len(self.pool.free_queue):
+        """Take the hits and `new_blocks` hashless blocks for request `rid` (False: no change)."""
+        free_hits = sum(1 for b in hits if self.ref[b] == 0)
+        if new_blocks > self.num_free - free_hits:
             return False
+        if hits:
+            held = self.held.setdefault(rid, [])
+            if not held:
+                self.num_cached[rid] = len(hits)
+            for b in hits:  # touch
+                if self.ref[b] == 0:
+                    del self.queued[b]
+                    self.num_free -= 1
+                self.ref[b] += 1
+                held.append(b)
         self.allocate(new_blocks)
         self.queried_tokens += num_tokens
         hit = len(hits) * self.block_size
@@ -215,28 +283,31 @@ class PrefixKVCache:
 
     def commit(self, rid: int, computed: int) -> None:
         """Request `rid` has `computed` tokens in the cache: its full shared prompt blocks become
-        cacheable (anonymous blocks are taken over for them: uncached blocks are all alike)."""
+        cached (hashless blocks it holds are given identities for them)."""
         full = min(computed // self.block_size, len(self.hashes[rid]))
         if full:
             self._claim(rid, full, self.hashes[rid])
 
     def _claim(self, rid: int, full: int, chain: list) -> None:
-        pool = self.pool
-        held = pool.held.setdefault(rid, [])
-        if len(held) >= full:
-            return
+        held = self.held.setdefault(rid, [])
+        start = self.num_cached.get(rid, 0)
         while len(held) < full:
-            b = self.anonymous.pop()
-            pool.ref[b] = 1
+            b = self.ids.pop()
+            self.anonymous -= 1
+            self.ref[b] = 1
             held.append(b)
-        pool.cache_full_blocks(rid, chain, full)
+        for i in range(start, min(full, len(chain))):
+            b, h = held[i], chain[i]
+            self.block_hash[b] = h
+            self.cached.setdefault(h, {})[b] = None
+            self.first.setdefault(h, b)
+        self.num_cached[rid] = max(start, full)
 
     def free_request(self, rid: int, blocks: int, preempted: bool = False) -> None:
         """Request `rid`, holding `blocks` blocks, finished or (`preempted`) was preempted. A
-        preempted request's own full prompt blocks are cached first, so its resumption can hit
-        them. Its anonymous blocks (its tail) join the free queue first, then its identified
-        blocks, last first (sim/prefix_cache.py)."""
-        pool = self.pool
+        preempted request's own full prompt blocks are cached first, so that its resumption can hit
+        them. Its hashless blocks (its tail) join the free queue first, then its identified blocks,
+        last first, each once nobody references it (keeping its hash)."""
         if preempted:
             shared = self.hashes[rid]
             full = min(blocks, self.prompt[rid] // self.block_size)
@@ -244,10 +315,21 @@ class PrefixKVCache:
                 chain = shared + [own_hash(rid, i) for i in range(len(shared), full)]
                 self._claim(rid, full, chain)
                 self.own_cached[rid] = full - len(shared)
-        own = pool.held.get(rid, ())
-        k = blocks - len(own)
+        held = self.held.pop(rid, [])
+        self.num_cached.pop(rid, None)
+        k = blocks - len(held)
         if k:
-            tail = self.anonymous[-k:]
-            del self.anonymous[-k:]
-            pool.free_queue.update(dict.fromkeys(reversed(tail)))
-        pool.free_request(rid)
+            self.anonymous -= k
+            self._queue_hashless(k)
+        for b in reversed(held):
+            self.ref[b] -= 1
+            if self.ref[b] == 0:
+                if b not in self.block_hash:  # never cached (e.g. claimed then nothing): hashless
+                    del self.ref[b]
+                    self.ids.append(b)
+                    self._queue_hashless(1)
+                    continue
+                self.generation += 1
+                self.queued[b] = self.generation
+                self.queue.append((b, self.generation))
+                self.num_free += 1

@@ -112,6 +112,46 @@ def test_block_pool_matches_the_reference(num_blocks, ops):
         assert real.used == sum(1 for r in real.ref if r > 0)  # blocks held are exactly those referenced
 
 
+@settings(max_examples=400, deadline=None)
+@given(st.integers(4, 24),
+       st.lists(st.tuples(st.integers(0, 2), st.integers(0, 6), st.integers(1, 7)), min_size=6, max_size=6),
+       st.lists(st.one_of(st.tuples(st.just("admit"), st.integers(0, 5)),
+                          st.tuples(st.just("grow"), st.integers(0, 5), st.integers(1, 3)),
+                          st.tuples(st.just("free"), st.integers(0, 5))), max_size=60))
+def test_the_simulators_kv_cache_matches_the_reference(num_blocks, prompts, ops):
+    """sim/prefix_cache.PrefixKVCache (run-length segments for hashless blocks, lazy hits) against
+    the same reference, on everything a simulation can observe: hits, success, free blocks, the
+    order of evictions and the cached hashes. Requests have fixed prompts: `shared` blocks of
+    document `doc` (shared chains) and `extra` tokens more; only shared blocks carry hashes."""
+    from sim.prefix_cache import PrefixKVCache
+
+    chains = [[(doc, i) for i in range(shared)] for doc, shared, _ in prompts]
+    tokens = [len(c) * BS + extra for c, (_, _, extra) in zip(chains, prompts)]
+    kv = PrefixKVCache(num_blocks, BS, chains, tokens)
+    ref = ReferencePool(num_blocks)
+    for o in ops:
+        rid = o[1]
+        if o[0] == "admit" and rid not in ref.held:
+            hits = kv.lookup(rid, tokens[rid])
+            ref_hits = ref.lookup(chains[rid], tokens[rid])
+            assert len(hits) == len(ref_hits)
+            need = -(-tokens[rid] // BS) - len(hits)
+            ok = kv.admit(rid, hits, need, tokens[rid])
+            assert ok == ref.allocate(rid, ref_hits, need)
+            if ok:
+                kv.commit(rid, tokens[rid])
+                ref.cache(rid, chains[rid], tokens[rid] // BS)
+        elif o[0] == "grow" and rid in ref.held:
+            assert kv.allocate(o[2]) == ref.allocate(rid, [], o[2])
+        elif o[0] == "free" and rid in ref.held:
+            kv.free_request(rid, len(ref.held[rid]))
+            ref.free_request(rid)
+        assert kv.free == len(ref.free) and kv.evicted == ref.evicted
+        assert sorted(map(repr, (h for h, bs in kv.cached.items() for _ in bs))) == \
+            sorted(repr(h) for h, _ in ref.cache_order)
+        assert kv.used == num_blocks - len(ref.free)
+
+
 def test_a_shared_prefix_hit_after_the_first_request_frees_its_blocks():
     """4-token blocks, 6 blocks. A: 3 shared blocks + 2 own tokens (4 blocks). Freed, A's blocks
     wait in the free queue keeping their hashes; B with the same 3-block prefix hits all 3 (its

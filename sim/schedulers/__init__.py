@@ -77,9 +77,14 @@ def build_scheduler(e: EngineConfig, requests: RequestTable, num_blocks: int,
     cls = SCHEDULERS[e.scheduler]
     if prefix_caching(e, workload):
         prompt = requests.prompt.tolist()
-        kv = PrefixKVCache(num_blocks, e.block_size, [
-            block_hashes(p, rid, n, e.block_size) for rid, (p, n) in enumerate(zip(workload.prefix, prompt))],
-            prompt)
+        chains: dict = {}  # requests of one system prompt share one chain (built once, read-only)
+        hashes = []
+        for rid, (p, n) in enumerate(zip(workload.prefix, prompt)):
+            key = (p, min(n, len(p[0]) * p[1]) // e.block_size) if p is not None else None
+            if key not in chains:
+                chains[key] = block_hashes(p, rid, n, e.block_size)
+            hashes.append(chains[key])
+        kv = PrefixKVCache(num_blocks, e.block_size, hashes, prompt)
     else:
         kv = cls.kv_cache.for_replica(num_blocks, e.block_size, len(requests))
     return make_scheduler(e.scheduler, requests=requests, kv=kv,
