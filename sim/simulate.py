@@ -57,6 +57,8 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
     recorder = Recorder(e.block_size)
     schedulers = [build_scheduler(e, req, blocks, workload) for _ in range(e.replicas)]
     router = make_router(e.router, e.replicas)
+    if hasattr(router, "attach"):  # a rule that reads the replicas' KV caches (prefix_aware)
+        router.attach([s.kv for s in schedulers])
     if workload.users is None:
         inboxes = make_inboxes(router, env, req.arrival, schedulers, req.replica)
     else:  # closed loop: arrivals are filled in as users' requests finish

@@ -332,3 +332,49 @@ def test_invariants_under_pressure_with_caching():
     assert r.summary["completed"] == n and r.summary["preemptions"] > 0
     assert (r.steps["kv_blocks_used"] <= r.steps["kv_blocks_total"]).all()
     assert 0 < r.summary["prefix_cache_hit_rate"] < 1
+
+
+def _routed(router: str):
+    """8 requests, 10 s apart (each finishes before the next), system prompts A A B B A A B B of
+    3 blocks (block_size 4), 14-token prompts, 2 replicas."""
+    groups = ["A", "A", "B", "B", "A", "A", "B", "B"]
+    w = Workload(arrival_s=np.arange(8) * 10.0, prompt_tokens=np.full(8, 14), output_tokens=np.full(8, 2),
+                 priority=np.zeros(8, np.int64), prefix=[(((g,),), 12) for g in groups])
+    sc = make_scenario(scheduler="chunked", block_size=4, max_num_seqs=8, max_num_batched_tokens=64,
+                       replicas=2, router=router)
+    return simulate(sc, workload=w)
+
+
+def test_prefix_aware_routing_by_hand():
+    """Round robin sends A to replicas 0, 1, 0, 1: the second A misses on replica 1, so does each
+    group's first visit to each replica: hits at requests 4-7 only (4 x 12 tokens). Prefix-aware:
+    request 0 goes to the lightest (0, tie -> lower index); request 1 finds A cached on replica 0;
+    B (2) is cached nowhere: lightest, replica 0 again (all idle); then every request hits on
+    replica 0: 6 x 12 tokens."""
+    rr, pa = _routed("round_robin"), _routed("prefix_aware")
+    assert rr.requests["replica"].tolist() == [0, 1, 0, 1, 0, 1, 0, 1]
+    assert pa.requests["replica"].tolist() == [0] * 8
+    assert rr.summary["prefix_cache_hit_rate"] == 4 * 12 / (8 * 14)
+    assert pa.summary["prefix_cache_hit_rate"] == 6 * 12 / (8 * 14)
+
+
+def test_prefix_aware_gives_way_to_load():
+    """The rule, with stand-in caches: replica 0 holds 3 blocks of the request's prefix, replica 1
+    none. It wins while its load is at most 2 x the lightest + 1, and loses beyond."""
+    from sim.routers import PrefixAware
+
+    class Cache:
+        def __init__(self, hit):
+            self.hit, self.prompt = hit, [100]
+
+        def lookup(self, rid, num_tokens):
+            return [0] * self.hit
+
+    r = PrefixAware(2)
+    r.attach([Cache(3), Cache(0)])
+    assert r.choose(0, [3, 1]) == 0       # 3 <= 2 x 1 + 1
+    assert r.choose(0, [4, 1]) == 1       # 4 > 3: the least loaded instead
+    r.attach([Cache(2), Cache(2)])
+    assert r.choose(0, [5, 4]) == 1       # equal hits: the less loaded
+    r.attach([Cache(0), Cache(0)])
+    assert r.choose(0, [2, 1]) == 1       # nothing cached: least loaded
