@@ -58,9 +58,11 @@ def test_cpu_loop_real_engine_agrees_with_simulator(profile, tmp_path):
     torch.set_num_threads(1)
     sc = load_scenario(SCENARIO)
     v = validate(sc, profile, device="cpu")
-    drifted = not STEADY_STEP_RATIO[0] <= v.step_ratio <= STEADY_STEP_RATIO[1]
-    if drifted:  # the machine's speed changed since calibrating: measure both again
-        v = validate(sc, _calibrate(tmp_path / "again.yaml"), device="cpu")
+    drifted = 0
+    while not STEADY_STEP_RATIO[0] <= v.step_ratio <= STEADY_STEP_RATIO[1] and drifted < 2:
+        # the shared machine's speed changed since calibrating: measure both again (twice at most)
+        drifted += 1
+        v = validate(sc, _calibrate(tmp_path / f"again{drifted}.yaml"), device="cpu")
     write(v, tmp_path / "out")
     c = v.comparison.set_index(["metric", "stat"])["error_pct"]
     misses = [f"{m} {s}: {c[(m, s)]:+.1f}% (limit {lim}%)" for (m, s), lim in LIMITS.items()
