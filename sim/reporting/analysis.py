@@ -177,6 +177,8 @@ def summary_row(run: Run) -> dict:
     for metric, short in (("ttft_ms", "ttft"), ("tpot_ms", "tpot"), ("itl_ms", "itl"), ("e2el_ms", "e2e")):
         for p in ("mean", "p50", "p90", "p99"):
             row[f"{short}_{p}_ms"] = (s.get(metric) or {}).get(p)
+    if "prefix_cache_hit_rate" in s:  # runs with prefix caching on
+        row["prefix_cache_hit_rate"] = s["prefix_cache_hit_rate"]
     goodput = s.get("goodput")
     if isinstance(goodput, dict):
         row["goodput_rps"] = goodput.get("requests_per_s")
