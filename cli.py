@@ -159,24 +159,15 @@ def run(
         from rich.console import Console
 
         Console().print(summary_table(sc.name, result.summary))
-        typer.echo(f"step costs: {cost_model_line(result.summary['run']['cost_model'])}")
+        from sim.cost import describe
+
+        typer.echo(f"step costs: {describe(result.summary['run']['cost_model'])}")
     typer.echo(str(out_dir) if quiet else
                f"output: {out_dir}/ (requests.csv, steps.csv, scenario.yaml, summary.json)")
     total = len(result.requests)
     if result.summary["completed"] < total:  # written, but not a success
         raise _fail(f"only {result.summary['completed']} of {total} requests completed; see "
                     f"{out_dir}/requests.csv (empty finish_s)", code=1)
-
-
-def cost_model_line(c: dict) -> str:
-    """One line on where the step costs came from (summary.json's run.cost_model)."""
-    if c.get("profile") and c.get("measured"):
-        return (f"measured ({c['name']}: {c.get('device')} kernel timings, {c.get('source', '')}; "
-                f"{Path(c['profile']).name})")
-    if c.get("profile"):
-        return f"profile {c['profile']} (not measured on a GPU: {c.get('device')})"
-    return {"roofline": "estimated (roofline: datasheet peaks x efficiencies)",
-            "unit": "unit (every iteration lasts 1.0; times count iterations)"}.get(c["name"], c["name"])
 
 
 class _Progress:
@@ -646,10 +637,9 @@ def _architecture_rows(m: Any, tp: int, kv_cache_dtype: str, gb) -> list[tuple[s
     rows = [("num_params", "parameters (all)", m.num_params, f"{m.num_params / 1e9:,.2f} B"),
             ("active_params", "parameters one token multiplies", m.matmul_params,
              f"{m.matmul_params / 1e9:,.2f} B")]
-    wbytes = m.dtype_bytes if m.linear_weight_bytes is None else m.linear_weight_bytes
+    wbytes, routed = m.linear_bytes_per_weight, m.routed_expert_params
     if m.moe is not None:
         e = m.moe
-        routed = (m.num_layers - e.dense_layers) * e.num_experts * 3 * m.hidden_size * e.expert_intermediate_size
         rows.append(("routed_expert_bytes_per_gpu", f"routed experts per GPU ({e.num_experts} x "
                      f"{m.num_layers - e.dense_layers} layers, {e.experts_per_token} per token)",
                      routed * wbytes / tp, gb(routed * wbytes / tp)))

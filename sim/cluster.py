@@ -33,7 +33,7 @@ class Inbox:
 
     cuts_runs = False  # may a delivery cut its reader's decode run (Replica.cut)?
 
-    def __init__(self, times: list[float], rids: list[int], router: "LeastLoadedRouter | None" = None):
+    def __init__(self, times: list[float], rids: list[int], router: "LiveRouter | ClosedLoopRouter | None" = None):
         self._times, self._rids = times, rids
         self._next = 0          # first request not yet handed to the scheduler
         self._router = router   # None: every request is already here

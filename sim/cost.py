@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
-import yaml
 
 from .batch import BatchStats
 from .checks import MAX_STEP_SECONDS, _num, _section, check_input_file, load_yaml
@@ -87,10 +86,7 @@ class RooflineCost:
             # Non-expert weights every iteration; routed experts only those the batch touches:
             # with T tokens each routed to k of E experts, independently and uniformly (the
             # expectation used), a layer reads E x (1 - (1 - k/E)^T) distinct experts.
-            wbytes = model.dtype_bytes if model.linear_weight_bytes is None else model.linear_weight_bytes
-            m = model.moe
-            routed = 0 if m is None else (model.num_layers - m.dense_layers) * m.num_experts * (
-                3 * model.hidden_size * m.expert_intermediate_size)
+            wbytes, m, routed = model.linear_bytes_per_weight, model.moe, model.routed_expert_params
             fixed = (model.linear_params_total - routed) * wbytes + head_params * model.dtype_bytes
             self._weight_read_s = fixed / tp / byte_s
             if m is not None:
@@ -451,6 +447,21 @@ class CostModelSpec:
         if tuning:
             out["options"] = tuning
         return out
+
+
+def describe(provenance: dict | None) -> str:
+    """One line on where step costs came from, from CostModelSpec.provenance() as summary.json
+    and plan.json record it: measured, or estimated, and from what."""
+    c = provenance
+    if not c:
+        return "not recorded"
+    if c.get("profile") and c.get("measured"):
+        return (f"measured: {c.get('device')} kernel timings ({c.get('source', 'a profile')}), "
+                f"profile {Path(c['profile']).name}")
+    if c.get("profile"):
+        return f"profile {c['profile']} (fitted on {c.get('device')}, not measured on a GPU)"
+    return {"roofline": "estimated with the roofline (datasheet peaks x efficiencies), not measured",
+            "unit": "unit (every iteration lasts 1.0; times count iterations)"}.get(c["name"], c["name"])
 
 
 def parse_cost_model(spec: Any, model: ModelSpec, hardware: HardwareSpec,

@@ -81,8 +81,7 @@ def weights_per_gpu(model: ModelSpec, tp: int, expert_parallel: bool = False) ->
     m = model.moe
     if not expert_parallel or m is None:
         return model.weight_bytes / tp
-    wbytes = model.dtype_bytes if model.linear_weight_bytes is None else model.linear_weight_bytes
-    routed = (model.num_layers - m.dense_layers) * m.num_experts * 3 * model.hidden_size * m.expert_intermediate_size
+    wbytes, routed = model.linear_bytes_per_weight, model.routed_expert_params
     per_expert = routed * wbytes / m.num_experts
     return (model.weight_bytes - routed * wbytes) / tp + -(-m.num_experts // tp) * per_expert
 

@@ -123,9 +123,21 @@ class ModelSpec:
         return self.linear_params_total + self.other_params
 
     @property
+    def linear_bytes_per_weight(self) -> float:
+        """Bytes of one linear-layer weight: quantised (linear_weight_bytes) or the model dtype."""
+        return self.dtype_bytes if self.linear_weight_bytes is None else self.linear_weight_bytes
+
+    @property
+    def routed_expert_params(self) -> int:
+        """Weights of every routed expert over all MoE layers (0 for a dense model)."""
+        m = self.moe
+        if m is None:
+            return 0
+        return (self.num_layers - m.dense_layers) * m.num_experts * 3 * self.hidden_size * m.expert_intermediate_size
+
+    @property
     def weight_bytes(self) -> float:
-        linear = self.dtype_bytes if self.linear_weight_bytes is None else self.linear_weight_bytes
-        total = self.linear_params_total * linear + self.other_params * self.dtype_bytes
+        total = self.linear_params_total * self.linear_bytes_per_weight + self.other_params * self.dtype_bytes
         return int(total) if float(total).is_integer() else total
 
     @property

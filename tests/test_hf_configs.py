@@ -65,7 +65,7 @@ def test_qwen3_30b_a3b_by_hand():
     m = model_from_hf_config(FIXTURES / "Qwen--Qwen3-30B-A3B.json")
     h, layers, vocab = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
     heads, kv, hd = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
-    e, k, w = c["num_experts"], c["num_experts_per_tok"], c["moe_intermediate_size"]
+    e, w = c["num_experts"], c["moe_intermediate_size"]
     attn = h * heads * hd + 2 * h * kv * hd + heads * hd * h
     params = layers * (attn + e * 3 * h * w + h * e + 2 * h) + 2 * vocab * h + h
     assert m.num_params == params and round(params / 1e9, 1) == 30.5
@@ -175,7 +175,6 @@ def test_expert_parallel_puts_whole_experts_on_gpus():
 def test_roofline_reads_the_experts_a_batch_touches_by_hand():
     """One token routed to 2 of 8 Mixtral experts reads, per MoE layer, 1 - (1 - 2/8)^1 = 1/4 of
     the routed weights in expectation; 64 tokens read 1 - (3/4)^64 of them (all but ~1e-8)."""
-    from sim.batch import BatchStats
     from sim.cost import RooflineCost
     from sim.hardware import HARDWARE_PRESETS
 

@@ -4,7 +4,6 @@ and nothing written."""
 from __future__ import annotations
 
 import json
-import os
 import resource
 import signal
 import subprocess
@@ -20,7 +19,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from cli import app
-from sim.config import load_scenario, scenario_from_dict
+from sim.config import load_scenario
 from sim.errors import ScenarioError
 from sim.traces import read_trace
 

@@ -16,7 +16,7 @@ import yaml
 from calibrate.engine import BlockTables, RealEngine, run_engine
 from calibrate.model import batch_stats
 from sim.config import scenario_from_dict
-from sim.cost import ProfileCost, load_profile
+from sim.cost import ProfileCost
 from sim.errors import ScenarioError
 from sim.simulate import simulate
 from sim.workload import Workload, build_workload

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..cost import describe
 from ..schedulers import SCHEDULERS
 
 LATENCY_PNG = "latency_vs_load.png"
@@ -157,7 +158,7 @@ def markdown(r: dict, plots: list[str]) -> str:
     lines = [f"# Capacity plan: {r['scenario']}", "",
              f"{r['model']} on {r['hardware']}, scheduler `{r['engine']['scheduler']}`, scenario "
              f"`{r['source']}`" + (f" with `{' '.join(r['overrides'])}`" if r["overrides"] else "") + ".",
-             "", f"Step costs: {cost_line(r.get('cost_model'))}.", "", "| | |", "| --- | --- |"]
+             "", f"Step costs: {describe(r.get('cost_model'))}.", "", "| | |", "| --- | --- |"]
     lines += [f"| {a} | {b} |" for a, b in headline(r)]
     lines += ["", "## Method", "",
               f"- Load grid: {grid}; "
@@ -290,13 +291,3 @@ def _plots(r: dict, out: Path) -> list[Path]:
                                            "one replica", out / TRADEOFF_PNG, legend_loc="lower right"))
     return paths
 
-
-def cost_line(c: dict | None) -> str:
-    """Where the plan's step costs came from (older plan.json files did not say)."""
-    if not c:
-        return "not recorded"
-    if c.get("measured") and c.get("device"):
-        return (f"measured: {c['name']} profile of {c.get('model')} from {c['device']} kernel timings "
-                f"({c.get('source', '')})")
-    return {"roofline": "estimated with the roofline (datasheet peaks), not measured",
-            "unit": "unit (every iteration lasts 1.0)"}.get(c["name"], c["name"])
