@@ -186,14 +186,16 @@ class _Progress:
         self.start = time.monotonic()
         return self
 
-    def __call__(self, done: int, total: int | None = None) -> None:
+    def __call__(self, done: int, total: int | None = None, phase: str | None = None) -> None:
+        """`phase` (e.g. "confirming the answer") is shown after the label when given."""
         if not self.enabled:
             return
         if self.bar is None:
             if time.monotonic() - self.start < self.after_s:
                 return
             self.bar = self._start(done, total)
-        self.bar.update(self.task, completed=done, total=total, refresh=True)
+        label = f"{self.label}: {phase}" if phase else self.label
+        self.bar.update(self.task, completed=done, total=total, description=label, refresh=True)
 
     def _start(self, done: int, total: int | None) -> Any:
         from rich.console import Console
@@ -203,7 +205,7 @@ class _Progress:
         if total is None:
             columns = (TextColumn(f"{self.label}: {{task.completed}} {self.unit}"), TimeElapsedColumn())
         else:
-            columns = (TextColumn(self.label), BarColumn(), MofNCompleteColumn(),
+            columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                        TextColumn(f"{self.unit}, ETA"), TimeRemainingColumn())
         bar = Progress(*columns, console=Console(stderr=True), auto_refresh=False, transient=True)
         bar.start()
@@ -371,13 +373,42 @@ def sweep_table(rows: Any, keys: list[str]) -> Any:
 
 # ---- plan, capacity (issue 4: owned by the planner engineer) ----
 
+def _int_list(flag: str, text: str | None) -> tuple[int, ...] | None:
+    """'64,128,256' -> (64, 128, 256); None when not given; a bad item is one line naming the flag."""
+    if text is None:
+        return None
+    from sim.errors import ScenarioError
+
+    out = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item.isdigit() or int(item) < 1:
+            raise ScenarioError(f"{flag}: {item!r} is not an integer >= 1 (write e.g. {flag} 64,128,256)")
+        out.append(int(item))
+    return tuple(out)
+
+
+def _print_rows(title: str, rows: list[tuple[str, str]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=title, show_header=False, title_justify="left")
+    t.add_column("")
+    t.add_column("", overflow="fold")
+    for label, value in rows:
+        t.add_row(label, value)
+    Console().print(t)
+
+
 @app.command(short_help="Sustained load under an SLO, engine setting, replicas, cost.")
 def plan(
     scenario: Annotated[Path, typer.Argument(help="Scenario YAML: a generated workload (an arrival rate, or "
                                                   "closed_loop users) or a trace replay (its load is "
                                                   "workload.time_scale).", show_default=False)],
     slo: Annotated[str | None, typer.Option(
-        help="The SLO, e.g. [bold]ttft_ms=500,tpot_ms=50,percentile=99[/] (keys: ttft_ms, tpot_ms, percentile). "
+        help="The SLO: vLLM's metric names in ms, each at its own percentile or --slo's percentile= "
+             "(default 99), e.g. [bold]ttft_ms=500,tpot_ms=50[/] or [bold]ttft_ms=500@p99,itl_ms=100@p95,"
+             "e2el_ms=20000[/] (keys: ttft_ms, tpot_ms, itl_ms, e2el_ms, percentile). "
              "\\[default: the scenario's slo]", metavar="KEY=V,...", show_default=False)] = None,
     target_rate: Annotated[float | None, typer.Option(
         help="Size a cluster for this many requests/s (open-loop scenarios; a trace replay runs at "
@@ -401,9 +432,44 @@ def plan(
     resolution: Annotated[float, typer.Option(
         help="Relative step of the rate grid (a trace's time_scale grid): the answer is within this of the "
              "true boundary.", metavar="F")] = 0.02,
-    horizon_s: Annotated[float, typer.Option(
-        help="Simulated seconds of arrivals per run (generated open loop; a trace's length fixes its own).",
-        metavar="S")] = 120.0,
+    horizon_s: Annotated[float | None, typer.Option(
+        help="Simulated seconds of arrivals per run (generated open loop) instead of the scenario's own "
+             "workload.num_requests (a trace's length fixes its own). \\[default: the scenario's length; "
+             "120 s when it sets none]", metavar="S", show_default=False)] = None,
+    confidence: Annotated[float, typer.Option(
+        help="The answer meets the SLO with at least this probability on a fresh seed (one-sided 90% "
+             "Wilson lower bound).", metavar="P")] = 0.9,
+    headroom: Annotated[float, typer.Option(
+        help="Plan for this share of the sustained load (0.8: replicas sized for target / 0.8).",
+        metavar="F")] = 1.0,
+    band: Annotated[bool, typer.Option(
+        "--band/--no-band", help="Where the step profile carries a held-out MAPE, also search with steps "
+                                 "that much slower and faster.")] = True,
+    max_num_seqs: Annotated[str | None, typer.Option(
+        "--max-num-seqs", help="max_num_seqs candidates, e.g. 64,128,256 (taken as given, beyond the KV cap "
+                               "too). \\[default: 8..512 within the KV cap; with --gpus/--tp: the scenario's]",
+        metavar="N,...", show_default=False)] = None,
+    max_num_batched_tokens: Annotated[str | None, typer.Option(
+        "--max-num-batched-tokens", help="max_num_batched_tokens candidates, e.g. 2048,8192. \\[default: "
+                                         "512..16384 (chunked); with --gpus/--tp: the scenario's]",
+        metavar="N,...", show_default=False)] = None,
+    gpus: Annotated[str | None, typer.Option(
+        help="Search GPU types (hardware presets), e.g. [bold]h100-sxm,h200,a100-80gb,l40s[/]: ranks every "
+             "configuration by cost (docs/planner.md).", metavar="NAME,...", show_default=False)] = None,
+    tp: Annotated[str | None, typer.Option(
+        help="Search tensor_parallel_size values, e.g. 1,2,4,8 (with or without --gpus).",
+        metavar="N,...", show_default=False)] = None,
+    schedulers: Annotated[str | None, typer.Option(
+        help="Configuration search: schedulers to compare, e.g. chunked,continuous.", metavar="NAME,...",
+        show_default=False)] = None,
+    prefix_caching: Annotated[str | None, typer.Option(
+        help="Configuration search: enable_prefix_caching values to compare: on,off.", metavar="on,off",
+        show_default=False)] = None,
+    max_gpus: Annotated[int | None, typer.Option(
+        help="Configuration search: at most this many GPUs in all.", metavar="N", show_default=False)] = None,
+    budget_usd_per_hour: Annotated[float | None, typer.Option(
+        help="Configuration search: at most this many USD per hour in all.", metavar="USD",
+        show_default=False)] = None,
     min_requests: Annotated[int, typer.Option(
         help="Requests per run, at least (a stable p99 needs ~1000); a shorter trace gets a warning, "
              "it is not repeated.", metavar="N")] = 1000,
@@ -454,15 +520,48 @@ def plan(
                                 "e.g. --slo ttft_ms=500,tpot_ms=50,percentile=99")
         out_dir = out if out is not None else Path("runs") / f"{sc.name}-plan"
         check_out_dir(out_dir)
+        if not 0.5 <= confidence < 1:
+            raise ScenarioError(f"--confidence: {confidence:g} is not in [0.5, 1)")
+        seq_list = _int_list("--max-num-seqs", max_num_seqs)
+        token_list = _int_list("--max-num-batched-tokens", max_num_batched_tokens)
         options = PlanOptions(first_seeds=min(2, seeds), seeds=seeds, max_seeds=max(seeds, 7),
                               curve_seeds=min(2, seeds), curve_max_seeds=min(3, seeds), resolution=resolution,
-                              horizon_s=horizon_s, min_requests=min_requests,
+                              horizon_s=horizon_s, min_requests=min_requests, confidence=confidence,
                               max_requests=max(min_requests, PlanOptions.max_requests), workers=workers)
+        target = target_rate if target_users is None else target_users
+        if any(v is not None for v in (gpus, tp, schedulers, prefix_caching)):
+            from sim.planning.config_search import search_configs
+            from sim.planning.search_report import search_headline, write_search_report
+
+            gpu_list = [g.strip() for g in (gpus or sc.hardware.name).split(",")]
+            tp_list = _int_list("--tp", tp) or (sc.engine.tensor_parallel_size,)
+            from sim.schedulers import SCHEDULERS
+
+            sched_list = [k.strip() for k in (schedulers or sc.engine.scheduler).split(",")]
+            for k in sched_list:
+                if k not in SCHEDULERS:
+                    raise ScenarioError(f"--schedulers: unknown scheduler {k!r}; allowed: {', '.join(SCHEDULERS)}")
+            caching = {"on": True, "off": False}
+            cache_list = [c.strip().lower() for c in prefix_caching.split(",")] if prefix_caching else []
+            for c in cache_list:
+                if c not in caching:
+                    raise ScenarioError(f"--prefix-caching: {c!r} is not on or off (write --prefix-caching on,off)")
+            with _Progress("searching", "simulations", enabled=not quiet) as progress:
+                result = search_configs(scenario, slo_cfg, gpus=gpu_list, tps=tp_list, target=target,
+                                        overrides=set_ or (), seqs=seq_list or (), tokens=token_list or (),
+                                        schedulers=sched_list, prefix_caching=[caching[c] for c in cache_list],
+                                        max_gpus=max_gpus, budget_usd_per_hour=budget_usd_per_hour,
+                                        headroom=headroom, options=options, progress=progress)
+            write_search_report(result, out_dir)
+            if not quiet:
+                _print_rows(f"servesim plan --gpus/--tp: {result['scenario']}", search_headline(result))
+            typer.echo(str(out_dir) if quiet else f"output: {out_dir}/ (search.md, search.json, pareto.png)")
+            return
         with _Progress("planning", "simulations", enabled=not quiet) as progress:
             result = make_plan(scenario, slo_cfg, overrides=set_ or (), options=options, progress=progress,
-                               target=target_rate if target_users is None else target_users,
-                               target_unit="users" if target_users is not None else "req/s",
-                               gpu_hour_usd=gpu_hour_usd)
+                               target=target, target_unit="users" if target_users is not None else "req/s",
+                               gpu_hour_usd=gpu_hour_usd, headroom=headroom, band=band,
+                               seqs_grid=seq_list, tokens_grid=token_list)
         write_report(result, out_dir)
     except ScenarioError as e:
         raise _fail(str(e)) from None
@@ -471,15 +570,7 @@ def plan(
     except KeyboardInterrupt:
         raise _fail("interrupted; no plan written", code=130) from None
     if not quiet:
-        from rich.console import Console
-        from rich.table import Table
-
-        t = Table(title=f"servesim plan: {result['scenario']}", show_header=False, title_justify="left")
-        t.add_column("")
-        t.add_column("", overflow="fold")
-        for label, value in headline(result):
-            t.add_row(label, value)
-        Console().print(t)
+        _print_rows(f"servesim plan: {result['scenario']}", headline(result))
     for warning in result["warnings"]:  # e.g. a trace too short for a stable p99
         typer.echo(f"warning: {warning}", err=True)
     typer.echo(str(out_dir) if quiet else f"output: {out_dir}/ (plan.md, plan.json, plots)")

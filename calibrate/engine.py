@@ -35,7 +35,7 @@ import pandas as pd
 
 from sim.config import Scenario
 from sim.errors import ScenarioError
-from sim.metrics import requests_frame, steps_frame, summarize
+from sim.metrics import inter_token_latencies, requests_frame, steps_frame, summarize
 from sim.recorder import Recorder
 from sim.request import RequestTable
 from sim.schedulers import SCHEDULERS, build_scheduler, check_servable
@@ -172,7 +172,8 @@ class RealEngine:
         peaks: estimates, meaningful only when the engine ran on that hardware)."""
         sc = self.scenario
         m, hw, e = sc.model, sc.hardware, sc.engine
-        s = summarize(self.req, requests, steps, self.recorder, max_num_seqs=e.max_num_seqs,
+        itl = inter_token_latencies(steps, self.recorder, self.req)
+        s = summarize(self.req, requests, steps, self.recorder, itl=itl, max_num_seqs=e.max_num_seqs,
                       replicas=1, gpus=1, flops_per_token=m.flops_per_token,
                       weight_bytes=m.weight_bytes, kv_bytes_per_token=m.kv_bytes_per_token,
                       peak_flops=hw.bf16_flops, hbm_bandwidth=hw.hbm_bandwidth, slo=sc.slo)

@@ -58,11 +58,36 @@ class EngineConfig:
     enable_prefix_caching: bool | None = None
 
 
+SLO_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")  # vLLM's metric names, milliseconds
+
+
 @dataclass(frozen=True)
 class SLOConfig:
+    """Latency targets in ms, each judged at a percentile: its own (`percentiles`) or `percentile`.
+    ttft/tpot/e2el are per request; itl is every gap between two streamed tokens."""
     ttft_ms: float | None = None
     tpot_ms: float | None = None
-    percentile: float = 99.0
+    itl_ms: float | None = None
+    e2el_ms: float | None = None
+    percentile: float = 99.0                          # of a target that names none
+    percentiles: tuple[tuple[str, float], ...] = ()   # per-target, e.g. (("itl_ms", 95.0),)
+
+    def pct(self, key: str) -> float:
+        return dict(self.percentiles).get(key, self.percentile)
+
+    def targets(self) -> dict[str, tuple[float, float]]:
+        """{"ttft_ms": (500.0, 99.0), ...}: every target set, with its percentile, in SLO_METRICS order."""
+        return {k: (getattr(self, k), self.pct(k)) for k in SLO_METRICS if getattr(self, k) is not None}
+
+    def label(self) -> str:
+        """'p99 TTFT <= 500 ms, p95 ITL <= 100 ms'"""
+        return ", ".join(f"p{p:g} {k[:-3].upper()} <= {t:g} ms" for k, (t, p) in self.targets().items())
+
+    def as_yaml(self) -> dict:
+        """The SLO as a scenario writes it: a target with its own percentile as "100@p95"."""
+        own = dict(self.percentiles)
+        out: dict[str, Any] = {k: (f"{t:g}@p{own[k]:g}" if k in own else t) for k, (t, _) in self.targets().items()}
+        return {**out, "percentile": self.percentile}
 
 
 @dataclass(frozen=True)
@@ -163,7 +188,7 @@ def resolved_mapping(scenario: Scenario) -> dict:
            "workload": _absolute_paths(copy.deepcopy((scenario.raw or {}).get("workload")),
                                        scenario.base_dir)}
     if scenario.slo is not None:
-        out["slo"] = {k: v for k, v in vars(scenario.slo).items() if v is not None}
+        out["slo"] = scenario.slo.as_yaml()
     return out
 
 
@@ -380,11 +405,36 @@ def _parse_cost_model(v: Any, w: Where, base_dir: Path, model: ModelSpec, hw: Ha
 def _parse_slo(v: Any, w: Where) -> SLOConfig | None:
     if v is None:
         return None
-    m = _section(v, "slo", w, tuple(f.name for f in fields(SLOConfig)))
-    limits = {k: None if m.get(k) is None else _num(m[k], w(f"slo.{k}"), 0, open_lo=True, cap=MAX_SECONDS * 1e3)
-              for k in ("ttft_ms", "tpot_ms")}
-    if limits["ttft_ms"] is None and limits["tpot_ms"] is None:
-        raise ScenarioError(f"{w('slo')}: give ttft_ms and/or tpot_ms (milliseconds), or leave slo out")
+    m = _section(v, "slo", w, (*SLO_METRICS, "percentile"))
     pct = _num(_or(m.get("percentile"), SLOConfig.percentile), w("slo.percentile"), 0, 100,
                open_lo=True, open_hi=True)
-    return SLOConfig(percentile=pct, **limits)
+    limits: dict[str, float] = {}
+    own: list[tuple[str, float]] = []
+    for k in SLO_METRICS:
+        if m.get(k) is None:
+            continue
+        value, at = split_target(m[k])
+        limits[k] = _num(value, w(f"slo.{k}"), 0, open_lo=True, cap=MAX_SECONDS * 1e3)
+        if at is not None:
+            own.append((k, _num(at, w(f"slo.{k}") + " (the percentile after @p)", 0, 100,
+                                open_lo=True, open_hi=True)))
+    if not limits:
+        raise ScenarioError(f"{w('slo')}: give at least one of {', '.join(SLO_METRICS)} (milliseconds; "
+                            "e.g. ttft_ms: 500 or itl_ms: 100@p95), or leave slo out")
+    return SLOConfig(percentile=pct, percentiles=tuple(own), **limits)
+
+
+def split_target(v: Any) -> tuple[Any, Any]:
+    """500 -> (500, None); "100@p95" -> ("100", "95"): a target and its own percentile, as written."""
+    if isinstance(v, str) and "@" in v:
+        value, _, at = v.partition("@")
+        at = at.strip()
+        return _float(value.strip()), _float(at[1:] if at[:1] in "pP" else at)
+    return v, None
+
+
+def _float(text: str) -> Any:
+    try:
+        return float(text)
+    except ValueError:
+        return text  # _num says what is wrong with it

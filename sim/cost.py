@@ -52,6 +52,17 @@ def prefill_attention_work(stats: BatchStats) -> float:
     return float(sum(c * x for c, x in zip(lens, contexts))) + 0.5 * float(sum(c * c for c in lens))
 
 
+class ScaledCost:
+    """Another model's step times x `factor`: what the planner simulates to carry a profile's
+    measured error (held-out MAPE) into its answer."""
+
+    def __init__(self, inner: CostModel, factor: float):
+        self.inner, self.factor = inner, factor
+
+    def step_times(self, stats: BatchStats, steps: int = 1) -> np.ndarray:
+        return self.inner.step_times(stats, steps) * self.factor
+
+
 class UnitCost:
     """Every iteration costs 1.0, so simulated time counts iterations."""
 
@@ -415,13 +426,15 @@ class CostModelSpec:
     name: str        # a key of COST_MODELS
     options: dict    # validated options: roofline constants, {"profile": StepProfile}, or {}
     notice: str | None = None  # set when the default fell back to an estimate: say so once
+    scale: float = 1.0  # every step this many times as long (the planner's cost-error band)
 
     @property
     def profile(self) -> StepProfile | None:
         return self.options.get("profile")
 
     def build(self, model: ModelSpec, hardware: HardwareSpec, tensor_parallel_size: int) -> CostModel:
-        return COST_MODELS[self.name].build(self.options, model, hardware, tensor_parallel_size)
+        built = COST_MODELS[self.name].build(self.options, model, hardware, tensor_parallel_size)
+        return built if self.scale == 1.0 else ScaledCost(built, self.scale)
 
     def as_yaml(self) -> Any:
         """The spec as a scenario writes it (profile paths absolute)."""
@@ -446,6 +459,8 @@ class CostModelSpec:
         tuning = {k: v for k, v in self.options.items() if k != "profile"}
         if tuning:
             out["options"] = tuning
+        if self.scale != 1.0:
+            out["scale"] = self.scale
         return out
 
 

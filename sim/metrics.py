@@ -65,17 +65,25 @@ def distribution(values: np.ndarray, weights: np.ndarray | None = None, scale: f
 
 def inter_token_latencies(steps: pd.DataFrame, recorder: Recorder, req: RequestTable):
     """Every gap between two tokens of a request: one iteration for each decode it ran in, plus the
-    longer gaps across recompute preemptions."""
+    longer gaps across recompute preemptions. Returns (gap s, how many gaps, when they end s): an
+    iteration's gaps end with it (its tokens are sampled then)."""
     durations = recorder.iteration_durations()
-    weights = np.repeat(steps["decode_tokens"].to_numpy(np.int32), steps["count"].to_numpy())
+    count = steps["count"].to_numpy()
+    weights = np.repeat(steps["decode_tokens"].to_numpy(np.int32), count)
+    # an iteration's end: its run's start + the durations of the run's iterations up to it
+    ends = np.cumsum(durations)
+    first = np.cumsum(count) - count  # each run's first iteration
+    ends += np.repeat(steps["start_s"].to_numpy() - (ends[first] - durations[first]) if len(first) else
+                      np.zeros(0), count)
     decoding = weights > 0  # prefill-only iterations hold no inter-token gap
-    gaps = np.asarray(req.resume_gaps, dtype=np.float64)
-    return (np.concatenate((durations[decoding], gaps)),
-            np.concatenate((weights[decoding], np.ones(len(gaps), dtype=np.int32))))
+    resumed = np.asarray(req.resume_gaps, dtype=np.float64).reshape(-1, 2)
+    return (np.concatenate((durations[decoding], resumed[:, 0])),
+            np.concatenate((weights[decoding], np.ones(len(resumed), dtype=np.int32))),
+            np.concatenate((ends[decoding], resumed[:, 1])))
 
 
 def summarize(req: RequestTable, rq: pd.DataFrame, steps: pd.DataFrame, recorder: Recorder, *,
-              max_num_seqs: int,
+              itl: tuple[np.ndarray, ...], max_num_seqs: int,
               replicas: int, gpus: int, flops_per_token: float, weight_bytes: float,
               kv_bytes_per_token: float, peak_flops: float, hbm_bandwidth: float,
               slo=None) -> dict:
@@ -87,7 +95,7 @@ def summarize(req: RequestTable, rq: pd.DataFrame, steps: pd.DataFrame, recorder
     useful = float((steps["prefill_tokens"] + steps["decode_tokens"] * steps["count"]).sum())
     padded = float((steps["padded_tokens"] * steps["count"]).sum())
     busy_gpu_s = duration * gpus
-    itl, itl_w = inter_token_latencies(steps, recorder, req)
+    itl, itl_w = itl[:2]  # inter_token_latencies(): gaps and their counts
     out = {
         "completed": int(len(done)),
         "duration_s": duration,
@@ -113,22 +121,29 @@ def summarize(req: RequestTable, rq: pd.DataFrame, steps: pd.DataFrame, recorder
         / (busy_gpu_s * hbm_bandwidth) if busy_gpu_s > 0 else 0.0,
     }
     if slo is not None:
-        out["goodput"] = goodput(done, slo, duration)
+        out["goodput"] = goodput(done, slo, duration, (itl, itl_w))
     return out
 
 
-def goodput(done: pd.DataFrame, slo, duration: float) -> dict:
-    """Requests meeting every SLO per second (vLLM's goodput), and whether the SLO percentile holds."""
+PER_REQUEST = {"ttft_ms": "ttft_s", "tpot_ms": "tpot_s", "e2el_ms": "e2e_s"}  # SLO key -> column
+
+
+def goodput(done: pd.DataFrame, slo, duration: float, itl: tuple[np.ndarray, np.ndarray] | None = None) -> dict:
+    """Requests meeting every per-request target (TTFT, TPOT, E2EL) per second: vLLM's and
+    DistServe's goodput; and whether each target's percentile holds. An ITL target is judged over
+    every inter-token gap (`itl`: gaps in s and their counts), as vLLM reports ITL; it is a
+    property of the token stream, not of one request, so it does not enter the per-request count."""
     ok = np.ones(len(done), dtype=bool)
-    result = {"percentile": slo.percentile}
-    for key, column in (("ttft_ms", "ttft_s"), ("tpot_ms", "tpot_s")):
-        target = getattr(slo, key)
-        if target is None:
-            continue
-        values = done[column].to_numpy() * 1e3
-        ok &= ~(values > target)  # a one-token request has no TPOT and cannot miss it
-        observed = np.nanpercentile(values, slo.percentile) if np.isfinite(values).any() else np.nan
-        result[key] = {"target": target, "observed": float(observed),
+    result: dict = {"percentile": slo.percentile}
+    for key, (target, pct) in slo.targets().items():
+        if key in PER_REQUEST:
+            values = done[PER_REQUEST[key]].to_numpy() * 1e3
+            ok &= ~(values > target)  # a one-token request has no TPOT and cannot miss it
+            observed = np.nanpercentile(values, pct) if np.isfinite(values).any() else np.nan
+        else:
+            gaps, counts = itl if itl is not None else (np.zeros(0), np.zeros(0))
+            observed = weighted_percentiles(np.asarray(gaps) * 1e3, np.asarray(counts), [pct])[0]
+        result[key] = {"target": target, "percentile": pct, "observed": float(observed),
                        "met": bool(not observed > target)}
     result["requests_per_s"] = float(ok.sum() / duration) if duration > 0 else 0.0
     result["fraction"] = float(ok.mean()) if len(ok) else 0.0

@@ -28,8 +28,8 @@ class RequestTable:
     resume_from: np.ndarray  # float64 s, time of the last token before a preemption (for ITL), nan
     preemptions: np.ndarray  # int64
     replica: np.ndarray      # int64, -1 until routed
-    # gaps (s) before the first token after each recompute preemption: inter-token latencies that
-    # are not one iteration long
+    # (gap s, end s) before the first token after each recompute preemption: inter-token latencies
+    # that are not one iteration long
     resume_gaps: list = field(default_factory=list)
 
     @classmethod

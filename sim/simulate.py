@@ -22,7 +22,7 @@ from .checks import like_open
 from .config import Scenario, resolved_yaml
 from .errors import ScenarioError
 from .engine import Replica
-from .metrics import requests_frame, steps_frame, summarize
+from .metrics import inter_token_latencies, requests_frame, steps_frame, summarize
 from .prefix_cache import PrefixKVCache
 from .recorder import Recorder
 from .request import RequestTable
@@ -39,6 +39,9 @@ class SimResult:
     # scenario.yaml's source: set when the run used the scenario's own workload (so that the
     # resolved scenario reproduces it), None when the caller passed a workload
     scenario: Scenario | None = None
+    # every inter-token gap: (gap s, count, end s), from metrics.inter_token_latencies; the planner
+    # judges an ITL target on the gaps after its warm-up
+    itl: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
 
 def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = None, *,
@@ -78,7 +81,8 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
     if caches:  # prefix caching simulated: tokens each request found cached (vLLM: cached tokens)
         requests["cached_tokens"] = np.sum([c.cached_tokens for c in caches], axis=0)
     m, hw = scenario.model, scenario.hardware
-    summary = summarize(req, requests, steps, recorder, max_num_seqs=e.max_num_seqs, replicas=e.replicas,
+    itl = inter_token_latencies(steps, recorder, req)
+    summary = summarize(req, requests, steps, recorder, itl=itl, max_num_seqs=e.max_num_seqs, replicas=e.replicas,
                         gpus=e.replicas * e.tensor_parallel_size, flops_per_token=m.flops_per_token,
                         weight_bytes=m.weight_bytes, kv_bytes_per_token=m.kv_bytes_per_token,
                         peak_flops=hw.bf16_flops, hbm_bandwidth=hw.hbm_bandwidth, slo=scenario.slo)
@@ -87,7 +91,7 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
         summary["prefix_cache_hit_rate"] = sum(c.hit_tokens for c in caches) / queried if queried else 0.0
     summary = {"scenario": scenario.name, **summary, "run": run_record(scenario)}
     return SimResult(requests=requests, steps=steps, summary=summary,
-                     scenario=scenario if own_workload else None)
+                     scenario=scenario if own_workload else None, itl=itl)
 
 
 def run_record(scenario: Scenario) -> dict:

@@ -29,7 +29,7 @@ from sim.metrics import goodput
 from sim.planning.plan_report import headline, write_report
 from sim.planning.planner import size_cluster
 from sim.simulate import simulate
-from sim.planning.slo import parse_slo, wilson
+from sim.planning.slo import Z_ONE_SIDED_90, parse_slo, wilson
 from sim.traces import read_trace
 from sim.workload import build_workload
 
@@ -45,9 +45,14 @@ runner = CliRunner()
 # ---------------------------------------------------------------- --slo
 
 def test_parse_slo():
-    assert parse_slo("ttft_ms=500,tpot_ms=50,percentile=99") == SLOConfig(500.0, 50.0, 99.0)
-    assert parse_slo(" tpot_ms = 20 ") == SLOConfig(None, 20.0, 99.0)
-    assert parse_slo("ttft_ms=250.5,percentile=95") == SLOConfig(250.5, None, 95.0)
+    assert parse_slo("ttft_ms=500,tpot_ms=50,percentile=99") == SLOConfig(500.0, 50.0, percentile=99.0)
+    assert parse_slo(" tpot_ms = 20 ") == SLOConfig(None, 20.0, percentile=99.0)
+    assert parse_slo("ttft_ms=250.5,percentile=95") == SLOConfig(250.5, None, percentile=95.0)
+    # vLLM's four metric names, each at its own percentile or the default
+    slo = parse_slo("ttft_ms=500@p99,itl_ms=100@p95,e2el_ms=20000,tpot_ms=40@P90.5,percentile=98")
+    assert slo.targets() == {"ttft_ms": (500.0, 99.0), "tpot_ms": (40.0, 90.5), "itl_ms": (100.0, 95.0),
+                             "e2el_ms": (20000.0, 98.0)}
+    assert slo.label() == "p99 TTFT <= 500 ms, p90.5 TPOT <= 40 ms, p95 ITL <= 100 ms, p98 E2EL <= 20000 ms"
 
 
 @pytest.mark.parametrize("text, says", [
@@ -61,7 +66,10 @@ def test_parse_slo():
     ("ttft_ms=500,percentile=150", "in (0, 100)"),
     ("ttft_ms=-5", "> 0"),
     ("ttft_ms=nan", "> 0"),
-    ("percentile=99", "give ttft_ms and/or tpot_ms"),
+    ("percentile=99", "give at least one of ttft_ms, tpot_ms, itl_ms, e2el_ms"),
+    ("itl_ms=100@p100", "itl_ms (after @p): 100 is not a number in (0, 100)"),
+    ("itl_ms=100@soon", "'soon' is not a number"),
+    ("e2el_ms=@p99", "is not a number"),
     ("", "has an empty item"),
     ("ttft_ms=500,", "has an empty item (a stray comma?)"),
     ("ttft_ms=500,ttft_ms=300", "--slo ttft_ms: given twice"),  # used to keep the last silently
@@ -71,9 +79,9 @@ def test_bad_slo_is_one_line_naming_the_flag_and_keys(text, says):
         parse_slo(text)
     message = str(e.value)
     assert message.startswith("--slo") and says in message
-    assert "ttft_ms, tpot_ms, percentile" in message and "\n" not in message
+    assert "ttft_ms, tpot_ms, itl_ms, e2el_ms, percentile" in message and "\n" not in message
     result = runner.invoke(app, ["plan", str(QUICKSTART), "--slo", text])
-    assert_one_line_error(result, "--slo", says, "ttft_ms, tpot_ms, percentile")
+    assert_one_line_error(result, "--slo", says, "ttft_ms, tpot_ms, itl_ms, e2el_ms, percentile")
 
 
 # ---------------------------------------------------------------- search logic (no simulator)
@@ -83,9 +91,13 @@ class FakeEvaluator:
     at least `limit` replicas."""
 
     deterministic = False
+    simulations = 0
 
     def __init__(self, limit: float):
         self.limit, self.options, self.judged = limit, FAST, []
+
+    def confirm(self, overrides, seeds=None, **info):  # the fake's verdicts are certain
+        return self.judge(overrides, **info)
 
     def judge(self, overrides, seeds=None, **info):
         if "replicas" in info:
@@ -194,6 +206,9 @@ def test_engine_curve_keeps_the_scenarios_setting_on_an_exact_tie():
     tied = [e for e in curve["max_num_seqs"] if e["max_num_seqs"] >= 128]
     assert len(tied) == 2 and tied[0]["goodput_rps"] == tied[1]["goodput_rps"]
     assert curve["chosen"] == {"max_num_seqs": 256, "max_num_batched_tokens": 8192}
+    # the other settings at the same grid load are reported as ties
+    assert {"max_num_seqs": 128, "max_num_batched_tokens": 8192} in curve["ties"]
+    assert all(t["max_num_seqs"] >= 128 for t in curve["ties"])
 
 
 def test_replicas_step_up_until_met_and_one_fewer_fails():
@@ -283,19 +298,21 @@ def test_plan_end_to_end_with_a_cluster_checked_by_simulation(tmp_path):
     assert cl["point"]["met"] and (cl["one_fewer"] is None or not cl["one_fewer"]["met"])
     t = r["tradeoff"]
     assert all(p["max_num_seqs"] <= t["kv_seq_cap"] or p["max_num_seqs"] == 256 for p in t["max_num_seqs"])
-    # The chosen setting has the highest sustained goodput on the curve, and it sized the cluster.
+    # The chosen setting has the highest sustained load on the curve, and it sized the cluster.
     everything = t["max_num_seqs"] + t["max_num_batched_tokens"]
     chosen = [e for e in everything if all(e[k] == v for k, v in t["chosen"].items())]
-    assert chosen and all(chosen[0]["goodput_rps"] >= e["goodput_rps"] for e in everything)
+    assert chosen and all(chosen[0]["sustained"] >= (e["sustained"] or 0) for e in everything)
     assert all(f"engine.{k}={v}" in cl["point"]["overrides"] for k, v in t["chosen"].items()
                if v != r["engine"][k])
-    # Its sustained load meets the SLO when re-simulated and the next step up does not.
+    # Its sustained load is confirmed when re-simulated (the one-sided 90% Wilson lower bound of the
+    # seeds' pass rate reaches 0.9) and the next step up is not.
     best = t["chosen_search"]
-    assert rec["per_replica_load"] == best["answer"] >= chosen[0]["sustained"] * (1 - TINY.resolution)
+    assert best["judge"] == "confirm" and best["confidence"]["method"] == "wilson"
+    assert rec["per_replica_load"] == best["answer"]
     for point, should_meet in ((best["answer_point"], True), (best["next_point"], False)):
         verdicts = resimulate(QUICKSTART, point["overrides"], range(point["seeds"]))
         assert sum(verdicts) == point["passes"]
-        assert (sum(verdicts) >= TINY.pass_fraction * len(verdicts)) == should_meet
+        assert (wilson(sum(verdicts), len(verdicts), Z_ONE_SIDED_90)[0] >= TINY.confidence) == should_meet
     c = r["cost"]
     assert c["gpus"] == rec["replicas"] and c["usd_per_hour"] == pytest.approx(3.0 * c["gpus"])
     assert c["usd_per_million_output_tokens"] == pytest.approx(
@@ -306,7 +323,7 @@ def test_plan_end_to_end_with_a_cluster_checked_by_simulation(tmp_path):
 
     paths = write_report(r, tmp_path)
     names = {p.name for p in paths}
-    assert {"plan.json", "plan.md", "latency_vs_load.png", "goodput_vs_engine.png"} <= names
+    assert {"plan.json", "plan.md", "latency_vs_load.png", "load_vs_engine.png"} <= names
     assert json.loads((tmp_path / "plan.json").read_text())["recommendation"] == rec
     md = (tmp_path / "plan.md").read_text()
     assert "## Load search" in md and "## Replicas at 40.00 req/s" in md and "latency_vs_load.png" in md

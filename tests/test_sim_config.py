@@ -202,7 +202,7 @@ def test_bad_yaml(tmp_path, text, expected):
     (with_(engine={"schedular": "static"}),
      "chat.yaml: engine.schedular: unknown key (did you mean 'scheduler'?); allowed: scheduler, "),
     (with_(slo={"ttft": 5}), ("chat.yaml: slo.ttft: unknown key (did you mean 'ttft_ms'?); allowed: "
-                             "ttft_ms, tpot_ms, percentile")),
+                             "ttft_ms, tpot_ms, itl_ms, e2el_ms, percentile")),
     (with_(model={"hf_config": "x.json", "layers": 2}), "chat.yaml: model.layers: unknown key"),
     (with_(model={"num_layers": 2, "foo": 1}), "chat.yaml: model.foo: unknown key; allowed: name"),
     (with_(hardware={"memory_bytes": 1, "hbm_bandwidth": 1, "bf16_flops": 1, "tflops": 1}),
@@ -255,7 +255,7 @@ def test_bad_engine_values(tmp_path, engine, expected):
     ({"slo": {"tpot_ms": "fast"}}, "chat.yaml: slo.tpot_ms: 'fast' is not a number > 0"),
     ({"slo": {"ttft_ms": 5, "percentile": 100}}, "chat.yaml: slo.percentile: 100 is not a number in (0, 100)"),
     ({"slo": {"ttft_ms": 5, "percentile": 0}}, "slo.percentile: 0 is not a number in (0, 100)"),
-    ({"slo": {"percentile": 50}}, "chat.yaml: slo: give ttft_ms and/or tpot_ms (milliseconds)"),
+    ({"slo": {"percentile": 50}}, "chat.yaml: slo: give at least one of ttft_ms, tpot_ms, itl_ms, e2el_ms (milliseconds"),
     ({"slo": [1]}, "chat.yaml: slo: a list is not a mapping"),
     ({"model": None}, "chat.yaml: model: missing; required: a preset name (llama-2-13b, "),
     ({"hardware": None}, "chat.yaml: hardware: missing; required: a preset name (a100-80gb, "),
@@ -325,7 +325,7 @@ def test_model_that_leaves_no_room_for_kv(tmp_path):
     ("model=gpt-5", "--set model: unknown preset 'gpt-5'; presets: "),
     ("model=llama-3-70b", "--set model: llama-3-70b needs 141.1 GB of weights"),
     ("engine.gpu_memory_utilization=0.21", "--set engine.gpu_memory_utilization: llama-3-8b at"),
-    ("slo.percentile=50", "--set slo: give ttft_ms and/or tpot_ms"),
+    ("slo.percentile=50", "--set slo: give at least one of ttft_ms, tpot_ms, itl_ms, e2el_ms"),
     ("slo={ttft_ms: 9, percentile: 100}", "--set slo.percentile: 100 is not a number in (0, 100)"),
     ("slo={ttft_ms: -1}", "--set slo.ttft_ms: -1 is not a number > 0"),
     ("workload.arrival.rate=-1", ("chat.yaml: workload.arrival.rate: -1 is not a number > 0 "

@@ -87,10 +87,29 @@ def test_goodput_counts_requests_meeting_every_slo():
     assert g["requests_per_s"] == pytest.approx(2 / 10)
     assert g["fraction"] == 0.5
     # p50 of ttft [1000, 2000, 4000, 7000] = 3000 > 2500: missed; p50 of tpot [1000]*3 = 1000: met
-    assert g["ttft_ms"] == {"target": 2500, "observed": 3000.0, "met": False}
-    assert g["tpot_ms"] == {"target": 1000, "observed": 1000.0, "met": True}
+    assert g["ttft_ms"] == {"target": 2500, "percentile": 50, "observed": 3000.0, "met": False}
+    assert g["tpot_ms"] == {"target": 1000, "percentile": 50, "observed": 1000.0, "met": True}
     assert g["percentile"] == 50
     assert g["met"] is False
+
+
+def test_goodput_with_itl_and_e2el_targets_each_at_its_own_percentile():
+    c = GOODPUT_CASE
+    r = run(c["arrival"], c["prompt"], c["output"], scheduler="continuous", max_num_seqs=1,
+            slo={"itl_ms": "999@p50", "e2el_ms": "5000@p60", "percentile": 99})
+    g = r.summary["goodput"]
+    # each gap ends with the iteration that sampled its token: [2,3] for request 1, [4,5] [5,6], ...
+    assert r.itl[2].tolist() == [3.0, 5.0, 6.0, 8.0, 9.0, 10.0] and r.itl[1].tolist() == [1] * 6
+    # e2e 1, 3, 6, 10 s: requests 0 and 1 within 5 s; p60 of [1000, 3000, 6000, 10000] = 5400 > 5000
+    assert g["e2el_ms"] == {"target": 5000, "percentile": 60, "observed": pytest.approx(5400.0), "met": False}
+    # one seat, 1 s iterations: 1 + 2 + 3 gaps between tokens, each one iteration: p50 = 1000 ms > 999
+    assert g["itl_ms"] == {"target": 999, "percentile": 50, "observed": 1000.0, "met": False}
+    # ITL is a property of the token stream: only E2EL decides which requests count
+    assert g["requests_per_s"] == pytest.approx(2 / 10)
+    assert g["met"] is False
+    met = run(c["arrival"], c["prompt"], c["output"], scheduler="continuous", max_num_seqs=1,
+              slo={"itl_ms": 1000, "e2el_ms": 10000}).summary["goodput"]
+    assert met["met"] is True and met["fraction"] == 1.0
 
 
 def test_goodput_tpot_only():

@@ -2,16 +2,19 @@
 
     curve = engine_curve(ev, knob, search)   # search: max_load() for the scenario's own setting
 
-Goodput under the SLO of a setting = requests/s meeting every target at the highest load that
-setting sustains. Settings: max_num_seqs over SEQS_GRID (capped by the sequences of the workload's
+Settings are ranked by the highest load each sustains under the SLO (the goodput there is reported
+too, but goodput at a short run's sustained load is dominated by its drain tail and cannot rank).
+Settings: max_num_seqs over SEQS_GRID (capped by the sequences of the workload's
 mean length that fit in the KV cache, and by max_num_batched_tokens) at the scenario's
 max_num_batched_tokens; then, for the chunked scheduler, max_num_batched_tokens over TOKENS_GRID at
-the best max_num_seqs. A small 2-D design, not the full product.
+the best max_num_seqs. A small 2-D design, not the full product, unless the user lists candidates
+for both knobs: then every pair.
 
 Each setting's search is coarser than the load search: a grid of `curve_resolution` steps anchored at
 the scenario setting's answer, `curve_seeds` seeds per point (`curve_max_seeds` when they disagree),
 started at the neighbouring setting's answer and galloping from there. The winner (highest sustained
-goodput) is then searched again on the load search's own grid and seeds: that answer sizes the cluster.
+load; a tie on the grid goes to the simpler setting) is then searched again on the load search's own
+grid, confirmed like it: that answer sizes the cluster.
 """
 from __future__ import annotations
 
@@ -44,8 +47,11 @@ def engine_overrides(engine, setting: dict) -> tuple[str, ...]:
     return tuple(f"engine.{k}={v}" for k, v in setting.items() if getattr(engine, k) != v)
 
 
-def engine_curve(ev, knob: Knob, search: dict) -> dict:
-    """Sustained load and goodput per setting; `chosen` the best; `chosen_search` its full search."""
+def engine_curve(ev, knob: Knob, search: dict, *, seqs_grid: tuple[int, ...] | None = None,
+                 tokens_grid: tuple[int, ...] | None = None, on_refine=None) -> dict:
+    """Sustained load and goodput per setting; `chosen` the best; `chosen_search` its full search.
+    seqs_grid / tokens_grid: the user's candidates (taken as given, beyond the KV cap too), else
+    SEQS_GRID capped by the KV cache and TOKENS_GRID; on_refine: called when the winner's search starts."""
     e, o = ev.scenario.engine, ev.options
     grid = knob.anchored(search["answer"], max(o.curve_resolution, knob.resolution))
     cap = kv_seq_cap(ev.scenario)
@@ -55,26 +61,32 @@ def engine_curve(ev, knob: Knob, search: dict) -> dict:
     own = {k: getattr(e, k) for k in SETTING_KEYS}
     done = {tuple(own.values()): _entry(own, (), search, o.curve_seeds)}
 
-    seqs = sorted({v for v in SEQS_GRID if v <= max(cap, SEQS_GRID[0])} | {e.max_num_seqs})
+    seqs = sorted(set(seqs_grid) | {e.max_num_seqs} if seqs_grid else
+                  {v for v in SEQS_GRID if v <= max(cap, SEQS_GRID[0])} | {e.max_num_seqs})
     seq_entries = _ladder(ev, grid, done, [{**own, "max_num_seqs": v} for v in seqs], seqs.index(e.max_num_seqs))
     best = _best(seq_entries) or done[tuple(own.values())]
     token_entries: list[dict] = []
     if kind.token_budget and kind.chunks_prompts:  # the budget trades TTFT for ITL: search it
-        n = best["max_num_seqs"]
-        tokens = sorted({t for t in TOKENS_GRID if t >= n} | {e.max_num_batched_tokens})
-        token_entries = _ladder(ev, grid, done, [{"max_num_seqs": n, "max_num_batched_tokens": t} for t in tokens],
-                                tokens.index(e.max_num_batched_tokens))
+        # at the best max_num_seqs; at every one when the user gave both lists (the full product)
+        for n in (seqs if seqs_grid and tokens_grid else [best["max_num_seqs"]]):
+            tokens = sorted({t for t in tokens_grid or TOKENS_GRID if t >= n} | {e.max_num_batched_tokens})
+            token_entries += _ladder(ev, grid, done, [{"max_num_seqs": n, "max_num_batched_tokens": t}
+                                                      for t in tokens], tokens.index(e.max_num_batched_tokens))
         best = _best(token_entries) or best
     chosen = {k: best[k] for k in SETTING_KEYS}
+    every = list({id(p): p for p in seq_entries + token_entries}.values())
     if chosen == own:
         chosen_search = search
     else:  # refine the winner on the load search's grid and seeds, from its coarse answer
+        if on_refine is not None:
+            on_refine()
         chosen_search = max_load(ev, knob, engine_overrides(e, chosen), start=knob.index(best["sustained"]),
-                                 gallop=True)
+                                 gallop=True, confirm=True)
     return {"grid": {"base": search["answer"], "resolution": grid.resolution, "unit": grid.unit,
                      "seeds": list(o.curve_ladder()[::2])},
             "kv_seq_cap": cap, "max_num_seqs": seq_entries, "max_num_batched_tokens": token_entries,
-            "chosen": chosen, "chosen_search": chosen_search}
+            "chosen": chosen, "chosen_search": chosen_search, "ties": ties(every, best),
+            "ranked_by": "sustained load (ties on the grid: the simpler setting)"}
 
 
 def _ladder(ev, grid: Knob, done: dict, settings: list[dict], anchor: int) -> list[dict]:
@@ -128,7 +140,16 @@ def _entry(setting: dict, extra: tuple[str, ...], found: dict, common_seeds: int
 
 
 def _best(entries: list[dict]) -> dict | None:
-    """The highest sustained goodput (an exact tie: the scenario's own setting, which has no
-    overrides); None when no setting meets the SLO at any load."""
+    """The highest sustained load (goodput at a load would rank by a short run's drain tail). Settings on the same grid point are a tie, which goes to
+    the simpler setting: the scenario's own (no overrides), then fewer changed knobs, then the
+    smaller max_num_seqs and max_num_batched_tokens (less memory, shorter iterations). None when no
+    setting meets the SLO at any load."""
     ok = [p for p in entries if p["sustained"] is not None]
-    return max(ok, key=lambda p: (p["goodput_rps"], p["sustained"], not p["overrides"])) if ok else None
+    return max(ok, key=lambda p: (p["sustained"], -len(p["overrides"]), -p["max_num_seqs"],
+                                  -p["max_num_batched_tokens"])) if ok else None
+
+
+def ties(entries: list[dict], best: dict) -> list[dict]:
+    """The other settings that sustain the same grid load as `best` (reported as ties)."""
+    return [{k: p[k] for k in SETTING_KEYS} for p in entries
+            if p is not best and p["sustained"] == best["sustained"]]

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..config import SLOConfig, load_scenario
 from .parallel import run_parallel
-from .slo import simulate_point, summarize_point, worst_ratio
+from .slo import Z_ONE_SIDED_90, seeds_to_confirm, simulate_point, summarize_point, wilson, worst_ratio
 from ..workload import Workload, build_workload
 
 
@@ -32,7 +32,11 @@ class PlanOptions:
     clear_fail: float = 1.5       # "clearly out": some observed/target ratio >= this
     pass_fraction: float = 2 / 3  # a point meets the SLO when this fraction of its seeds do
     resolution: float = 0.02      # relative step of the rate grid
-    horizon_s: float = 120.0      # simulated seconds of arrivals per run (open loop)
+    confidence: float = 0.9       # the answer: P(a fresh seed meets the SLO) >= this, by a one-sided
+    confirm_seeds: int = 30       # ... 90% Wilson lower bound over at most this many seeds per load
+    # requests per run: the scenario's own workload.num_requests (what a user re-simulates), or,
+    # when horizon_s is set or the scenario has none, horizon_s of arrivals within the bounds
+    horizon_s: float | None = None
     min_requests: int = 1000      # requests per run, at least (a stable p99 needs ~1000)
     max_requests: int = 20000     # requests per run, at most
     requests_per_user: int = 10   # closed loop: requests per run = users x this (within the bounds)
@@ -52,7 +56,8 @@ class PlanOptions:
 
     def one_seed(self) -> PlanOptions:
         """One seed per point everywhere (a deterministic workload)."""
-        return replace(self, first_seeds=1, seeds=1, max_seeds=1, curve_seeds=1, curve_max_seeds=1)
+        return replace(self, first_seeds=1, seeds=1, max_seeds=1, curve_seeds=1, curve_max_seeds=1,
+                       confirm_seeds=1)
 
 
 def deterministic(scenario) -> bool:
@@ -79,8 +84,9 @@ class Evaluator:
 
     def __init__(self, path: str | Path, slo: SLOConfig, overrides: Iterable[str] = (),
                  options: PlanOptions = PlanOptions(),
-                 progress: Callable[[int], None] | None = None):
+                 progress: Callable[[int], None] | None = None, cost_scale: float = 1.0):
         self.path, self.slo, self.options, self.progress = Path(path), slo, options, progress
+        self.cost_scale = cost_scale  # every step costs this much more (the cost model's error band)
         self.base = tuple(overrides)
         scenario = load_scenario(self.path, self.base)
         if scenario.engine.replicas != 1:  # one replica, unless a point sets engine.replicas (a cluster)
@@ -101,7 +107,14 @@ class Evaluator:
         return sum(r["wall_s"] for r in self.cache.values())
 
     def load(self, overrides: Iterable[str] = (), seed: int | None = None):
-        return replace(load_scenario(self.path, self.base + tuple(overrides), seed=seed), slo=self.slo)
+        sc = replace(load_scenario(self.path, self.base + tuple(overrides), seed=seed), slo=self.slo)
+        if self.cost_scale != 1.0:
+            sc = replace(sc, cost_model=replace(sc.cost_model, scale=self.cost_scale))
+        return sc
+
+    def scaled(self, cost_scale: float) -> Evaluator:
+        """The same plan with every step `cost_scale` times as long (its own simulations)."""
+        return Evaluator(self.path, self.slo, self.base, self.options, self.progress, cost_scale)
 
     def runs(self, overrides: tuple[str, ...], seeds: range) -> list[dict]:
         jobs = [(overrides, self.scenario.seed + k) for k in seeds]
@@ -131,3 +144,25 @@ class Evaluator:
             if 0 < sum(r["met"] for r in runs) < len(runs):
                 runs = self.runs(overrides, range(max(most, len(runs))))
         return summarize_point(runs, o.pass_fraction, overrides=list(overrides), **info)
+
+    def confirm(self, overrides: Iterable[str], seeds=None, **info: Any) -> dict:
+        """Met when the one-sided 90% Wilson lower bound of P(a seed meets the SLO) reaches
+        options.confidence; not met as soon as the upper bound falls below it, or when
+        options.confirm_seeds seeds leave it undecided (not shown to hold). Seeds are added in
+        batches: as many as would confirm it if all of them pass. `seeds` is ignored (the ladder of
+        `judge`); a deterministic workload has one seed, which decides."""
+        o, overrides = self.options, tuple(overrides)
+        n = o.first_seeds
+        while True:
+            runs = self.runs(overrides, range(n))
+            passes = sum(r["met"] for r in runs)
+            if self.deterministic:
+                met, bounds = bool(passes), [float(passes), float(passes)]
+                break
+            bounds = wilson(passes, n, Z_ONE_SIDED_90)
+            met = bounds[0] >= o.confidence
+            if met or bounds[1] < o.confidence or n >= o.confirm_seeds:
+                break
+            n = seeds_to_confirm(passes, n, o.confidence, o.confirm_seeds)
+        return summarize_point(runs, o.pass_fraction, met=met, overrides=list(overrides),
+                               wilson_90=bounds, **info)

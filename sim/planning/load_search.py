@@ -16,16 +16,18 @@ differ (one meets).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..errors import ScenarioError
-from .slo import wilson
+from .slo import Z_ONE_SIDED_90, wilson
 from ..traces import shown
 from ..workload import ClosedLoop, build_workload
 
 RATE_DEFINITION = "(requests - 1) / (last arrival - first arrival)"
+DEFAULT_HORIZON_S = 120.0  # seconds of arrivals per run when the scenario fixes no num_requests
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,7 @@ class Knob:
     integer: bool
     factor: float = 1.0   # load per unit of the setting: time_scale (generator), native req/s (trace)
     replay: bool = False  # a trace: its length fixes num_requests (no horizon)
+    own_length: bool = False  # every load keeps the scenario's workload.num_requests
 
     @property
     def unit_steps(self) -> bool:  # users one at a time (resolution 0): base + i
@@ -84,9 +87,9 @@ class Knob:
         """The overrides for a load `value` (o: PlanOptions: horizon, requests per user, bounds).
         A trace keeps its own requests: only its time_scale changes."""
         setting = f"{self.key}={self.setting(value)}"
-        if self.replay:
+        if self.replay or self.own_length:
             return (setting,)
-        n = value * (o.requests_per_user if self.integer else o.horizon_s)
+        n = value * (o.requests_per_user if self.integer else o.horizon_s or DEFAULT_HORIZON_S)
         n = int(min(o.max_requests, max(o.min_requests, math.ceil(min(n, o.max_requests)))))
         return (setting, f"workload.num_requests={n}")
 
@@ -103,7 +106,9 @@ def load_knob(scenario, options) -> Knob:
         raise ScenarioError(f"plan: workload.arrival {type(w.arrival).__name__.lower()} sends every request "
                             "at one instant: there is no rate to vary; use poisson, gamma or constant, "
                             "closed_loop, or a trace")
-    return Knob("workload.arrival.rate", "req/s", w.arrival.rate, options.resolution, False, w.time_scale)
+    own = options.horizon_s is None and w.num_requests is not None
+    return Knob("workload.arrival.rate", "req/s", w.arrival.rate, options.resolution, False, w.time_scale,
+                own_length=own)
 
 
 def replay_stats(w) -> dict:
@@ -120,20 +125,48 @@ def replay_stats(w) -> dict:
 
 
 def max_load(ev, knob: Knob, extra: tuple[str, ...] = (), *, start: int = 0, gallop: bool = False,
-             seeds: tuple[int, int, int] | None = None, **info) -> dict:
+             seeds: tuple[int, int, int] | None = None, confirm: bool = False,
+             on_confirm: Callable[[], None] | None = None, **info) -> dict:
     """Largest grid load that meets the SLO, such that the next grid point up does not.
 
     ev: an Evaluator; extra: overrides for every point (an engine setting); start: the first index;
     gallop: bracket with 1, 2, 4, ... grid steps instead of doubling the load; seeds: the judge's
-    seed ladder; info: copied into every point."""
+    seed ladder; info: copied into every point. on_confirm: called when confirming starts. confirm: after locating the boundary with the
+    cheap majority judge, search again from there with Evaluator.confirm (the answer then meets
+    the SLO with probability >= options.confidence, by a one-sided 90% Wilson bound); a
+    deterministic workload needs no second pass (its one seed is the whole truth)."""
+    points, lo, hi = _bracket(ev, ev.judge, knob, extra, start, gallop, seeds, info)
+    located = None
+    if confirm and lo is not None and not ev.deterministic:
+        located = {"answer": knob.value(lo), "next": knob.value(hi), "simulations": ev.simulations}
+        if on_confirm is not None:
+            on_confirm()
+        first = points
+        points, lo, hi = _bracket(ev, ev.confirm, knob, extra, lo, True, None, info)
+        points = {**{k: {**p, "located_only": True} for k, p in first.items()}, **points}
+    curve = [points[k] for k in sorted(points)]
+    out = {"knob": knob.key, "unit": knob.unit, "resolution": knob.resolution, "factor": knob.factor,
+           "next": knob.value(hi), "next_setting": knob.setting(knob.value(hi)), "next_point": points[hi],
+           "curve": curve, "answer": None, "answer_setting": None, "answer_point": None,
+           "judge": "confirm" if located else "majority", "located": located}
+    if lo is not None:
+        out.update(answer=knob.value(lo), answer_setting=knob.setting(knob.value(lo)), answer_point=points[lo],
+                   confidence=confidence(points[lo], points[hi], ev.deterministic, ev.options, bool(located)))
+    return out
+
+
+def _bracket(ev, judge, knob: Knob, extra: tuple[str, ...], start: int, gallop: bool, seeds, info
+             ) -> tuple[dict[int, dict], int | None, int]:
+    """Bracket then bisect with `judge`: (points by grid index, the highest meeting index or None,
+    the index above it that does not meet)."""
     points: dict[int, dict] = {}
     start = max(start, knob.lowest())
 
     def meets(i: int) -> bool:
         if i not in points:
             value = knob.value(i)
-            points[i] = ev.judge(extra + knob.overrides(value, ev.options), seeds=seeds, load=value,
-                                 setting=knob.setting(value), **info)
+            points[i] = judge(extra + knob.overrides(value, ev.options), seeds=seeds, load=value,
+                              setting=knob.setting(value), **info)
         return points[i]["met"]
 
     def move(i: int, direction: int, moves: int) -> int:
@@ -163,24 +196,27 @@ def max_load(ev, knob: Knob, extra: tuple[str, ...] = (), *, start: int = 0, gal
         while hi - lo > 1:
             mid = (lo + hi) // 2
             lo, hi = (mid, hi) if meets(mid) else (lo, mid)
-    curve = [points[k] for k in sorted(points)]
-    out = {"knob": knob.key, "unit": knob.unit, "resolution": knob.resolution, "factor": knob.factor,
-           "next": knob.value(hi), "next_setting": knob.setting(knob.value(hi)), "next_point": points[hi],
-           "curve": curve, "answer": None, "answer_setting": None, "answer_point": None}
-    if lo is not None:
-        out.update(answer=knob.value(lo), answer_setting=knob.setting(knob.value(lo)), answer_point=points[lo],
-                   confidence=confidence(points[lo], points[hi], ev.deterministic))
-    return out
+    return points, lo, hi
 
 
-def confidence(answer: dict, above: dict, deterministic: bool) -> dict:
+def confidence(answer: dict, above: dict, deterministic: bool, options=None, confirmed: bool = False) -> dict:
     """How sure the answer is: "deterministic" (every seed simulates the same run, so one seed per
-    point is the whole truth), or the fraction of seeds meeting the SLO at the answer and one step up
-    with 90% Wilson intervals."""
+    point is the whole truth); "wilson" (confirmed: P(a seed meets the SLO) >= options.confidence at
+    the answer by a one-sided 90% Wilson lower bound, and below it one step up by the upper bound);
+    or "seeds" (a majority of seeds, with 90% two-sided Wilson intervals)."""
     if deterministic:
         return {"method": "deterministic", "answer_met": answer["met"], "next_met": above["met"]}
-    return {"method": "seeds",
-            "answer_pass_fraction": answer["passes"] / answer["seeds"],
-            "next_pass_fraction": above["passes"] / above["seeds"],
-            "answer_pass_interval_90": wilson(answer["passes"], answer["seeds"]),
-            "next_pass_interval_90": wilson(above["passes"], above["seeds"])}
+    out = {"method": "wilson" if confirmed else "seeds",
+           "answer_pass_fraction": answer["passes"] / answer["seeds"],
+           "next_pass_fraction": above["passes"] / above["seeds"],
+           "answer_seeds": answer["seeds"], "next_seeds": above["seeds"],
+           "answer_pass_interval_90": wilson(answer["passes"], answer["seeds"]),
+           "next_pass_interval_90": wilson(above["passes"], above["seeds"])}
+    if confirmed:
+        out.update(target_probability=options.confidence,
+                   answer_lower_bound=wilson(answer["passes"], answer["seeds"], Z_ONE_SIDED_90)[0],
+                   next_upper_bound=wilson(above["passes"], above["seeds"], Z_ONE_SIDED_90)[1],
+                   basis=f"one-sided 90% Wilson bounds on the probability that a fresh seed meets the "
+                         f"SLO: at the answer the lower bound is >= {options.confidence:g}; one grid "
+                         f"step up it is not ({options.confirm_seeds} seeds at most per load)")
+    return out

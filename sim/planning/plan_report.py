@@ -15,7 +15,7 @@ from ..cost import describe
 from ..schedulers import SCHEDULERS
 
 LATENCY_PNG = "latency_vs_load.png"
-TRADEOFF_PNG = "goodput_vs_engine.png"
+TRADEOFF_PNG = "load_vs_engine.png"
 
 
 def _f(v: Any, digits: int = 1) -> str:
@@ -63,10 +63,8 @@ def _seeds(p: dict) -> str:
 
 def headline(r: dict) -> list[tuple[str, str]]:
     """(label, value) rows: the answer in a few lines."""
-    s, slo, load = r["load_search"], r["slo"], _loads(r)
-    pct = _f(slo["percentile"], 0)
-    targets = ", ".join(f"p{pct} {k[:-3].upper()} <= {_f(slo[k], 0)} ms" for k in ("ttft_ms", "tpot_ms")
-                        if slo.get(k))
+    s, load = r["load_search"], _loads(r)
+    targets = r.get("slo_label") or _slo_label(r["slo"])
     rows = [("SLO", targets)]
     w = r.get("workload", {})
     if _native(r) is not None:
@@ -81,13 +79,19 @@ def headline(r: dict) -> list[tuple[str, str]]:
     if c["method"] == "deterministic":
         rows.append(("confidence", "deterministic: the workload has no random component, so every seed "
                                    "simulates the same run; 1 seed per load"))
+    elif c["method"] == "wilson":
+        rows += [("confidence", f"P(a fresh seed meets the SLO) >= {c['answer_lower_bound']:.2f} at the answer "
+                                f"({_seeds(s['answer_point'])} seeds meet; one-sided 90% Wilson lower bound, "
+                                f"target {c['target_probability']:g}); <= {c['next_upper_bound']:.2f} one step "
+                                f"up ({_seeds(s['next_point'])} seeds)")]
     else:
         rows += [("seeds meeting the SLO", f"{c['answer_pass_fraction']:.0%} at the answer, "
                                            f"{c['next_pass_fraction']:.0%} one step up"),
                  ("90% interval of P(a seed meets)", "{:.0%}-{:.0%} at the answer, {:.0%}-{:.0%} one step up"
                   .format(*c["answer_pass_interval_90"], *c["next_pass_interval_90"]))]
     rec, t = r["recommendation"], r["tradeoff"]
-    rows.append(("best engine setting (highest sustained goodput)", _setting(r, rec)))
+    tie = f"; ties on the grid: {', '.join(_setting(r, x) for x in t['ties'])}" if t.get("ties") else ""
+    rows.append(("best engine setting (highest sustained load)", _setting(r, rec) + tie))
     best = t["chosen_search"]
     if any(rec[k] != r["engine"][k] for k in ("max_num_seqs", "max_num_batched_tokens")):
         rows.append(("sustained load per replica, best setting",
@@ -99,14 +103,38 @@ def headline(r: dict) -> list[tuple[str, str]]:
         check = f"; {rec['replicas'] - 1} miss it ({_seeds(fewer)} seeds meet)" if fewer else ""
         rows.append((f"replicas for {load(cl['target'])}",
                      f"{rec['replicas']} ({_seeds(cl['point'])} seeds meet the SLO){check}"))
+    if "band" in r:
+        b = r["band"]
+        side = lambda k: load(b[k]["answer"]) if b[k]["answer"] is not None else "none"  # noqa: E731
+        rows.append(("cost-model error band", f"{side('steps_slower')} if steps cost {b['heldout_mape']:.1%} more, "
+                                              f"{side('steps_faster')} if {b['heldout_mape']:.1%} less (the "
+                                              "profile's held-out MAPE)"))
+    u = r.get("utilisation") or {}
+    if u:
+        busy = u.get("busy_fraction_at_sustained")
+        text = f"engine busy {busy:.0%} of the time at the sustained load" if busy is not None else ""
+        if r.get("headroom", 1.0) < 1.0:
+            text += f"; planned at {r['headroom']:.0%} of it ({load(rec['planned_per_replica_load'])} per replica)"
+        if "share_of_sustained_at_target" in u:
+            text += (f"; at the target each replica carries {load(u['load_per_replica_at_target'])}, "
+                     f"{u['share_of_sustained_at_target']:.0%} of its sustained load")
+        rows.append(("utilisation", text.lstrip("; ")))
     cost = r["cost"]
     rows += [("GPUs", f"{cost['gpus']} (tensor_parallel_size {rec['tensor_parallel_size']})"),
              ("cost", f"${cost['usd_per_hour']:.2f}/hour at ${cost['usd_per_gpu_hour']:.2f}/GPU-hour"),
              ("cost per million output tokens", f"${_f(cost['usd_per_million_output_tokens'], 3)} "
                                                 f"({_f(cost['output_tokens_per_s'], 0)} output tokens/s)"),
              ("cost per million tokens (prompt + output)", f"${_f(cost['usd_per_million_total_tokens'], 3)}"),
+             ("vllm serve", rec.get("vllm_serve") or "none: the static scheduler is Hugging Face generate, "
+                                                          "not vLLM"),
              ("simulations", f"{r['simulations']} in {r['wall_s']:.1f} s")]
     return rows
+
+
+def _slo_label(slo: dict) -> str:
+    """An older plan.json without slo_label: its TTFT/TPOT targets at the one percentile."""
+    return ", ".join(f"p{slo['percentile']:g} {k[:-3].upper()} <= {slo[k]:g} ms"
+                     for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms") if slo.get(k))
 
 
 def write_report(r: dict, out_dir: str | Path) -> list[Path]:
@@ -121,19 +149,27 @@ def write_report(r: dict, out_dir: str | Path) -> list[Path]:
 
 # ---------------------------------------------------------------- plan.md
 
-def _point_row(p: dict, first: list[str]) -> str:
-    t, o = p["ttft_ms"], p["tpot_ms"]
-    cells = first + [f"{p['passes']}/{p['seeds']}", "yes" if p["met"] else "no",
-                     _f(t["p50"]), _f(t["slo"]), _f(o["p50"]), _f(o["slo"]), _f(p["goodput_rps"], 2),
-                     _f(p["output_throughput"], 0)]
+def _metrics(r: dict) -> list[str]:
+    """The SLO's metrics, in vLLM's order (TTFT and TPOT when an older plan names none)."""
+    keys = [k for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms") if r["slo"].get(k)]
+    return keys or ["ttft_ms", "tpot_ms"]
+
+
+def _point_row(p: dict, first: list[str], metrics: list[str]) -> str:
+    cells = first + [f"{p['passes']}/{p['seeds']}", "yes" if p["met"] else "no"]
+    for k in metrics:
+        cells += [_f(p[k]["p50"]), _f(p[k]["slo"])]
+    cells += [_f(p["goodput_rps"], 2), _f(p["output_throughput"], 0)]
     return "| " + " | ".join(cells) + " |"
 
 
-def _points_table(points: list[dict], heads: list[str], first) -> list[str]:
-    cols = heads + ["seeds met", "meets", "TTFT p50 (ms)", "TTFT pSLO (ms)", "TPOT p50 (ms)",
-                    "TPOT pSLO (ms)", "goodput (req/s)", "output tokens/s"]
+def _points_table(points: list[dict], heads: list[str], first, metrics=("ttft_ms", "tpot_ms")) -> list[str]:
+    cols = heads + ["seeds met", "meets"]
+    for k in metrics:
+        cols += [f"{k[:-3].upper()} p50 (ms)", f"{k[:-3].upper()} pSLO (ms)"]
+    cols += ["goodput (req/s)", "output tokens/s"]
     return ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)] + [
-        _point_row(p, first(p)) for p in points]
+        _point_row(p, first(p), list(metrics)) for p in points]
 
 
 def markdown(r: dict, plots: list[str]) -> str:
@@ -144,17 +180,27 @@ def markdown(r: dict, plots: list[str]) -> str:
         grid = f"workload.time_scale values {1 + o['resolution']:g}x apart (so are the rates)"
         runs = (f"- Each simulation replays the trace's {trace['requests']} requests (its length fixes the "
                 "run: the trace is not repeated), with its arrival times divided by time_scale.")
+    elif r.get("requests_per_run"):
+        runs = (f"- Each simulation has the scenario's own {r['requests_per_run']} requests "
+                "(workload.num_requests: what re-simulating the scenario at the answer runs); "
+                "`--horizon-s` sets a length in seconds instead.")
     else:
-        runs = (f"- Each simulation covers ~{o['horizon_s']:g} s of arrivals ({o['min_requests']} to "
+        runs = (f"- Each simulation covers ~{o['horizon_s'] or 120:g} s of arrivals ({o['min_requests']} to "
                 f"{o['max_requests']} requests)" + (f"; closed loop: {o['requests_per_user']} requests "
                                                     "per user" if unit == "users" else "") + ".")
         if unit == "req/s" and trace.get("time_scale", 1.0) != 1.0:
             runs += (f" Loads are offered rates: workload.arrival.rate x workload.time_scale "
                      f"({trace['time_scale']:g}).")
-    seeds = ("One seed per load: the workload has no random component, so every seed simulates the same "
-             "run (confidence: deterministic). A run" if r.get("deterministic") else
-             f"A load meets the SLO when at least {o['pass_fraction']:.0%} of its seeds do "
-             f"({o['seeds']} seeds, {o['max_seeds']} when they disagree). A seed")
+    if r.get("deterministic"):
+        seeds = ("One seed per load: the workload has no random component, so every seed simulates the same "
+                 "run (confidence: deterministic). A run")
+    else:
+        seeds = (f"Locating the boundary, a load meets the SLO when at least {o['pass_fraction']:.0%} of its "
+                 f"seeds do ({o['seeds']} seeds, {o['max_seeds']} when they disagree). Then the search is "
+                 f"repeated from there with a stricter judge: a load meets the SLO when the one-sided 90% "
+                 f"Wilson lower bound of P(a fresh seed meets it) is >= {o.get('confidence', 0.9):g}, and fails "
+                 f"as soon as the upper bound is below it (up to {o.get('confirm_seeds', 30)} seeds; undecided "
+                 "counts as failing). A seed")
     lines = [f"# Capacity plan: {r['scenario']}", "",
              f"{r['model']} on {r['hardware']}, scheduler `{r['engine']['scheduler']}`, scenario "
              f"`{r['source']}`" + (f" with `{' '.join(r['overrides'])}`" if r["overrides"] else "") + ".",
@@ -164,22 +210,22 @@ def markdown(r: dict, plots: list[str]) -> str:
               f"- Load grid: {grid}; "
               "a doubling bracket, then bisection until the answer and the next grid point up are "
               "adjacent.",
-              f"- {seeds} meets it when the "
-              f"p{_f(r['slo']['percentile'], 0)} of TTFT and TPOT is within target over the requests "
-              f"after the first {o['warmup_fraction']:.0%} (warm-up: they arrive at an empty engine).",
+              f"- {seeds} meets it when each target holds ({r.get('slo_label') or _slo_label(r['slo'])}) over "
+              f"the requests after the first {o['warmup_fraction']:.0%} (warm-up: they arrive at an empty "
+              "engine); ITL over the inter-token gaps after the first of them arrives.",
               runs,
               "- Latencies are means over seeds; pSLO is the SLO percentile. Goodput: requests/s "
               "meeting every target.", ""]
     if r.get("warnings"):
         lines += ["## Warnings", ""] + [f"- {w}" for w in r["warnings"]] + [""]
     lines += ["## Load search (one replica, the scenario's engine setting)", ""]
-    lines += _points_table(s["curve"], *_load_cells(r))
+    lines += _points_table(s["curve"], *_load_cells(r), _metrics(r))
     if "tradeoff" in r:
         lines += _curve_section(r)
     if "cluster" in r:
         cl = r["cluster"]
         lines += ["", f"## Replicas at {load(cl['target'])} (router `{r['engine']['router']}`)", ""]
-        lines += _points_table(cl["tried"], ["replicas"], lambda p: [str(p["replicas"])])
+        lines += _points_table(cl["tried"], ["replicas"], lambda p: [str(p["replicas"])], _metrics(r))
     lines += [""] + [f"![{name}]({name})" for name in plots]
     return "\n".join(lines) + "\n"
 
@@ -196,8 +242,9 @@ def _curve_section(r: dict) -> list[str]:
              "neighbour's answer. "
              f"max_num_seqs up to {t['kv_seq_cap']} (sequences of the mean length that fit in the KV cache). "
              "Goodput: requests/s meeting every target at that load. The scenario's own setting shows "
-             "its load search (finer grid). Chosen: the highest goodput, then searched again on the "
-             f"load search's grid: **{_setting(r, t['chosen'])}: {load(c['answer'])}** "
+             "its load search (finer grid). Chosen: the highest sustained load (a tie on the grid goes to the "
+             "simpler setting), then searched again on the "
+             f"load search's grid, confirmed: **{_setting(r, t['chosen'])}: {load(c['answer'])}** "
              f"({load(c['next'])} fails).", ""]
     cols = ["max_num_seqs", "max_num_batched_tokens", f"sustained ({unit})", f"next up, fails ({unit})",
             "seeds met", "goodput (req/s)", "TTFT pSLO (ms)", "TPOT pSLO (ms)", "output tokens/s", "loads judged"]
@@ -217,7 +264,7 @@ def _curve_section(r: dict) -> list[str]:
         lines.append("")
     if any(t["chosen"][k] != r["engine"][k] for k in t["chosen"]):
         lines += [f"Load search of the chosen setting ({_setting(r, t['chosen'])}):", ""]
-        lines += _points_table(c["curve"], *_load_cells(r))
+        lines += _points_table(c["curve"], *_load_cells(r), _metrics(r))
     return lines
 
 
@@ -248,46 +295,55 @@ def _plots(r: dict, out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     s, slo = r["load_search"], r["slo"]
-    pts = s["curve"]
+    pts = [p for p in s["curve"] if not p.get("located_only")] or s["curve"]
     x = [p["load"] for p in pts]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for ax, key, label in ((axes[0], "ttft_ms", "TTFT"), (axes[1], "tpot_ms", "TPOT")):
+    metrics = _metrics(r)
+    percentiles = r.get("slo_percentiles", {})
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5.5 * len(metrics), 4.2), squeeze=False)
+    axes = axes[0]
+    for ax, key in zip(axes, metrics):
+        label = key[:-3].upper()
+        pct = percentiles.get(key, slo["percentile"])
         for p_key, style in (("p50", "o-"), ("p90", "s-"), ("slo", "^-")):
-            name = f"p{_f(slo['percentile'], 0)}" if p_key == "slo" else p_key
+            if p_key == "slo" and pct in (50, 90):
+                continue  # the same line twice
+            name = f"p{_f(pct, 0)}" if p_key == "slo" else p_key
             ax.plot(x, [p[key][p_key] for p in pts], style, ms=4, label=f"{label} {name}")
         if slo.get(key):
-            ax.axhline(slo[key], color="red", ls="--", lw=1, label=f"SLO {_f(slo[key], 0)} ms")
+            ax.axhline(slo[key], color="red", ls="--", lw=1, label=f"SLO p{_f(pct, 0)} <= {_f(slo[key], 0)} ms")
         if s["answer"] is not None:
             ax.axvline(s["answer"], color="green", ls=":", lw=1, label=f"sustained {_loads(r)(s['answer'])}")
-        if key == "ttft_ms":  # TTFT grows by orders of magnitude past saturation
+        if key in ("ttft_ms", "e2el_ms"):  # grow by orders of magnitude past saturation
             ax.set_yscale("log")
         ax.set_xlabel(f"load ({s['unit']})" if _native(r) is None else
                       f"load (req/s = time_scale x {_native(r):.3f} req/s, the trace's native rate)")
         ax.set_ylabel(f"{label} (ms)")
-    paths = [_finish(fig, axes, f"{r['scenario']}: latency vs load, one replica, the scenario's engine "
-                                "setting (mean over seeds)", out / LATENCY_PNG)]
+    paths = [_finish(fig, axes, f"{r['scenario']} ({r['model']}, {r['hardware']}): latency vs load, one "
+                                "replica, the scenario's setting (mean over seeds)", out / LATENCY_PNG)]
     t = r.get("tradeoff")
     if t:
         panels = [(k, t[k]) for k in ("max_num_seqs", "max_num_batched_tokens") if t[k]]
         fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
         for ax, (key, entries) in zip(axes[0], panels):
             xs = [e[key] for e in entries]
-            ax.plot(xs, [e["goodput_rps"] for e in entries], "o-", color="tab:blue", ms=5,
-                    label="goodput at its sustained load")
+            ys = [e["sustained"] or 0.0 for e in entries]
+            unit = r["load_search"]["unit"]
+            ax.plot(xs, ys, "o-", color="tab:blue", ms=5, label="sustained load under the SLO")
             for e in filter(lambda e: not e["overrides"], entries):
-                ax.plot(e[key], e["goodput_rps"], "s", mfc="none", color="black", ms=11,
+                ax.plot(e[key], e["sustained"] or 0.0, "s", mfc="none", color="black", ms=11,
                         label="the scenario's setting")
             ax.axvline(t["chosen"][key], color="tab:red", ls=":", lw=1, label=f"chosen {key} {t['chosen'][key]}")
             for e in filter(lambda e: _is_chosen(e, t), entries):
-                ax.plot(e[key], e["goodput_rps"], "*", color="tab:red", ms=16,
+                ax.plot(e[key], e["sustained"] or 0.0, "*", color="tab:red", ms=16,
                         label=f"chosen: {_setting(r, t['chosen'])}")
-            ax.set_ylim(0, 1.12 * max(e["goodput_rps"] for e in entries) or 1)
+            ax.set_ylim(0, 1.12 * max(ys) or 1)
             ax.set_xscale("log", base=2)
             ax.set_xticks(xs, [str(v) for v in xs])
             ax.minorticks_off()
             ax.set_xlabel(key)
-            ax.set_ylabel("sustained goodput (req/s meeting the SLO)")
-        paths.append(_finish(fig, axes[0], f"{r['scenario']}: sustained goodput per engine setting, "
-                                           "one replica", out / TRADEOFF_PNG, legend_loc="lower right"))
+            ax.set_ylabel(f"sustained load ({unit}, coarse grid)")
+        paths.append(_finish(fig, axes[0], f"{r['scenario']} ({r['model']}, {r['hardware']}): sustained load "
+                                           "per engine setting, one replica", out / TRADEOFF_PNG,
+                             legend_loc="lower right"))
     return paths
 

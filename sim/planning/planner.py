@@ -24,9 +24,10 @@ from typing import Any
 
 from ..config import SLOConfig
 from .engine_curve import engine_curve, engine_overrides
+from ..checks import MAX_REQUESTS
 from ..errors import ScenarioError
 from .evaluator import Evaluator, PlanOptions
-from .load_search import Knob, load_knob, max_load, replay_stats
+from .load_search import DEFAULT_HORIZON_S, Knob, load_knob, max_load, replay_stats
 from .slo import SLO_KEYS
 
 MAX_REPLICAS = 10_000  # the most replicas size_cluster starts at (a cluster that big takes minutes per run)
@@ -39,10 +40,12 @@ def size_cluster(ev: Evaluator, knob: Knob, target: float, per_replica: float,
     bracket, then bisects. The start can be far off: round-robin smooths each replica's arrivals."""
     at = engine + knob.overrides(target, ev.options)
     tried: dict[int, dict] = {}
+    length = ev.scenario.workload.num_requests if knob.own_length else None
 
     def meets(n: int) -> bool:
-        if n not in tried:
-            tried[n] = ev.judge(at + (f"engine.replicas={n}",), replicas=n)
+        if n not in tried:  # the scenario's own length per replica: n replicas get n times the requests
+            more = (f"workload.num_requests={min(length * n, MAX_REQUESTS)}",) if length else ()
+            tried[n] = ev.judge(at + more + (f"engine.replicas={n}",), replicas=n)
         return tried[n]["met"]
 
     n = max(1, math.ceil(target / per_replica - 1e-9))
@@ -83,7 +86,7 @@ def replay_warnings(trace: dict, search: dict, slo: SLOConfig, options: PlanOpti
     if scale is not None:
         seconds = trace["span_s"] / scale
         span = f", and at time_scale {scale:g} they arrive within {seconds:.1f} s" + (
-            " (a short run flatters capacity)" if seconds < options.horizon_s else "")
+            " (a short run flatters capacity)" if seconds < (options.horizon_s or DEFAULT_HORIZON_S) else "")
     return [f"the trace has {n} requests, fewer than the {options.min_requests} a stable "
             f"p{slo.percentile:g} needs: after warm-up {judged} are judged, so the verdict rests on the "
             f"slowest {tail}{span}. The trace is not repeated to lengthen it: use a longer trace (or a "
@@ -98,13 +101,52 @@ def cost(gpus: int, usd_per_gpu_hour: float, output_tps: float, total_tps: float
             "usd_per_million_total_tokens": per_m(total_tps)}
 
 
+class Phases:
+    """Progress in phases: progress(done, estimated total, phase) for the CLI's bar. Each phase's
+    simulations are estimated up front (PHASE_ESTIMATES) and the total is re-estimated as phases
+    end, so the ETA converges."""
+
+    def __init__(self, ev: Evaluator, progress: Callable[..., None] | None, phases: list[str]):
+        self.progress, self.left, self.phase, self.base = progress, list(phases), phases[0], 0
+        ev.progress = self.tick
+        self.ev = ev
+
+    def start(self, phase: str) -> None:
+        self.base = self.ev.simulations
+        self.phase = phase
+        if phase in self.left:
+            self.left.remove(phase)
+        self.tick(self.base)
+
+    def tick(self, done: int) -> None:
+        if self.progress is None:
+            return
+        guess = max(PHASE_ESTIMATES.get(self.phase, 20), done - self.base + 5)
+        later = sum(PHASE_ESTIMATES.get(p, 20) for p in self.left if p != self.phase)
+        self.progress(done, self.base + guess + later, self.phase)
+
+
+PHASE_ESTIMATES = {"locating the boundary": 20, "confirming the answer": 50, "engine settings": 90,
+                   "confirming the chosen setting": 40, "cost-error band": 80, "sizing the cluster": 18}
+
+
+def vllm_line(sc, chosen: dict) -> str | None:
+    from .vllm_command import vllm_serve
+    return vllm_serve(sc, chosen)
+
+
 def plan(path: str | Path, slo: SLOConfig, *, overrides: Iterable[str] = (), target: float | None = None,
-         target_unit: str = "req/s", gpu_hour_usd: float | None = None,
-         options: PlanOptions = PlanOptions(), progress: Callable[[int], None] | None = None) -> dict:
-    """Sustained load per replica, the engine curve, replicas for `target` (in `target_unit`:
-    req/s, or users for a closed-loop scenario) with the chosen setting, and cost."""
+         target_unit: str = "req/s", gpu_hour_usd: float | None = None, headroom: float = 1.0,
+         band: bool = True, seqs_grid: tuple[int, ...] | None = None,
+         tokens_grid: tuple[int, ...] | None = None,
+         options: PlanOptions = PlanOptions(), progress: Callable[..., None] | None = None) -> dict:
+    """Sustained load per replica (confirmed: met with probability >= options.confidence), the engine
+    curve, replicas for `target` (in `target_unit`: req/s, or users for a closed-loop scenario) at
+    `headroom` x the sustained load with the chosen setting, the cost, and, when the cost model
+    carries a held-out error, the sustained load with steps that much slower and faster (`band`).
+    progress(done, estimated total, phase)."""
     start = time.perf_counter()
-    ev = Evaluator(path, slo, overrides, options, progress)
+    ev = Evaluator(path, slo, overrides, options)
     sc, options = ev.scenario, ev.options  # one seed per point when the workload is deterministic
     knob = load_knob(sc, options)
     if target is not None and target_unit != knob.unit:
@@ -112,40 +154,89 @@ def plan(path: str | Path, slo: SLOConfig, *, overrides: Iterable[str] = (), tar
         kind = "closed-loop (its load is workload.arrival.users)" if knob.integer else "open-loop (its load " \
             f"is {knob.key})"
         raise ScenarioError(f"{flag[target_unit]}: {path} is {kind}; use {flag[knob.unit]}")
+    if not 0 < headroom <= 1:
+        raise ScenarioError(f"--headroom: {headroom:g} is not in (0, 1] (0.8: plan for 80% of the sustained load)")
+    mape = (sc.cost_model.provenance().get("heldout_mape") or 0.0) if band else 0.0
+    phases = Phases(ev, progress, ["locating the boundary"] + ([] if ev.deterministic else ["confirming the answer"])
+                    + ["engine settings", "confirming the chosen setting"] + (["cost-error band"] if mape else [])
+                    + (["sizing the cluster"] if target is not None else []))
     workload = replay_stats(sc.workload) if knob.replay else {"time_scale": sc.workload.time_scale}
-    search = max_load(ev, knob)
+    search = max_load(ev, knob, confirm=True, on_confirm=lambda: phases.start("confirming the answer"))
     steps = {"load_search": ev.simulations}
     out: dict[str, Any] = {
         "scenario": sc.name, "source": str(path), "overrides": list(ev.base),
-        "slo": {k: getattr(slo, k) for k in SLO_KEYS},
+        "slo": {k: getattr(slo, k) for k in SLO_KEYS}, "slo_percentiles": dict(slo.percentiles),
+        "slo_label": slo.label(),
         "model": sc.model.name, "hardware": sc.hardware.name,
         "cost_model": sc.cost_model.provenance(),
         "engine": {k: getattr(sc.engine, k) for k in ("scheduler", "max_num_seqs", "max_num_batched_tokens",
                                                         "tensor_parallel_size", "router")},
         "workload": workload, "deterministic": ev.deterministic,
+        "requests_per_run": sc.workload.num_requests if knob.own_length else None,
         "warnings": replay_warnings(workload, search, slo, options) if knob.replay else [],
         "options": {k: getattr(options, k) for k in PlanOptions.__dataclass_fields__ if k != "workers"},
+        "headroom": headroom,
         "load_search": search,
     }
     if search["answer"] is not None:
-        curve = out["tradeoff"] = engine_curve(ev, knob, search)
+        phases.start("engine settings")
+        curve = out["tradeoff"] = engine_curve(ev, knob, search, seqs_grid=seqs_grid, tokens_grid=tokens_grid,
+                                               on_refine=lambda: phases.start("confirming the chosen setting"))
         steps["engine_curve"] = ev.simulations - sum(steps.values())
         chosen, best = curve["chosen"], curve["chosen_search"]
         if best["answer"] is None:  # the refined search disagrees with the coarse one: keep the scenario's
             chosen, best = {k: getattr(sc.engine, k) for k in chosen}, search
         tp = sc.engine.tensor_parallel_size
         price = sc.hardware.usd_per_hour if gpu_hour_usd is None else gpu_hour_usd
+        extra = engine_overrides(sc.engine, chosen)
+        if mape:
+            phases.start("cost-error band")
+            out["band"] = cost_band(ev, knob, extra, best, mape)
+            steps["band"] = ev.simulations - sum(steps.values())
+        planned = best["answer"] * headroom
         if target is not None:
-            out["cluster"] = size_cluster(ev, knob, target, best["answer"], engine_overrides(sc.engine, chosen))
+            phases.start("sizing the cluster")
+            out["cluster"] = size_cluster(ev, knob, target / headroom, best["answer"], extra)
             point, replicas = out["cluster"]["point"], out["cluster"]["replicas"]
             steps["cluster"] = ev.simulations - sum(steps.values())
         else:
             point, replicas = best["answer_point"], 1
         out["recommendation"] = {**chosen, "replicas": replicas, "tensor_parallel_size": tp,
-                                 "per_replica_load": best["answer"], "unit": knob.unit}
+                                 "per_replica_load": best["answer"], "planned_per_replica_load": planned,
+                                 "unit": knob.unit, "vllm_serve": vllm_line(sc, chosen)}
+        out["utilisation"] = utilisation(best, headroom, target, replicas, knob)
         out["cost"] = cost(replicas * tp, price, point["output_throughput"], point["total_token_throughput"])
     out["simulations"] = ev.simulations
     out["simulations_by_step"] = steps
     out["simulated_wall_s"] = ev.sim_seconds
     out["wall_s"] = time.perf_counter() - start
+    return out
+
+
+def cost_band(ev: Evaluator, knob: Knob, extra: tuple[str, ...], best: dict, mape: float) -> dict:
+    """The sustained load if every step cost `mape` more, and `mape` less: the cost model's measured
+    error (a profile's held-out MAPE) carried into the answer. Each side is its own confirmed search,
+    started from the answer scaled by the same factor."""
+    out = {"heldout_mape": mape}
+    for side, scale in (("steps_slower", 1 + mape), ("steps_faster", 1 - mape)):
+        scaled = ev.scaled(scale)
+        if ev.progress is not None:
+            scaled.progress = lambda n: ev.progress(ev.simulations + n)
+        found = max_load(scaled, knob, extra, start=knob.index(best["answer"] / scale), gallop=True, confirm=True)
+        out[side] = {"cost_scale": scale, "answer": found["answer"], "next": found["next"],
+                     "simulations": scaled.simulations}
+        ev.cache.update({("band", scale, *k): v for k, v in scaled.cache.items()})  # counted as the plan's
+    return out
+
+
+def utilisation(best: dict, headroom: float, target: float | None, replicas: int, knob: Knob) -> dict:
+    """What the answer implies: the engine's busy share of time at the sustained load (an iteration
+    running), the planned load per replica as a share of the sustained one, and at the target the
+    load each replica carries."""
+    point = best["answer_point"]
+    out = {"busy_fraction_at_sustained": point.get("busy_fraction"),
+           "planned_share_of_sustained": headroom}
+    if target is not None:
+        out["load_per_replica_at_target"] = target / replicas
+        out["share_of_sustained_at_target"] = target / replicas / best["answer"]
     return out

@@ -169,7 +169,7 @@ class IterationLevelScheduler:
         if np.isnan(req.first_token[rid]):
             req.first_token[rid] = now
         elif not np.isnan(req.resume_from[rid]):  # the token after a recompute: a longer gap
-            req.resume_gaps.append(now - req.resume_from[rid])
+            req.resume_gaps.append((now - req.resume_from[rid], now))
             req.resume_from[rid] = np.nan
 
     # -- waiting requests -----------------------------------------------------------------------

@@ -1,0 +1,283 @@
+"""The configuration search: GPU type x tensor parallelism x engine knobs, ranked by cost.
+
+    result = search_configs("scenarios/chat-llama3-8b-h100.yaml", slo, gpus=("h100-sxm", "h200"),
+                            tps=(1, 2), target=60.0)
+
+For one scenario and SLO, every candidate (a GPU preset, a TP size and an engine setting) gets the
+highest load one replica sustains, then the replicas and GPUs a target load needs and their cost.
+Simulation is spent where it can change the answer:
+
+1. **Pruned without simulating**: a TP the scenario rules refuse (the model does not fit, TP does
+   not divide the heads) and a single replica over `max_gpus` or `budget_usd_per_hour`.
+2. **Bounds, 2 simulations per (GPU, TP)**: the engine saturated (10x the scenario's load) gives
+   the requests/s a replica completes flat out (under overload, with its preemptions; sustained
+   loads under an SLO came out at 0.7-1.2x it on the chat scenario, so it is an estimate, not a
+   strict bound); nearly idle (1/100 of that) gives the latency floor: a candidate that misses the
+   SLO there misses it at every load. One that could not carry the target within the GPU or dollar
+   limits even at SLACK x its saturated throughput is out.
+3. **Coarse search** of every engine setting left (the engine curve's grid and seeds, galloping
+   from 85% of the saturated throughput).
+4. **Confirmed search** (the plan's: P(a fresh seed meets the SLO) >= confidence), in order of
+   coarse cost, of each (GPU, TP)'s best setting while its coarse cost could still beat the
+   cheapest confirmed one (a confirmed answer is at most a grid step above the coarse one).
+5. **The cluster** of the cheapest confirmed candidate is simulated at target / headroom.
+
+Costs: GPUs = replicas x TP; USD/hour = GPUs x the preset's usd_per_hour; USD per million output
+tokens at the sustained load of one replica (TP x price / output tokens/s).
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ..config import SLOConfig, load_scenario
+from ..errors import ScenarioError
+from ..hardware import HARDWARE_PRESETS
+from .engine_curve import SETTING_KEYS, _best
+from .evaluator import Evaluator, PlanOptions
+from .load_search import Knob, load_knob, max_load
+from .planner import size_cluster
+from .vllm_command import vllm_serve
+
+KNOBS = ("scheduler", "enable_prefix_caching", *SETTING_KEYS)  # engine knobs the search can vary
+SATURATE = 10.0     # the bound's load: this x the scenario's own
+IDLE = 0.01         # the latency floor's load: this x the saturated throughput
+START = 0.85        # coarse searches start at this x the saturated throughput
+SLACK = 1.5         # pruning by limits assumes a replica could sustain up to this x its saturated throughput
+
+
+def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps: Iterable[int],
+                   target: float | None = None, overrides: Iterable[str] = (),
+                   seqs: Iterable[int] = (), tokens: Iterable[int] = (), schedulers: Iterable[str] = (),
+                   prefix_caching: Iterable[bool] = (),
+                   max_gpus: int | None = None, budget_usd_per_hour: float | None = None,
+                   headroom: float = 1.0, options: PlanOptions = PlanOptions(),
+                   progress: Callable[..., None] | None = None) -> dict:
+    """Every candidate's sustained load and cost; the cheapest meeting the SLO at `target`
+    (without a target: the lowest USD per million output tokens at the sustained load)."""
+    start = time.perf_counter()
+    overrides = tuple(overrides)
+    base = load_scenario(path, overrides)
+    unknown = [g for g in gpus if g not in HARDWARE_PRESETS]
+    if unknown:
+        raise ScenarioError(f"--gpus: unknown GPU {unknown[0]!r}; allowed: {', '.join(HARDWARE_PRESETS)}")
+    if base.workload.trace is not None or load_knob(base, options).unit != "req/s":
+        raise ScenarioError("--gpus/--tp: the configuration search plans open-loop generated workloads "
+                            "(an arrival rate); plan a trace replay or closed loop one GPU at a time")
+    e = base.engine
+    settings = [{"max_num_seqs": n, "max_num_batched_tokens": t, "scheduler": k, "enable_prefix_caching": c}
+                for k in dict.fromkeys(schedulers or [e.scheduler])
+                for c in dict.fromkeys(prefix_caching or [e.enable_prefix_caching])
+                for n in sorted(set(seqs) or {e.max_num_seqs}) for t in sorted(set(tokens) or {e.max_num_batched_tokens})]
+    keys = [k for k in KNOBS if len({str(x[k]) for x in settings}) > 1 or k in SETTING_KEYS]
+    settings = [{k: x[k] for k in keys} for x in settings]  # only the knobs searched (and the two always shown)
+    count = {"done": 0}
+    rows: list[dict] = []
+    evaluators: dict[tuple[str, int], Evaluator] = {}
+
+    def tick(ev: Evaluator, phase: str, estimate: int) -> Callable[[int], None]:
+        """ev's progress callback: its simulations from now on, added to the search's count."""
+        done_before, own_before = count["done"], ev.simulations
+
+        def report(n: int) -> None:
+            count["done"] = done_before + n - own_before
+            if progress is not None:
+                progress(count["done"], max(estimate, count["done"] + 1), phase)
+        return report
+
+    # 1-2. prune by rules and bounds
+    pairs = [(g, tp) for g in gpus for tp in tps]
+    estimate = 2 * len(pairs) + 12 * len(pairs) * len(settings) + 40 * len(pairs) + 20
+    for gpu, tp in pairs:
+        row = {"gpu": gpu, "tensor_parallel_size": tp, "usd_per_gpu_hour": HARDWARE_PRESETS[gpu].usd_per_hour}
+        rows.append(row)
+        extra = (f"hardware={gpu}", f"engine.tensor_parallel_size={tp}")
+        if max_gpus is not None and tp > max_gpus:
+            row["pruned"] = f"one replica needs {tp} GPUs > --max-gpus {max_gpus}"
+            continue
+        if budget_usd_per_hour is not None and tp * row["usd_per_gpu_hour"] > budget_usd_per_hour:
+            row["pruned"] = f"one replica costs {tp * row['usd_per_gpu_hour']:.2f} USD/h > --budget-usd-per-hour"
+            continue
+        try:
+            ev = Evaluator(path, slo, overrides + extra, options)
+        except ScenarioError as err:  # does not fit, TP does not divide the heads, no profile...
+            row["pruned"] = str(err).split(": ", 1)[-1] if str(err).startswith(str(path)) else str(err)
+            continue
+        knob = load_knob(ev.scenario, ev.options)
+        ev.progress = tick(ev, "bounds", estimate)
+        row["cost_model"] = ev.scenario.cost_model.provenance()["name"]
+        row.update(_bounds(ev, knob, slo))
+        if row.get("pruned"):
+            continue
+        if target is not None:
+            best_case = SLACK * row["bound_rps"]
+            need = math.ceil(target / headroom / best_case - 1e-9) * tp
+            if max_gpus is not None and need > max_gpus:
+                row["pruned"] = f"even at {best_case:.2f} req/s per replica ({SLACK:g}x its saturated " \
+                                f"throughput) the target needs {need} GPUs > --max-gpus {max_gpus}"
+            elif budget_usd_per_hour is not None and need * row["usd_per_gpu_hour"] > budget_usd_per_hour:
+                row["pruned"] = f"even at {SLACK:g}x its saturated throughput the target needs {need} GPUs, " \
+                                f"{need * row['usd_per_gpu_hour']:.2f} USD/h > --budget-usd-per-hour"
+        if not row.get("pruned"):
+            evaluators[gpu, tp] = ev
+
+    # 3. coarse search of every setting of every candidate left
+    for row in rows:
+        key = (row["gpu"], row["tensor_parallel_size"])
+        if key not in evaluators:
+            continue
+        ev = evaluators[key]
+        ev.progress = tick(ev, "coarse search", estimate)
+        knob = load_knob(ev.scenario, ev.options)
+        grid = knob.anchored(row["bound_rps"] * START, max(ev.options.curve_resolution, knob.resolution))
+        entries, at = [], 0
+        for setting in settings:
+            extra = tuple(f"engine.{k}={_yaml(v)}" for k, v in setting.items() if getattr(ev.scenario.engine, k) != v)
+            try:
+                ev.load(extra)
+            except ScenarioError as err:
+                entries.append({**setting, "overrides": list(extra), "sustained": None, "refused": str(err)})
+                continue
+            found = max_load(ev, grid, extra, start=at, gallop=True, seeds=ev.options.curve_ladder(), **setting)
+            entries.append({**setting, "overrides": list(extra), "sustained": found["answer"],
+                            "next": found["next"], "point": found["answer_point"]})
+            if found["answer"] is not None:
+                at = grid.index(found["answer"])
+        row["settings"] = [{k: v for k, v in s.items() if k != "point"} for s in entries]
+        best = _best([s for s in entries if "refused" not in s])
+        if best is None:
+            row["pruned"] = "no setting meets the SLO at any load"
+            del evaluators[key]
+            continue
+        row.update({k: best[k] for k in keys}, coarse_rps=best["sustained"], coarse_grid=grid.resolution,
+                   coarse_overrides=best["overrides"],
+                   ties=[{k: x[k] for k in keys} for x in entries if x is not best and x["sustained"] == best["sustained"]])
+        row.update(_costs(row, best["sustained"], best["point"], target, headroom))
+        over = _over_limits(row, max_gpus, budget_usd_per_hour)
+        if over:
+            row["status"] = over
+            del evaluators[key]
+
+    # 4. confirm in order of coarse cost while one could still be the cheapest
+    live = sorted((r for r in rows if (r["gpu"], r["tensor_parallel_size"]) in evaluators), key=_rank)
+    cheapest = None
+    for row in live:
+        slack = 1 + row["coarse_grid"]  # a confirmed answer can sit up to one coarse step higher
+        if cheapest is not None and _rank(row, slack) > _rank(cheapest):
+            row["status"] = "coarse (cannot be the cheapest)"
+            continue
+        ev = evaluators[row["gpu"], row["tensor_parallel_size"]]
+        ev.progress = tick(ev, "confirming", estimate)
+        knob = load_knob(ev.scenario, ev.options)
+        found = max_load(ev, knob, tuple(row["coarse_overrides"]), start=knob.index(row["coarse_rps"]),
+                         gallop=True, confirm=True)
+        if found["answer"] is None:
+            row.update(status="fails when confirmed", sustained_rps=None)
+            continue
+        row.update(status="confirmed", sustained_rps=found["answer"], confidence=found["confidence"])
+        row.update(_costs(row, found["answer"], found["answer_point"], target, headroom))
+        over = _over_limits(row, max_gpus, budget_usd_per_hour)
+        if over:
+            row["status"] = f"confirmed, but {over}"
+        elif cheapest is None or _rank(row) < _rank(cheapest):
+            cheapest = row
+
+    out: dict[str, Any] = {"scenario": base.name, "source": str(path), "slo_label": slo.label(),
+                           "model": base.model.name, "target": target, "headroom": headroom,
+                           "max_gpus": max_gpus, "budget_usd_per_hour": budget_usd_per_hour,
+                           "settings": settings, "candidates": rows, "chosen": None}
+    # 5. the cluster of the cheapest, simulated
+    if cheapest is not None:
+        ev = evaluators[cheapest["gpu"], cheapest["tensor_parallel_size"]]
+        knob = load_knob(ev.scenario, ev.options)
+        chosen = {**{k: cheapest[k] for k in keys}, "gpu": cheapest["gpu"],
+                  "tensor_parallel_size": cheapest["tensor_parallel_size"]}
+        if target is not None:
+            ev.progress = tick(ev, "sizing the cluster", estimate)
+            cl = size_cluster(ev, knob, target / headroom, cheapest["sustained_rps"], tuple(cheapest["coarse_overrides"]))
+            gpus_n = cl["replicas"] * cheapest["tensor_parallel_size"]
+            chosen.update(replicas=cl["replicas"], gpus=gpus_n, usd_per_hour=gpus_n * cheapest["usd_per_gpu_hour"],
+                          cluster_point=cl["point"])
+        scenario = replace(ev.scenario, engine=replace(ev.scenario.engine, **{k: cheapest[k] for k in keys}))
+        chosen["vllm_serve"] = vllm_serve(scenario)
+        out["chosen"] = chosen
+    out["pareto"] = pareto([r for r in rows if r.get("status") in ("confirmed", "coarse (cannot be the cheapest)")])
+    out["simulations"] = count["done"]
+    out["wall_s"] = time.perf_counter() - start
+    return out
+
+
+def _yaml(v) -> str:
+    """A --set value: booleans as YAML writes them."""
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def _bounds(ev: Evaluator, knob: Knob, slo: SLOConfig) -> dict:
+    """The saturated throughput of one replica (where to start searching) and the latency floor
+    (nearly idle): one seed each."""
+    rate = knob.value(0) * SATURATE
+    saturated = ev.runs(knob.overrides(rate, ev.options), range(1))[0]
+    bound = saturated["request_throughput"]
+    out: dict[str, Any] = {"bound_rps": bound}
+    idle = ev.runs(knob.overrides(max(bound * IDLE, 1e-3), ev.options), range(1))[0]
+    if not idle["met"]:
+        worst = max(slo.targets(), key=lambda k: (idle[k]["slo"] or 0) / slo.targets()[k][0])
+        out["pruned"] = (f"misses the SLO even nearly idle: {worst} {idle[worst]['slo']:.1f} ms > "
+                         f"{slo.targets()[worst][0]:g} ms")
+    return out
+
+
+def _costs(row: dict, sustained: float, point: dict, target: float | None, headroom: float) -> dict:
+    """Replicas (estimated: target / (headroom x sustained)), GPUs and USD for the target; USD per
+    million output tokens at one replica's sustained load."""
+    tp, price = row["tensor_parallel_size"], row["usd_per_gpu_hour"]
+    out_tps = point["output_throughput"] if point else 0.0
+    out = {"sustained_per_gpu": sustained / tp,
+           "usd_per_million_output_tokens": tp * price / (out_tps * 3600) * 1e6 if out_tps > 0 else None,
+           "ttft_p99_ms_at_sustained": point["ttft_ms"]["p99"] if point else None}
+    if target is not None:
+        replicas = math.ceil(target / (headroom * sustained) - 1e-9)
+        out.update(replicas_estimate=replicas, gpus=replicas * tp, usd_per_hour=replicas * tp * price)
+    return out
+
+
+def _over_limits(row: dict, max_gpus: int | None, budget: float | None) -> str | None:
+    """Why the target's replicas break --max-gpus or --budget-usd-per-hour (None: they do not)."""
+    if "gpus" not in row:
+        return None
+    if max_gpus is not None and row["gpus"] > max_gpus:
+        return f"needs {row['gpus']} GPUs > --max-gpus {max_gpus}"
+    if budget is not None and row["usd_per_hour"] > budget:
+        return f"costs {row['usd_per_hour']:.2f} USD/h > --budget-usd-per-hour {budget:g}"
+    return None
+
+
+def _rank(row: dict, slack: float = 1.0) -> tuple:
+    """Cheapest first: USD/hour for the target (with a target), else USD per million output
+    tokens; `slack` > 1 is the most the cost can fall when the coarse answer is confirmed."""
+    if "usd_per_hour" in row:
+        replicas = math.ceil(row["replicas_estimate"] / slack - 1e-9)
+        return (replicas * row["tensor_parallel_size"] * row["usd_per_gpu_hour"], row["tensor_parallel_size"])
+    per_m = row.get("usd_per_million_output_tokens")
+    return ((per_m or math.inf) / slack, row["tensor_parallel_size"])
+
+
+def pareto(rows: list[dict]) -> list[dict]:
+    """The candidates (confirmed, or coarse) no other beats on both cost and p99 TTFT at the
+    sustained load."""
+    key = "usd_per_hour" if rows and "usd_per_hour" in rows[0] else "usd_per_million_output_tokens"
+    front = []
+    for r in rows:
+        c, t = r.get(key), r.get("ttft_p99_ms_at_sustained")
+        if c is None or t is None:
+            continue
+        if not any(o is not r and o.get(key) is not None and o.get("ttft_p99_ms_at_sustained") is not None
+                   and o[key] <= c and o["ttft_p99_ms_at_sustained"] <= t
+                   and (o[key] < c or o["ttft_p99_ms_at_sustained"] < t) for o in rows):
+            front.append({"gpu": r["gpu"], "tensor_parallel_size": r["tensor_parallel_size"], key: c,
+                          "ttft_p99_ms_at_sustained": t, "status": r["status"]})
+    return sorted(front, key=lambda f: f[key])

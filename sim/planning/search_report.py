@@ -1,0 +1,165 @@
+"""The configuration search as files: search.json, search.md and pareto.png.
+
+    write_search_report(result, out_dir) -> list[Path]
+    search_headline(result) -> list[tuple[str, str]]   # the short table the CLI prints
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+PARETO_PNG = "pareto.png"
+
+
+def _f(v: Any, digits: int = 2) -> str:
+    return "-" if v is None else f"{v:,.{digits}f}" if isinstance(v, float) else str(v)
+
+
+def _knobs(setting: dict) -> str:
+    """'chunked, prefix caching on, 256 / 8192': the searched knobs of a setting."""
+    parts = []
+    if "scheduler" in setting:
+        parts.append(setting["scheduler"])
+    if "enable_prefix_caching" in setting:
+        c = setting["enable_prefix_caching"]
+        parts.append("prefix caching " + ("default" if c is None else "on" if c else "off"))
+    return ", ".join(parts + [f"{setting['max_num_seqs']} / {setting['max_num_batched_tokens']}"])
+
+
+def _name(row: dict) -> str:
+    return f"{row['gpu']} TP{row['tensor_parallel_size']}"
+
+
+def search_headline(r: dict) -> list[tuple[str, str]]:
+    rows = [("SLO", r["slo_label"]), ("model", r["model"])]
+    if r["target"] is not None:
+        rows.append(("target", f"{r['target']:g} req/s" + (f" at {r['headroom']:.0%} of sustained load"
+                                                            if r["headroom"] < 1 else "")))
+    c = r["chosen"]
+    if c is None:
+        rows.append(("cheapest configuration", "none meets the SLO (see search.md for why each was left out)"))
+    else:
+        what = (f"{c['gpu']} x {c['gpus']} ({c['replicas']} replicas of TP{c['tensor_parallel_size']}), "
+                f"${c['usd_per_hour']:.2f}/hour" if "replicas" in c else f"{c['gpu']} TP{c['tensor_parallel_size']}")
+        rows += [("cheapest configuration", what),
+                 ("engine", (f"{c['scheduler']}, " if "scheduler" in c else "")
+                  + (f"enable_prefix_caching {c['enable_prefix_caching']}, " if "enable_prefix_caching" in c else "")
+                  + f"max_num_seqs {c['max_num_seqs']}, max_num_batched_tokens {c['max_num_batched_tokens']}"),
+                 ("vllm serve", c["vllm_serve"] or "none (static scheduler)")]
+    counts: dict[str, int] = {}
+    for row in r["candidates"]:
+        key = "pruned" if row.get("pruned") else row.get("status", "?").split(" (")[0]
+        counts[key] = counts.get(key, 0) + 1
+    rows += [("candidates", ", ".join(f"{n} {k}" for k, n in counts.items())),
+             ("simulations", f"{r['simulations']} in {r['wall_s']:.1f} s")]
+    return rows
+
+
+def write_search_report(r: dict, out_dir: str | Path) -> list[Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "search.json", out / "search.md"]
+    paths[0].write_text(json.dumps(r, indent=2) + "\n")
+    plot = pareto_plot(r, out / PARETO_PNG)
+    paths[1].write_text(markdown(r, plot))
+    return paths + ([plot] if plot else [])
+
+
+def markdown(r: dict, plot: Path | None) -> str:
+    lines = [f"# Configuration search: {r['scenario']}", "", f"`{r['source']}`, {r['model']}; SLO "
+             f"{r['slo_label']}" + (f"; target {r['target']:g} req/s" if r["target"] is not None else "") + ".", ""]
+    lines += ["| | |", "| --- | --- |"] + [f"| {a} | {b} |" for a, b in search_headline(r)] + [""]
+    with_target = r["target"] is not None
+    cols = ["GPU", "TP", "setting (max_num_seqs / max_num_batched_tokens)", "sustained per replica (req/s)",
+            "per GPU (req/s)", "p99 TTFT at it (ms)", "$/M output tokens"]
+    cols += ["replicas", "GPUs", "$/hour"] if with_target else []
+    cols += ["status"]
+    lines += ["## Every candidate", "",
+              "Sustained load: *confirmed* (P(a fresh seed meets the SLO) >= the plan's confidence, one-sided "
+              "90% Wilson bound) or *coarse* (the engine curve's 5% grid and majority of 2-3 seeds; left "
+              "coarse when even one grid step more could not make it the cheapest). Replicas are "
+              "target / (headroom x sustained), rounded up; the chosen one's cluster is simulated.", "",
+              "| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
+    for row in sorted(r["candidates"], key=lambda x: (bool(x.get("pruned")), x.get("usd_per_hour") or 0)):
+        if row.get("pruned"):
+            cells = [row["gpu"], str(row["tensor_parallel_size"])] + ["-"] * (len(cols) - 3) + \
+                    [f"pruned: {row['pruned']}"]
+        else:
+            sustained = row.get("sustained_rps") or row.get("coarse_rps")
+            cells = [row["gpu"], str(row["tensor_parallel_size"]), _knobs(row), _f(sustained),
+                     _f(row.get("sustained_per_gpu")),
+                     _f(row.get("ttft_p99_ms_at_sustained"), 0), _f(row.get("usd_per_million_output_tokens"), 3)]
+            if with_target:
+                cells += [str(row.get("replicas_estimate", "-")), str(row.get("gpus", "-")),
+                          _f(row.get("usd_per_hour"))]
+            tie = f"; ties: {'; '.join(_knobs(t) for t in row['ties'])}" if row.get("ties") else ""
+            cells.append(row.get("status", "") + tie)
+        lines.append("| " + " | ".join(cells) + " |")
+    settings = r["settings"]
+    if len(settings) > 1:
+        lines += ["", "## Engine settings per candidate (coarse sustained load, req/s)", "",
+                  "| GPU | TP | " + " | ".join(_knobs(s) for s in settings) + " |",
+                  "|" + " --- |" * (2 + len(settings))]
+        for row in r["candidates"]:
+            if "settings" in row:
+                lines.append(f"| {row['gpu']} | {row['tensor_parallel_size']} | " + " | ".join(
+                    _f(s.get("sustained")) if "refused" not in s else "refused" for s in row["settings"]) + " |")
+    c = r["chosen"]
+    if c is not None:
+        lines += ["", "## Chosen", "", "```", c["vllm_serve"] or "(static scheduler: no vllm serve)", "```"]
+        if "replicas" in c:
+            p = c["cluster_point"]
+            lines += ["", f"{c['replicas']} replicas behind the scenario's router, simulated at the target "
+                          f"/ headroom: {p['passes']}/{p['seeds']} seeds meet the SLO."]
+    if plot:
+        lines += ["", f"![{plot.name}]({plot.name})"]
+    return "\n".join(lines) + "\n"
+
+
+def pareto_plot(r: dict, path: Path) -> Path | None:
+    """Cost vs p99 TTFT at the sustained load, one point per candidate within the limits that meets
+    the SLO (filled: confirmed, hollow: coarse; bigger: more GPUs per replica), the frontier of
+    those no other is both cheaper and faster than, the chosen one starred."""
+    rows = [x for x in r["candidates"] if not x.get("pruned") and x.get("ttft_p99_ms_at_sustained") is not None
+            and "GPUs >" not in x.get("status", "") and "USD/h >" not in x.get("status", "")]
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    key = "usd_per_hour" if r["target"] is not None else "usd_per_million_output_tokens"
+    xlabel = (f"USD per hour for {r['target']:g} req/s (replicas x TP x GPU price)" if key == "usd_per_hour"
+              else "USD per million output tokens at one replica's sustained load")
+    fig, ax = plt.subplots(figsize=(8.5, 5.2))
+    colours = {g: f"C{i}" for i, g in enumerate(dict.fromkeys(x["gpu"] for x in rows))}
+    for x in rows:
+        confirmed = x.get("status") == "confirmed"
+        ax.scatter(x[key], x["ttft_p99_ms_at_sustained"], s=40 + 25 * x["tensor_parallel_size"],
+                   color=colours[x["gpu"]], facecolors=colours[x["gpu"]] if confirmed else "none",
+                   linewidths=1.5, zorder=3)
+        ax.annotate(f"TP{x['tensor_parallel_size']}", (x[key], x["ttft_p99_ms_at_sustained"]),
+                    textcoords="offset points", xytext=(6, 4), fontsize=7)
+    front = sorted(r["pareto"], key=lambda f: f[key])
+    if len(front) > 1:
+        ax.plot([f[key] for f in front], [f["ttft_p99_ms_at_sustained"] for f in front], "k--", lw=1,
+                label="Pareto frontier: cheaper or faster than every other")
+    c = r["chosen"]
+    if c is not None:
+        row = next(x for x in rows if x["gpu"] == c["gpu"] and x["tensor_parallel_size"] == c["tensor_parallel_size"])
+        ax.scatter(row[key], row["ttft_p99_ms_at_sustained"], marker="*", s=400, color="gold",
+                   edgecolors="black", zorder=4, label=f"chosen: {_name(row)}")
+    for g, col in colours.items():
+        ax.scatter([], [], color=col, label=g)
+    ax.scatter([], [], facecolors="none", edgecolors="grey", label="coarse (not confirmed)")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("p99 TTFT at the sustained load (ms)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    ax.set_title(f"{r['scenario']} ({r['model']}): cost vs latency, {r['slo_label']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,69 @@
+"""The `vllm serve` command line for a planned configuration: vLLM's own argument names.
+
+    vllm_serve(scenario, {"max_num_seqs": 128, "max_num_batched_tokens": 4096}) -> "vllm serve ..."
+
+Every engine knob that servesim simulates maps to one vLLM argument (docs.vllm.ai, "Engine
+Arguments"); the mapping is the inverse of the scenario's `engine:` section. A `static` scheduler
+(Hugging Face `generate`) has no vLLM equivalent: None.
+"""
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from ..schedulers import SCHEDULERS
+
+# servesim's model presets -> the Hugging Face repository vLLM would load (a config.json path is
+# passed as its folder: vLLM accepts a local model directory)
+HF_REPOS = {
+    "llama-2-7b": "meta-llama/Llama-2-7b-chat-hf",
+    "llama-2-13b": "meta-llama/Llama-2-13b-chat-hf",
+    "llama-2-70b": "meta-llama/Llama-2-70b-chat-hf",
+    "llama-3-8b": "meta-llama/Meta-Llama-3-8B-Instruct",
+    "llama-3-70b": "meta-llama/Meta-Llama-3-70B-Instruct",
+    "mistral-7b": "mistralai/Mistral-7B-Instruct-v0.1",
+    "qwen2.5-7b": "Qwen/Qwen2.5-7B-Instruct",
+    "qwen2.5-32b": "Qwen/Qwen2.5-32B-Instruct",
+}
+
+
+def model_argument(scenario) -> str:
+    """What `vllm serve` takes as the model: the preset's HF repository, or the folder of the
+    scenario's hf_config, or the model's name as a placeholder to replace."""
+    raw = (scenario.raw or {}).get("model")
+    if isinstance(raw, dict) and raw.get("hf_config"):
+        path = Path(raw["hf_config"]).expanduser()
+        path = path if path.is_absolute() else scenario.base_dir / path
+        return str(path.parent if path.name.endswith(".json") else path)
+    return HF_REPOS.get(scenario.model.name, scenario.model.name)
+
+
+def vllm_serve(scenario, setting: dict | None = None) -> str | None:
+    """The command for one replica of `scenario` with `setting` (engine knobs that override it);
+    None for the static scheduler."""
+    e = scenario.engine
+    knobs = {k: getattr(e, k) for k in ("scheduler", "max_num_seqs", "max_num_batched_tokens",
+                                         "tensor_parallel_size", "gpu_memory_utilization", "block_size",
+                                         "kv_cache_dtype", "enable_expert_parallel", "num_gpu_blocks",
+                                         "enable_prefix_caching")}
+    knobs.update(setting or {})
+    kind = SCHEDULERS[knobs["scheduler"]]
+    if not kind.token_budget:  # static batching: Hugging Face generate, not vLLM
+        return None
+    args = ["vllm", "serve", model_argument(scenario),
+            "--tensor-parallel-size", str(knobs["tensor_parallel_size"]),
+            "--max-num-seqs", str(knobs["max_num_seqs"]),
+            "--max-num-batched-tokens", str(knobs["max_num_batched_tokens"]),
+            "--gpu-memory-utilization", f"{knobs['gpu_memory_utilization']:g}",
+            "--block-size", str(knobs["block_size"]),
+            "--enable-chunked-prefill" if kind.chunks_prompts else "--no-enable-chunked-prefill"]
+    caching = knobs["enable_prefix_caching"]
+    if caching is not None:  # None: vLLM's default (on), like servesim's
+        args.append("--enable-prefix-caching" if caching else "--no-enable-prefix-caching")
+    if knobs["kv_cache_dtype"] != "auto":
+        args += ["--kv-cache-dtype", knobs["kv_cache_dtype"]]
+    if knobs["enable_expert_parallel"]:
+        args.append("--enable-expert-parallel")
+    if knobs["num_gpu_blocks"] is not None:  # vLLM's override counts the null block too
+        args += ["--num-gpu-blocks-override", str(knobs["num_gpu_blocks"] + 1)]
+    return shlex.join(args)
