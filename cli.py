@@ -388,6 +388,30 @@ def _int_list(flag: str, text: str | None) -> tuple[int, ...] | None:
     return tuple(out)
 
 
+def _spec_list(text: str | None) -> list[dict | None]:
+    """'off,eagle:3:0.7,draft:4:0.6:llama-2-7b' -> [None, {method: eagle, ...}, ...] (checked when
+    each setting's scenario loads: engine.speculative's rules)."""
+    if text is None:
+        return []
+    from sim.errors import ScenarioError
+
+    out: list[dict | None] = []
+    for item in (x.strip() for x in text.split(",")):
+        if item == "off":
+            out.append(None)
+            continue
+        parts = item.split(":")
+        try:
+            spec = {"method": parts[0], "num_speculative_tokens": int(parts[1]), "acceptance_rate": float(parts[2])}
+        except (IndexError, ValueError):
+            raise ScenarioError(f"--speculative: {item!r} is not off or METHOD:K:ACCEPTANCE[:DRAFT_MODEL] "
+                                "(e.g. eagle:3:0.7)") from None
+        if len(parts) > 3:
+            spec["draft_model"] = parts[3]
+        out.append(spec)
+    return out
+
+
 def _print_rows(title: str, rows: list[tuple[str, str]]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -462,6 +486,9 @@ def plan(
     schedulers: Annotated[str | None, typer.Option(
         help="Configuration search: schedulers to compare, e.g. chunked,continuous.", metavar="NAME,...",
         show_default=False)] = None,
+    speculative: Annotated[str | None, typer.Option(
+        help="Configuration search: speculative decoding candidates, off or METHOD:K:ACCEPTANCE[:DRAFT], "
+             "e.g. off,eagle:3:0.7,ngram:4:0.5.", metavar="SPEC,...", show_default=False)] = None,
     prefix_caching: Annotated[str | None, typer.Option(
         help="Configuration search: enable_prefix_caching values to compare: on,off.", metavar="on,off",
         show_default=False)] = None,
@@ -529,7 +556,7 @@ def plan(
                               horizon_s=horizon_s, min_requests=min_requests, confidence=confidence,
                               max_requests=max(min_requests, PlanOptions.max_requests), workers=workers)
         target = target_rate if target_users is None else target_users
-        if any(v is not None for v in (gpus, tp, schedulers, prefix_caching)):
+        if any(v is not None for v in (gpus, tp, schedulers, prefix_caching, speculative)):
             from sim.planning.config_search import search_configs
             from sim.planning.search_report import search_headline, write_search_report
 
@@ -550,6 +577,7 @@ def plan(
                 result = search_configs(scenario, slo_cfg, gpus=gpu_list, tps=tp_list, target=target,
                                         overrides=set_ or (), seqs=seq_list or (), tokens=token_list or (),
                                         schedulers=sched_list, prefix_caching=[caching[c] for c in cache_list],
+                                        speculative=_spec_list(speculative),
                                         max_gpus=max_gpus, budget_usd_per_hour=budget_usd_per_hour,
                                         headroom=headroom, options=options, progress=progress)
             write_search_report(result, out_dir)

@@ -25,6 +25,10 @@ class BatchStats:
     # Tokens above that are computed but produce nothing (static padding, finished rows). Already
     # counted in prefill_lens / num_decodes; reported separately for utilisation and waste.
     padded_tokens: int = 0
+    # Speculative decoding (sim/speculative.py): sequences the draft proposes tokens for this
+    # iteration, and the sum of their contexts (their verification is in prefill_lens above).
+    draft_seqs: int = 0
+    draft_context_sum: int = 0
 
     @property
     def prefill_tokens(self) -> int:

@@ -35,6 +35,7 @@ from .memory import MemoryBudget
 from .models import ModelSpec
 from .queues import POLICIES
 from .schedulers import SCHEDULERS
+from .speculative import SpeculativeConfig, SpeculativeCost, parse_speculative
 from .workload import WorkloadConfig
 
 
@@ -56,6 +57,8 @@ class EngineConfig:
     # vLLM's automatic prefix caching: None = the scheduler's default (on where it exists, as in
     # vLLM V1); acts on workloads that say what prompts share (sim/prefix_cache.py)
     enable_prefix_caching: bool | None = None
+    # speculative decoding (sim/speculative.py): None = off
+    speculative: SpeculativeConfig | None = None
 
 
 SLO_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")  # vLLM's metric names, milliseconds
@@ -120,8 +123,18 @@ class Scenario:
                                 enable_expert_parallel=e.enable_expert_parallel)
 
     def cost(self):
-        """A fresh cost model for one simulation (no file is read: the spec was resolved)."""
-        return self.cost_model.build(self.model, self.hardware, self.engine.tensor_parallel_size)
+        """A fresh cost model for one simulation (no file is read: the spec was resolved); with
+        speculative decoding, the target's plus the draft's (sim/speculative.py)."""
+        tp = self.engine.tensor_parallel_size
+        target = self.cost_model.build(self.model, self.hardware, tp)
+        spec = self.engine.speculative
+        if spec is None:
+            return target
+        draft = None
+        if spec.draft_model is not None:  # the draft's own cost: measured where shipped, else roofline
+            m = models.MODEL_PRESETS[spec.draft_model]
+            draft = cost.default_cost_model(m, self.hardware, tp).build(m, self.hardware, tp)
+        return SpeculativeCost(target, spec, draft, self.model.num_layers)
 
 
 TOP_KEYS = ("name", "seed", "model", "hardware", "cost_model", "engine", "workload", "slo")
@@ -181,6 +194,8 @@ def resolved_mapping(scenario: Scenario) -> dict:
     e = scenario.engine
     engine = {f.name: getattr(e, f.name) for f in fields(EngineConfig)
               if getattr(e, f.name) is not None}
+    if e.speculative is not None:
+        engine["speculative"] = e.speculative.as_yaml()
     out = {"name": scenario.name, "seed": scenario.seed,
            "model": {k: v for k, v in dataclasses.asdict(scenario.model).items() if v is not None},
            "hardware": {f.name: getattr(scenario.hardware, f.name) for f in fields(HardwareSpec)},
@@ -358,7 +373,11 @@ def _parse_engine(v: Any, w: Where) -> EngineConfig:
         enable_expert_parallel=_bool(get("enable_expert_parallel"), at("enable_expert_parallel")),
         enable_prefix_caching=None if m.get("enable_prefix_caching") is None else _bool(
             m["enable_prefix_caching"], at("enable_prefix_caching")),
+        speculative=parse_speculative(m.get("speculative"), at("speculative"), models.MODEL_PRESETS),
     )
+    if engine.speculative and not SCHEDULERS[engine.scheduler].iteration_level:
+        raise ScenarioError(f"{at('speculative')}: the {engine.scheduler} scheduler has no speculative "
+                            f"decoding (it is: {', '.join(n for n, c in SCHEDULERS.items() if c.iteration_level)})")
     if engine.enable_prefix_caching and not SCHEDULERS[engine.scheduler].prefix_caching:
         raise ScenarioError(f"{at('enable_prefix_caching')}: the {engine.scheduler} scheduler has no "
                             f"prefix caching (it is: {', '.join(n for n, c in SCHEDULERS.items() if c.prefix_caching)})")

@@ -49,8 +49,9 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
     """Run `scenario` to completion. `progress(completed, total)` is called a few times a second;
     `workload` replaces the scenario's (tests, planners); fast_forward=False steps every iteration."""
     own_workload = workload is None
+    rng = np.random.default_rng(scenario.seed)  # the run's one generator: the workload, then acceptances
     if own_workload:
-        workload = build_workload(scenario.workload, np.random.default_rng(scenario.seed))
+        workload = build_workload(scenario.workload, rng)
     e, where = scenario.engine, _where(scenario)
     blocks = scenario.budget.num_gpu_blocks
     check_servable(workload, e, blocks, where)
@@ -58,7 +59,7 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
     req = RequestTable.from_workload(workload)
     env = simpy.Environment()
     recorder = Recorder(e.block_size)
-    schedulers = [build_scheduler(e, req, blocks, workload) for _ in range(e.replicas)]
+    schedulers = [build_scheduler(e, req, blocks, workload, rng) for _ in range(e.replicas)]
     router = make_router(e.router, e.replicas)
     if hasattr(router, "attach"):  # a rule that reads the replicas' KV caches (prefix_aware)
         router.attach([s.kv for s in schedulers])

@@ -34,6 +34,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from ..config import SLOConfig, load_scenario
 from ..errors import ScenarioError
 from ..hardware import HARDWARE_PRESETS
@@ -43,7 +45,7 @@ from .load_search import Knob, load_knob, max_load
 from .planner import size_cluster
 from .vllm_command import vllm_serve
 
-KNOBS = ("scheduler", "enable_prefix_caching", *SETTING_KEYS)  # engine knobs the search can vary
+KNOBS = ("speculative", "scheduler", "enable_prefix_caching", *SETTING_KEYS)  # knobs the search can vary
 SATURATE = 10.0     # the bound's load: this x the scenario's own
 IDLE = 0.01         # the latency floor's load: this x the saturated throughput
 START = 0.85        # coarse searches start at this x the saturated throughput
@@ -53,7 +55,7 @@ SLACK = 1.5         # pruning by limits assumes a replica could sustain up to th
 def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps: Iterable[int],
                    target: float | None = None, overrides: Iterable[str] = (),
                    seqs: Iterable[int] = (), tokens: Iterable[int] = (), schedulers: Iterable[str] = (),
-                   prefix_caching: Iterable[bool] = (),
+                   prefix_caching: Iterable[bool] = (), speculative: Iterable[dict | None] = (),
                    max_gpus: int | None = None, budget_usd_per_hour: float | None = None,
                    headroom: float = 1.0, options: PlanOptions = PlanOptions(),
                    progress: Callable[..., None] | None = None) -> dict:
@@ -69,8 +71,11 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
         raise ScenarioError("--gpus/--tp: the configuration search plans open-loop generated workloads "
                             "(an arrival rate); plan a trace replay or closed loop one GPU at a time")
     e = base.engine
-    settings = [{"max_num_seqs": n, "max_num_batched_tokens": t, "scheduler": k, "enable_prefix_caching": c}
-                for k in dict.fromkeys(schedulers or [e.scheduler])
+    own_spec = e.speculative.as_yaml() if e.speculative else None
+    specs = list(speculative) or [own_spec]
+    settings = [{"max_num_seqs": n, "max_num_batched_tokens": t, "scheduler": k, "enable_prefix_caching": c,
+                 "speculative": sp}
+                for sp in specs for k in dict.fromkeys(schedulers or [e.scheduler])
                 for c in dict.fromkeys(prefix_caching or [e.enable_prefix_caching])
                 for n in sorted(set(seqs) or {e.max_num_seqs}) for t in sorted(set(tokens) or {e.max_num_batched_tokens})]
     keys = [k for k in KNOBS if len({str(x[k]) for x in settings}) > 1 or k in SETTING_KEYS]
@@ -136,7 +141,7 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
         grid = knob.anchored(row["bound_rps"] * START, max(ev.options.curve_resolution, knob.resolution))
         entries, at = [], 0
         for setting in settings:
-            extra = tuple(f"engine.{k}={_yaml(v)}" for k, v in setting.items() if getattr(ev.scenario.engine, k) != v)
+            extra = tuple(f"engine.{k}={_yaml(v)}" for k, v in setting.items() if _current(ev.scenario.engine, k) != v)
             try:
                 ev.load(extra)
             except ScenarioError as err:
@@ -202,8 +207,7 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
             gpus_n = cl["replicas"] * cheapest["tensor_parallel_size"]
             chosen.update(replicas=cl["replicas"], gpus=gpus_n, usd_per_hour=gpus_n * cheapest["usd_per_gpu_hour"],
                           cluster_point=cl["point"])
-        scenario = replace(ev.scenario, engine=replace(ev.scenario.engine, **{k: cheapest[k] for k in keys}))
-        chosen["vllm_serve"] = vllm_serve(scenario)
+        chosen["vllm_serve"] = vllm_serve(ev.load(tuple(cheapest["coarse_overrides"])))
         out["chosen"] = chosen
     out["pareto"] = pareto([r for r in rows if r.get("status") in ("confirmed", "coarse (cannot be the cheapest)")])
     out["simulations"] = count["done"]
@@ -212,8 +216,16 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
 
 
 def _yaml(v) -> str:
-    """A --set value: booleans as YAML writes them."""
-    return str(v).lower() if isinstance(v, bool) else str(v)
+    """A --set value: booleans and mappings as YAML writes them, None as null."""
+    if isinstance(v, dict):
+        return yaml.safe_dump(v, default_flow_style=True, sort_keys=False).strip()
+    return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def _current(engine, key: str):
+    """The engine's value of a searched knob, as a setting writes it (speculative: its mapping)."""
+    v = getattr(engine, key)
+    return v.as_yaml() if key == "speculative" and v is not None else v
 
 
 def _bounds(ev: Evaluator, knob: Knob, slo: SLOConfig) -> dict:

@@ -157,8 +157,9 @@ def plan(path: str | Path, slo: SLOConfig, *, overrides: Iterable[str] = (), tar
     if not 0 < headroom <= 1:
         raise ScenarioError(f"--headroom: {headroom:g} is not in (0, 1] (0.8: plan for 80% of the sustained load)")
     mape = (sc.cost_model.provenance().get("heldout_mape") or 0.0) if band else 0.0
+    banded = mape >= options.resolution / 2
     phases = Phases(ev, progress, ["locating the boundary"] + ([] if ev.deterministic else ["confirming the answer"])
-                    + ["engine settings", "confirming the chosen setting"] + (["cost-error band"] if mape else [])
+                    + ["engine settings", "confirming the chosen setting"] + (["cost-error band"] if banded else [])
                     + (["sizing the cluster"] if target is not None else []))
     workload = replay_stats(sc.workload) if knob.replay else {"time_scale": sc.workload.time_scale}
     search = max_load(ev, knob, confirm=True, on_confirm=lambda: phases.start("confirming the answer"))
@@ -184,12 +185,25 @@ def plan(path: str | Path, slo: SLOConfig, *, overrides: Iterable[str] = (), tar
                                                on_refine=lambda: phases.start("confirming the chosen setting"))
         steps["engine_curve"] = ev.simulations - sum(steps.values())
         chosen, best = curve["chosen"], curve["chosen_search"]
-        if best["answer"] is None:  # the refined search disagrees with the coarse one: keep the scenario's
+        if best["answer"] is None or best["answer"] < search["answer"]:
+            # confirmed, the coarse winner sustains less than the scenario's own setting: keep that
+            if best is not search:
+                out["warnings"].append(
+                    f"the engine curve's best setting ({', '.join(f'{k} {v}' for k, v in chosen.items())}) "
+                    f"sustains {best['answer'] or 0:g} {knob.unit} when confirmed, less than the scenario's "
+                    f"own {search['answer']:g}: the scenario's setting is kept")
+            curve["coarse_winner"] = chosen
             chosen, best = {k: getattr(sc.engine, k) for k in chosen}, search
+            curve["chosen"], curve["chosen_search"] = chosen, search  # what the report marks chosen
         tp = sc.engine.tensor_parallel_size
         price = sc.hardware.usd_per_hour if gpu_hour_usd is None else gpu_hour_usd
         extra = engine_overrides(sc.engine, chosen)
-        if mape:
+        if mape and mape < options.resolution / 2:  # cannot move the answer a grid step: no simulation
+            out["band"] = {"heldout_mape": mape, "steps_slower": {"answer": best["answer"]},
+                           "steps_faster": {"answer": best["answer"]},
+                           "note": f"MAPE {mape:.2%} is under half the grid step ({options.resolution:.0%}): "
+                                   "the same answer either way, not simulated"}
+        elif mape:
             phases.start("cost-error band")
             out["band"] = cost_band(ev, knob, extra, best, mape)
             steps["band"] = ev.simulations - sum(steps.values())

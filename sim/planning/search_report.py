@@ -19,6 +19,10 @@ def _f(v: Any, digits: int = 2) -> str:
 def _knobs(setting: dict) -> str:
     """'chunked, prefix caching on, 256 / 8192': the searched knobs of a setting."""
     parts = []
+    if "speculative" in setting:
+        s = setting["speculative"]
+        parts.append("no speculation" if s is None else
+                     f"{s['method']} k={s['num_speculative_tokens']} a={s['acceptance_rate']}")
     if "scheduler" in setting:
         parts.append(setting["scheduler"])
     if "enable_prefix_caching" in setting:
@@ -43,9 +47,7 @@ def search_headline(r: dict) -> list[tuple[str, str]]:
         what = (f"{c['gpu']} x {c['gpus']} ({c['replicas']} replicas of TP{c['tensor_parallel_size']}), "
                 f"${c['usd_per_hour']:.2f}/hour" if "replicas" in c else f"{c['gpu']} TP{c['tensor_parallel_size']}")
         rows += [("cheapest configuration", what),
-                 ("engine", (f"{c['scheduler']}, " if "scheduler" in c else "")
-                  + (f"enable_prefix_caching {c['enable_prefix_caching']}, " if "enable_prefix_caching" in c else "")
-                  + f"max_num_seqs {c['max_num_seqs']}, max_num_batched_tokens {c['max_num_batched_tokens']}"),
+                 ("engine (max_num_seqs / max_num_batched_tokens)", _knobs(c)),
                  ("vllm serve", c["vllm_serve"] or "none (static scheduler)")]
     counts: dict[str, int] = {}
     for row in r["candidates"]:

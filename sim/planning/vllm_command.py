@@ -8,6 +8,7 @@ Arguments"); the mapping is the inverse of the scenario's `engine:` section. A `
 """
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 
@@ -64,6 +65,14 @@ def vllm_serve(scenario, setting: dict | None = None) -> str | None:
         args += ["--kv-cache-dtype", knobs["kv_cache_dtype"]]
     if knobs["enable_expert_parallel"]:
         args.append("--enable-expert-parallel")
+    spec = e.speculative
+    if spec is not None:  # vLLM's --speculative-config (JSON); EAGLE needs its head's weights
+        config = {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens}
+        if spec.draft_model is not None:
+            config["model"] = HF_REPOS.get(spec.draft_model, spec.draft_model)
+        elif spec.method == "eagle":
+            config["model"] = "<EAGLE head for this model>"
+        args += ["--speculative-config", json.dumps(config)]
     if knobs["num_gpu_blocks"] is not None:  # vLLM's override counts the null block too
         args += ["--num-gpu-blocks-override", str(knobs["num_gpu_blocks"] + 1)]
     return shlex.join(args)

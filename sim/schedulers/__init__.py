@@ -72,10 +72,16 @@ def make_scheduler(name: str, **kwargs) -> Scheduler:
 
 
 def build_scheduler(e: EngineConfig, requests: RequestTable, num_blocks: int,
-                    workload: Workload) -> Scheduler:
-    """One replica's scheduler with its own KV cache of `num_blocks` blocks and waiting queue."""
+                    workload: Workload, rng: np.random.Generator | None = None) -> Scheduler:
+    """One replica's scheduler with its own KV cache of `num_blocks` blocks and waiting queue.
+    `rng`: the run's seeded generator (speculative decoding draws its acceptances from it)."""
     cls = SCHEDULERS[e.scheduler]
-    if prefix_caching(e, workload):
+    caching = prefix_caching(e, workload)
+    if caching and e.speculative is not None:
+        raise ScenarioError("engine.speculative: speculative decoding together with prefix caching over "
+                            "the workload's shared prefixes is not modelled; set "
+                            "engine.enable_prefix_caching: false")
+    if caching:
         prompt = requests.prompt.tolist()
         chains: dict = {}  # requests of one system prompt share one chain (built once, read-only)
         hashes = []
@@ -87,7 +93,11 @@ def build_scheduler(e: EngineConfig, requests: RequestTable, num_blocks: int,
         kv = PrefixKVCache(num_blocks, e.block_size, hashes, prompt)
     else:
         kv = cls.kv_cache.for_replica(num_blocks, e.block_size, len(requests))
-    return make_scheduler(e.scheduler, requests=requests, kv=kv,
+    pool = None
+    if e.speculative is not None:
+        from ..speculative import SpeculativePool
+        pool = SpeculativePool(requests, kv, e.speculative, rng if rng is not None else np.random.default_rng(0))
+    return make_scheduler(e.scheduler, requests=requests, kv=kv, pool=pool,
                           queue=make_queue(e.policy, requests), max_num_seqs=e.max_num_seqs,
                           max_num_batched_tokens=e.max_num_batched_tokens,
                           batch_timeout_s=e.batch_timeout_s,

@@ -25,6 +25,9 @@ from ..request import RequestTable
 
 
 class DecodePool:
+    speculative = False  # each member computes one token per iteration (sim/speculative.py: more)
+    lookahead = 1        # tokens of the budget each member takes
+
     def __init__(self, requests: RequestTable, block_size: int):
         self.req, self.block_size = requests, block_size
         self.clock = 0              # decode iterations run
@@ -89,6 +92,10 @@ class DecodePool:
         self.phase_count[(-stored) % self.block_size] -= 1
         req.computed[rid] += clock
         req.generated[rid] += clock
+
+    def growth(self, rid: int, kv) -> int:
+        """Blocks `rid` must add to decode its next token."""
+        return kv.growth(self.computed(rid), 1)
 
     def steps_to_next_finish(self) -> int:
         heap, req = self._finish_heap, self.req

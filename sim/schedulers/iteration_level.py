@@ -33,11 +33,12 @@ class IterationLevelScheduler:
     prefix_caching = True        # may run over sim/prefix_cache.PrefixKVCache (vLLM V1: on by default)
 
     def __init__(self, requests: RequestTable, kv: PagedKVCache, queue, *, max_num_seqs: int,
-                 max_num_batched_tokens: int, **_unused):
+                 max_num_batched_tokens: int, pool=None, **_unused):
         self.req, self.kv, self.waiting = requests, kv, queue
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.pool = DecodePool(requests, kv.block_size)
+        # running decodes: one token each (DecodePool), or speculative (sim/speculative.py)
+        self.pool = DecodePool(requests, kv.block_size) if pool is None else pool
         self.prefilling: list[int] = []  # running, prompt not yet all computed; admission order
         # every running request, admission order (a dict for O(1) removal; values unused)
         self.order: dict[int, None] = {}
@@ -64,7 +65,7 @@ class IterationLevelScheduler:
             return None
         pool, kv = self.pool, self.kv
         self._preempted = []
-        budget = self.max_num_batched_tokens - pool.size  # decodes first, one token each
+        budget = self.max_num_batched_tokens - pool.size * pool.lookahead  # decodes first
         chunks = self._prefill_chunks(budget) if self.prefilling else []
         need = pool.new_blocks_now()
         if chunks:  # (skipping empty generators: this runs every iteration)
@@ -72,7 +73,9 @@ class IterationLevelScheduler:
         preempted = not kv.allocate(need)
         if preempted:
             chunks = self._preempt_until_fits(now, chunks)
-        elif self.waiting:
+        elif pool.speculative:  # members hold their lookahead blocks
+            pool.reserve_all()
+        if not preempted and self.waiting:
             budget -= sum(t for _, t in chunks)
             chunks += self._admit(now, budget)
         if not self.order:
@@ -126,16 +129,20 @@ class IterationLevelScheduler:
     def _preempt_until_fits(self, now: float, chunks) -> list[tuple[int, int]]:
         """vLLM V1's loop: each running request in admission order gets its blocks, preempting
         from the most recently admitted end until it does (or is itself preempted)."""
-        take = dict(chunks)
+        take, pool = dict(chunks), self.pool
         ids, i = list(self.order), 0
         while i < len(ids):
             rid = ids[i]
-            need = self.kv.growth(self._computed(rid), take.get(rid, 1))
+            member = rid in pool.members
+            need = pool.growth(rid, self.kv) if member else self.kv.growth(self._computed(rid), take.get(rid, 0))
             while not self.kv.allocate(need):
                 victim = ids.pop()
                 self._preempt(victim, now)
                 if victim == rid:
+                    member = False
                     break
+            if member and pool.speculative:
+                pool.reserve(rid)
             i += 1
         still_running = set(ids)
         return [(rid, t) for rid, t in chunks if rid in still_running]
@@ -213,9 +220,16 @@ class IterationLevelScheduler:
         held = context_sum  # KV tokens held before this iteration's writes
         if self.prefilling:
             held += sum(int(req.computed[rid]) for rid in self.prefilling)
-        stats = BatchStats(prefill_lens=lens, prefill_contexts=contexts, num_decodes=decodes,
-                           decode_context_sum=context_sum + decodes)
-        max_steps = self._run_length() if decodes and not self.prefilling and not preempted else 1
+        if pool.speculative and decodes:  # verification priced like prefill chunks, plus the draft
+            v_lens, v_contexts, draft_seqs, draft_context = pool.batch()
+            stats = BatchStats(prefill_lens=np.concatenate((lens, v_lens)),
+                               prefill_contexts=np.concatenate((contexts, v_contexts)),
+                               draft_seqs=draft_seqs, draft_context_sum=draft_context)
+            max_steps = 1
+        else:
+            stats = BatchStats(prefill_lens=lens, prefill_contexts=contexts, num_decodes=decodes,
+                               decode_context_sum=context_sum + decodes)
+            max_steps = self._run_length() if decodes and not self.prefilling and not preempted else 1
         # positional: twice as fast as keywords at one schedule per event (field order: step.py)
         return Schedule(
             pool.ids() if decodes else NO_IDS, ids, stats,             # decode_ids, prefill_ids, stats
