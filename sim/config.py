@@ -36,6 +36,7 @@ from .models import ModelSpec
 from .queues import POLICIES
 from .schedulers import SCHEDULERS
 from .speculative import SpeculativeConfig, SpeculativeCost, parse_speculative
+from .disaggregation import DisaggregationConfig, parse_disaggregation
 from .workload import WorkloadConfig
 
 
@@ -59,6 +60,8 @@ class EngineConfig:
     enable_prefix_caching: bool | None = None
     # speculative decoding (sim/speculative.py): None = off
     speculative: SpeculativeConfig | None = None
+    # disaggregated prefill/decode pools (sim/disaggregation.py): None = every replica does both
+    disaggregation: DisaggregationConfig | None = None
 
 
 SLO_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")  # vLLM's metric names, milliseconds
@@ -175,6 +178,10 @@ def scenario_from_dict(raw: Mapping[str, Any], source: str | Path | None = None,
     hw = _parse_hardware(raw["hardware"], w)
     engine = _parse_engine(raw.get("engine"), w)
     budget = _check_fits(engine, model, hw, w)
+    if engine.disaggregation is not None:  # each pool's TP and memory must fit too
+        for name in ("prefill", "decode"):
+            _check_fits(getattr(engine.disaggregation, name), model, hw,
+                        lambda k, name=name: w(k.replace("engine.", f"engine.disaggregation.{name}.", 1)))
     cost_model = _delegate(overridden, "cost_model", lambda: _parse_cost_model(
         raw.get("cost_model"), w, base_dir, model, hw, engine))
     work = _delegate(overridden, "workload", lambda: workload.parse_workload(
@@ -196,6 +203,8 @@ def resolved_mapping(scenario: Scenario) -> dict:
               if getattr(e, f.name) is not None}
     if e.speculative is not None:
         engine["speculative"] = e.speculative.as_yaml()
+    if e.disaggregation is not None:
+        engine["disaggregation"] = e.disaggregation.as_yaml()
     out = {"name": scenario.name, "seed": scenario.seed,
            "model": {k: v for k, v in dataclasses.asdict(scenario.model).items() if v is not None},
            "hardware": {f.name: getattr(scenario.hardware, f.name) for f in fields(HardwareSpec)},
@@ -374,7 +383,21 @@ def _parse_engine(v: Any, w: Where) -> EngineConfig:
         enable_prefix_caching=None if m.get("enable_prefix_caching") is None else _bool(
             m["enable_prefix_caching"], at("enable_prefix_caching")),
         speculative=parse_speculative(m.get("speculative"), at("speculative"), models.MODEL_PRESETS),
+        disaggregation=parse_disaggregation(m.get("disaggregation"), w, dict(m), _parse_engine),
     )
+    d = engine.disaggregation
+    if d is not None:
+        if engine.replicas != 1:
+            raise ScenarioError(f"{at('replicas')}: {engine.replicas} with engine.disaggregation, whose pools "
+                                "are sized by prefill_replicas and decode_replicas; leave replicas at 1")
+        if engine.speculative is not None:
+            raise ScenarioError(f"{at('speculative')}: speculative decoding with disaggregated pools is not "
+                                "modelled")
+        for name, pool in (("prefill", d.prefill), ("decode", d.decode)):
+            if not SCHEDULERS[pool.scheduler].iteration_level:
+                raise ScenarioError(f"{at('disaggregation.' + name + '.scheduler')}: {pool.scheduler} cannot "
+                                    "serve a disaggregated pool (it is: "
+                                    f"{', '.join(n for n, c in SCHEDULERS.items() if c.iteration_level)})")
     if engine.speculative and not SCHEDULERS[engine.scheduler].iteration_level:
         raise ScenarioError(f"{at('speculative')}: the {engine.scheduler} scheduler has no speculative "
                             f"decoding (it is: {', '.join(n for n, c in SCHEDULERS.items() if c.iteration_level)})")

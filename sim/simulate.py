@@ -22,7 +22,8 @@ from .checks import like_open
 from .config import Scenario, resolved_yaml
 from .errors import ScenarioError
 from .engine import Replica
-from .metrics import inter_token_latencies, requests_frame, steps_frame, summarize
+from .disaggregation import pool_utilization, start_pools
+from .metrics import distribution, inter_token_latencies, requests_frame, steps_frame, summarize
 from .prefix_cache import PrefixKVCache
 from .recorder import Recorder
 from .request import RequestTable
@@ -59,18 +60,22 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
     req = RequestTable.from_workload(workload)
     env = simpy.Environment()
     recorder = Recorder(e.block_size)
-    schedulers = [build_scheduler(e, req, blocks, workload, rng) for _ in range(e.replicas)]
-    router = make_router(e.router, e.replicas)
-    if hasattr(router, "attach"):  # a rule that reads the replicas' KV caches (prefix_aware)
-        router.attach([s.kv for s in schedulers])
-    if workload.users is None:
-        inboxes = make_inboxes(router, env, req.arrival, schedulers, req.replica)
-    else:  # closed loop: arrivals are filled in as users' requests finish
-        loop = ClosedLoopRouter(env, req, workload.users, schedulers, router)
-        inboxes = loop.inboxes
     tick = _progress_ticker(req, progress)
-    for i, (sched, inbox) in enumerate(zip(schedulers, inboxes)):
-        Replica(env, i, sched, cost, recorder, inbox, fast_forward=fast_forward, on_iteration=tick)
+    transfers = None
+    if e.disaggregation is not None:  # prefill and decode pools, KV shipped between them
+        schedulers, transfers = start_pools(env, scenario, req, workload, recorder, rng, tick, fast_forward)
+    else:
+        schedulers = [build_scheduler(e, req, blocks, workload, rng) for _ in range(e.replicas)]
+        router = make_router(e.router, e.replicas)
+        if hasattr(router, "attach"):  # a rule that reads the replicas' KV caches (prefix_aware)
+            router.attach([s.kv for s in schedulers])
+        if workload.users is None:
+            inboxes = make_inboxes(router, env, req.arrival, schedulers, req.replica)
+        else:  # closed loop: arrivals are filled in as users' requests finish
+            loop = ClosedLoopRouter(env, req, workload.users, schedulers, router)
+            inboxes = loop.inboxes
+        for i, (sched, inbox) in enumerate(zip(schedulers, inboxes)):
+            Replica(env, i, sched, cost, recorder, inbox, fast_forward=fast_forward, on_iteration=tick)
     env.run()
     if progress is not None:
         progress(len(req), len(req))
@@ -83,13 +88,26 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
         requests["cached_tokens"] = np.sum([c.cached_tokens for c in caches], axis=0)
     m, hw = scenario.model, scenario.hardware
     itl = inter_token_latencies(steps, recorder, req)
-    summary = summarize(req, requests, steps, recorder, itl=itl, max_num_seqs=e.max_num_seqs, replicas=e.replicas,
-                        gpus=e.replicas * e.tensor_parallel_size, flops_per_token=m.flops_per_token,
+    replicas, gpus = e.replicas, e.replicas * e.tensor_parallel_size
+    if e.disaggregation is not None:
+        d = e.disaggregation
+        replicas = d.prefill_replicas + d.decode_replicas
+        gpus = d.prefill_replicas * d.prefill.tensor_parallel_size + d.decode_replicas * d.decode.tensor_parallel_size
+    summary = summarize(req, requests, steps, recorder, itl=itl, max_num_seqs=e.max_num_seqs, replicas=replicas,
+                        gpus=gpus, flops_per_token=m.flops_per_token,
                         weight_bytes=m.weight_bytes, kv_bytes_per_token=m.kv_bytes_per_token,
                         peak_flops=hw.bf16_flops, hbm_bandwidth=hw.hbm_bandwidth, slo=scenario.slo)
     if caches:
         queried = sum(c.queried_tokens for c in caches)
         summary["prefix_cache_hit_rate"] = sum(c.hit_tokens for c in caches) / queried if queried else 0.0
+    if transfers is not None:
+        d = e.disaggregation
+        requests["prefill_replica"] = transfers.prefill_replica
+        requests["kv_transfer_s"] = transfers.transfer_s
+        summary["kv_transfer_bytes"] = transfers.bytes
+        summary["kv_transfer_ms"] = distribution(transfers.transfer_s)
+        summary["pool_utilization"] = pool_utilization(steps, summary["duration_s"], d.prefill_replicas,
+                                                       d.decode_replicas)
     summary = {"scenario": scenario.name, **summary, "run": run_record(scenario)}
     return SimResult(requests=requests, steps=steps, summary=summary,
                      scenario=scenario if own_workload else None, itl=itl)

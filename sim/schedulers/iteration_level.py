@@ -100,19 +100,25 @@ class IterationLevelScheduler:
             computed = int(req.computed[rid]) + t
             req.computed[rid] = computed
             kv.commit(rid, computed)  # (prefix caching: its full prompt blocks become cacheable)
-            generated = int(req.generated[rid])
-            if computed < req.prompt[rid] + generated:
+            if computed < req.prompt[rid] + req.generated[rid]:
                 continue  # more of the prompt to come
-            generated += 1
-            req.generated[rid] = generated
-            self._first_or_resumed_token(rid, now)
             self.prefilling.remove(rid)
-            if generated >= req.output[rid]:
-                self._finish([rid], now)
+            if self._prompt_done(rid, now):
                 finished.append(rid)
-            else:
-                self.pool.join(rid)
         return StepOutcome(tuple(finished), used, growth)  # finished, kv_blocks_used, kv_slot_growth
+
+    def _prompt_done(self, rid: int, now: float) -> bool:
+        """Its prompt (recompute included) is all computed: it samples a token, then finishes
+        (True) or decodes. (The disaggregated prefill pool ships it instead: sim/disaggregation.py.)"""
+        req = self.req
+        generated = int(req.generated[rid]) + 1
+        req.generated[rid] = generated
+        self._first_or_resumed_token(rid, now)
+        if generated >= req.output[rid]:
+            self._finish([rid], now)
+            return True
+        self.pool.join(rid)
+        return False
 
     # -- running requests -----------------------------------------------------------------------
     def _computed(self, rid: int) -> int:
@@ -191,7 +197,7 @@ class IterationLevelScheduler:
             hits = kv.lookup(rid, total) if computed == 0 else ()
             start = computed + len(hits) * kv.block_size
             t = self.admit_tokens(total - start, budget)
-            if t == 0 or not kv.admit(rid, hits, kv.blocks_for(start + t) - kv.blocks_for(computed)
+            if t == 0 or not kv.admit(rid, hits, kv.blocks_for(start + t) - self._held_blocks(rid, computed)
                                       - len(hits), total):
                 break  # head-of-line: whoever is first in line waits for room
             if hits:
@@ -204,6 +210,11 @@ class IterationLevelScheduler:
                 req.first_scheduled[rid] = now
             budget -= t
         return admitted
+
+    def _held_blocks(self, rid: int, computed: int) -> int:
+        """Blocks a waiting request already holds here for its `computed` tokens (none after a
+        preemption; a disaggregated decode replica's arrivals bring theirs: sim/disaggregation.py)."""
+        return self.kv.blocks_for(computed)
 
     # -- the schedule ---------------------------------------------------------------------------
     def _schedule(self, chunks, preempted: bool) -> Schedule:
