@@ -412,6 +412,25 @@ def _spec_list(text: str | None) -> list[dict | None]:
     return out
 
 
+def _split_list(text: str | None) -> list[tuple[int, int] | None]:
+    """'off,1:3,2:2' -> [None, (1, 3), (2, 2)]."""
+    if text is None:
+        return []
+    from sim.errors import ScenarioError
+
+    out: list[tuple[int, int] | None] = []
+    for item in (x.strip() for x in text.split(",")):
+        p, sep, d = item.partition(":")
+        if item == "off":
+            out.append(None)
+        elif sep and p.isdigit() and d.isdigit() and int(p) > 0 and int(d) > 0:
+            out.append((int(p), int(d)))
+        else:
+            raise ScenarioError(f"--disaggregation: {item!r} is not off or P:D (prefill and decode replicas, "
+                                "e.g. 1:3)")
+    return out
+
+
 def _print_rows(title: str, rows: list[tuple[str, str]]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -489,6 +508,9 @@ def plan(
     speculative: Annotated[str | None, typer.Option(
         help="Configuration search: speculative decoding candidates, off or METHOD:K:ACCEPTANCE[:DRAFT], "
              "e.g. off,eagle:3:0.7,ngram:4:0.5.", metavar="SPEC,...", show_default=False)] = None,
+    disaggregation: Annotated[str | None, typer.Option(
+        help="Configuration search: layouts to compare, off (aggregated) or P:D prefill and decode replicas "
+             "per unit, e.g. off,1:3,2:2 (KV over NVLink).", metavar="off,P:D,...", show_default=False)] = None,
     prefix_caching: Annotated[str | None, typer.Option(
         help="Configuration search: enable_prefix_caching values to compare: on,off.", metavar="on,off",
         show_default=False)] = None,
@@ -556,7 +578,7 @@ def plan(
                               horizon_s=horizon_s, min_requests=min_requests, confidence=confidence,
                               max_requests=max(min_requests, PlanOptions.max_requests), workers=workers)
         target = target_rate if target_users is None else target_users
-        if any(v is not None for v in (gpus, tp, schedulers, prefix_caching, speculative)):
+        if any(v is not None for v in (gpus, tp, schedulers, prefix_caching, speculative, disaggregation)):
             from sim.planning.config_search import search_configs
             from sim.planning.search_report import search_headline, write_search_report
 
@@ -578,6 +600,7 @@ def plan(
                                         overrides=set_ or (), seqs=seq_list or (), tokens=token_list or (),
                                         schedulers=sched_list, prefix_caching=[caching[c] for c in cache_list],
                                         speculative=_spec_list(speculative),
+                                        disaggregation=_split_list(disaggregation),
                                         max_gpus=max_gpus, budget_usd_per_hour=budget_usd_per_hour,
                                         headroom=headroom, options=options, progress=progress)
             write_search_report(result, out_dir)

@@ -180,7 +180,8 @@ def scenario_from_dict(raw: Mapping[str, Any], source: str | Path | None = None,
     budget = _check_fits(engine, model, hw, w)
     if engine.disaggregation is not None:  # each pool's TP and memory must fit too
         for name in ("prefill", "decode"):
-            _check_fits(getattr(engine.disaggregation, name), model, hw,
+            _check_fits(getattr(engine.disaggregation, name), model,
+                        getattr(engine.disaggregation, f"{name}_hardware") or hw,
                         lambda k, name=name: w(k.replace("engine.", f"engine.disaggregation.{name}.", 1)))
     cost_model = _delegate(overridden, "cost_model", lambda: _parse_cost_model(
         raw.get("cost_model"), w, base_dir, model, hw, engine))

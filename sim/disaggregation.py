@@ -24,8 +24,9 @@ instance with max_tokens 1, then to a decode instance that pulls the prompt's KV
    **TTFT includes the prefill, the transfer and that first decode step**, as in vLLM;
 4. it decodes there; a preemption recomputes on the decode replica.
 
-Each pool is the scenario's engine with its own knobs (TP, max_num_seqs, budget, scheduler, memory),
-its own KV budget and cost model (same GPU type). Not modelled: link contention between
+Each pool is the scenario's engine with its own knobs (TP, max_num_seqs, budget, scheduler, memory)
+and optionally its own GPU (`prefill: {hardware: h200}`), with its own KV budget and cost model.
+Not modelled: link contention between
 concurrent transfers, layer-wise pipelining of the transfer with the prefill, prefix caching,
 closed-loop users and speculative decoding together with disaggregation (refused).
 """
@@ -60,6 +61,8 @@ class DisaggregationConfig:
     link_bandwidth: float | None  # bytes/s per GPU link; None: the hardware's interconnect
     link_latency_s: float
     raw: dict                 # as written (resolved scenarios write it back)
+    prefill_hardware: Any = None  # HardwareSpec of that pool; None: the scenario's
+    decode_hardware: Any = None
 
     def as_yaml(self) -> dict:
         return self.raw
@@ -82,8 +85,17 @@ def parse_disaggregation(v: Any, where, engine_raw: dict, parse_engine) -> Disag
     m = _section(v, "disaggregation", lambda k: where(f"engine.{k}"),
                  ("prefill_replicas", "decode_replicas", "prefill", "decode", "link"))
     pools = {}
+    hardware = {}
     for pool in ("prefill", "decode"):
-        knobs = _section(m.get(pool) or {}, pool, lambda k: at(k), POOL_KNOBS)
+        knobs = dict(_section(m.get(pool) or {}, pool, lambda k: at(k), (*POOL_KNOBS, "hardware")))
+        gpu = knobs.pop("hardware", None)
+        if gpu is not None:
+            from .hardware import HARDWARE_PRESETS
+            if gpu not in HARDWARE_PRESETS:
+                from .errors import ScenarioError
+                raise ScenarioError(f"{at(pool + '.hardware')}: unknown GPU {gpu!r}; allowed: "
+                                    f"{', '.join(HARDWARE_PRESETS)}")
+            hardware[pool] = HARDWARE_PRESETS[gpu]
         base = {k: x for k, x in engine_raw.items() if k not in ("disaggregation", "replicas")}
         pool_where = lambda k, pool=pool: where(k.replace("engine.", f"engine.disaggregation.{pool}.", 1)  # noqa: E731
                                                 if k.split(".")[-1] in knobs else k)
@@ -103,7 +115,8 @@ def parse_disaggregation(v: Any, where, engine_raw: dict, parse_engine) -> Disag
     return DisaggregationConfig(
         _int(m.get("prefill_replicas"), at("prefill_replicas"), lo=1, hi=10_000),
         _int(m.get("decode_replicas"), at("decode_replicas"), lo=1, hi=10_000),
-        pools["prefill"], pools["decode"], name, bandwidth, latency, dict(m))
+        pools["prefill"], pools["decode"], name, bandwidth, latency, dict(m),
+        hardware.get("prefill"), hardware.get("decode"))
 
 
 def pool_scenarios(scenario):
@@ -112,13 +125,14 @@ def pool_scenarios(scenario):
 
     d = scenario.engine.disaggregation
     out = []
-    for e in (d.prefill, d.decode):
+    for e, hw in ((d.prefill, d.prefill_hardware), (d.decode, d.decode_hardware)):
+        hw = hw or scenario.hardware
         spec = scenario.cost_model
-        if e.tensor_parallel_size != scenario.engine.tensor_parallel_size:  # a profile is per TP
-            spec = parse_cost_model(spec.as_yaml(), scenario.model, scenario.hardware, e.tensor_parallel_size,
-                                    f"{scenario.source or 'scenario'}: cost_model (the pool with "
-                                    f"tensor_parallel_size {e.tensor_parallel_size})")
-        out.append(replace(scenario, engine=replace(e, disaggregation=None), cost_model=spec))
+        if e.tensor_parallel_size != scenario.engine.tensor_parallel_size or hw is not scenario.hardware:
+            spec = parse_cost_model(spec.as_yaml(), scenario.model, hw, e.tensor_parallel_size,
+                                    f"{scenario.source or 'scenario'}: cost_model (the pool on {hw.name} "
+                                    f"at tensor_parallel_size {e.tensor_parallel_size})")
+        out.append(replace(scenario, hardware=hw, engine=replace(e, disaggregation=None), cost_model=spec))
     return out
 
 
@@ -263,8 +277,10 @@ def start_pools(env, scenario, req, workload, recorder, rng, on_iteration, fast_
         s.incoming = set()
     tp = d.decode.tensor_parallel_size
     kv_bytes = kv_bytes_per_token_per_rank(scenario.model, tp, scenario.engine.kv_cache_dtype) * tp
+    # nvlink: the slower pool's interconnect
+    link_hw = min(prefill_sc.hardware, decode_sc.hardware, key=lambda h: h.interconnect_bandwidth)
     transfers = KVTransfers(env, req, decode, make_router(scenario.engine.router, d.decode_replicas), d, kv_bytes,
-                            scenario.hardware, d.prefill_replicas)
+                            link_hw, d.prefill_replicas)
     for i, s in enumerate(prefill):
         s.index, s.transfers = i, transfers
     inboxes = make_inboxes(make_router(scenario.engine.router, d.prefill_replicas), env, req.arrival, prefill,

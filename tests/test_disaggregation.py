@@ -89,3 +89,18 @@ def test_bad_disaggregation_is_one_clear_error(engine, says):
     with pytest.raises(ScenarioError) as e:
         make_scenario(scheduler="chunked", **engine)
     assert says in str(e.value)
+
+
+def test_a_pool_on_another_gpu_gets_that_gpus_budget_and_costs():
+    from sim.disaggregation import pool_scenarios
+
+    sc = make_scenario(cost_model="roofline", scheduler="chunked",
+                       disaggregation=disagg(link="nvlink", decode={"hardware": "h200"}))
+    prefill, decode = pool_scenarios(sc)
+    assert prefill.hardware.name == "h100-sxm" and decode.hardware.name == "h200"
+    assert decode.budget.num_gpu_blocks > prefill.budget.num_gpu_blocks  # 141 GB vs 80 GB
+    r = run(np.linspace(0, 1, 20), 500, 50, scheduler="chunked", cost_model="roofline",
+            disaggregation=disagg(link="nvlink", decode={"hardware": "h200"}))
+    assert r.requests["finish_s"].notna().all()
+    with pytest.raises(ScenarioError, match="engine.disaggregation.decode.hardware: unknown GPU 'tpu'"):
+        make_scenario(scheduler="chunked", disaggregation=disagg(decode={"hardware": "tpu"}))

@@ -40,6 +40,7 @@ VLLM_ARGS = {
     "--pipeline-parallel-size", "--quantization", "--scheduling-policy", "--seed", "--tensor-parallel-size",
     "--num-gpu-blocks-override", "--swap-space", "--enable-expert-parallel", "--trust-remote-code",
     "--speculative-config",  # EngineArgs.speculative_config, a JSON string
+    "--kv-transfer-config",  # EngineArgs.kv_transfer_config (P/D disaggregation through a KV connector)
 }
 
 
@@ -276,3 +277,31 @@ def test_config_search_compares_speculative_decoding_and_emits_its_vllm_config()
     config = json.loads(words[words.index("--speculative-config") + 1])
     assert config["method"] == "eagle" and config["num_speculative_tokens"] == 3
     assert set(w for w in words if w.startswith("--")) <= VLLM_ARGS
+
+
+def test_config_search_weighs_disaggregated_units_per_gpu():
+    itl = SLOConfig(ttft_ms=500, tpot_ms=50, itl_ms=30)  # a decode-latency target only 2P:2D meets well
+    r = search_configs(QUICKSTART, itl, gpus=("h100-sxm",), tps=(1,), target=30.0, options=OWN,
+                       disaggregation=(None, (2, 2)))
+    row = r["candidates"][0]
+    agg, split = row["settings"]
+    assert agg["disaggregation"] is None and split["disaggregation"] == {"prefill_replicas": 2, "decode_replicas": 2}
+    assert split["sustained"] / 4 > agg["sustained"]  # per GPU, the split wins under an ITL target
+    c = r["chosen"]
+    assert c["disaggregation"] == {"prefill_replicas": 2, "decode_replicas": 2}
+    assert c["gpus"] == 4 * c["replicas"] and c["usd_per_hour"] == pytest.approx(3.0 * c["gpus"])
+    assert row["replicas_per_unit"] == 4 and row["gpus"] == 4 * row["replicas_estimate"]
+    # the cluster of units is simulated with each pool scaled
+    n = c["replicas"]
+    assert any(o.startswith(f"engine.disaggregation={{prefill_replicas: {2 * n}, decode_replicas: {2 * n}")
+               for o in c["cluster_point"]["overrides"])
+    lines = c["vllm_serve"].splitlines()
+    assert [x.split(":")[0] for x in lines] == ["# 2 x prefill", "# 2 x decode"]
+    for line in lines:
+        words = shlex.split(line.split(": ", 1)[1])
+        assert set(w for w in words if w.startswith("--")) <= VLLM_ARGS
+        assert json.loads(words[words.index("--kv-transfer-config") + 1])["kv_connector"] == "NixlConnector"
+    # without the ITL target, per GPU the aggregated replica sustains more: it is chosen
+    plain = search_configs(QUICKSTART, SLO, gpus=("h100-sxm",), tps=(1,), target=30.0, options=OWN,
+                           disaggregation=(None, (2, 2)))
+    assert plain["chosen"]["disaggregation"] is None

@@ -30,7 +30,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -39,13 +38,14 @@ import yaml
 from ..config import SLOConfig, load_scenario
 from ..errors import ScenarioError
 from ..hardware import HARDWARE_PRESETS
-from .engine_curve import SETTING_KEYS, _best
+from .engine_curve import SETTING_KEYS
 from .evaluator import Evaluator, PlanOptions
 from .load_search import Knob, load_knob, max_load
 from .planner import size_cluster
 from .vllm_command import vllm_serve
 
-KNOBS = ("speculative", "scheduler", "enable_prefix_caching", *SETTING_KEYS)  # knobs the search can vary
+# knobs the search can vary; a disaggregated setting's "replica" is a unit of P + D replicas
+KNOBS = ("disaggregation", "speculative", "scheduler", "enable_prefix_caching", *SETTING_KEYS)
 SATURATE = 10.0     # the bound's load: this x the scenario's own
 IDLE = 0.01         # the latency floor's load: this x the saturated throughput
 START = 0.85        # coarse searches start at this x the saturated throughput
@@ -56,6 +56,7 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
                    target: float | None = None, overrides: Iterable[str] = (),
                    seqs: Iterable[int] = (), tokens: Iterable[int] = (), schedulers: Iterable[str] = (),
                    prefix_caching: Iterable[bool] = (), speculative: Iterable[dict | None] = (),
+                   disaggregation: Iterable[tuple[int, int] | None] = (),
                    max_gpus: int | None = None, budget_usd_per_hour: float | None = None,
                    headroom: float = 1.0, options: PlanOptions = PlanOptions(),
                    progress: Callable[..., None] | None = None) -> dict:
@@ -73,9 +74,12 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
     e = base.engine
     own_spec = e.speculative.as_yaml() if e.speculative else None
     specs = list(speculative) or [own_spec]
+    own_split = e.disaggregation.as_yaml() if e.disaggregation else None
+    splits = [None if s is None else {"prefill_replicas": s[0], "decode_replicas": s[1]}
+              for s in disaggregation] or [own_split]
     settings = [{"max_num_seqs": n, "max_num_batched_tokens": t, "scheduler": k, "enable_prefix_caching": c,
-                 "speculative": sp}
-                for sp in specs for k in dict.fromkeys(schedulers or [e.scheduler])
+                 "speculative": sp, "disaggregation": dg}
+                for dg in splits for sp in specs for k in dict.fromkeys(schedulers or [e.scheduler])
                 for c in dict.fromkeys(prefix_caching or [e.enable_prefix_caching])
                 for n in sorted(set(seqs) or {e.max_num_seqs}) for t in sorted(set(tokens) or {e.max_num_batched_tokens})]
     keys = [k for k in KNOBS if len({str(x[k]) for x in settings}) > 1 or k in SETTING_KEYS]
@@ -153,14 +157,16 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
             if found["answer"] is not None:
                 at = grid.index(found["answer"])
         row["settings"] = [{k: v for k, v in s.items() if k != "point"} for s in entries]
-        best = _best([s for s in entries if "refused" not in s])
+        best = _best_per_gpu([s for s in entries if "refused" not in s])
         if best is None:
             row["pruned"] = "no setting meets the SLO at any load"
             del evaluators[key]
             continue
-        row.update({k: best[k] for k in keys}, coarse_rps=best["sustained"], coarse_grid=grid.resolution,
+        row.update({k: best[k] for k in keys}, replicas_per_unit=_units(best), coarse_rps=best["sustained"],
+                   coarse_grid=grid.resolution,
                    coarse_overrides=best["overrides"],
-                   ties=[{k: x[k] for k in keys} for x in entries if x is not best and x["sustained"] == best["sustained"]])
+                   ties=[{k: x[k] for k in keys} for x in entries if x is not best and x["sustained"] is not None
+                         and x["sustained"] / _units(x) == best["sustained"] / _units(best)])
         row.update(_costs(row, best["sustained"], best["point"], target, headroom))
         over = _over_limits(row, max_gpus, budget_usd_per_hour)
         if over:
@@ -203,8 +209,9 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
                   "tensor_parallel_size": cheapest["tensor_parallel_size"]}
         if target is not None:
             ev.progress = tick(ev, "sizing the cluster", estimate)
-            cl = size_cluster(ev, knob, target / headroom, cheapest["sustained_rps"], tuple(cheapest["coarse_overrides"]))
-            gpus_n = cl["replicas"] * cheapest["tensor_parallel_size"]
+            cl = size_cluster(ev, knob, target / headroom, cheapest["sustained_rps"],
+                              tuple(cheapest["coarse_overrides"]), _scale(cheapest.get("disaggregation")))
+            gpus_n = cl["replicas"] * cheapest["tensor_parallel_size"] * cheapest["replicas_per_unit"]
             chosen.update(replicas=cl["replicas"], gpus=gpus_n, usd_per_hour=gpus_n * cheapest["usd_per_gpu_hour"],
                           cluster_point=cl["point"])
         chosen["vllm_serve"] = vllm_serve(ev.load(tuple(cheapest["coarse_overrides"])))
@@ -213,6 +220,27 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
     out["simulations"] = count["done"]
     out["wall_s"] = time.perf_counter() - start
     return out
+
+
+def _best_per_gpu(entries: list[dict]) -> dict | None:
+    """The setting sustaining the most load per GPU (a disaggregated unit has P + D replicas); ties
+    as the engine curve breaks them (sim/planning/engine_curve._best)."""
+    ok = [p for p in entries if p["sustained"] is not None]
+    return max(ok, key=lambda p: (p["sustained"] / _units(p), -len(p["overrides"]), -p["max_num_seqs"],
+                                  -p["max_num_batched_tokens"])) if ok else None
+
+
+def _units(setting: dict) -> int:
+    """Replicas in one 'replica' of a setting: 1, or a disaggregated unit's P + D."""
+    d = setting.get("disaggregation")
+    return 1 if d is None else d["prefill_replicas"] + d["decode_replicas"]
+
+
+def _scale(split: dict | None):
+    """size_cluster's overrides for n replicas: n disaggregated units, or engine.replicas=n."""
+    if split is None:
+        return None
+    return lambda n: (f"engine.disaggregation={_yaml({**split, 'prefill_replicas': n * split['prefill_replicas'], 'decode_replicas': n * split['decode_replicas']})}",)
 
 
 def _yaml(v) -> str:
@@ -225,7 +253,7 @@ def _yaml(v) -> str:
 def _current(engine, key: str):
     """The engine's value of a searched knob, as a setting writes it (speculative: its mapping)."""
     v = getattr(engine, key)
-    return v.as_yaml() if key == "speculative" and v is not None else v
+    return v.as_yaml() if key in ("speculative", "disaggregation") and v is not None else v
 
 
 def _bounds(ev: Evaluator, knob: Knob, slo: SLOConfig) -> dict:
@@ -246,7 +274,7 @@ def _bounds(ev: Evaluator, knob: Knob, slo: SLOConfig) -> dict:
 def _costs(row: dict, sustained: float, point: dict, target: float | None, headroom: float) -> dict:
     """Replicas (estimated: target / (headroom x sustained)), GPUs and USD for the target; USD per
     million output tokens at one replica's sustained load."""
-    tp, price = row["tensor_parallel_size"], row["usd_per_gpu_hour"]
+    tp, price = row["tensor_parallel_size"] * row.get("replicas_per_unit", 1), row["usd_per_gpu_hour"]
     out_tps = point["output_throughput"] if point else 0.0
     out = {"sustained_per_gpu": sustained / tp,
            "usd_per_million_output_tokens": tp * price / (out_tps * 3600) * 1e6 if out_tps > 0 else None,
@@ -273,7 +301,8 @@ def _rank(row: dict, slack: float = 1.0) -> tuple:
     tokens; `slack` > 1 is the most the cost can fall when the coarse answer is confirmed."""
     if "usd_per_hour" in row:
         replicas = math.ceil(row["replicas_estimate"] / slack - 1e-9)
-        return (replicas * row["tensor_parallel_size"] * row["usd_per_gpu_hour"], row["tensor_parallel_size"])
+        gpus = replicas * row["tensor_parallel_size"] * row.get("replicas_per_unit", 1)
+        return (gpus * row["usd_per_gpu_hour"], row["tensor_parallel_size"])
     per_m = row.get("usd_per_million_output_tokens")
     return ((per_m or math.inf) / slack, row["tensor_parallel_size"])
 

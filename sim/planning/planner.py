@@ -34,10 +34,13 @@ MAX_REPLICAS = 10_000  # the most replicas size_cluster starts at (a cluster tha
 
 
 def size_cluster(ev: Evaluator, knob: Knob, target: float, per_replica: float,
-                 engine: tuple[str, ...]) -> dict:
+                 engine: tuple[str, ...], scale: Callable[[int], tuple[str, ...]] | None = None) -> dict:
     """Fewest replicas whose simulated cluster (with the scenario's router) meets the SLO at
     `target`; starts at ceil(target / per_replica), gallops down or up (1, 2, 4, ... replicas) to a
-    bracket, then bisects. The start can be far off: round-robin smooths each replica's arrivals."""
+    bracket, then bisects. The start can be far off: round-robin smooths each replica's arrivals.
+    `scale(n)`: the overrides for n replicas (default engine.replicas=n; a disaggregated unit: n
+    times each pool)."""
+    scale = scale or (lambda n: (f"engine.replicas={n}",))
     at = engine + knob.overrides(target, ev.options)
     tried: dict[int, dict] = {}
     length = ev.scenario.workload.num_requests if knob.own_length else None
@@ -45,7 +48,7 @@ def size_cluster(ev: Evaluator, knob: Knob, target: float, per_replica: float,
     def meets(n: int) -> bool:
         if n not in tried:  # the scenario's own length per replica: n replicas get n times the requests
             more = (f"workload.num_requests={min(length * n, MAX_REQUESTS)}",) if length else ()
-            tried[n] = ev.judge(at + more + (f"engine.replicas={n}",), replicas=n)
+            tried[n] = ev.judge(at + more + scale(n), replicas=n)
         return tried[n]["met"]
 
     n = max(1, math.ceil(target / per_replica - 1e-9))

@@ -19,6 +19,9 @@ def _f(v: Any, digits: int = 2) -> str:
 def _knobs(setting: dict) -> str:
     """'chunked, prefix caching on, 256 / 8192': the searched knobs of a setting."""
     parts = []
+    if "disaggregation" in setting:
+        d = setting["disaggregation"]
+        parts.append("aggregated" if d is None else f"{d['prefill_replicas']}P:{d['decode_replicas']}D")
     if "speculative" in setting:
         s = setting["speculative"]
         parts.append("no speculation" if s is None else
@@ -44,7 +47,9 @@ def search_headline(r: dict) -> list[tuple[str, str]]:
     if c is None:
         rows.append(("cheapest configuration", "none meets the SLO (see search.md for why each was left out)"))
     else:
-        what = (f"{c['gpu']} x {c['gpus']} ({c['replicas']} replicas of TP{c['tensor_parallel_size']}), "
+        unit = "replicas" if c.get("disaggregation") is None else \
+            f"units of {c['disaggregation']['prefill_replicas']}P:{c['disaggregation']['decode_replicas']}D"
+        what = (f"{c['gpu']} x {c['gpus']} ({c['replicas']} {unit} of TP{c['tensor_parallel_size']}), "
                 f"${c['usd_per_hour']:.2f}/hour" if "replicas" in c else f"{c['gpu']} TP{c['tensor_parallel_size']}")
         rows += [("cheapest configuration", what),
                  ("engine (max_num_seqs / max_num_batched_tokens)", _knobs(c)),
@@ -73,7 +78,7 @@ def markdown(r: dict, plot: Path | None) -> str:
              f"{r['slo_label']}" + (f"; target {r['target']:g} req/s" if r["target"] is not None else "") + ".", ""]
     lines += ["| | |", "| --- | --- |"] + [f"| {a} | {b} |" for a, b in search_headline(r)] + [""]
     with_target = r["target"] is not None
-    cols = ["GPU", "TP", "setting (max_num_seqs / max_num_batched_tokens)", "sustained per replica (req/s)",
+    cols = ["GPU", "TP", "setting (max_num_seqs / max_num_batched_tokens)", "sustained per replica or P+D unit (req/s)",
             "per GPU (req/s)", "p99 TTFT at it (ms)", "$/M output tokens"]
     cols += ["replicas", "GPUs", "$/hour"] if with_target else []
     cols += ["status"]
@@ -112,7 +117,8 @@ def markdown(r: dict, plot: Path | None) -> str:
         lines += ["", "## Chosen", "", "```", c["vllm_serve"] or "(static scheduler: no vllm serve)", "```"]
         if "replicas" in c:
             p = c["cluster_point"]
-            lines += ["", f"{c['replicas']} replicas behind the scenario's router, simulated at the target "
+            unit = "replicas" if c.get("disaggregation") is None else "units (each the pools above)"
+            lines += ["", f"{c['replicas']} {unit} behind the scenario's router, simulated at the target "
                           f"/ headroom: {p['passes']}/{p['seeds']} seeds meet the SLO."]
     if plot:
         lines += ["", f"![{plot.name}]({plot.name})"]

@@ -39,10 +39,23 @@ def model_argument(scenario) -> str:
     return HF_REPOS.get(scenario.model.name, scenario.model.name)
 
 
+KV_TRANSFER = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}  # vLLM's P/D connector config
+
+
 def vllm_serve(scenario, setting: dict | None = None) -> str | None:
     """The command for one replica of `scenario` with `setting` (engine knobs that override it);
-    None for the static scheduler."""
+    None for the static scheduler. Disaggregated: one command per pool (each instance runs vLLM with
+    a KV connector; a proxy sends each request to a prefill, then a decode instance), on two lines."""
     e = scenario.engine
+    d = e.disaggregation
+    if d is not None:
+        from dataclasses import replace
+
+        lines = []
+        for name, n, pool in (("prefill", d.prefill_replicas, d.prefill), ("decode", d.decode_replicas, d.decode)):
+            one = vllm_serve(replace(scenario, engine=replace(pool, disaggregation=None)), setting)
+            lines.append(f"# {n} x {name}: {one} --kv-transfer-config {shlex.quote(json.dumps(KV_TRANSFER))}")
+        return "\n".join(lines)
     knobs = {k: getattr(e, k) for k in ("scheduler", "max_num_seqs", "max_num_batched_tokens",
                                          "tensor_parallel_size", "gpu_memory_utilization", "block_size",
                                          "kv_cache_dtype", "enable_expert_parallel", "num_gpu_blocks",
