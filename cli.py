@@ -76,6 +76,23 @@ def _on_sigterm(signum, frame) -> None:
     raise _Terminated()
 
 
+def _warnings_as_lines() -> None:
+    """servesim's own warnings (sim/errors.ServesimWarning) as one `warning: ...` line on stderr,
+    once each, without Python's file and line."""
+    import warnings
+
+    from sim.errors import ServesimWarning
+
+    shown = warnings.showwarning
+
+    def show(message, category, *args, **kwargs):
+        if issubclass(category, ServesimWarning):
+            typer.echo(f"warning: {message}", err=True)
+        else:
+            shown(message, category, *args, **kwargs)
+    warnings.showwarning = show
+
+
 def main_entry() -> None:
     """The `servesim` console command: the typer app, with SIGINT and SIGTERM at any moment (also
     while modules import) ending in one line and exit code 130 or 143, never a traceback."""
@@ -83,6 +100,7 @@ def main_entry() -> None:
     import sys
 
     signal.signal(signal.SIGTERM, _on_sigterm)
+    _warnings_as_lines()
     try:
         code = app(standalone_mode=False)
     except (KeyboardInterrupt, typer.Abort):
@@ -127,6 +145,9 @@ def run(
         "--quiet", "-q", help="Print only the output directory: no progress bar, no table.")] = False,
     force: Annotated[bool, typer.Option(
         "--force", help="Run even if the estimated memory exceeds what the machine has free.")] = False,
+    trace: Annotated[bool, typer.Option(
+        "--trace", help="Also write trace.json, a Chrome/Perfetto trace: each replica's iterations and "
+                        "each request's queue, prefill and decode (open it in ui.perfetto.dev).")] = False,
 ) -> None:
     """Simulate one scenario and write [bold]requests.csv[/], [bold]steps.csv[/],
     [bold]scenario.yaml[/] and [bold]summary.json[/] to the output directory."""
@@ -147,6 +168,11 @@ def run(
         # Results live in memory until here; write_outputs writes the three files atomically, so
         # a run that fails or is interrupted leaves nothing that looks like a finished run.
         write_outputs(result, out_dir)
+        if trace:
+            from sim.reporting.analysis import Run
+            from sim.reporting.export import chrome_trace
+
+            _write_json(chrome_trace(Run.from_result(result)), out_dir / "trace.json")
     except ScenarioError as e:
         raise _fail(str(e)) from None
     except OSError as e:  # e.g. the output directory is not writable
@@ -372,6 +398,105 @@ def sweep_table(rows: Any, keys: list[str]) -> Any:
 
 
 # ---- plan, capacity (issue 4: owned by the planner engineer) ----
+
+def _write_json(doc: dict, path: Path) -> None:
+    """`doc` as strict JSON at `path`, written to a temporary name first (no half-written file)."""
+    import json
+    import os
+
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(doc, allow_nan=False, separators=(",", ":")) + "\n")
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+@app.command(short_help="A vllm bench serve result beside a servesim run: percentiles, errors, a plot.")
+def compare(
+    bench: Annotated[Path, typer.Argument(help="vllm bench serve --save-result JSON (measured).", show_default=False)],
+    run_dir: Annotated[Path, typer.Argument(help="A servesim run folder of the same requests (e.g. a run of a "
+                                                 "scenario with workload.trace: BENCH).", show_default=False)],
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Folder for compare.json and compare.png. \\[default: RUN_DIR]", metavar="DIR",
+        show_default=False)] = None,
+) -> None:
+    """Put measured latencies (TTFT, TPOT, ITL, E2EL: mean, median, p99) and throughput beside the
+    simulated ones, with the error of each (simulated / measured - 1)."""
+    import json
+
+    from sim.checks import check_input_file
+    from sim.errors import ScenarioError
+    from sim.reporting.analysis import load_run
+    from sim.reporting.compare import compare as make_table
+    from sim.reporting.compare import compare_plot
+
+    try:
+        check_input_file(bench, "trace", str(bench))  # a benchmark result is read like a trace
+        try:
+            doc = json.loads(bench.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError):
+            raise ScenarioError(f"{bench}: not a JSON file (expected vllm bench serve --save-result output)") from None
+        if not isinstance(doc, dict) or not any(k.endswith("_ttft_ms") or k == "ttfts" for k in doc):
+            raise ScenarioError(f"{bench}: no measured latencies (mean_ttft_ms, ... or ttfts); expected vllm "
+                                "bench serve --save-result output")
+        run = load_run(run_dir)
+        table = make_table(doc, run)
+        folder = out if out is not None else Path(run_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        _write_json({"bench": str(bench), "run": str(run_dir),
+                     "rows": json.loads(table.to_json(orient="records"))}, folder / "compare.json")
+        compare_plot(table, run, folder / "compare.png")
+    except ScenarioError as e:
+        raise _fail(str(e)) from None
+    except OSError as e:
+        raise _fail(f"{e.filename or ''}: {e.strerror or e}".lstrip(": "), code=1) from None
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"measured ({bench.name}) vs simulated ({run_dir})", title_justify="left")
+    for c in ("metric", "statistic", "measured", "simulated", "error"):
+        t.add_column(c, justify="left" if c in ("metric", "statistic") else "right")
+    for row in table.itertuples(index=False):
+        t.add_row(row.metric, row.statistic, _fmt(row.measured), _fmt(row.simulated),
+                  "-" if row.error != row.error else f"{row.error:+.1%}")
+    Console().print(t)
+    typer.echo(f"output: {folder}/ (compare.json, compare.png)")
+
+
+@app.command(short_help="A run folder as a Perfetto trace or a vllm bench serve JSON.")
+def export(
+    run_dir: Annotated[Path, typer.Argument(help="A run folder (servesim run's output).", show_default=False)],
+    to: Annotated[str, typer.Option(
+        "--to", help="chrome-trace (open in ui.perfetto.dev) or vllm-bench (the layout of vllm bench serve "
+                     "--save-result --save-detailed; servesim reads it back as a trace).",
+        metavar="FORMAT", show_default=False)],
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Output file. \\[default: RUN_DIR/trace.json or RUN_DIR/vllm_bench.json]",
+        metavar="FILE", show_default=False)] = None,
+    max_requests: Annotated[int, typer.Option(
+        help="chrome-trace: request tracks drawn (the first N by id).", metavar="N")] = 5000,
+) -> None:
+    """Write a run in another tool's format."""
+    from sim.errors import ScenarioError
+    from sim.reporting.analysis import load_run
+    from sim.reporting.export import chrome_trace, vllm_bench
+
+    formats = {"chrome-trace": ("trace.json", lambda r: chrome_trace(r, max_requests)),
+               "vllm-bench": ("vllm_bench.json", vllm_bench)}
+    try:
+        if to not in formats:
+            raise ScenarioError(f"--to: {to!r} is not one of {', '.join(formats)}")
+        if max_requests < 0:
+            raise ScenarioError(f"--max-requests: {max_requests} is not an integer >= 0")
+        run = load_run(run_dir)
+        name, make = formats[to]
+        path = out if out is not None else Path(run_dir) / name
+        _write_json(make(run), path)
+    except ScenarioError as e:
+        raise _fail(str(e)) from None
+    except OSError as e:
+        raise _fail(f"{e.filename or ''}: {e.strerror or e}".lstrip(": "), code=1) from None
+    typer.echo(str(path))
+
 
 def _int_list(flag: str, text: str | None) -> tuple[int, ...] | None:
     """'64,128,256' -> (64, 128, 256); None when not given; a bad item is one line naming the flag."""

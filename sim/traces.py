@@ -1,11 +1,16 @@
-"""Request trace files -> one table: generic CSV, Azure LLM trace CSV or Mooncake JSONL, auto-detected.
+"""Request trace files -> one table, auto-detected or forced (`workload.format`): generic CSV, Azure
+LLM trace CSV, Mooncake JSONL, Vidur's trace CSV, a `vllm bench serve --save-result` JSON, or any CSV
+with a column mapping (`workload.columns`).
 
-    read_trace(path: Path) -> pd.DataFrame   columns arrival_s (float64, s), prompt_tokens,
-                                             output_tokens, priority (int64), sorted by arrival;
-                                             Mooncake traces with hash_ids also `prefix`
+    read_trace(path: Path, fmt=None, columns=None, time_unit="s") -> pd.DataFrame
+        columns arrival_s (float64, s; NaN when the file has no arrival times: a vLLM benchmark
+        without start_times, whose `attrs` then carry its request_rate and burstiness),
+        prompt_tokens, output_tokens, priority (int64), sorted by arrival; Mooncake traces with
+        hash_ids also `prefix`
 
-Detection looks at the content, not the extension: a file whose first character is `{` is JSONL,
-anything else is a CSV recognised by its header. Every error is a one-line ScenarioError naming
+Detection looks at the content, not the extension: a file that is one JSON object with
+`input_lens` is a vLLM benchmark result, one whose first character is `{` otherwise JSONL, anything
+else a CSV recognised by its header. Every error is a one-line ScenarioError naming
 the file and, for a bad value, its line (1-based as an editor counts; a CSV header is line 1).
 """
 from __future__ import annotations
@@ -25,9 +30,16 @@ GENERIC = ("arrival_s", "prompt_tokens", "output_tokens")      # seconds; option
 AZURE = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")      # wall clock '2023-11-16 18:15:46.6805900'
 MOONCAKE = ("timestamp", "input_length", "output_length")      # milliseconds; optional `hash_ids`
 MOONCAKE_BLOCK_TOKENS = 512  # tokens per Mooncake hash_ids block
+VIDUR = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")  # seconds (Vidur's trace generator)
+VLLM_BENCH = ("input_lens", "output_lens")                      # + start_times, or request_rate
+FORMATS = ("generic", "azure", "mooncake", "vidur", "vllm_bench")
+TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 ACCEPTED = ("CSV header arrival_s,prompt_tokens,output_tokens[,priority], "
             "Azure CSV header TIMESTAMP,ContextTokens,GeneratedTokens, "
-            "or Mooncake JSONL with keys timestamp,input_length,output_length")
+            "Vidur CSV header arrived_at,num_prefill_tokens,num_decode_tokens, "
+            "Mooncake JSONL with keys timestamp,input_length,output_length, "
+            "or a vllm bench serve result JSON with input_lens and output_lens; "
+            "any other CSV with workload.columns (docs/workload.md)")
 
 
 def shown(path: Path) -> str:
@@ -38,8 +50,11 @@ def shown(path: Path) -> str:
         return str(path)
 
 
-def read_trace(path: Path) -> pd.DataFrame:
-    """The requests in the trace at `path`, validated, in arrival order (a stable sort keeps ties)."""
+def read_trace(path: Path, fmt: str | None = None, columns: dict | None = None,
+               time_unit: str = "s") -> pd.DataFrame:
+    """The requests in the trace at `path`, validated, in arrival order (a stable sort keeps ties).
+    `fmt` forces a format (FORMATS); `columns` maps arrival / prompt_tokens / output_tokens
+    [/ priority] to a CSV's own column names, its arrivals numbers in `time_unit` or timestamps."""
     path = Path(path)
     name = shown(path)
     check_input_file(path, "trace", name)
@@ -50,15 +65,89 @@ def read_trace(path: Path) -> pd.DataFrame:
         raise ScenarioError(f"{name}: cannot read the trace ({e.strerror})") from None
     if not head:
         raise ScenarioError(f"{name}: the trace is empty")
-    table = _read_jsonl(path, name) if head.startswith(b"{") else _read_csv(path, name)
+    if columns is not None:
+        table = _read_mapped(path, name, columns, time_unit)
+    elif fmt == "vllm_bench" or (fmt is None and head.startswith(b"{") and _is_bench(path)):
+        table = _read_bench(path, name)
+    elif fmt == "mooncake" or (fmt is None and head.startswith(b"{")):
+        table = _read_jsonl(path, name)
+    else:
+        table = _read_csv(path, name, fmt)
     if len(table) == 0:
         raise ScenarioError(f"{name}: the trace has no requests")
-    if not np.all(np.diff(table["arrival_s"].to_numpy()) >= 0):
+    arrival = table["arrival_s"].to_numpy()
+    if not np.isnan(arrival).all() and not np.all(np.diff(arrival) >= 0):
+        attrs = table.attrs
         table = table.sort_values("arrival_s", kind="stable", ignore_index=True)
+        table.attrs = attrs
     return table
 
 
-def _read_csv(path: Path, name: str) -> pd.DataFrame:
+def _is_bench(path: Path) -> bool:
+    """One JSON object with input_lens: a vllm bench serve result (JSONL holds one per line)."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return False
+    return isinstance(doc, dict) and "input_lens" in doc
+
+
+def _read_bench(path: Path, name: str) -> pd.DataFrame:
+    """`vllm bench serve --save-result --save-detailed`: per-request input_lens, output_lens and
+    start_times (seconds on the client's clock; made relative to the first). Without start_times
+    the arrivals are NaN and attrs carry request_rate and burstiness (build_workload draws them)."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise ScenarioError(f"{name}: not a valid vllm bench serve JSON ({type(e).__name__})") from None
+    if not isinstance(doc, dict) or any(not isinstance(doc.get(k), list) for k in VLLM_BENCH):
+        raise ScenarioError(f"{name}: a vllm bench serve result needs the lists input_lens and output_lens "
+                            "(run it with --save-result --save-detailed)")
+    n = len(doc["input_lens"])
+    if len(doc["output_lens"]) != n:
+        raise ScenarioError(f"{name}: input_lens has {n} entries but output_lens {len(doc['output_lens'])}")
+    df = pd.DataFrame({"input_lens": doc["input_lens"], "output_lens": doc["output_lens"]})
+    lines = np.arange(n)  # messages name the entry (0-based index into the lists)
+    starts = doc.get("start_times")
+    if isinstance(starts, list) and len(starts) == n and n:
+        arrival = _seconds(pd.Series(starts), lines, name, "start_times entry", allow_negative=True)
+        table = _table(arrival, df, ("start_times", *VLLM_BENCH), lines, name)
+    else:
+        rate = doc.get("request_rate")
+        if not isinstance(rate, (int, float)) and rate not in ("inf", "Infinity"):
+            raise ScenarioError(f"{name}: has no start_times and no request_rate to draw arrivals from")
+        table = _table(np.full(n, np.nan), df, ("start_times", *VLLM_BENCH), lines, name)
+        table.attrs.update(request_rate=float(rate), burstiness=float(doc.get("burstiness") or 1.0))
+    for key in ("ttfts", "itls", "errors"):  # measured per request: kept for servesim compare
+        if isinstance(doc.get(key), list) and len(doc[key]) == n:
+            table.attrs[key] = doc[key]
+    return table
+
+
+def _read_mapped(path: Path, name: str, columns: dict, time_unit: str) -> pd.DataFrame:
+    """Any CSV whose columns `columns` names: arrival (numbers in time_unit, e.g. epoch seconds, or
+    ISO 8601 timestamps), prompt_tokens, output_tokens, optionally priority. Arrivals become seconds
+    after the earliest."""
+    df, lines = _frame(path, name)
+    missing = [c for c in columns.values() if c not in df.columns]
+    if missing:
+        raise ScenarioError(f"{name}: workload.columns names {missing[0]!r}, which the header "
+                            f"{','.join(df.columns)!r} does not have")
+    col = df[columns["arrival"]]
+    numbers = pd.to_numeric(col, errors="coerce")
+    if numbers.notna().all():
+        values = numbers.to_numpy(dtype=np.float64) * TIME_UNITS[time_unit]
+        arrival = _seconds(pd.Series(values - values.min()), lines, name, columns["arrival"])
+    else:
+        arrival = _wall_clock(col, lines, name, label=columns["arrival"])
+    cols = (columns["arrival"], columns["prompt_tokens"], columns["output_tokens"])
+    priority = (_ints(df[columns["priority"]], lines, name, columns["priority"], -np.inf)
+                if "priority" in columns else None)
+    return _table(arrival, df, cols, lines, name, priority)
+
+
+def _frame(path: Path, name: str) -> tuple[pd.DataFrame, np.ndarray]:
+    """The CSV as strings-or-numbers, blank lines dropped, with each row's file line."""
     try:
         # skip_blank_lines=False keeps row i on file line i + 2, so messages can name the line;
         # only an empty field counts as missing ('nan' is reported as the bad value it is).
@@ -72,13 +161,25 @@ def _read_csv(path: Path, name: str) -> pd.DataFrame:
     lines = np.arange(len(df)) + 2
     blank = df.isna().all(axis=1).to_numpy()
     df, lines = df[~blank].reset_index(drop=True), lines[~blank]
-    if set(GENERIC) <= set(df.columns):
+    return df, lines
+
+
+def _read_csv(path: Path, name: str, fmt: str | None = None) -> pd.DataFrame:
+    df, lines = _frame(path, name)
+    have = set(df.columns)
+    if fmt in (None, "generic") and set(GENERIC) <= have:
         arrival = _seconds(df["arrival_s"], lines, name, "arrival_s")
         priority = _ints(df["priority"], lines, name, "priority", -np.inf) if "priority" in df else None
         return _table(arrival, df, GENERIC, lines, name, priority)
-    if set(AZURE) <= set(df.columns):
+    if fmt in (None, "azure") and set(AZURE) <= have:
         return _table(_wall_clock(df["TIMESTAMP"], lines, name), df, AZURE, lines, name)
+    if fmt in (None, "vidur") and set(VIDUR) <= have:
+        return _table(_seconds(df["arrived_at"], lines, name, "arrived_at"), df, VIDUR, lines, name)
     header = ",".join(df.columns)
+    expected = {"generic": GENERIC, "azure": AZURE, "vidur": VIDUR}.get(fmt)
+    if expected is not None:
+        raise ScenarioError(f"{name}: workload.format {fmt} needs the columns {','.join(expected)}; "
+                            f"the header is {header!r}")
     raise ScenarioError(f"{name}: unknown trace format (header {header!r}); expected {ACCEPTED}")
 
 
@@ -162,10 +263,14 @@ def _ints(col: pd.Series, lines: np.ndarray, name: str, label: str, lo: float) -
     return values.astype(np.int64)
 
 
-def _seconds(col: pd.Series, lines: np.ndarray, name: str, label: str, unit: float = 1.0) -> np.ndarray:
+def _seconds(col: pd.Series, lines: np.ndarray, name: str, label: str, unit: float = 1.0,
+             allow_negative: bool = False) -> np.ndarray:
     """`col` as float64 with every value finite, >= 0 and at most MAX_SECONDS (in the file's own
-    time unit: `unit` seconds)."""
+    time unit: `unit` seconds); allow_negative: a clock whose origin is arbitrary (made relative to
+    its earliest value)."""
     values = pd.to_numeric(col, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    if allow_negative and np.isfinite(values).all():
+        values = values - values.min()
     ok = np.isfinite(values) & (values >= 0)
     if not ok.all():
         _fail(col, lines, name, label, ok, "a non-negative number")
@@ -175,21 +280,21 @@ def _seconds(col: pd.Series, lines: np.ndarray, name: str, label: str, unit: flo
     return values
 
 
-def _wall_clock(col: pd.Series, lines: np.ndarray, name: str) -> np.ndarray:
+def _wall_clock(col: pd.Series, lines: np.ndarray, name: str, label: str = "TIMESTAMP") -> np.ndarray:
     """Azure timestamps -> seconds after the earliest one (float64; 7 fractional digits = 100 ns)."""
     try:
         stamps = pd.to_datetime(col, format="ISO8601", errors="coerce")
     except (ValueError, TypeError) as e:  # e.g. timestamps in several time zones
-        raise ScenarioError(f"{name}: TIMESTAMP: cannot be read as one clock ({str(e).splitlines()[0]}); "
+        raise ScenarioError(f"{name}: {label}: cannot be read as one clock ({str(e).splitlines()[0]}); "
                             f"write every timestamp in one time zone") from None
     ok = stamps.notna().to_numpy()
     if not ok.all():
-        _fail(col, lines, name, "TIMESTAMP", ok, "a timestamp like '2023-11-16 18:15:46.6805900'")
+        _fail(col, lines, name, label, ok, "a timestamp like '2023-11-16 18:15:46.6805900'")
     offsets_ns = (stamps - stamps.min()).to_numpy().astype("timedelta64[ns]").astype(np.int64)
     offsets = offsets_ns / 1e9
     ok = offsets <= MAX_SECONDS
     if not ok.all():
-        _fail(col, lines, name, "TIMESTAMP", ok, f"within {MAX_SECONDS:g} s of the earliest")
+        _fail(col, lines, name, label, ok, f"within {MAX_SECONDS:g} s of the earliest")
     return offsets  # integer ns / 1e9 rounds once, so 4.314579 s reads back as 4.314579
 
 

@@ -157,7 +157,7 @@ class Empirical:
     column: str   # prompt | output: which of the trace's lengths to resample
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        lengths = read_trace(self.trace)[f"{self.column}_tokens"].to_numpy()
+        lengths = read_trace(self.trace)[f"{self.column}_tokens"].to_numpy()  # a trace's lengths only
         return lengths[rng.integers(0, len(lengths), size=n)]  # with replacement
 
 
@@ -178,6 +178,15 @@ class WorkloadConfig:
     time_scale: float = 1.0                     # arrival offsets are divided by it (2 = twice the rate)
     priority: LengthDist | None = None          # None: the trace's `priority` column, else all 0
     prefix: "SharedPrefix | None" = None        # generator: shared system prompts
+    # trace: its format (None: detected, sim/traces.FORMATS), or a CSV's column mapping
+    # ((key, column) pairs: arrival, prompt_tokens, output_tokens[, priority]) and arrival time unit
+    format: str | None = None
+    columns: tuple[tuple[str, str], ...] | None = None
+    time_unit: str = "s"
+
+    def read(self):
+        """The trace's table (sim/traces.read_trace) with this section's format options."""
+        return read_trace(self.trace, self.format, dict(self.columns) if self.columns else None, self.time_unit)
 
 
 @dataclass(frozen=True)
@@ -200,7 +209,7 @@ def build_workload(cfg: WorkloadConfig, rng: np.random.Generator) -> Workload:
     times are nan (the run fills them in); time_scale divides its think times and start offsets."""
     users, prefix = None, None
     if cfg.trace is not None:
-        arrival, prompt, output, priority, prefix = _replay(cfg.trace, cfg.num_requests)
+        arrival, prompt, output, priority, prefix = _replay(cfg, rng)
     else:
         n = cfg.num_requests
         if isinstance(cfg.arrival, ClosedLoop):
@@ -220,8 +229,9 @@ def build_workload(cfg: WorkloadConfig, rng: np.random.Generator) -> Workload:
                     output_tokens=output, priority=priority, users=users, prefix=prefix)
 
 
-def _replay(trace: Path, num_requests: int | None) -> tuple[np.ndarray, ...]:
-    table = read_trace(trace)
+def _replay(cfg: WorkloadConfig, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    table = cfg.read()
+    num_requests, trace = cfg.num_requests, cfg.trace
     if num_requests is not None:
         if num_requests > len(table):
             raise ScenarioError(f"{shown(trace)}: has {len(table)} requests, fewer than "
@@ -229,13 +239,35 @@ def _replay(trace: Path, num_requests: int | None) -> tuple[np.ndarray, ...]:
         table = table.iloc[:num_requests]
     columns = tuple(table[c].to_numpy(copy=True) for c in
                     ("arrival_s", "prompt_tokens", "output_tokens", "priority"))
+    if np.isnan(columns[0]).all():  # a vLLM benchmark without start_times: its rate and burstiness
+        columns = (bench_arrivals(table.attrs, len(table), rng, trace), *columns[1:])
     return (*columns, table["prefix"].tolist() if "prefix" in table else None)
+
+
+def bench_arrivals(attrs: dict, n: int, rng: np.random.Generator, trace: Path) -> np.ndarray:
+    """Arrivals as `vllm bench serve` sends them: gamma gaps with shape = burstiness and mean 1 /
+    request_rate (burstiness 1: Poisson), the first at 0; request_rate inf: all at once. Said in a
+    warning: the benchmark's own send times are unknown."""
+    import warnings
+
+    from .errors import ServesimWarning
+
+    rate, burst = attrs["request_rate"], attrs["burstiness"]
+    warnings.warn(f"{shown(trace)}: no start_times (run vllm bench serve with --save-detailed to keep "
+                  f"them); arrivals drawn from its request_rate {rate:g} req/s and burstiness {burst:g}, "
+                  "as vllm bench serve draws them", ServesimWarning, stacklevel=2)
+    if not np.isfinite(rate):
+        return np.zeros(n)
+    gaps = rng.gamma(burst, 1.0 / (rate * burst), size=n)
+    gaps[0] = 0.0
+    return np.cumsum(gaps)
 
 
 # ---- parsing the YAML section ----
 
 GENERATOR_KEYS = ("arrival", "prompt_tokens", "output_tokens", "num_requests")
-SECTION_KEYS = ("trace", "time_scale", "priority", "prefix", *GENERATOR_KEYS)
+SECTION_KEYS = ("trace", "format", "columns", "time_unit", "time_scale", "priority", "prefix", *GENERATOR_KEYS)
+COLUMN_KEYS = ("arrival", "prompt_tokens", "output_tokens", "priority")
 
 
 def parse_workload(raw: dict, where: str, base_dir: Path) -> WorkloadConfig:
@@ -251,7 +283,7 @@ def parse_workload(raw: dict, where: str, base_dir: Path) -> WorkloadConfig:
         if clash:
             raise top.fail(clash[0], "not allowed with workload.trace (a trace gives arrivals and "
                                      "lengths: use either trace or a generator)")
-        return WorkloadConfig(trace=top.file("trace", base_dir), **common)
+        return WorkloadConfig(trace=top.file("trace", base_dir), **common, **_trace_format(top, raw))
     missing = [k for k in GENERATOR_KEYS if raw.get(k) is None]
     if missing:
         raise ScenarioError(f"{where}: workload: needs either trace or all of "
@@ -270,6 +302,33 @@ def parse_workload(raw: dict, where: str, base_dir: Path) -> WorkloadConfig:
     return WorkloadConfig(arrival=arrival, **common,
                           prompt_tokens=_dist(top, "prompt_tokens", LENGTHS, 1, base_dir),
                           output_tokens=_dist(top, "output_tokens", LENGTHS, 1, base_dir))
+
+
+def _trace_format(top: _Keys, raw: dict) -> dict:
+    """workload.format (a name of sim/traces.FORMATS), or workload.columns + time_unit for any CSV."""
+    from .traces import FORMATS, TIME_UNITS
+
+    out: dict = {}
+    if raw.get("format") is not None:
+        out["format"] = top.choice("format", FORMATS)
+    if raw.get("columns") is not None:
+        if "format" in out:
+            raise top.fail("columns", "give workload.format or workload.columns, not both "
+                                      "(columns reads any CSV)")
+        keys = _Keys(raw["columns"], top.where, "workload.columns", COLUMN_KEYS)
+        keys.only()
+        missing = [k for k in COLUMN_KEYS[:3] if raw["columns"].get(k) is None]
+        if missing:
+            raise keys.fail(missing[0], "missing: name the CSV column for each of arrival, prompt_tokens, "
+                                        "output_tokens (priority optional)")
+        bad = [k for k, v in raw["columns"].items() if not isinstance(v, str) or not v]
+        if bad:
+            raise keys.fail(bad[0], "must be a column name (text)")
+        out["columns"] = tuple((k, raw["columns"][k]) for k in COLUMN_KEYS if k in raw["columns"])
+        out["time_unit"] = top.choice("time_unit", tuple(TIME_UNITS), "s")
+    elif raw.get("time_unit") is not None:
+        raise top.fail("time_unit", "only with workload.columns (the other formats fix their unit)")
+    return out
 
 
 def _arrival(top: _Keys) -> ArrivalProcess:

@@ -1,0 +1,203 @@
+"""Bring your own traffic: the vllm bench serve JSON, Vidur and column-mapped CSV readers (each on
+its bundled fixture, exact), forced formats and their errors, the export round trip, and the
+Chrome/Perfetto trace."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from cli import app
+from sim.config import load_scenario
+from sim.errors import ScenarioError, ServesimWarning
+from sim.reporting.analysis import Run, load_run
+from sim.reporting.export import chrome_trace, vllm_bench
+from sim.simulate import simulate
+from sim.traces import read_trace
+from sim.workload import bench_arrivals, build_workload
+
+TRACES = Path(__file__).parents[1] / "scenarios" / "traces"
+QUICKSTART = Path(__file__).parents[1] / "scenarios" / "quickstart.yaml"
+runner = CliRunner()
+
+
+def test_vllm_bench_json_with_start_times():
+    t = read_trace(TRACES / "vllm_bench_serve.json")
+    # start_times 5012.250 ... on the client's clock, made relative to the first
+    assert t["arrival_s"].to_numpy() == pytest.approx([0.0, 0.161, 0.653, 1.127, 1.351, 1.938])
+    assert t["prompt_tokens"].tolist() == [512, 1024, 256, 700, 418, 300]
+    assert t["output_tokens"].tolist() == [128, 200, 64, 150, 100, 48]
+    assert t.attrs["ttfts"][0] == 0.0352 and len(t.attrs["itls"][1]) == 199
+
+
+def test_vllm_bench_json_without_start_times_draws_its_rate_and_burstiness():
+    t = read_trace(TRACES / "vllm_bench_no_start_times.json")
+    assert np.isnan(t["arrival_s"]).all()
+    assert t.attrs["request_rate"] == 2.0 and t.attrs["burstiness"] == 0.5
+    sc = load_scenario(_scenario_with(TRACES / "vllm_bench_no_start_times.json"))
+    with pytest.warns(ServesimWarning, match="no start_times .* request_rate 2 req/s and burstiness 0.5"):
+        w = build_workload(sc.workload, np.random.default_rng(0))
+    assert w.arrival_s[0] == 0.0 and np.all(np.diff(w.arrival_s) >= 0)
+    assert w.prompt_tokens.tolist() == [512, 1024, 256, 700, 418, 300]
+    # vLLM's arrivals: gamma gaps, shape = burstiness, mean 1 / rate
+    with pytest.warns(ServesimWarning):
+        gaps = np.diff(bench_arrivals({"request_rate": 2.0, "burstiness": 0.5}, 200_001,
+                                      np.random.default_rng(1), Path("x.json")))
+    assert gaps.mean() == pytest.approx(0.5, rel=0.01)
+    assert gaps.std() / gaps.mean() == pytest.approx(1 / np.sqrt(0.5), rel=0.02)
+
+
+def test_vidur_trace():
+    t = read_trace(TRACES / "vidur_trace.csv")
+    assert t["arrival_s"].tolist() == [0.0, 0.35, 0.35, 1.2]
+    assert t["prompt_tokens"].tolist() == [812, 2048, 96, 1500]
+    assert t["output_tokens"].tolist() == [120, 64, 300, 20]
+
+
+def test_a_csv_with_a_column_mapping_and_iso_timestamps():
+    t = read_trace(TRACES / "request_log.csv",
+                   columns={"arrival": "timestamp", "prompt_tokens": "in_tok", "output_tokens": "out_tok"})
+    assert t["arrival_s"].tolist() == [0.0, 0.25, 1.5, 3.125]
+    assert t["prompt_tokens"].tolist() == [812, 96, 2048, 1500]
+    assert t["output_tokens"].tolist() == [120, 300, 64, 20]
+
+
+def test_a_csv_with_epoch_milliseconds():
+    t = read_trace(TRACES / "request_log_epoch_ms.csv", columns={
+        "arrival": "ts_ms", "prompt_tokens": "prompt", "output_tokens": "completion"}, time_unit="ms")
+    assert t["arrival_s"].to_numpy() == pytest.approx([0.0, 0.25, 1.5])
+    assert t["output_tokens"].tolist() == [120, 300, 64]
+
+
+def _scenario_with(trace: Path, tmp_path: Path | None = None, **workload) -> Path:
+    import tempfile
+
+    folder = Path(tmp_path or tempfile.mkdtemp())
+    raw = {"name": "byo", "model": "llama-3-8b", "hardware": "h100-sxm", "cost_model": "roofline",
+           "engine": {"scheduler": "chunked"}, "workload": {"trace": str(trace), **workload}}
+    path = folder / "byo.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_the_scenario_keys_run_a_mapped_log(tmp_path):
+    path = _scenario_with(TRACES / "request_log.csv", tmp_path, columns={
+        "arrival": "timestamp", "prompt_tokens": "in_tok", "output_tokens": "out_tok"})
+    r = simulate(load_scenario(path))
+    assert r.requests["arrival_s"].tolist() == [0.0, 0.25, 1.5, 3.125]
+    assert r.requests["finish_s"].notna().all()
+    # the resolved scenario keeps the mapping: it re-runs the same requests
+    again = simulate(load_scenario(_write(tmp_path / "again.yaml", r)))
+    assert again.requests["arrival_s"].tolist() == r.requests["arrival_s"].tolist()
+
+
+def _write(path: Path, result) -> Path:
+    from sim.config import resolved_yaml
+
+    path.write_text(resolved_yaml(result.scenario))
+    return path
+
+
+@pytest.mark.parametrize("workload, says", [
+    ({"format": "vidur"}, "workload.format vidur needs the columns arrived_at,num_prefill_tokens,num_decode_tokens"),
+    ({"format": "parquet"}, "workload.format"),
+    ({"columns": {"arrival": "arrival_s", "prompt_tokens": "prompt_tokens"}}, "workload.columns.output_tokens: missing"),
+    ({"columns": {"arrival": "when", "prompt_tokens": "prompt_tokens", "output_tokens": "output_tokens"}},
+     "workload.columns names 'when'"),
+    ({"columns": {"arrival": "arrival_s", "prompt_tokens": "prompt_tokens", "output_tokens": "output_tokens"},
+      "time_unit": "fortnights"}, "workload.time_unit"),
+    ({"time_unit": "ms"}, "only with workload.columns"),
+    ({"format": "generic", "columns": {"arrival": "a", "prompt_tokens": "b", "output_tokens": "c"}}, "not both"),
+])
+def test_bad_format_options_are_one_line(tmp_path, workload, says):
+    path = _scenario_with(TRACES / "toy8.csv", tmp_path, **workload)
+    with pytest.raises(ScenarioError) as e:
+        simulate(load_scenario(path))
+    assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_export_as_vllm_bench_and_import_keeps_lengths_and_arrivals(tmp_path):
+    result = simulate(load_scenario(QUICKSTART))
+    doc = vllm_bench(Run.from_result(result))
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(doc))
+    back = read_trace(path)  # detected as a vllm bench result
+    rq = result.requests
+    assert back["prompt_tokens"].tolist() == rq["prompt_tokens"].tolist()
+    assert back["output_tokens"].tolist() == rq["output_tokens"].tolist()
+    # arrivals relative to the first, as a benchmark's clock has no origin
+    assert back["arrival_s"].to_numpy() == pytest.approx(rq["arrival_s"].to_numpy() - rq["arrival_s"].iloc[0],
+                                                         abs=1e-9)
+    assert doc["mean_ttft_ms"] == result.summary["ttft_ms"]["mean"]
+    assert doc["p99_e2el_ms"] == result.summary["e2el_ms"]["p99"] and doc["completed"] == len(rq)
+
+
+def test_chrome_trace_event_counts(tmp_path):
+    sc = load_scenario(QUICKSTART, ["engine.replicas=2", "workload.num_requests=50"])
+    run = Run.from_result(simulate(sc))
+    doc = json.loads(json.dumps(chrome_trace(run), allow_nan=False))  # strict JSON
+    ev = doc["traceEvents"]
+    by = lambda ph, pid=None: [e for e in ev if e["ph"] == ph and (pid is None or e["pid"] == pid)]  # noqa: E731
+    assert len([e for e in by("X") if e["pid"] < 2]) == len(run.steps)  # one slice per row
+    assert sum(e["args"]["iterations"] for e in by("X") if e["pid"] < 2) == run.steps["count"].sum()
+    assert len(by("C")) == 2 * len(run.steps)
+    # requests: queue, prefill and decode each
+    assert len(by("X", 2)) == 3 * 50
+    assert len([e for e in by("M", 2) if e["name"] == "thread_name"]) == 50
+    assert len([e for e in by("M") if e["name"] == "process_name"]) == 3
+    first = [e for e in by("X", 2) if e["tid"] == 0]
+    rq = run.requests.iloc[0]
+    assert first[2]["ts"] == pytest.approx(rq["first_token_s"] * 1e6)
+    assert first[2]["ts"] + first[2]["dur"] == pytest.approx(rq["finish_s"] * 1e6)
+    assert len(chrome_trace(run, max_requests=10)["traceEvents"]) < len(ev)
+
+
+def test_cli_run_trace_and_export(tmp_path):
+    out = tmp_path / "r"
+    result = runner.invoke(app, ["run", str(QUICKSTART), "--set", "workload.num_requests=40", "--trace",
+                                 "-q", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "trace.json").read_text())["otherData"]["requests"] == 40
+    result = runner.invoke(app, ["export", str(out), "--to", "vllm-bench"])
+    assert result.exit_code == 0 and len(json.loads((out / "vllm_bench.json").read_text())["input_lens"]) == 40
+    bad = runner.invoke(app, ["export", str(out), "--to", "pdf"])
+    assert bad.exit_code == 2 and "'pdf' is not one of chrome-trace, vllm-bench" in bad.output
+    assert load_run(out).summary["completed"] == 40
+
+
+def test_compare_puts_measured_beside_simulated_with_errors(tmp_path):
+    from sim.reporting.compare import compare, compare_plot
+
+    run = Run("r", None, None, {"scenario": "s", "ttft_ms": {"mean": 50.0, "p50": 40.0, "p99": 90.0},
+                                "tpot_ms": {"mean": 10.0, "p50": 10.0, "p99": 12.0},
+                                "request_throughput": 3.0, "output_throughput": 300.0})
+    doc = {"mean_ttft_ms": 40.0, "median_ttft_ms": 50.0, "p99_ttft_ms": 90.0, "mean_tpot_ms": 8.0,
+           "request_throughput": 2.0, "itls": [[0.010, 0.020], [0.030]]}
+    t = compare(doc, run).set_index(["metric", "statistic"])
+    assert t.loc[("TTFT (ms)", "mean"), "error"] == pytest.approx(0.25)      # 50 / 40 - 1
+    assert t.loc[("TTFT (ms)", "median"), "error"] == pytest.approx(-0.2)    # 40 / 50 - 1
+    assert t.loc[("TTFT (ms)", "p99"), "error"] == pytest.approx(0.0)
+    assert t.loc[("TPOT (ms)", "mean"), "error"] == pytest.approx(0.25)
+    assert np.isnan(t.loc[("TPOT (ms)", "median"), "measured"])              # not in the benchmark
+    # ITL from the per-request gaps (s): 10, 20, 30 ms -> mean 20; not simulated here -> no error
+    assert t.loc[("ITL (ms)", "mean"), "measured"] == pytest.approx(20.0)
+    assert np.isnan(t.loc[("ITL (ms)", "mean"), "error"])
+    assert t.loc[("requests/s", ""), "error"] == pytest.approx(0.5)
+    assert compare_plot(compare(doc, run), run, tmp_path / "c.png").stat().st_size > 10_000
+
+
+def test_cli_compare(tmp_path):
+    scn = _scenario_with(TRACES / "vllm_bench_serve.json", tmp_path)
+    out = tmp_path / "run"
+    assert runner.invoke(app, ["run", str(scn), "-q", "--out", str(out)]).exit_code == 0
+    result = runner.invoke(app, ["compare", str(TRACES / "vllm_bench_serve.json"), str(out)])
+    assert result.exit_code == 0, result.output
+    rows = json.loads((out / "compare.json").read_text())["rows"]
+    assert rows[0]["metric"] == "TTFT (ms)" and rows[0]["measured"] == 41.2
+    assert (out / "compare.png").exists()
+    bad = runner.invoke(app, ["compare", str(TRACES / "toy8.csv"), str(out)])
+    assert bad.exit_code == 2 and "not a JSON file" in bad.output
