@@ -928,25 +928,53 @@ def _architecture_rows(m: Any, tp: int, kv_cache_dtype: str, gb) -> list[tuple[s
 
 @app.command(short_help="Draw a run's figures as PNGs; --compare runs side by side.")
 def plot(
-    run_dir: Annotated[Path, typer.Argument(help="A run directory written by [bold]servesim run[/].",
-                                            show_default=False)],
+    run_dir: Annotated[Path, typer.Argument(help="A folder written by [bold]servesim run[/], "
+                                                 "[bold]sweep[/] or [bold]plan[/].", show_default=False)],
     compare: Annotated[list[Path] | None, typer.Option(
         "--compare", help="Another run directory to compare with (throughput/latency bars and "
                           "overlaid CDFs). Repeatable.", metavar="RUN_DIR", show_default=False)] = None,
     out: Annotated[Path | None, typer.Option(
-        "--out", "-o", help="Where to write the PNGs. \\[default: RUN_DIR/plots]", metavar="DIR",
-        show_default=False)] = None,
+        "--out", "-o", help="Where to write the PNGs. \\[default: RUN_DIR/plots; a sweep or plan: its folder]",
+        metavar="DIR", show_default=False)] = None,
+    window: Annotated[str | None, typer.Option(
+        help="Slot timeline window, seconds since the first arrival, e.g. 60:120. \\[default: the whole run, "
+             "or its busiest stretch of 300 requests]", metavar="START:END", show_default=False)] = None,
+    x: Annotated[str | None, typer.Option(help="Sweep: the grid key on the x axis. \\[default: the first]",
+                                          metavar="KEY", show_default=False)] = None,
+    y: Annotated[str | None, typer.Option(help="Sweep: the metric, a results.csv column. \\[default: ttft_ms.p99]",
+                                          metavar="COLUMN", show_default=False)] = None,
+    hue: Annotated[str | None, typer.Option(help="Sweep: one line per value of this grid key. "
+                                                 "\\[default: the other grid key]", metavar="KEY",
+                                            show_default=False)] = None,
 ) -> None:
     """Draw the standard figures of a run as PNGs: slot timeline, batch size and KV blocks over
-    time, TTFT/TPOT/E2E CDFs; with [bold]--compare[/], throughput and latency side by side."""
+    time, TTFT/TPOT/E2E CDFs with the SLO; with [bold]--compare[/], throughput and latency side by
+    side. A sweep folder: a metric against a grid key, one line per another; a plan or search
+    folder: its plots again."""
     from sim.checks import check_out_dir
     from sim.errors import ScenarioError
-    from sim.reporting.plots import save_plots
+    from sim.reporting.plots import save_folder_plots, save_plots
 
     try:
         if out is not None:
             check_out_dir(out)
-        written = save_plots(run_dir, compare=compare or (), out=out)
+        span = None
+        if window is not None:
+            a, sep, b = window.partition(":")
+            try:
+                span = (float(a), float(b))
+            except ValueError:
+                span = None
+            if not sep or span is None or not 0 <= span[0] < span[1]:
+                raise ScenarioError(f"--window: {window!r} is not START:END seconds with 0 <= START < END, e.g. 60:120")
+        if any((run_dir / f).is_file() for f in ("results.csv", "plan.json", "search.json")):
+            if compare:
+                raise ScenarioError(f"--compare: {run_dir} is not a run folder; --compare compares runs")
+            written = save_folder_plots(run_dir, out=out, x=x, y=y, hue=hue)
+        else:
+            if any(v is not None for v in (x, y, hue)):
+                raise ScenarioError("--x/--y/--hue: only for a sweep folder (results.csv)")
+            written = save_plots(run_dir, compare=compare or (), out=out, window_s=span)
     except ScenarioError as e:
         raise _fail(str(e)) from None
     except OSError as e:  # e.g. the output directory is not writable

@@ -20,7 +20,7 @@ from sim.reporting.analysis import (
 )
 from sim.config import load_scenario
 from sim.errors import ScenarioError
-from sim.reporting.plots import compare_bars, latency_cdfs, save_plots, slot_timeline
+from sim.reporting.plots import batch_kv, compare_bars, latency_cdfs, save_plots, slot_timeline
 from sim.simulate import simulate, write_outputs
 from sim.workload import Workload, build_workload
 
@@ -134,7 +134,18 @@ def test_timeline_caps_requests(run_dir):
     run = load_run(run_dir)
     fig = slot_timeline(run, max_requests=20)
     title = fig.axes[0].get_title()
-    assert "first 20 of 120 requests shown" in title
+    assert "the busiest stretch of 20 requests: iterations" in title and "of 120 requests" in title
+    # the window: the 20 consecutive starts (by slot assignment) within the fewest iterations
+    slots = slot_assignment(run)
+    starts = slots["start_it"].to_numpy()
+    spans = starts[20:] - starts[:-20]
+    i = int(np.argmin(spans))
+    assert fig.axes[0].get_xlim() == (starts[i], starts[i + 20])
+    # a window asked for in seconds since the first arrival
+    fig = slot_timeline(run, max_requests=20, window_s=(1.0, 2.0))
+    lo, hi = fig.axes[0].get_xlim()
+    assert "the window asked for" in fig.axes[0].get_title()
+    assert (lo, hi) == tuple(iteration_of(run.steps, np.array([1.0, 2.0]) + run.requests["arrival_s"].min()))
 
 
 def test_save_plots_writes_pngs(run_dir, tmp_path):
@@ -143,7 +154,7 @@ def test_save_plots_writes_pngs(run_dir, tmp_path):
     written = save_plots(run_dir, compare=[other], out=tmp_path / "plots")
     names = sorted(p.name for p in written)
     assert names == ["batch_kv.png", "compare_bars.png", "compare_cdf.png", "latency_cdf.png",
-                     "slot_timeline.png"]
+                     "slot_timeline.png", "slot_timeline_1.png"]  # every compared run's timeline
     for p in written:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 10_000
 
@@ -219,3 +230,60 @@ def test_load_run_error_is_scenario_error(tmp_path):
 def test_plot_help():
     result = CliRunner().invoke(app, ["plot", "--help"])
     assert result.exit_code == 0 and "--compare" in result.output
+
+
+def test_cdfs_draw_the_slo_and_compare_bars_go_log_when_spread(tmp_path):
+    chat = load_scenario(ROOT / "scenarios/quickstart.yaml", ["workload.num_requests=80"])
+    fast = Run.from_result(simulate(chat), "chunked")
+    slow = Run.from_result(simulate(load_scenario(ROOT / "scenarios/quickstart.yaml",
+                                                  ["workload.num_requests=80", "engine.scheduler=static",
+                                                   "engine.max_num_seqs=8"])), "static")
+    fig = latency_cdfs([fast])
+    ttft = fig.axes[0]
+    slo = [ln for ln in ttft.get_lines() if ln.get_linestyle() == "--"]
+    assert len(slo) == 1 and slo[0].get_xdata()[0] == 500  # the scenario's p99 TTFT <= 500 ms
+    assert any("SLO p99 <= 500 ms" in t.get_text() for t in ttft.get_legend().get_texts())
+    bars = compare_bars([fast, slow])
+    ttft_panel = next(ax for ax in bars.axes if ax.get_title() == "TTFT")
+    assert ttft_panel.get_yscale() == "log"  # static's TTFT is orders of magnitude above chunked's
+    tput = next(ax for ax in bars.axes if ax.get_title() == "request throughput")
+    assert tput.get_yscale() == "linear"
+
+
+def test_batch_kv_counts_time_from_the_first_arrival_and_an_empty_queue_is_not_a_tiny_axis():
+    sc = load_scenario(ROOT / "scenarios/quickstart.yaml", ["workload.num_requests=30", "workload.arrival.rate=1"])
+    run = Run.from_result(simulate(sc))
+    run.requests["arrival_s"] += 1000.0  # a replayed trace whose clock starts late
+    run.steps["start_s"] += 1000.0
+    fig = batch_kv(run)
+    xs = np.concatenate([ln.get_xdata() for ln in fig.axes[0].get_lines() if len(ln.get_xdata()) > 2])
+    assert xs.min() == pytest.approx(run.steps["start_s"].min() - run.requests["arrival_s"].min())
+    assert xs.max() < 1000
+    assert run.steps["waiting"].max() == 0 and fig.axes[2].get_ylim()[1] >= 1.0
+    assert "llama-3-8b, h100-sxm" in fig.axes[0].get_title()
+
+
+def test_plot_a_sweep_folder(tmp_path):
+    from sim.planning.sweep import parse_grid, run_sweep
+    from sim.reporting.plots import save_folder_plots, sweep_plot
+
+    grid = parse_grid(["engine.max_num_seqs=8,64", "workload.arrival.rate=4,16"])
+    run_sweep(ROOT / "scenarios/quickstart.yaml", grid, tmp_path / "sw", sets=["workload.num_requests=60"],
+              workers=1)
+    import pandas as pd
+
+    rows = pd.read_csv(tmp_path / "sw" / "results.csv")
+    fig = sweep_plot(rows, x="workload.arrival.rate", y="ttft_ms.p99", hue="engine.max_num_seqs")
+    ax = fig.axes[0]
+    lines = [ln for ln in ax.get_lines() if ln.get_linestyle() == "-"]
+    assert sorted(ln.get_label() for ln in lines) == ["engine.max_num_seqs = 64", "engine.max_num_seqs = 8"]
+    for ln in lines:
+        n = int(ln.get_label().split()[-1])
+        part = rows[rows["engine.max_num_seqs"] == n].sort_values("workload.arrival.rate")
+        assert ln.get_ydata().tolist() == pytest.approx(part["ttft_ms.p99"].tolist())
+    assert any(ln.get_linestyle() == "--" and ln.get_ydata()[0] == 500 for ln in ax.get_lines())  # the SLO
+    assert ax.get_yscale() == ("log" if rows["ttft_ms.p99"].max() > 10 * rows["ttft_ms.p99"].min() else "linear")
+    written = save_folder_plots(tmp_path / "sw", y="tpot_ms.p50")
+    assert [p.name for p in written] == ["sweep_tpot_ms_p50.png"]
+    result = CliRunner().invoke(app, ["plot", str(tmp_path / "sw"), "--x", "engine.block_size"])
+    assert result.exit_code == 2 and "--x: 'engine.block_size' is not a column of the sweep" in result.output

@@ -17,9 +17,11 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
 
 from .analysis import (
     Run,
+    iteration_of,
     load_run,
     replica_iterations,
     slot_assignment,
@@ -33,21 +35,54 @@ _PADDING = {"facecolor": "#d9d9d9", "edgecolor": "#8c8c8c", "hatch": "///", "lin
 _PALETTE = [f"C{i}" for i in range(10)]
 
 
-def slot_timeline(run: Run, replica: int = 0, max_requests: int = MAX_TIMELINE_REQUESTS) -> Figure:
+def describe(run: Run) -> str:
+    """'chat (llama-3-8b, h100-sxm, roofline)': what a figure's title says the run is."""
+    rec = run.summary.get("run") or {}
+    parts = [rec.get("model"), rec.get("hardware"), (rec.get("cost_model") or {}).get("name")]
+    parts = [p for p in parts if p]
+    return f"{run.name} ({', '.join(parts)})" if parts else run.name
+
+
+def timeline_window(slots, iters: int, max_requests: int, window_its: tuple[int, int] | None = None
+                    ) -> tuple[int, int, str]:
+    """(first iteration, end iteration, why) of the slot timeline: the user's window, the whole run
+    when it has at most `max_requests` requests, else the busiest stretch: the `max_requests`
+    consecutive requests (by start) that start within the fewest iterations."""
+    if window_its is not None:
+        return window_its[0], window_its[1], "the window asked for"
+    if len(slots) <= max_requests:
+        return 0, iters, ""
+    starts = slots["start_it"].to_numpy()
+    spans = starts[max_requests:] - starts[:-max_requests]
+    i = int(np.argmin(spans))
+    return int(starts[i]), int(starts[i + max_requests]), f"the busiest stretch of {max_requests} requests"
+
+
+def slot_timeline(run: Run, replica: int = 0, max_requests: int = MAX_TIMELINE_REQUESTS,
+                  window_s: tuple[float, float] | None = None) -> Figure:
     """One row per batch slot, x in iterations: a coloured bar while a request computes in the slot,
     hatched grey while a static batch keeps a finished row as padding, white while the slot is idle.
-    Only the first `max_requests` requests (by start) are drawn; the x axis then stops where the
-    next one starts, so everything shown is complete."""
+    A run of more than `max_requests` requests is drawn over a window, the busiest stretch (or
+    `window_s`: seconds since the first arrival), and the title says which."""
     slots = slot_assignment(run, replica)
     iters = replica_iterations(run, replica)
     capacity = run.max_num_seqs
     util = slot_utilization_from_slots(slots, iters, capacity)
-    x_end, note = iters, ""
-    if len(slots) > max_requests:
-        x_end = int(slots["start_it"].iloc[max_requests])
-        note = f"\nfirst {max_requests} of {len(slots)} requests shown (iterations 0-{x_end})"
-        slots = slots.iloc[:max_requests]
-    n_slots = max(capacity, int(slots["slot"].max()) + 1 if len(slots) else 1)
+    t0 = float(run.requests["arrival_s"].min()) if len(run.requests) else 0.0
+    its = None
+    if window_s is not None:
+        its = tuple(int(i) for i in iteration_of(run.steps, np.asarray(window_s) + t0, replica))
+    x_start, x_end, why = timeline_window(slots, iters, max_requests, its)
+    note = ""
+    if why:
+        inside = (slots["start_it"] < x_end) & (slots["hold_it"] > x_start)
+        times = _iteration_times(run, replica, (x_start, x_end)) - t0
+        note = (f"\n{why}: iterations {x_start:,}-{x_end:,} (t = {times[0]:.1f}-{times[1]:.1f} s), "
+                f"{int(inside.sum())} of {len(slots)} requests")
+        slots = slots[inside]
+    used = int(slots["slot"].max()) + 1 if len(slots) else 1
+    # rows no request reaches are not drawn (a chat run uses 40 of 256 slots): the label says so
+    n_slots = capacity if used > 0.75 * capacity or capacity <= 16 else max(used + 1, 8)
     fig = Figure(figsize=(11, min(10.0, 2.2 + 0.22 * n_slots)), layout="constrained")
     ax = fig.add_subplot()
     for slot, rows in slots.groupby("slot"):
@@ -63,26 +98,42 @@ def slot_timeline(run: Run, replica: int = 0, max_requests: int = MAX_TIMELINE_R
             if r.end_it - r.start_it >= 0.04 * max(x_end, 1):
                 ax.text((r.start_it + r.end_it) / 2, r.slot, f"req {r.request_id}", ha="center",
                         va="center", fontsize=8, color="white")
-    ax.set_xlim(0, max(x_end, 1))
+    ax.set_xlim(x_start, max(x_end, x_start + 1))
     ax.set_ylim(n_slots - 0.5, -0.5)
     if n_slots <= 32:
         ax.set_yticks(range(n_slots))
     ax.set_xlabel("iteration (engine step)")
-    ax.set_ylabel(f"batch slot (max_num_seqs = {capacity})")
+    ax.set_ylabel(f"batch slot (max_num_seqs = {capacity})" if n_slots >= capacity else
+                  f"batch slot: {used} used (max_num_seqs = {capacity})")
     ax.grid(axis="x", alpha=0.3)
     kind = "static batching" if run.is_static else "iteration-level batching"
     where = f", replica {replica} of {run.replicas}" if run.replicas > 1 else ""
     preempted = int((slots["preemptions"] > 0).sum())
     if preempted:
         note += f"\n{preempted} preempted requests drawn from first scheduling to finish"
-    ax.set_title(f"{run.name}: batch slots over iterations ({kind}{where}) - "
-                 f"slot utilisation {util:.1%}{note}")
+    ax.set_title(f"{describe(run)}: batch slots over iterations ({kind}{where}) - "
+                 f"slot utilisation {util:.1%} over the run{note}")
     handles = [Patch(facecolor="C0", label="request computing (colour = request)"),
                Patch(facecolor="white", edgecolor="#8c8c8c", label="idle slot")]
     if run.is_static:
         handles.insert(1, Patch(**_PADDING, label="finished, held as padding until batch ends"))
     fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8, frameon=False)
     return fig
+
+
+def _iteration_times(run: Run, replica: int, its: tuple[int, int]) -> np.ndarray:
+    """Start times (s) of iterations `its` of a replica (the end of the run past the last)."""
+    s = run.steps[run.steps["replica"] == replica]
+    ends = np.cumsum(s["count"].to_numpy())
+    out = []
+    for it in its:
+        row = int(np.searchsorted(ends, it, side="right"))
+        if row >= len(s):
+            out.append(float(s["start_s"].iloc[-1] + s["duration_s"].iloc[-1]) if len(s) else 0.0)
+            continue
+        first = ends[row] - s["count"].iloc[row]
+        out.append(float(s["start_s"].iloc[row] + s["duration_s"].iloc[row] * (it - first) / s["count"].iloc[row]))
+    return np.asarray(out)
 
 
 def _step_xy(start: np.ndarray, end: np.ndarray, value: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -97,13 +148,14 @@ def _step_xy(start: np.ndarray, end: np.ndarray, value: np.ndarray) -> tuple[np.
 
 
 def batch_kv(run: Run) -> Figure:
-    """Batch size, KV blocks in use and queue length over time, one line per replica (simulated
-    seconds for a simulation, seconds since the engine started for a real engine's run)."""
+    """Batch size, KV blocks in use and queue length over time, one line per replica, in seconds
+    since the first request arrived (a replayed trace's clock may start anywhere)."""
     fig = Figure(figsize=(11, 7.5), layout="constrained")
     axes = fig.subplots(3, 1, sharex=True)
     steps = run.steps
+    t0 = float(run.requests["arrival_s"].min()) if len(run.requests) else 0.0
     for rep, s in steps.groupby("replica"):
-        start = s["start_s"].to_numpy(float)
+        start = s["start_s"].to_numpy(float) - t0
         end = start + s["duration_s"].to_numpy(float)
         label = f"replica {rep}" if run.replicas > 1 else None
         for ax, col in zip(axes, ("num_seqs", "kv_blocks_used", "waiting")):
@@ -115,28 +167,33 @@ def batch_kv(run: Run) -> Figure:
     axes[0].set_ylabel("batch size\n(sequences)")
     axes[1].set_ylabel("KV blocks in use\n(blocks)")
     axes[2].set_ylabel("waiting\n(requests)")
-    axes[2].set_xlabel("time since the run started (s)")
+    axes[2].set_xlabel("time since the first request arrived (s)")
+    waiting = float(steps["waiting"].max()) if len(steps) else 0.0
+    axes[2].set_ylim(0, max(1.0, waiting) * 1.1)  # an empty queue is a flat 0, not a 0-0.05 axis
+    axes[2].yaxis.set_major_locator(MaxNLocator(integer=True))
     s = run.summary
-    axes[0].set_title(f"{run.name}: batch size (slot utilisation {s.get('slot_utilization', 0):.1%}), "
-                      f"KV cache (utilisation {s.get('kv_utilization', 0):.1%}, "
-                      f"waste {s.get('kv_waste', 0):.1%}) and queue over time")
+    axes[0].set_title(f"{describe(run)}: batch size, KV cache and queue over time\n"
+                      f"slot utilisation {s.get('slot_utilization', 0):.1%}, KV utilisation "
+                      f"{s.get('kv_utilization', 0):.1%}, KV waste {s.get('kv_waste', 0):.1%}")
     for ax in axes:
-        ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
     for ax in axes[:2]:
+        ax.set_ylim(bottom=0)
         ax.legend(loc="upper right", fontsize=8)
     return fig
 
 
-_CDF_METRICS = (("ttft_s", "TTFT", 1e3, "ms"), ("tpot_s", "TPOT", 1e3, "ms"), ("e2e_s", "E2E latency", 1, "s"))
+_CDF_METRICS = (("ttft_s", "TTFT", 1e3, "ms", "ttft_ms"), ("tpot_s", "TPOT", 1e3, "ms", "tpot_ms"),
+                ("e2e_s", "E2E latency", 1, "s", "e2el_ms"))
 
 
 def latency_cdfs(runs: Sequence[Run]) -> Figure:
     """Empirical CDFs of TTFT, TPOT (ms) and end-to-end latency (s) over completed requests; the
-    x axis turns logarithmic when a metric spans more than two decades."""
+    x axis turns logarithmic when a metric spans more than two decades; a run's SLO target (its
+    summary's goodput) is a vertical line with its percentile marked."""
     fig = Figure(figsize=(13, 4.2), layout="constrained")
     axes = fig.subplots(1, 3, sharey=True)
-    for ax, (col, title, scale, unit) in zip(axes, _CDF_METRICS):
+    for ax, (col, title, scale, unit, slo_key) in zip(axes, _CDF_METRICS):
         lo, hi = np.inf, 0.0
         for i, run in enumerate(runs):
             v = np.sort(run.requests[col].dropna().to_numpy(float) * scale)
@@ -149,6 +206,14 @@ def latency_cdfs(runs: Sequence[Run]) -> Figure:
             lo, hi = min(lo, v[v > 0].min(initial=np.inf)), max(hi, v[-1])
         if np.isfinite(lo) and hi > 100 * lo:
             ax.set_xscale("log")
+        for i, run in enumerate(runs if np.isfinite(lo) else ()):  # (no values: no panel to mark)
+            slo = ((run.summary.get("goodput") or {}).get(slo_key))
+            if isinstance(slo, dict) and slo.get("target"):
+                target = slo["target"] / 1e3 * scale  # ms -> this panel's unit
+                pct = slo.get("percentile", run.summary["goodput"].get("percentile", 99))
+                ax.axvline(target, color=f"C{i % 10}", ls="--", lw=1,
+                           label=f"SLO p{pct:g} <= {target:g} {unit}" + (f" ({run.name})" if len(runs) > 1 else ""))
+                ax.plot([target], [pct / 100], marker="o", color=f"C{i % 10}", ms=4)
         ax.axhline(0.99, color="grey", ls=":", lw=0.8)
         ax.set_xlabel(f"{title} ({unit})")
         ax.set_title(title)
@@ -159,8 +224,8 @@ def latency_cdfs(runs: Sequence[Run]) -> Figure:
             ax.text(0.5, 0.5, f"no {title} values", ha="center", va="center", transform=ax.transAxes)
     axes[0].set_ylabel("fraction of requests")
     axes[0].set_ylim(0, 1.01)
-    fig.suptitle(("latency CDFs: " + ", ".join(r.name for r in runs)) if len(runs) > 1
-                 else f"{runs[0].name}: latency CDFs (dotted line: p99)")
+    fig.suptitle(("latency CDFs: " + ", ".join(describe(r) for r in runs)) if len(runs) > 1
+                 else f"{describe(runs[0])}: latency CDFs (dotted line: p99; dashed: the SLO)")
     return fig
 
 
@@ -209,8 +274,14 @@ def compare_bars(runs: Sequence[Run]) -> Figure:
         ax.set_ylabel(f"{title} ({unit})")
         ax.set_xticks(x, names, rotation=20 if len(runs) > 3 else 0, ha="right" if len(runs) > 3 else "center")
         ax.margins(y=0.15)
+        if key is not None and key.endswith("_ms"):  # latencies spread over decades between engines
+            shown = [b.get_height() for b in ax.patches if np.isfinite(b.get_height()) and b.get_height() > 0]
+            if shown and max(shown) > 10 * min(shown):
+                ax.set_yscale("log")
+                ax.set_ylabel(f"{title} ({unit}, log scale)")
         ax.grid(axis="y", alpha=0.3)
-    fig.suptitle("throughput (higher is better) and latency percentiles (lower is better)")
+    fig.suptitle("throughput (higher is better) and latency percentiles (lower is better): "
+                 + ", ".join(describe(r) for r in runs))
     return fig
 
 
@@ -222,7 +293,7 @@ def _labels(paths: Sequence[Path], runs: Sequence[Run]) -> None:
 
 
 def save_plots(run_dir: str | Path, compare: Sequence[str | Path] = (), out: str | Path | None = None,
-               max_requests: int = MAX_TIMELINE_REQUESTS) -> list[Path]:
+               max_requests: int = MAX_TIMELINE_REQUESTS, window_s: tuple[float, float] | None = None) -> list[Path]:
     """Write the standard PNGs of `run_dir` (and, with `compare`, the side-by-side ones) into `out`
     (default RUN_DIR/plots). Returns the files written; bad folders raise ScenarioError."""
     paths = [Path(run_dir), *map(Path, compare)]
@@ -234,15 +305,110 @@ def save_plots(run_dir: str | Path, compare: Sequence[str | Path] = (), out: str
     out = Path(out) if out is not None else paths[0] / "plots"
     out.mkdir(parents=True, exist_ok=True)
     main = runs[0]
-    figures = {"slot_timeline": slot_timeline(main, max_requests=max_requests),
+    figures = {"slot_timeline": slot_timeline(main, max_requests=max_requests, window_s=window_s),
                "batch_kv": batch_kv(main),
                "latency_cdf": latency_cdfs([main])}
     if len(runs) > 1:
         figures["compare_bars"] = compare_bars(runs)
         figures["compare_cdf"] = latency_cdfs(runs)
+        for i, run in enumerate(runs[1:], 1):  # each compared run's own timeline
+            figures[f"slot_timeline_{i}"] = slot_timeline(run, max_requests=max_requests, window_s=window_s)
     written = []
     for name, fig in figures.items():
         path = out / f"{name}.png"
         fig.savefig(path, dpi=110)
         written.append(path)
     return written
+
+
+# ---------------------------------------------------------------- sweeps and plans
+
+def sweep_columns(rows) -> list[str]:
+    """A sweep's grid keys: the results.csv columns between scenario_sha256 and repeat."""
+    cols = list(rows.columns)
+    return cols[cols.index("scenario_sha256") + 1: cols.index("repeat")]
+
+
+def sweep_plot(rows, x: str | None = None, y: str = "ttft_ms.p99", hue: str | None = None,
+               title: str = "sweep") -> Figure:
+    """`y` against the grid key `x`, one line per value of the grid key `hue` (default: the other
+    grid key), the mean over repeats with their min-max band; log y when it spans more than a
+    decade; the SLO target as a dashed line when `y` is a latency the SLO sets."""
+    import pandas as pd
+
+    keys = sweep_columns(rows)
+    x = x or keys[0]
+    hue = hue if hue is not None else next((k for k in keys if k != x), None)
+    for flag, col in (("--x", x), ("--y", y)) + ((("--hue", hue),) if hue else ()):
+        if col not in rows.columns:
+            allowed = ", ".join(keys) if flag != "--y" else "a metric column of results.csv, e.g. ttft_ms.p99"
+            raise ScenarioError(f"{flag}: {col!r} is not a column of the sweep; allowed: {allowed}")
+    ok = rows[rows["error"].isna()] if "error" in rows else rows
+    fig = Figure(figsize=(9, 5.2), layout="constrained")
+    ax = fig.add_subplot()
+    groups = ok.groupby(hue) if hue else [(None, ok)]
+    for i, (h, part) in enumerate(groups):
+        stats = part.groupby(x)[y].agg(["mean", "min", "max"]).sort_index()
+        xs = pd.to_numeric(pd.Series(stats.index), errors="coerce")
+        xv = xs.to_numpy() if xs.notna().all() else np.arange(len(stats))
+        label = f"{hue} = {h}" if hue else y
+        ax.plot(xv, stats["mean"], "o-", color=f"C{i % 10}", ms=4, label=label)
+        if (stats["max"] > stats["min"]).any():
+            ax.fill_between(xv, stats["min"], stats["max"], color=f"C{i % 10}", alpha=0.15)
+        if not xs.notna().all():
+            ax.set_xticks(xv, [str(v) for v in stats.index])
+    values = ok[y].to_numpy(float)
+    values = values[np.isfinite(values) & (values > 0)]
+    if len(values) and values.max() > 10 * values.min():
+        ax.set_yscale("log")
+    metric, _, pct = y.partition(".")
+    target = f"goodput.{metric}.target"
+    if target in ok and ok[target].notna().any() and pct.startswith("p"):
+        slo_pct = ok.get(f"goodput.{metric}.percentile")
+        t = float(ok[target].dropna().iloc[0])
+        same = slo_pct is not None and float(slo_pct.dropna().iloc[0]) == float(pct[1:])
+        ax.axhline(t, color="red", ls="--", lw=1, label=f"SLO {metric[:-3].upper()} {t:g} ms"
+                   + ("" if same else f" (at p{float(slo_pct.dropna().iloc[0]):g}, not {pct})" if slo_pct is not None else ""))
+    ax.set_xlabel(x)
+    ax.set_ylabel(y + (" (log scale)" if ax.get_yscale() == "log" else ""))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    reps = int(ok.groupby(keys).size().max()) if len(ok) else 0
+    ax.set_title(f"{title}: {y} vs {x}" + (f", one line per {hue}" if hue else "")
+                 + (f" (mean of {reps} repeats, band: min-max)" if reps > 1 else ""), fontsize=10)
+    return fig
+
+
+def save_folder_plots(folder: str | Path, out: str | Path | None = None, x: str | None = None,
+                      y: str | None = None, hue: str | None = None) -> list[Path]:
+    """The figures of a sweep folder (results.csv: `y` vs `x` per `hue`), a plan folder (plan.json:
+    latency vs load and the engine curve) or a configuration search (search.json: cost vs latency)."""
+    import json
+
+    import pandas as pd
+
+    folder = Path(folder)
+    out = Path(out) if out is not None else folder
+    out.mkdir(parents=True, exist_ok=True)
+    if (folder / "results.csv").is_file():
+        rows = pd.read_csv(folder / "results.csv")
+        if not len(rows):
+            raise ScenarioError(f"{folder}/results.csv: no runs yet")
+        title = str(rows["scenario"].iloc[0])
+        first = next((folder / "runs" / str(r) / "summary.json" for r in rows["run_id"]
+                      if (folder / "runs" / str(r) / "summary.json").is_file()), None)
+        if first is not None:
+            title = describe(Run(title, None, None, json.loads(first.read_text())))
+        fig = sweep_plot(rows, x, y or "ttft_ms.p99", hue, title)
+        path = out / f"sweep_{(y or 'ttft_ms.p99').replace('.', '_')}.png"
+        fig.savefig(path, dpi=110)
+        return [path]
+    if (folder / "plan.json").is_file():
+        from ..planning.plan_report import _plots
+        return _plots(json.loads((folder / "plan.json").read_text()), out)
+    if (folder / "search.json").is_file():
+        from ..planning.search_report import PARETO_PNG, pareto_plot
+        path = pareto_plot(json.loads((folder / "search.json").read_text()), out / PARETO_PNG)
+        return [path] if path else []
+    raise ScenarioError(f"{folder}: not a run, sweep, plan or search folder (no summary.json, results.csv, "
+                        "plan.json or search.json)")
