@@ -462,6 +462,26 @@ def compare(
     typer.echo(f"output: {folder}/ (compare.json, compare.png)")
 
 
+@app.command(short_help="One self-contained HTML page for a run, sweep or plan folder.")
+def report(
+    folder: Annotated[Path, typer.Argument(help="A folder written by servesim run, sweep or plan.", show_default=False)],
+) -> None:
+    """Write FOLDER/report.html: the summary table, the figures (embedded) and the scenario, one
+    file to share."""
+    from sim.errors import ScenarioError
+    from sim.reporting.html_report import write_report
+
+    try:
+        if not folder.is_dir():
+            raise ScenarioError(f"{folder}: not a folder")
+        path = write_report(folder)
+    except ScenarioError as e:
+        raise _fail(str(e)) from None
+    except OSError as e:
+        raise _fail(f"{e.filename or ''}: {e.strerror or e}".lstrip(": "), code=1) from None
+    typer.echo(str(path))
+
+
 @app.command(short_help="A run folder as a Perfetto trace or a vllm bench serve JSON.")
 def export(
     run_dir: Annotated[Path, typer.Argument(help="A run folder (servesim run's output).", show_default=False)],

@@ -287,3 +287,16 @@ def test_plot_a_sweep_folder(tmp_path):
     assert [p.name for p in written] == ["sweep_tpot_ms_p50.png"]
     result = CliRunner().invoke(app, ["plot", str(tmp_path / "sw"), "--x", "engine.block_size"])
     assert result.exit_code == 2 and "--x: 'engine.block_size' is not a column of the sweep" in result.output
+
+
+def test_report_is_one_self_contained_page(run_dir, tmp_path):
+    import re
+
+    result = CliRunner().invoke(app, ["report", str(run_dir)])
+    assert result.exit_code == 0, result.output
+    page = (run_dir / "report.html").read_text()
+    assert len(re.findall(r'src="data:image/png;base64,', page)) == 3  # timeline, batch/KV, CDFs
+    assert "<h2>Summary</h2>" in page and "<h2>Scenario</h2>" in page
+    assert not re.search(r'src="(?!data:)', page)  # nothing to fetch from elsewhere
+    bad = CliRunner().invoke(app, ["report", str(tmp_path)])
+    assert bad.exit_code == 2 and "not a run, sweep, plan or search folder" in bad.output
