@@ -1153,6 +1153,9 @@ def validate_cmd(
         "--compare-only", help="Skip the real engine: read the real run that --real-only wrote "
                                "to REAL_DIR, simulate the same requests and compare.",
         metavar="REAL_DIR", show_default=False)] = None,
+    warmup_fraction: Annotated[float, typer.Option(
+        help="Latency percentiles leave out this share of the first requests by arrival (they meet an "
+             "empty engine).", metavar="F")] = 0.1,
 ) -> None:
     """Run the [bold]real engine[/] (a real model step under the simulator's own scheduler) and
     the simulator (cost model: --profile) on the same requests; write real/ and sim/ outputs and
@@ -1169,6 +1172,8 @@ def validate_cmd(
     try:
         from calibrate import validate as V
 
+        if not 0 <= warmup_fraction < 1:
+            raise ScenarioError(f"--warmup-fraction: {warmup_fraction:g} is not in [0, 1)")
         if real_only and compare_only is not None:
             raise ScenarioError("--real-only and --compare-only: give one of them (the first runs "
                                 "the real engine, the second only the simulator)")
@@ -1190,7 +1195,7 @@ def validate_cmd(
             prof = V.check_profile(sc, profile)
             real = V.load_real(compare_only, sc)
             V.check_out_dir(out_dir)
-            result = V.compare_real(sc, prof, real)
+            result = V.compare_real(sc, prof, real, warmup_fraction=warmup_fraction)
             V.write(result, out_dir)
         else:
             V.check_out_dir(out_dir)
@@ -1209,7 +1214,8 @@ def validate_cmd(
                            f"simpy: servesim validate {scenario} --profile FILE --compare-only {out_dir}")
                 return
             with _Progress("real engine", "requests") as progress:
-                result = V.validate(sc, profile, device=device, clock=clock, progress=progress)
+                result = V.validate(sc, profile, device=device, clock=clock, progress=progress,
+                                    warmup_fraction=warmup_fraction)
             V.write(result, out_dir)
     except ScenarioError as e:
         raise _fail(str(e)) from None

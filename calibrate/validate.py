@@ -151,7 +151,7 @@ def _where(scenario: Scenario) -> str:
 
 
 def validate(scenario: Scenario, profile: Path, *, device: str = "cpu", clock: str | None = None,
-             progress: Callable[[int, int], None] | None = None) -> Validation:
+             progress: Callable[[int, int], None] | None = None, warmup_fraction: float = 0.1) -> Validation:
     """Run the simulator (cost model: `profile`) and the real engine on the scenario's requests.
     `clock` defaults to cpu on the CPU, wall on CUDA."""
     check_engine_scenario(scenario)
@@ -165,7 +165,7 @@ def validate(scenario: Scenario, profile: Path, *, device: str = "cpu", clock: s
     sim = simulate_half(scenario, prof, workload)
     real = run_real(scenario, device=device, clock=clock, prof=prof, progress=progress,
                     workload=workload, rng=rng)
-    return compare_real(scenario, prof, real, sim=sim)
+    return compare_real(scenario, prof, real, sim=sim, warmup_fraction=warmup_fraction)
 
 
 def run_real(scenario: Scenario, *, device: str = "cpu", clock: str | None = None, prof=None,
@@ -223,14 +223,19 @@ def simulate_half(scenario: Scenario, prof, workload: Workload):
                     workload=workload)
 
 
-def compare_real(scenario: Scenario, prof, real: RealRun, *, sim=None) -> Validation:
-    """The simulator on the real run's own requests, and the comparison."""
+def compare_real(scenario: Scenario, prof, real: RealRun, *, sim=None, warmup_fraction: float = 0.1) -> Validation:
+    """The simulator on the real run's own requests, and the comparison (latencies over the
+    requests after the first `warmup_fraction` by arrival)."""
     if sim is None:
         sim = simulate_half(scenario, prof, real.workload)
     r = real.result
     ratios = step_ratios(r, ProfileCost(prof))
-    return Validation(real=r, sim=sim, comparison=compare(r.requests, sim.requests),
-                      notes=_notes(scenario, prof, real.meta, r, sim, ratios),
+    n = len(r.requests)
+    notes = _notes(scenario, prof, real.meta, r, sim, ratios) + [
+        f"latencies over the {n - int(n * warmup_fraction)} requests after the first {warmup_fraction:.0%} by "
+        f"arrival (warm-up: they meet an empty engine); throughputs over all {n}"]
+    return Validation(real=r, sim=sim, comparison=compare(r.requests, sim.requests, warmup_fraction),
+                      notes=notes,
                       step_ratio=float(np.median(ratios)) if len(ratios) else np.nan,
                       real_run=real)
 

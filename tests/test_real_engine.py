@@ -278,3 +278,21 @@ def test_batches_map_to_seq_chunks(tmp_path):
     assert [it[0][4] for it in seen[2:]] == a[10:] and seen[2][1][4] == b[2]
     assert seen[3][0][5] == a[10] and seen[4][0][5] == a[11]  # decodes feed the last sample
     assert len(a) == 13 and len(b) == 3
+
+
+def test_validate_leaves_the_warm_up_out_of_latency_percentiles():
+    import pandas as pd
+
+    from calibrate.comparison import compare, metrics
+
+    n = 20
+    rq = pd.DataFrame({"arrival_s": np.arange(n, dtype=float), "finish_s": np.arange(n) + 1.0,
+                       "ttft_s": [5.0, 4.0] + [0.1] * (n - 2), "tpot_s": [0.01] * n, "e2e_s": [1.0] * n,
+                       "output_tokens": [10] * n})
+    shuffled = rq.sample(frac=1.0, random_state=0)  # order by arrival, not by row
+    # all 20: the cold start dominates the tail; the first 10% (2 requests) out: all 100 ms
+    assert metrics(shuffled)[("ttft_ms", "p99")] > 4000
+    assert metrics(shuffled, 0.1)[("ttft_ms", "p99")] == pytest.approx(100.0)
+    assert metrics(shuffled, 0.1)[("request_throughput", "per_s")] == metrics(shuffled)[("request_throughput", "per_s")]
+    table = compare(rq, rq.assign(ttft_s=rq["ttft_s"] * 2), 0.1).set_index(["metric", "stat"])
+    assert table.loc[("ttft_ms", "mean"), "error_pct"] == pytest.approx(100.0)
