@@ -17,6 +17,8 @@ class PagedKVCache:
     """Blocks of `block_size` tokens from a shared pool. A request holding `c` tokens holds
     `blocks_for(c)` blocks; the scheduler asks for the difference when a request grows."""
 
+    cached_blocks = 0  # no prefix caching: no block carries a hash
+
     def __init__(self, num_blocks: int, block_size: int):
         self.num_blocks = num_blocks
         self.block_size = block_size

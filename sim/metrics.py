@@ -10,7 +10,7 @@ from .request import RequestTable
 REQUEST_COLUMNS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "first_token_s",
                    "finish_s", "ttft_s", "tpot_s", "e2e_s", "queue_s", "preemptions", "replica")
 PERCENTILES = (50, 90, 95, 99)
-_INT_STEP_COLUMNS = [c for c in STEP_COLUMNS if c not in ("start_s", "duration_s")]
+_INT_STEP_COLUMNS = [c for c in (*STEP_COLUMNS, "kv_blocks_cached") if c not in ("start_s", "duration_s")]
 
 
 def requests_frame(req: RequestTable) -> pd.DataFrame:
@@ -26,11 +26,13 @@ def requests_frame(req: RequestTable) -> pd.DataFrame:
     }, columns=list(REQUEST_COLUMNS))
 
 
-def steps_frame(recorder: Recorder) -> pd.DataFrame:
+def steps_frame(recorder: Recorder, cached: bool = False) -> pd.DataFrame:
+    """steps.csv; `cached`: with the kv_blocks_cached column (runs with prefix caching)."""
     columns = recorder.step_columns()
+    names = [*STEP_COLUMNS, "kv_blocks_cached"] if cached else list(STEP_COLUMNS)
     for c in _INT_STEP_COLUMNS:
         columns[c] = columns[c].astype(np.int64)
-    return pd.DataFrame(columns, columns=list(STEP_COLUMNS), copy=False)
+    return pd.DataFrame(columns, columns=names, copy=False)
 
 
 def weighted_percentiles(values: np.ndarray, weights: np.ndarray, qs) -> np.ndarray:

@@ -156,6 +156,11 @@ class PrefixKVCache:
     cached block out of the queue lazily: its entry is skipped when it reaches the head.
     """
 
+    @property
+    def cached_blocks(self) -> int:
+        """Blocks holding a prompt block's hash, in use or waiting in the free queue to be hit."""
+        return len(self.block_hash)
+
     def __init__(self, num_blocks: int, block_size: int, hashes: list, prompt_tokens: list):
         self.num_blocks, self.block_size = num_blocks, block_size
         self.hashes = hashes      # per request: block_hashes(...) of its shared prompt blocks

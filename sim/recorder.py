@@ -12,8 +12,10 @@ import numpy as np
 
 from .step import Schedule, StepOutcome
 
+# steps.csv; RECORDED adds what only some runs write (kv_blocks_cached: with prefix caching)
 STEP_COLUMNS = ("replica", "start_s", "duration_s", "count", "num_seqs", "prefill_tokens",
                 "decode_tokens", "padded_tokens", "kv_blocks_used", "kv_blocks_total", "waiting")
+RECORDED = (*STEP_COLUMNS, "kv_blocks_cached")
 _CHUNK = 65536
 
 
@@ -54,7 +56,7 @@ class Recorder:
             self.durations.frombytes(np.ascontiguousarray(durations, dtype=np.float64).tobytes())
         self._rows.append((replica, start, total, count, schedule.num_seqs, schedule.prefill_tokens,
                            schedule.decode_tokens, stats.padded_tokens, outcome.kv_blocks_used,
-                           schedule.kv_blocks_total, schedule.waiting))
+                           schedule.kv_blocks_total, schedule.waiting, schedule.kv_blocks_cached))
         if len(self._rows) >= _CHUNK:
             self._pack()
 
@@ -68,8 +70,8 @@ class Recorder:
         self._pack()
         blocks, self._packed = self._packed, []
         if not blocks:
-            return {c: np.zeros(0) for c in STEP_COLUMNS}
-        return {c: np.concatenate([b[:, i] for b in blocks]) for i, c in enumerate(STEP_COLUMNS)}
+            return {c: np.zeros(0) for c in RECORDED}
+        return {c: np.concatenate([b[:, i] for b in blocks]) for i, c in enumerate(RECORDED)}
 
     def iteration_durations(self) -> np.ndarray:
         return np.frombuffer(self.durations, dtype=np.float64)

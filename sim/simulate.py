@@ -79,11 +79,11 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
     env.run()
     if progress is not None:
         progress(len(req), len(req))
-    steps = steps_frame(recorder)
+    caches = [s.kv for s in schedulers if isinstance(s.kv, PrefixKVCache)]
+    steps = steps_frame(recorder, cached=bool(caches))  # prefix caching: cached blocks over time
     requests = requests_frame(req)
     if workload.users is not None:
         requests["user"] = loop.user  # who sent each request (closed loop only)
-    caches = [s.kv for s in schedulers if isinstance(s.kv, PrefixKVCache)]
     if caches:  # prefix caching simulated: tokens each request found cached (vLLM: cached tokens)
         requests["cached_tokens"] = np.sum([c.cached_tokens for c in caches], axis=0)
     m, hw = scenario.model, scenario.hardware

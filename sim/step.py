@@ -47,6 +47,7 @@ class Schedule(NamedTuple):
     max_steps: int = 1
     arrival_sensitive: bool = True
     preempted: tuple[int, ...] = ()  # requests preempted (recompute) while forming this schedule
+    kv_blocks_cached: int = 0  # prefix caching: blocks holding a cached prompt block's hash (in use or free)
 
     @property
     def num_scheduled_tokens(self) -> dict[int, int]:

@@ -51,7 +51,7 @@ def shown(path: Path) -> str:
 
 
 def read_trace(path: Path, fmt: str | None = None, columns: dict | None = None,
-               time_unit: str = "s") -> pd.DataFrame:
+               time_unit: str = "s", hash_block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> pd.DataFrame:
     """The requests in the trace at `path`, validated, in arrival order (a stable sort keeps ties).
     `fmt` forces a format (FORMATS); `columns` maps arrival / prompt_tokens / output_tokens
     [/ priority] to a CSV's own column names, its arrivals numbers in `time_unit` or timestamps."""
@@ -66,13 +66,13 @@ def read_trace(path: Path, fmt: str | None = None, columns: dict | None = None,
     if not head:
         raise ScenarioError(f"{name}: the trace is empty")
     if columns is not None:
-        table = _read_mapped(path, name, columns, time_unit)
+        table = _read_mapped(path, name, columns, time_unit, hash_block_tokens)
     elif fmt == "vllm_bench" or (fmt is None and head.startswith(b"{") and _is_bench(path)):
         table = _read_bench(path, name)
     elif fmt == "mooncake" or (fmt is None and head.startswith(b"{")):
         table = _read_jsonl(path, name)
     else:
-        table = _read_csv(path, name, fmt)
+        table = _read_csv(path, name, fmt, hash_block_tokens)
     if len(table) == 0:
         raise ScenarioError(f"{name}: the trace has no requests")
     arrival = table["arrival_s"].to_numpy()
@@ -124,7 +124,7 @@ def _read_bench(path: Path, name: str) -> pd.DataFrame:
     return table
 
 
-def _read_mapped(path: Path, name: str, columns: dict, time_unit: str) -> pd.DataFrame:
+def _read_mapped(path: Path, name: str, columns: dict, time_unit: str, hash_block_tokens: int) -> pd.DataFrame:
     """Any CSV whose columns `columns` names: arrival (numbers in time_unit, e.g. epoch seconds, or
     ISO 8601 timestamps), prompt_tokens, output_tokens, optionally priority. Arrivals become seconds
     after the earliest."""
@@ -143,7 +143,28 @@ def _read_mapped(path: Path, name: str, columns: dict, time_unit: str) -> pd.Dat
     cols = (columns["arrival"], columns["prompt_tokens"], columns["output_tokens"])
     priority = (_ints(df[columns["priority"]], lines, name, columns["priority"], -np.inf)
                 if "priority" in columns else None)
-    return _table(arrival, df, cols, lines, name, priority)
+    table = _table(arrival, df, cols, lines, name, priority)
+    if "hash_ids" in columns:
+        table["prefix"] = _hash_column(df[columns["hash_ids"]], lines, name, columns["hash_ids"], hash_block_tokens)
+    return table
+
+
+def _hash_column(col: pd.Series, lines: np.ndarray, name: str, label: str, block_tokens: int) -> list:
+    """A CSV column of prompt block ids (integers separated by spaces, '|' or ';', each naming
+    `block_tokens` tokens, chained as Mooncake's hash_ids are); an empty cell: no shared prefix."""
+    out = []
+    for value, line in zip(col.tolist(), lines.tolist()):
+        if value is None or (isinstance(value, float) and np.isnan(value)):
+            out.append(None)
+            continue
+        parts = re.split(r"[\s|;]+", str(value).strip())
+        try:
+            ids = tuple(int(p) for p in parts if p)
+        except ValueError:
+            raise ScenarioError(f"{name}:{line}: {label} {value!r} is not block ids (integers separated by "
+                                "spaces, '|' or ';')") from None
+        out.append((ids, block_tokens) if ids else None)
+    return out
 
 
 def _frame(path: Path, name: str) -> tuple[pd.DataFrame, np.ndarray]:
@@ -164,13 +185,17 @@ def _frame(path: Path, name: str) -> tuple[pd.DataFrame, np.ndarray]:
     return df, lines
 
 
-def _read_csv(path: Path, name: str, fmt: str | None = None) -> pd.DataFrame:
+def _read_csv(path: Path, name: str, fmt: str | None = None,
+              hash_block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> pd.DataFrame:
     df, lines = _frame(path, name)
     have = set(df.columns)
     if fmt in (None, "generic") and set(GENERIC) <= have:
         arrival = _seconds(df["arrival_s"], lines, name, "arrival_s")
         priority = _ints(df["priority"], lines, name, "priority", -np.inf) if "priority" in df else None
-        return _table(arrival, df, GENERIC, lines, name, priority)
+        table = _table(arrival, df, GENERIC, lines, name, priority)
+        if "hash_ids" in df:  # prompt block ids: what prefix caching matches on
+            table["prefix"] = _hash_column(df["hash_ids"], lines, name, "hash_ids", hash_block_tokens)
+        return table
     if fmt in (None, "azure") and set(AZURE) <= have:
         return _table(_wall_clock(df["TIMESTAMP"], lines, name), df, AZURE, lines, name)
     if fmt in (None, "vidur") and set(VIDUR) <= have:

@@ -183,10 +183,12 @@ class WorkloadConfig:
     format: str | None = None
     columns: tuple[tuple[str, str], ...] | None = None
     time_unit: str = "s"
+    hash_block_tokens: int = 512  # tokens per id of a CSV's hash_ids column (Mooncake's blocks: 512)
 
     def read(self):
         """The trace's table (sim/traces.read_trace) with this section's format options."""
-        return read_trace(self.trace, self.format, dict(self.columns) if self.columns else None, self.time_unit)
+        return read_trace(self.trace, self.format, dict(self.columns) if self.columns else None, self.time_unit,
+                          self.hash_block_tokens)
 
 
 @dataclass(frozen=True)
@@ -266,8 +268,9 @@ def bench_arrivals(attrs: dict, n: int, rng: np.random.Generator, trace: Path) -
 # ---- parsing the YAML section ----
 
 GENERATOR_KEYS = ("arrival", "prompt_tokens", "output_tokens", "num_requests")
-SECTION_KEYS = ("trace", "format", "columns", "time_unit", "time_scale", "priority", "prefix", *GENERATOR_KEYS)
-COLUMN_KEYS = ("arrival", "prompt_tokens", "output_tokens", "priority")
+SECTION_KEYS = ("trace", "format", "columns", "time_unit", "hash_block_tokens", "time_scale", "priority", "prefix",
+                *GENERATOR_KEYS)
+COLUMN_KEYS = ("arrival", "prompt_tokens", "output_tokens", "priority", "hash_ids")
 
 
 def parse_workload(raw: dict, where: str, base_dir: Path) -> WorkloadConfig:
@@ -328,6 +331,8 @@ def _trace_format(top: _Keys, raw: dict) -> dict:
         out["time_unit"] = top.choice("time_unit", tuple(TIME_UNITS), "s")
     elif raw.get("time_unit") is not None:
         raise top.fail("time_unit", "only with workload.columns (the other formats fix their unit)")
+    if raw.get("hash_block_tokens") is not None:
+        out["hash_block_tokens"] = top.integer("hash_block_tokens", 1)
     return out
 
 

@@ -292,6 +292,10 @@ def test_a_shared_prefix_timeline_by_hand():
     assert on.requests["cached_tokens"].tolist() == [0, 12]
     assert on.requests["first_token_s"].tolist() == [1.0, 6.0] and on.requests["finish_s"].tolist() == [2.0, 7.0]
     assert on.summary["prefix_cache_hit_rate"] == 12 / 28
+    # cached blocks over time (steps.csv, with caching only): none while A prefills, then A's 3
+    # shared blocks, kept (free, hashed) until B hits them; B's own blocks are not cached
+    assert on.steps["kv_blocks_cached"].tolist() == [0, 3, 3, 3]
+    assert "kv_blocks_cached" not in off.steps
 
 
 def test_a_generated_shared_prefix_hits_and_the_knob_rules(tmp_path):
@@ -378,3 +382,25 @@ def test_prefix_aware_gives_way_to_load():
     assert r.choose(0, [5, 4]) == 1       # equal hits: the less loaded
     r.attach([Cache(0), Cache(0)])
     assert r.choose(0, [2, 1]) == 1       # nothing cached: least loaded
+
+
+def test_a_csv_hash_ids_column_drives_prefix_caching(tmp_path):
+    import yaml
+
+    from sim.config import load_scenario
+
+    trace = Path(__file__).parents[1] / "scenarios" / "traces" / "shared_prefix.csv"
+    raw = {"name": "csv-hashes", "model": "llama-3-8b", "hardware": "h100-sxm", "cost_model": "roofline",
+           "engine": {"scheduler": "chunked", "block_size": 16},
+           "workload": {"trace": str(trace), "hash_block_tokens": 16}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
+    r = simulate(load_scenario(tmp_path / "s.yaml"))  # requests 0.5 s apart: one at a time
+    # ids '1 2 3', '1 2 4', '1 2', '': request 1 hits blocks 1, 2 (32 tokens); request 2's 24 tokens
+    # may hit (24 - 1) // 16 = 1 block; request 3 has no ids
+    assert r.requests["cached_tokens"].tolist() == [0, 32, 16, 0]
+    assert r.summary["prefix_cache_hit_rate"] == pytest.approx(48 / (40 + 40 + 24 + 40))
+    with pytest.raises(ScenarioError, match=r"shared_prefix_bad.csv:3: hash_ids 'a b' is not block ids"):
+        bad = tmp_path / "shared_prefix_bad.csv"
+        bad.write_text("arrival_s,prompt_tokens,output_tokens,hash_ids\n0,8,2,1\n1,8,2,a b\n")
+        from sim.traces import read_trace
+        read_trace(bad)

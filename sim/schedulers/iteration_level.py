@@ -248,7 +248,8 @@ class IterationLevelScheduler:
             (kv.num_blocks - kv.free) * kv.block_size, kv.num_blocks,  # kv_slots, kv_blocks_total
             held + decodes + prefill_tokens, len(self.waiting),        # kv_tokens, waiting
             max_steps, self._arrival_sensitive(),                      # max_steps, arrival_sensitive
-            tuple(self._preempted) if self._preempted else ())         # preempted
+            tuple(self._preempted) if self._preempted else (),         # preempted
+            kv.cached_blocks)                                          # kv_blocks_cached
 
     def _run_length(self) -> int:
         """Iterations this decode batch repeats unchanged: until a member finishes or the free
