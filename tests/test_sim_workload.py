@@ -307,7 +307,8 @@ W = "scenarios/chat.yaml: workload"
      f"{W}.priority.dist: 'lognormal' is not one of fixed, uniform"),
     ({"priority": {"dist": "uniform", "low": -1, "high": 3}}, f"{W}.priority.low: -1 is not an integer >= 0"),
     ({"rate": 8}, f"{W}.rate: unknown key (did you mean 'trace'?); allowed: trace, format, columns, "
-                  "time_unit, time_scale, priority, prefix, arrival, prompt_tokens, output_tokens, num_requests"),
+                  "time_unit, hash_block_tokens, time_scale, priority, prefix, arrival, prompt_tokens, output_tokens, "
+                  "num_requests"),
     ({"trace": "traces/toy8.csv"}, f"{W}.arrival: not allowed with workload.trace"),
 ])
 def test_parse_errors(patch, message):

@@ -79,21 +79,17 @@ def write_report(folder: str | Path) -> Path:
                                 "itl_ms.p99", "goodput.met") if c in rows]
             body += [f"<h2>Runs ({len(rows)})</h2>", _frame(rows[cols])]
             figures = save_folder_plots(folder, out=tmp) if len(rows) else []
-        elif (folder / "plan.json").is_file():
+        elif (folder / "plan.json").is_file() or (folder / "search.json").is_file():
             from ..planning.plan_report import headline
-            r = json.loads((folder / "plan.json").read_text())
-            title = f"servesim plan: {r['scenario']}"
-            body += ["<h2>Answer</h2>", _table(headline(r))]
-            if (folder / "plan.md").is_file():
-                body += ["<h2>plan.md</h2>", f"<pre>{html.escape((folder / 'plan.md').read_text())}</pre>"]
-            figures = save_folder_plots(folder, out=tmp)
-        elif (folder / "search.json").is_file():
             from ..planning.search_report import search_headline
-            r = json.loads((folder / "search.json").read_text())
-            title = f"servesim configuration search: {r['scenario']}"
-            body += ["<h2>Answer</h2>", _table(search_headline(r))]
-            if (folder / "search.md").is_file():
-                body += ["<h2>search.md</h2>", f"<pre>{html.escape((folder / 'search.md').read_text())}</pre>"]
+            # a plan, or a configuration search: (its files' stem, title, headline rows)
+            stem, kind, rows_of = (("plan", "plan", headline) if (folder / "plan.json").is_file()
+                                   else ("search", "configuration search", search_headline))
+            r = json.loads((folder / f"{stem}.json").read_text())
+            title = f"servesim {kind}: {r['scenario']}"
+            body += ["<h2>Answer</h2>", _table(rows_of(r))]
+            if (folder / f"{stem}.md").is_file():
+                body += [f"<h2>{stem}.md</h2>", f"<pre>{html.escape((folder / f'{stem}.md').read_text())}</pre>"]
             figures = save_folder_plots(folder, out=tmp)
         else:
             raise ScenarioError(f"{folder}: not a run, sweep, plan or search folder (no summary.json, results.csv, "
