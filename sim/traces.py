@@ -31,12 +31,14 @@ AZURE = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")      # wall clock '202
 MOONCAKE = ("timestamp", "input_length", "output_length")      # milliseconds; optional `hash_ids`
 MOONCAKE_BLOCK_TOKENS = 512  # tokens per Mooncake hash_ids block
 VIDUR = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")  # seconds (Vidur's trace generator)
+BLIS = ("arrived_at", "prefill_tokens", "decode_tokens")           # seconds (BLIS --workload traces)
 VLLM_BENCH = ("input_lens", "output_lens")                      # + start_times, or request_rate
-FORMATS = ("generic", "azure", "mooncake", "vidur", "vllm_bench")
+FORMATS = ("generic", "azure", "mooncake", "vidur", "blis", "vllm_bench")
 TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 ACCEPTED = ("CSV header arrival_s,prompt_tokens,output_tokens[,priority], "
             "Azure CSV header TIMESTAMP,ContextTokens,GeneratedTokens, "
             "Vidur CSV header arrived_at,num_prefill_tokens,num_decode_tokens, "
+            "BLIS CSV header arrived_at,prefill_tokens,decode_tokens, "
             "Mooncake JSONL with keys timestamp,input_length,output_length, "
             "or a vllm bench serve result JSON with input_lens and output_lens; "
             "any other CSV with workload.columns (docs/workload.md)")
@@ -198,10 +200,11 @@ def _read_csv(path: Path, name: str, fmt: str | None = None,
         return table
     if fmt in (None, "azure") and set(AZURE) <= have:
         return _table(_wall_clock(df["TIMESTAMP"], lines, name), df, AZURE, lines, name)
-    if fmt in (None, "vidur") and set(VIDUR) <= have:
-        return _table(_seconds(df["arrived_at"], lines, name, "arrived_at"), df, VIDUR, lines, name)
+    for layout, cols in (("vidur", VIDUR), ("blis", BLIS)):
+        if fmt in (None, layout) and set(cols) <= have:
+            return _table(_seconds(df["arrived_at"], lines, name, "arrived_at"), df, cols, lines, name)
     header = ",".join(df.columns)
-    expected = {"generic": GENERIC, "azure": AZURE, "vidur": VIDUR}.get(fmt)
+    expected = {"generic": GENERIC, "azure": AZURE, "vidur": VIDUR, "blis": BLIS}.get(fmt)
     if expected is not None:
         raise ScenarioError(f"{name}: workload.format {fmt} needs the columns {','.join(expected)}; "
                             f"the header is {header!r}")

@@ -201,3 +201,12 @@ def test_cli_compare(tmp_path):
     assert (out / "compare.png").exists()
     bad = runner.invoke(app, ["compare", str(TRACES / "toy8.csv"), str(out)])
     assert bad.exit_code == 2 and "not a JSON file" in bad.output
+
+
+def test_blis_trace():
+    t = read_trace(TRACES / "blis_trace.csv")
+    assert t["arrival_s"].tolist() == [0.0, 0.4, 0.9]
+    assert t["prompt_tokens"].tolist() == [1200, 900, 2048]
+    assert t["output_tokens"].tolist() == [300, 120, 64]
+    with pytest.raises(ScenarioError, match="workload.format blis needs the columns arrived_at,prefill_tokens,decode_tokens"):
+        read_trace(TRACES / "vidur_trace.csv", fmt="blis")
