@@ -33,7 +33,8 @@ MOONCAKE_BLOCK_TOKENS = 512  # tokens per Mooncake hash_ids block
 VIDUR = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")  # seconds (Vidur's trace generator)
 BLIS = ("arrived_at", "prefill_tokens", "decode_tokens")           # seconds (BLIS --workload traces)
 VLLM_BENCH = ("input_lens", "output_lens")                      # + start_times, or request_rate
-FORMATS = ("generic", "azure", "mooncake", "vidur", "blis", "vllm_bench")
+FORMATS = ("generic", "azure", "mooncake", "vidur", "blis", "vllm_bench", "sharegpt")
+TOKEN_KEYS = ("tokens", "num_tokens", "token_count")  # a ShareGPT turn's token count, by any of these
 TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 ACCEPTED = ("CSV header arrival_s,prompt_tokens,output_tokens[,priority], "
             "Azure CSV header TIMESTAMP,ContextTokens,GeneratedTokens, "
@@ -69,6 +70,8 @@ def read_trace(path: Path, fmt: str | None = None, columns: dict | None = None,
         raise ScenarioError(f"{name}: the trace is empty")
     if columns is not None:
         table = _read_mapped(path, name, columns, time_unit, hash_block_tokens)
+    elif fmt == "sharegpt" or (fmt is None and head.startswith(b"[")):
+        table = _read_sharegpt(path, name)
     elif fmt == "vllm_bench" or (fmt is None and head.startswith(b"{") and _is_bench(path)):
         table = _read_bench(path, name)
     elif fmt == "mooncake" or (fmt is None and head.startswith(b"{")):
@@ -124,6 +127,35 @@ def _read_bench(path: Path, name: str) -> pd.DataFrame:
         if isinstance(doc.get(key), list) and len(doc[key]) == n:
             table.attrs[key] = doc[key]
     return table
+
+
+def _read_sharegpt(path: Path, name: str) -> pd.DataFrame:
+    """ShareGPT-style JSON (a list of {"conversations": [{"from": "human"|"gpt", "value": ...}]})
+    whose turns carry token counts (one of TOKEN_KEYS): the prompt is a conversation's first human
+    turn, the output the reply after it, as vllm bench serve's ShareGPT loader pairs them. It has no
+    arrival times: arrivals are NaN, so it serves as an empirical length distribution
+    (`prompt_tokens: {dist: empirical, trace: ...}`), not as a replay."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise ScenarioError(f"{name}: not a valid ShareGPT JSON ({type(e).__name__})") from None
+    if not isinstance(doc, list):
+        raise ScenarioError(f"{name}: a ShareGPT file is a JSON list of conversations")
+    prompts, outputs = [], []
+    for i, conv in enumerate(doc):
+        turns = conv.get("conversations") if isinstance(conv, dict) else None
+        if not isinstance(turns, list) or len(turns) < 2:
+            continue  # vLLM's loader skips these too
+        first, reply = turns[0], turns[1]
+        counts = [next((t.get(k) for k in TOKEN_KEYS if isinstance(t, dict) and k in t), None) for t in (first, reply)]
+        if any(c is None for c in counts):
+            raise ScenarioError(f"{name}: conversation {i} has no token counts (a turn needs one of "
+                                f"{', '.join(TOKEN_KEYS)}); tokenize it first, e.g. run vllm bench serve on it "
+                                "and import that result")
+        prompts.append(counts[0])
+        outputs.append(counts[1])
+    df = pd.DataFrame({"prompt": prompts, "output": outputs})
+    return _table(np.full(len(df), np.nan), df, ("", "prompt", "output"), np.arange(len(df)), name)
 
 
 def _read_mapped(path: Path, name: str, columns: dict, time_unit: str, hash_block_tokens: int) -> pd.DataFrame:

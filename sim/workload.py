@@ -242,6 +242,9 @@ def _replay(cfg: WorkloadConfig, rng: np.random.Generator) -> tuple[np.ndarray, 
     columns = tuple(table[c].to_numpy(copy=True) for c in
                     ("arrival_s", "prompt_tokens", "output_tokens", "priority"))
     if np.isnan(columns[0]).all():  # a vLLM benchmark without start_times: its rate and burstiness
+        if "request_rate" not in table.attrs:  # e.g. ShareGPT: lengths only
+            raise ScenarioError(f"{shown(trace)}: has no arrival times to replay; use it as a length "
+                                "distribution (prompt_tokens: {dist: empirical, trace: ...}) with an arrival process")
         columns = (bench_arrivals(table.attrs, len(table), rng, trace), *columns[1:])
     return (*columns, table["prefix"].tolist() if "prefix" in table else None)
 

@@ -210,3 +210,24 @@ def test_blis_trace():
     assert t["output_tokens"].tolist() == [300, 120, 64]
     with pytest.raises(ScenarioError, match="workload.format blis needs the columns arrived_at,prefill_tokens,decode_tokens"):
         read_trace(TRACES / "vidur_trace.csv", fmt="blis")
+
+
+def test_sharegpt_with_token_counts_is_a_length_distribution(tmp_path):
+    t = read_trace(TRACES / "sharegpt_counts.json")
+    # first human turn -> prompt, the reply -> output; a one-turn conversation is skipped
+    assert t["prompt_tokens"].tolist() == [120, 900, 2048] and t["output_tokens"].tolist() == [340, 45, 512]
+    assert np.isnan(t["arrival_s"]).all()
+    with pytest.raises(ScenarioError, match="no arrival times to replay; use it as a length distribution"):
+        simulate(load_scenario(_scenario_with(TRACES / "sharegpt_counts.json", tmp_path)))
+    raw = {"name": "sg", "model": "llama-3-8b", "hardware": "h100-sxm", "cost_model": "roofline",
+           "engine": {"scheduler": "chunked"},
+           "workload": {"arrival": {"process": "poisson", "rate": 4}, "num_requests": 50,
+                        "prompt_tokens": {"dist": "empirical", "trace": str(TRACES / "sharegpt_counts.json")},
+                        "output_tokens": {"dist": "empirical", "trace": str(TRACES / "sharegpt_counts.json")}}}
+    (tmp_path / "sg.yaml").write_text(yaml.safe_dump(raw))
+    w = build_workload(load_scenario(tmp_path / "sg.yaml").workload, np.random.default_rng(0))
+    assert set(w.prompt_tokens.tolist()) <= {120, 900, 2048} and set(w.output_tokens.tolist()) <= {340, 45, 512}
+    bad = tmp_path / "no_counts.json"
+    bad.write_text(json.dumps([{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}]))
+    with pytest.raises(ScenarioError, match="conversation 0 has no token counts"):
+        read_trace(bad)
