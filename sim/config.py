@@ -129,7 +129,7 @@ class Scenario:
         """A fresh cost model for one simulation (no file is read: the spec was resolved); with
         speculative decoding, the target's plus the draft's (sim/speculative.py)."""
         tp = self.engine.tensor_parallel_size
-        target = self.cost_model.build(self.model, self.hardware, tp)
+        target = self.cost_model.build(self.model, self.hardware, tp, self.engine.kv_cache_dtype)
         spec = self.engine.speculative
         if spec is None:
             return target

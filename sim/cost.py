@@ -78,7 +78,7 @@ class RooflineCost:
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, tensor_parallel_size: int = 1, *,
                  compute_efficiency: float = 0.7, bandwidth_efficiency: float = 0.85,
                  interconnect_efficiency: float = 0.7, allreduce_latency_s: float = 10e-6,
-                 overhead_s: float = 2e-3, overhead_per_seq_s: float = 5e-6):
+                 overhead_s: float = 2e-3, overhead_per_seq_s: float = 5e-6, kv_cache_dtype: str = "auto"):
         tp = tensor_parallel_size
         flop_s = hardware.bf16_flops * compute_efficiency          # FLOP/s achieved
         byte_s = hardware.hbm_bandwidth * bandwidth_efficiency     # B/s achieved
@@ -109,7 +109,8 @@ class RooflineCost:
             2 * (model.mla.kv_lora_rank + model.mla.qk_rope_head_dim) + 2 * model.mla.kv_lora_rank)
         self._s_per_pair = (4 * model.num_layers * q_heads * model.head_dim / flop_s if model.mla is None
                             else model.num_layers * q_heads * per_head / flop_s)
-        self._s_per_kv_token = kv_bytes_per_token_per_rank(model, tp) / byte_s
+        # KV reads at the cache's dtype (engine.kv_cache_dtype: fp8 halves them)
+        self._s_per_kv_token = kv_bytes_per_token_per_rank(model, tp, kv_cache_dtype) / byte_s
         # Ring all-reduce of the hidden state, twice per layer (after attention and after MLP).
         self._allreduce_fixed_s = 0.0
         self._allreduce_s_per_token = 0.0
@@ -432,8 +433,12 @@ class CostModelSpec:
     def profile(self) -> StepProfile | None:
         return self.options.get("profile")
 
-    def build(self, model: ModelSpec, hardware: HardwareSpec, tensor_parallel_size: int) -> CostModel:
-        built = COST_MODELS[self.name].build(self.options, model, hardware, tensor_parallel_size)
+    def build(self, model: ModelSpec, hardware: HardwareSpec, tensor_parallel_size: int,
+              kv_cache_dtype: str = "auto") -> CostModel:
+        """The model for one simulation; `kv_cache_dtype` (the engine's) prices KV reads where the
+        model estimates them (roofline); a measured profile keeps its tables' own."""
+        options = self.options if kv_cache_dtype == "auto" else {**self.options, "kv_cache_dtype": kv_cache_dtype}
+        built = COST_MODELS[self.name].build(options, model, hardware, tensor_parallel_size)
         return built if self.scale == 1.0 else ScaledCost(built, self.scale)
 
     def as_yaml(self) -> Any:

@@ -230,3 +230,21 @@ def test_make_cost_model_errors(spec, tp, hw, message):
     hardware = HARDWARE_PRESETS.get(hw) or replace(H100, name="custom", interconnect_bandwidth=0.0)
     with pytest.raises(ScenarioError, match=message):
         make_cost_model(spec, LLAMA3, hardware, tp, "s.yaml: cost_model")
+
+
+def test_roofline_reads_an_fp8_kv_cache_at_one_byte():
+    from simhelpers import make_scenario
+
+    from sim.batch import BatchStats
+
+    auto = make_scenario(cost_model="roofline", scheduler="chunked").cost()
+    fp8 = make_scenario(cost_model="roofline", scheduler="chunked", kv_cache_dtype="fp8").cost()
+    # llama-3-8b: 32 layers x 8 KV heads x 128 x (K, V) = 65,536 elements per token: 131,072 B in
+    # bf16, 65,536 B in fp8; read at 3.35 TB/s x 0.85
+    byte_s = 3.35e12 * 0.85
+    assert auto._s_per_kv_token == pytest.approx(131_072 / byte_s)
+    assert fp8._s_per_kv_token == pytest.approx(65_536 / byte_s)
+    long_decodes = BatchStats(num_decodes=64, decode_context_sum=64 * 8000)  # memory-bound attention
+    assert fp8.step_times(long_decodes)[0] < auto.step_times(long_decodes)[0]
+    no_kv = BatchStats(prefill_lens=np.array([512]), prefill_contexts=np.array([0]))
+    assert fp8.step_times(no_kv)[0] == pytest.approx(auto.step_times(no_kv)[0])  # prefill reads no cache
