@@ -1043,6 +1043,11 @@ def calibrate_cmd(
         help="With --from-tables: the hardware preset the tables were measured on.",
         show_default=False)] = None,
     tp: Annotated[int, typer.Option("--tp", help="With --from-tables: tensor-parallel size.")] = 1,
+    from_runs: Annotated[list[Path] | None, typer.Option(
+        "--from-runs", help="Fit the profile on the iterations that [bold]servesim validate[/] "
+                            "recorded (its output folder or real/; e.g. real vLLM runs). "
+                            "Repeatable: several workloads cover more batch shapes.",
+        metavar="DIR", show_default=False)] = None,
 ) -> None:
     """Time a real model step over a grid of batch shapes, fit the step-cost model and write a
     [bold]profile YAML[/] (for [bold]cost_model: {profile: FILE}[/]) plus the raw CSV; or, with
@@ -1050,6 +1055,8 @@ def calibrate_cmd(
     and docs/cost_models.md."""
     if from_tables is not None:
         return _calibrate_from_tables(from_tables, model, gpu, tp, out)
+    if from_runs:
+        return _calibrate_from_runs(from_runs, model, out)
     try:
         import torch
     except ImportError:
@@ -1073,6 +1080,23 @@ def calibrate_cmd(
     typer.echo(f"profile: {result['profile']} ({result['shapes']} shapes in "
                f"{result['wall_s']:.0f} s; fit MAPE {result['fit_mape']:.1%}, {held})")
     typer.echo(f"measurements: {result['csv']}")
+
+
+def _calibrate_from_runs(runs: list[Path], model: str, out: Path) -> None:
+    from sim.errors import ScenarioError
+
+    try:
+        from calibrate.fit import write_profile
+        from calibrate.vllm_engine import fit_runs
+
+        _, meta, fit = fit_runs(runs, model)
+        write_profile(out, fit, meta)
+    except ScenarioError as e:
+        raise _fail(str(e)) from None
+    except OSError as e:
+        raise _fail(f"{e.filename or ''}: {e.strerror or e}".lstrip(": ")) from None
+    typer.echo(f"profile: {out} ({meta['notes']}; held-out MAPE {meta['heldout_mape']:.1%}, "
+               f"max {meta['heldout_max_error']:.1%})")
 
 
 def _calibrate_from_tables(tables: Path, model: str, gpu: str | None, tp: int, out: Path) -> None:
@@ -1156,6 +1180,16 @@ def validate_cmd(
     warmup_fraction: Annotated[float, typer.Option(
         help="Latency percentiles leave out this share of the first requests by arrival (they meet an "
              "empty engine).", metavar="F")] = 0.1,
+    engine: Annotated[str, typer.Option(
+        help="servesim (our engine: a real model step under the simulator's scheduler) or vllm "
+             "(real vLLM on the CPU, in its own venv; the simulator's profile is fitted on vLLM's "
+             "own iterations unless --profile).", metavar="NAME")] = "servesim",
+    setup: Annotated[bool, typer.Option(
+        "--setup", help="With --engine vllm: build the vLLM venv first if it is missing "
+                        "(calibrate/vllm_setup.sh, ~2 min, ~3.4 GB).")] = False,
+    vllm_venv: Annotated[Path | None, typer.Option(
+        help="The vLLM virtualenv. \\[default: $SERVESIM_VLLM_VENV or .vllm-venv in the repository]",
+        metavar="DIR", show_default=False)] = None,
 ) -> None:
     """Run the [bold]real engine[/] (a real model step under the simulator's own scheduler) and
     the simulator (cost model: --profile) on the same requests; write real/ and sim/ outputs and
@@ -1172,6 +1206,15 @@ def validate_cmd(
     try:
         from calibrate import validate as V
 
+        if engine not in V.ENGINES:
+            raise ScenarioError(f"--engine {engine!r}: allowed: {', '.join(V.ENGINES)}")
+        if engine == "vllm":
+            return _validate_vllm(scenario, V, profile=profile, device=device, out=out, clock=clock,
+                                  seed=seed, set_=set_, real_only=real_only,
+                                  compare_only=compare_only, warmup_fraction=warmup_fraction,
+                                  setup=setup, venv=vllm_venv)
+        if setup or vllm_venv is not None:
+            raise ScenarioError("--setup/--vllm-venv: only with --engine vllm")
         if not 0 <= warmup_fraction < 1:
             raise ScenarioError(f"--warmup-fraction: {warmup_fraction:g} is not in [0, 1)")
         if real_only and compare_only is not None:
@@ -1235,15 +1278,72 @@ def validate_cmd(
     typer.echo(f"output: {out_dir}/ (comparison.md, comparison.csv, comparison.png, real/, sim/)")
 
 
+def _validate_vllm(scenario: Path, V, *, profile, device, out, clock, seed, set_, real_only,
+                   compare_only, warmup_fraction, setup, venv) -> None:
+    """`validate --engine vllm`: real vLLM in its own venv, then the simulator; ScenarioErrors
+    and OSErrors are reported by the caller's handlers."""
+    import numpy as np
+    from rich.console import Console
+
+    from calibrate import vllm_engine
+    from sim.config import load_scenario
+    from sim.errors import ScenarioError
+
+    if not 0 <= warmup_fraction < 1:
+        raise ScenarioError(f"--warmup-fraction: {warmup_fraction:g} is not in [0, 1)")
+    if real_only and compare_only is not None:
+        raise ScenarioError("--real-only and --compare-only: give one of them")
+    if device not in (None, "cpu"):
+        raise ScenarioError(f"--device {device}: --engine vllm runs vLLM's CPU backend only")
+    clock = clock or "cpu"
+    sc = load_scenario(scenario, overrides=set_ or (), seed=seed)
+    if compare_only is not None:
+        out_dir = out or (compare_only.parent if compare_only.name == "real" else compare_only)
+        real = V.load_real(compare_only, sc)
+        V.check_out_dir(out_dir)
+        result = V.compare_vllm(sc, real, out_dir=out_dir, profile=profile,
+                                warmup_fraction=warmup_fraction)
+    else:
+        out_dir = out or Path("runs") / f"validate-vllm-{sc.name}"
+        venv = venv or vllm_engine.default_venv()
+        if profile is not None:
+            V.check_profile(sc, profile)
+        V.check_out_dir(out_dir)
+        workload = V.build_workload(sc.workload, np.random.default_rng(sc.seed))
+        vllm_engine.check_vllm_scenario(sc, workload)  # before minutes of setup or start-up
+        if setup:
+            vllm_engine.setup(venv)
+        typer.echo(f"vLLM: starting the engine in {venv} (start-up and compilation take 1-2 min)",
+                   err=True)
+        with _Progress("vLLM", "requests") as progress:
+            real = V.run_vllm_real(sc, out_dir=out_dir, venv=venv, clock=clock, progress=progress)
+        if real_only:
+            d = V.write_real(real, out_dir)
+            typer.echo(f"vLLM: {len(real.result.requests)} requests, {real.meta['iterations']} "
+                       f"iterations; output: {d}/")
+            return
+        result = V.compare_vllm(sc, real, out_dir=out_dir, profile=profile,
+                                warmup_fraction=warmup_fraction)
+    V.write(result, out_dir)
+    Console().print(_comparison_table(sc.name, result))
+    typer.echo(f"output: {out_dir}/ (comparison.md, comparison.csv, comparison.png, real/, sim/, "
+               f"profile.yaml)")
+
+
 def _comparison_table(name: str, result: Any) -> Any:
     from rich.table import Table
 
     t = Table(title=f"servesim validate: {name}", caption="error = (simulated - real) / real; "
               "latencies in ms", title_justify="left", caption_justify="left", header_style="bold")
-    for col in ("metric", "stat", "real", "simulated", "error"):
+    from calibrate.comparison import verdict
+
+    for col in ("metric", "stat", "real", "simulated", "error", "tolerance"):
         t.add_column(col, justify="left" if col in ("metric", "stat") else "right")
     for row in result.comparison.itertuples():
-        t.add_row(row.metric, row.stat, _fmt(row.real, 2), _fmt(row.sim, 2), f"{row.error_pct:+.1f}%")
+        tol = "" if row.tolerance_pct != row.tolerance_pct else \
+            f"±{row.tolerance_pct:g}% " + ("[green]ok[/]" if row.within else "[red]MISS[/]")
+        t.add_row(row.metric, row.stat, _fmt(row.real, 2), _fmt(row.sim, 2), f"{row.error_pct:+.1f}%", tol)
+    t.caption += f"\nverdict: {verdict(result.comparison)}"
     return t
 
 

@@ -24,6 +24,7 @@ class Validation:
     notes: list[str]          # what was run, and warnings (profile measured elsewhere, ...)
     step_ratio: float         # median over the real iterations of measured / profile-predicted step
     real_run: RealRun | None = None  # set when the real half ran in this process (write() saves it)
+    replay: dict | None = None       # --engine vllm: calibrate.validate.scheduling_replay's result
 
 
 def metrics(requests: pd.DataFrame, warmup_fraction: float = 0.0) -> dict[tuple[str, str], float]:
@@ -55,14 +56,84 @@ def compare(real: pd.DataFrame, sim: pd.DataFrame, warmup_fraction: float = 0.0)
     return pd.DataFrame(rows, columns=["metric", "stat", "real", "sim", "error_pct"])
 
 
+# (metric, stat) -> largest |error| in % that counts as agreement (issue 21's targets: latencies
+# below saturation, throughput, preemptions on a burst). Rows without one are reported only.
+TOLERANCES_PCT = {(m, st): tol for m in ("ttft_ms", "tpot_ms", "e2e_ms")
+                  for st, tol in (("mean", 10.0), ("p90", 15.0))}
+TOLERANCES_PCT |= {("request_throughput", "per_s"): 2.0, ("output_throughput", "per_s"): 2.0,
+                   ("preemptions", "count"): 10.0}
+COLUMNS = ["metric", "stat", "real", "sim", "error_pct", "tolerance_pct", "within"]
+
+
+def _iteration_means(steps: pd.DataFrame) -> dict[tuple[str, str], float]:
+    """Batch composition per iteration (steps.csv rows weighted by their `count`: the simulator
+    writes a run of identical decode iterations as one row)."""
+    count = steps["count"].to_numpy(np.float64)
+    n = count.sum()
+    if n == 0:
+        return {}
+    tokens = steps["prefill_tokens"].to_numpy(np.float64) + steps["decode_tokens"].to_numpy(np.float64) * count
+    return {("iterations", "count"): float(n),
+            ("tokens_per_iteration", "mean"): float(tokens.sum() / n),
+            ("decodes_per_iteration", "mean"): float((steps["decode_tokens"] * count).sum() / n),
+            ("seqs_per_iteration", "mean"): float((steps["num_seqs"] * count).sum() / n),
+            ("prefill_iterations", "share"): float(count[steps["prefill_tokens"].to_numpy() > 0].sum() / n)}
+
+
+def full_compare(real, sim, warmup_fraction: float = 0.0) -> pd.DataFrame:
+    """compare() plus ITL (every inter-token gap, from each run's summary), batch composition per
+    iteration and preemptions, with each row's tolerance and whether the error is within it."""
+    table = compare(real.requests, sim.requests, warmup_fraction)
+    rows = []
+    extra_real, extra_sim = {}, {}
+    for run, extra in ((real, extra_real), (sim, extra_sim)):
+        itl = (run.summary or {}).get("itl_ms") or {}
+        for st in STATS:
+            extra[("itl_ms", st)] = np.nan if itl.get(st) is None else float(itl[st])
+        extra[("preemptions", "count")] = float(run.requests["preemptions"].sum())
+        extra.update(_iteration_means(run.steps))
+    for key in extra_real:
+        r, s = extra_real[key], extra_sim.get(key, np.nan)
+        err = (s - r) / r * 100 if r else (0.0 if s == r else np.nan)
+        rows.append({"metric": key[0], "stat": key[1], "real": r, "sim": s, "error_pct": err})
+    table = pd.concat([table, pd.DataFrame(rows)], ignore_index=True)
+    tol = [TOLERANCES_PCT.get((m, st), np.nan) for m, st in zip(table["metric"], table["stat"])]
+    table["tolerance_pct"] = tol
+    table["within"] = [None if np.isnan(t) else bool(abs(e) <= t) for e, t in zip(table["error_pct"], tol)]
+    return table[COLUMNS]
+
+
+def verdict(table: pd.DataFrame) -> str:
+    judged = table[table["tolerance_pct"].notna()]
+    failed = judged[judged["within"] == False]  # noqa: E712  (None: not judged)
+    if failed.empty:
+        return f"all {len(judged)} judged rows within tolerance"
+    return (f"{len(failed)} of {len(judged)} judged rows outside tolerance: "
+            + ", ".join(f"{m} {st} {e:+.1f}% (tolerance {t:g}%)" for m, st, e, t in
+                        zip(failed["metric"], failed["stat"], failed["error_pct"], failed["tolerance_pct"])))
+
+
+def _cell(value: float) -> str:
+    return "n/a" if value is None or not np.isfinite(value) else f"{value:.2f}"
+
+
 def markdown(v: Validation) -> str:
-    lines = ["# servesim validate: real engine vs simulator", ""]
+    kind = (v.real_run.meta.get("engine_kind") if v.real_run is not None else None) or "servesim"
+    lines = [f"# servesim validate: {'real vLLM' if kind == 'vllm' else 'real engine'} vs simulator", ""]
     lines += [f"- {n}" for n in v.notes]
-    lines += ["", "Latencies in ms, throughputs per second; error = (simulated - real) / real.", "",
-              "| metric | stat | real | simulated | error |", "| --- | --- | ---: | ---: | ---: |"]
-    for row in v.comparison.itertuples():
-        lines.append(f"| {row.metric} | {row.stat} | {row.real:.2f} | {row.sim:.2f} | "
-                     f"{row.error_pct:+.1f}% |")
+    table = v.comparison
+    has_tol = "tolerance_pct" in table
+    lines += ["", "Latencies in ms, throughputs per second; error = (simulated - real) / real."]
+    if has_tol:
+        lines += [f"Verdict: {verdict(table)}."]
+    lines += ["", "| metric | stat | real | simulated | error |" + (" tolerance |" if has_tol else ""),
+              "| --- | --- | ---: | ---: | ---: |" + (" :---: |" if has_tol else "")]
+    for row in table.itertuples():
+        line = f"| {row.metric} | {row.stat} | {_cell(row.real)} | {_cell(row.sim)} | {row.error_pct:+.1f}% |"
+        if has_tol:
+            line += (" |" if np.isnan(row.tolerance_pct) else
+                     f" ±{row.tolerance_pct:g}% {'ok' if row.within else 'MISS'} |")
+        lines.append(line)
     return "\n".join(lines) + "\n"
 
 
@@ -73,16 +144,20 @@ def plot(v: Validation, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    meta = v.real_run.meta if v.real_run is not None else {}
+    real_label = f"vLLM {meta.get('vllm')}" if meta.get("engine_kind") == "vllm" else "real"
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     for ax, (name, col) in zip(axes, LATENCIES):
-        for label, frame, style in (("real", v.real.requests, "-"), ("simulated", v.sim.requests, "--")):
+        for label, frame, style in ((real_label, v.real.requests, "-"), ("simulated", v.sim.requests, "--")):
             x = np.sort(frame[col].dropna().to_numpy() * 1e3)
             ax.step(x, np.arange(1, len(x) + 1) / max(len(x), 1), style, where="post", label=label)
         ax.set_xlabel(f"{name.split('_')[0].upper()} (ms)")
         ax.set_ylabel("fraction of requests")
         ax.grid(alpha=0.3)
     axes[0].legend(loc="lower right")
-    fig.suptitle("real engine vs simulator")
+    what = "real vLLM (CPU)" if meta.get("engine_kind") == "vllm" else "real engine"
+    scenario = f": {meta['scenario']}, {len(v.real.requests)} requests" if meta.get("scenario") else ""
+    fig.suptitle(f"{what} vs simulator{scenario} (CDF per request)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

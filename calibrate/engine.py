@@ -25,6 +25,7 @@ parts of sim/.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -101,6 +102,14 @@ def check_engine_scenario(scenario: Scenario) -> None:
                             f"device, got {e.tensor_parallel_size}")
 
 
+def without_prefix_caching(scenario: Scenario) -> Scenario:
+    """The scenario as this engine runs it: prefix caching off (its block tables hold no hashes)."""
+    if scenario.engine.enable_prefix_caching is False:
+        return scenario
+    return dataclasses.replace(scenario, engine=dataclasses.replace(scenario.engine,
+                                                                    enable_prefix_caching=False))
+
+
 def check_workload(workload: Workload, where: str = "") -> None:
     """The real engine replays arrival times known up front. `where`: "file: " for messages."""
     if getattr(workload, "users", None) is not None or np.isnan(workload.arrival_s).any():
@@ -131,7 +140,9 @@ class RealEngine:
         self.req.replica[:] = 0
         blocks = num_blocks(scenario)
         check_servable(workload, e, blocks, where)  # as sim/simulate.py: refuse what would hang
-        self.scheduler = build_scheduler(e, self.req, blocks, workload)  # the simulator's own
+        # the simulator's own scheduler; no prefix caching: BlockTables cannot share or re-hit
+        # blocks, so a preempted request recomputes from nothing (validate simulates it so too)
+        self.scheduler = build_scheduler(without_prefix_caching(scenario).engine, self.req, blocks, workload)
         self.kv = self.scheduler.kv  # counts blocks; BlockTables below holds their ids
         self.blocks = BlockTables(blocks, e.block_size)
         self.computed: dict[int, int] = {}  # running request -> tokens with KV (the model runner's view)

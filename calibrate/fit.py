@@ -96,20 +96,31 @@ def _design(rows: pd.DataFrame, knots: list[int]) -> np.ndarray:
 
 
 def fit_step_model(rows: pd.DataFrame, knots: list[int] | None = None,
-                   time_column: str = "median_ms") -> StepFit:
-    """Fit the profile's model to measured rows (FEATURES + `time_column` in milliseconds)."""
+                   time_column: str = "median_ms", reweight: int = 0) -> StepFit:
+    """Fit the profile's model to measured rows (FEATURES + `time_column` in milliseconds).
+
+    Least squares on relative error weights each row by 1 / its measured time. On single noisy
+    samples (one engine iteration each, `reweight` > 0) that weight favours the rows that happened
+    to run fast, and the fit lands below the mean: `reweight` more passes weight each row by
+    1 / the previous fit's prediction instead, which does not depend on the row's own noise
+    (relative error around the mean, not around each sample)."""
     from scipy.optimize import lsq_linear
 
     y = rows[time_column].to_numpy(dtype=np.float64) / 1e3  # seconds
     if len(y) == 0 or np.any(~np.isfinite(y)) or np.any(y <= 0):
         raise ValueError(f"need positive, finite {time_column} values to fit, got {y.tolist()}")
     knots = list(knots) if knots is not None else choose_knots(rows["total_tokens"].to_numpy())
-    a = _design(rows, knots) / y[:, None]      # weight 1/y: least squares on relative error
-    scale = np.abs(a).max(axis=0)
-    scale[scale == 0] = 1.0                     # an all-zero feature (e.g. no decodes) stays 0
-    sol = lsq_linear(a / scale, np.ones_like(y), bounds=(0.0, np.inf), method="bvls",
-                     lsq_solver="exact")
-    coef = sol.x / scale
+    design = _design(rows, knots)
+    weight = 1.0 / y                            # least squares on relative error
+    for _ in range(reweight + 1):
+        a = design * weight[:, None]
+        scale = np.abs(a).max(axis=0)
+        scale[scale == 0] = 1.0                 # an all-zero feature (e.g. no decodes) stays 0
+        sol = lsq_linear(a / scale, y * weight, bounds=(0.0, np.inf), method="bvls",
+                         lsq_solver="exact")
+        coef = sol.x / scale
+        predicted = design @ coef
+        weight = 1.0 / np.maximum(predicted, y.min() * 1e-3)
     slopes = coef[1:len(knots)]
     seconds = np.concatenate([[0.0], np.cumsum(slopes * np.diff(knots))])
     return StepFit(knots=np.array(knots, dtype=np.int64), seconds=seconds, intercept=coef[0],

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sim.config import Scenario
+from sim.config import EngineConfig, Scenario
 from sim.errors import ScenarioError
 from sim.workload import Workload, build_workload
 
@@ -93,10 +93,17 @@ def load_real(path: Path, scenario: Scenario) -> RealRun:
     got = meta.get("format") if isinstance(meta, dict) else meta
     if got != REAL_RUN_FORMAT:
         raise ScenarioError(f"{d / 'run.json'}: format: got {got!r}; allowed: {REAL_RUN_FORMAT}")
+    if meta.get("engine_kind") != "vllm":  # our engine ran it with prefix caching off
+        from .engine import without_prefix_caching
+        scenario = without_prefix_caching(scenario)
     theirs = json.loads(json.dumps(dataclasses.asdict(scenario.engine)))
-    recorded_engine = meta.get("engine") if isinstance(meta.get("engine"), dict) else {}
+    recorded_engine = dict(meta.get("engine")) if isinstance(meta.get("engine"), dict) else {}
+    if meta.get("engine_kind") != "vllm":  # older recordings kept the scenario's own setting
+        recorded_engine["enable_prefix_caching"] = False
     checks = [("model", meta.get("model"), scenario.model.name)]
-    checks += [(f"engine.{k}", recorded_engine.get(k), v) for k, v in theirs.items()]
+    # a key newer than the recording was at its default then (the knob did not exist)
+    defaults = json.loads(json.dumps(dataclasses.asdict(EngineConfig())))
+    checks += [(f"engine.{k}", recorded_engine.get(k, defaults.get(k)), v) for k, v in theirs.items()]
     checks += [("num_gpu_blocks (derived)", meta.get("num_gpu_blocks"), num_blocks(scenario))]
     for key, recorded, now in checks:
         if recorded != now:

@@ -33,16 +33,18 @@ from sim.workload import Workload, build_workload
 
 from .engine import (
     EngineResult,
+    without_prefix_caching,
     check_engine_scenario,
     check_workload,
     num_blocks,
     run_engine,
 )
 from .harness import use_device
-from .comparison import Validation, compare, write  # noqa: F401  (write: for callers)
+from .comparison import Validation, compare, full_compare, write  # noqa: F401  (for callers)
 from .real_run import REAL_FILES, REAL_RUN_FORMAT, RealRun, load_real, write_real  # noqa: F401
 
 CLOCKS = ("wall", "cpu")
+ENGINES = ("servesim", "vllm")  # --engine: our engine (calibrate/engine.py) or real vLLM
 
 
 class CPUClock:
@@ -154,6 +156,7 @@ def validate(scenario: Scenario, profile: Path, *, device: str = "cpu", clock: s
              progress: Callable[[int, int], None] | None = None, warmup_fraction: float = 0.1) -> Validation:
     """Run the simulator (cost model: `profile`) and the real engine on the scenario's requests.
     `clock` defaults to cpu on the CPU, wall on CUDA."""
+    scenario = without_prefix_caching(scenario)  # as our engine runs it (calibrate/engine.py)
     check_engine_scenario(scenario)
     check_device(device)
     _resolve_clock(device, clock)
@@ -168,6 +171,53 @@ def validate(scenario: Scenario, profile: Path, *, device: str = "cpu", clock: s
     return compare_real(scenario, prof, real, sim=sim, warmup_fraction=warmup_fraction)
 
 
+def validate_vllm(scenario: Scenario, *, out_dir: Path, profile: Path | None = None,
+                  venv: Path | None = None, clock: str = "cpu",
+                  progress: Callable[[int, int], None] | None = None,
+                  warmup_fraction: float = 0.1) -> Validation:
+    """`--engine vllm`: the scenario's requests through real vLLM (calibrate/vllm_engine.py), then
+    the simulator on the same requests, priced by `profile` or by a profile fitted on vLLM's own
+    iterations (written to out_dir/profile.yaml)."""
+    real = run_vllm_real(scenario, venv=venv, clock=clock, progress=progress, out_dir=out_dir)
+    return compare_vllm(scenario, real, out_dir=out_dir, profile=profile,
+                        warmup_fraction=warmup_fraction)
+
+
+def run_vllm_real(scenario: Scenario, *, out_dir: Path, venv: Path | None = None, clock: str = "cpu",
+                  progress: Callable[[int, int], None] | None = None) -> RealRun:
+    from . import vllm_engine
+
+    if clock not in CLOCKS:
+        raise ScenarioError(f"--clock {clock!r}: allowed: {', '.join(CLOCKS)}")
+    workload = build_workload(scenario.workload, np.random.default_rng(scenario.seed))
+    vllm_engine.check_vllm_scenario(scenario, workload)
+    vllm_engine.venv_python(venv or vllm_engine.default_venv())  # before anything is written
+    return vllm_engine.run_vllm(scenario, workload, venv=venv, clock=clock, progress=progress,
+                                log=Path(out_dir) / "real" / "vllm.log")
+
+
+def compare_vllm(scenario: Scenario, real: RealRun, *, out_dir: Path, profile: Path | None = None,
+                 warmup_fraction: float = 0.1) -> Validation:
+    """The simulator half of `--engine vllm`: with --profile, or a profile fitted on the real
+    run's iterations (out_dir/profile.yaml)."""
+    from . import vllm_engine
+    from .fit import write_profile
+
+    if profile is not None:
+        prof = check_profile(scenario, profile)
+    else:
+        prof, meta, fit = vllm_engine.fit_profile(real, scenario)
+        path = Path(out_dir) / "profile.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_profile(path, fit, meta)
+        prof = load_profile(path, "profile fitted on the vLLM run")
+    v = compare_real(scenario, prof, real, warmup_fraction=warmup_fraction)
+    # the scheduler alone: priced with vLLM's own iteration times, does it batch as vLLM did?
+    v.replay = scheduling_replay(scenario, real)
+    v.notes.insert(4, replay_note(v.replay))
+    return v
+
+
 def run_real(scenario: Scenario, *, device: str = "cpu", clock: str | None = None, prof=None,
              progress: Callable[[int, int], None] | None = None, workload: Workload | None = None,
              rng: np.random.Generator | None = None) -> RealRun:
@@ -176,6 +226,7 @@ def run_real(scenario: Scenario, *, device: str = "cpu", clock: str | None = Non
     scenario's, drawn from one default_rng(seed) as `servesim run` draws them."""
     import torch
 
+    scenario = without_prefix_caching(scenario)  # as our engine runs it (calibrate/engine.py)
     check_engine_scenario(scenario)
     check_device(device)
     clock = _resolve_clock(device, clock)
@@ -226,6 +277,8 @@ def simulate_half(scenario: Scenario, prof, workload: Workload):
 def compare_real(scenario: Scenario, prof, real: RealRun, *, sim=None, warmup_fraction: float = 0.1) -> Validation:
     """The simulator on the real run's own requests, and the comparison (latencies over the
     requests after the first `warmup_fraction` by arrival)."""
+    if real.meta.get("engine_kind") != "vllm":  # our engine runs without prefix caching
+        scenario = without_prefix_caching(scenario)
     if sim is None:
         sim = simulate_half(scenario, prof, real.workload)
     r = real.result
@@ -234,10 +287,77 @@ def compare_real(scenario: Scenario, prof, real: RealRun, *, sim=None, warmup_fr
     notes = _notes(scenario, prof, real.meta, r, sim, ratios) + [
         f"latencies over the {n - int(n * warmup_fraction)} requests after the first {warmup_fraction:.0%} by "
         f"arrival (warm-up: they meet an empty engine); throughputs over all {n}"]
-    return Validation(real=r, sim=sim, comparison=compare(r.requests, sim.requests, warmup_fraction),
+    return Validation(real=r, sim=sim, comparison=full_compare(r, sim, warmup_fraction),
                       notes=notes,
                       step_ratio=float(np.median(ratios)) if len(ratios) else np.nan,
                       real_run=real)
+
+
+class ReplayCost:
+    """The real run's own iteration durations, in the order it ran them, whatever batch is asked
+    about; the batches asked about are kept. With fast_forward off the simulator prices one
+    iteration per call, so as long as it schedules what the real engine scheduled, its timeline
+    is the real one to the float, and the first batch that differs is a scheduling difference."""
+
+    def __init__(self, durations: np.ndarray):
+        self.durations = np.asarray(durations, dtype=np.float64)
+        self.asked: list = []
+
+    def step_times(self, stats, steps: int = 1) -> np.ndarray:
+        k = min(len(self.asked), len(self.durations) - 1)  # past the end: the last duration again
+        self.asked.append(stats)
+        return np.full(steps, self.durations[k])
+
+
+def _same_batch(a, b) -> bool:
+    return (a.num_decodes == b.num_decodes and a.decode_context_sum == b.decode_context_sum
+            and sorted(zip(a.prefill_lens.tolist(), a.prefill_contexts.tolist()))
+            == sorted(zip(b.prefill_lens.tolist(), b.prefill_contexts.tolist())))
+
+
+def scheduling_replay(scenario: Scenario, real: RealRun) -> dict:
+    """The simulator's scheduler priced with the real run's own iteration durations: how many of
+    the real iterations it batched identically (same prefill chunks and contexts, same decodes
+    and their context), where the first difference is, and the largest per-request difference in
+    first-token and finish times. Every difference is the scheduler's, none the cost model's."""
+    from sim.simulate import simulate
+
+    r = real.result
+    cost = ReplayCost(r.step_s if real.meta.get("engine_kind") == "vllm"
+                      else r.steps["duration_s"].to_numpy())
+    sim = simulate(scenario, workload=real.workload, fast_forward=False, cost=cost)
+    n = min(len(r.stats), len(cost.asked))
+    same = [_same_batch(a, b) for a, b in zip(r.stats[:n], cost.asked[:n])]
+    first = next((k for k, ok in enumerate(same) if not ok), None)
+    kv_sim = np.repeat(sim.steps["kv_blocks_used"].to_numpy(), sim.steps["count"].to_numpy())[:n]
+    out = {"iterations_real": len(r.stats), "iterations_sim": len(cost.asked),
+           "identical": int(sum(same)), "first_difference": first,
+           "kv_identical": int(np.count_nonzero(kv_sim == r.steps["kv_blocks_used"].to_numpy()[:n])),
+           "max_first_token_diff_s": float(np.nanmax(np.abs(sim.requests["first_token_s"].to_numpy()
+                                                           - r.requests["first_token_s"].to_numpy()))),
+           "max_finish_diff_s": float(np.nanmax(np.abs(sim.requests["finish_s"].to_numpy()
+                                                      - r.requests["finish_s"].to_numpy())))}
+    if first is not None:
+        out["real_batch"], out["sim_batch"] = _show_batch(r.stats[first]), _show_batch(cost.asked[first])
+    return out
+
+
+def _show_batch(b) -> str:
+    chunks = ", ".join(f"{n}@{c}" for n, c in zip(b.prefill_lens.tolist(), b.prefill_contexts.tolist()))
+    return f"prefill [{chunks}] (tokens@context), {b.num_decodes} decodes (context sum {b.decode_context_sum})"
+
+
+def replay_note(rep: dict) -> str:
+    head = (f"scheduling replay (the simulator priced with the real iterations' own durations, in "
+            f"order): {rep['identical']} of {rep['iterations_real']} iterations batched identically "
+            f"(simulated {rep['iterations_sim']}), KV blocks in use equal on "
+            f"{rep['kv_identical']}; per request, first token within "
+            f"{rep['max_first_token_diff_s'] * 1e3:.3g} ms and finish within "
+            f"{rep['max_finish_diff_s'] * 1e3:.3g} ms of the real run")
+    if rep["first_difference"] is None:
+        return head
+    return (head + f"; first difference at iteration {rep['first_difference']}: real "
+            f"{rep['real_batch']}, simulated {rep['sim_batch']}")
 
 
 def _notes(scenario: Scenario, prof, meta: dict, real: EngineResult, sim,
@@ -247,6 +367,11 @@ def _notes(scenario: Scenario, prof, meta: dict, real: EngineResult, sim,
               f"model {scenario.model.name}, scheduler {scenario.engine.scheduler})"),
              (f"profile: {prof.source} (measured on {pm['device']}, model {pm['model']}, "
               f"dtype {pm['dtype']}, measured={pm['measured']})"),
+             (f"real engine: {meta.get('device_name', '?')}, clock {meta['clock']}, "
+              f"{len(real.steps)} iterations (simulated: {sim.summary['iterations']}), model step "
+              f"{meta.get('model_step_ms_mean', 0):.2f} ms per iteration on average; the profile "
+              f"prices whole vLLM iterations (schedule, model, sampling, outputs)")
+             if meta.get("engine_kind") == "vllm" else
              (f"real engine: device {meta['device']} ({meta.get('device_name', '?')}), clock "
               f"{meta['clock']}, {len(real.steps)} iterations (simulated: "
               f"{sim.summary['iterations']}), engine overhead {_overhead_ms(real):.3f} ms per "
@@ -254,7 +379,8 @@ def _notes(scenario: Scenario, prof, meta: dict, real: EngineResult, sim,
              _step_accuracy(real, ratios)]
     if meta.get("loaded_from"):
         notes.append(f"real run: read from {meta['loaded_from']} (recorded {meta.get('date')}, "
-                     f"torch {meta.get('torch')}, triton {meta.get('triton')})")
+                     + (f"vLLM {meta.get('vllm')}, " if meta.get("vllm") else "")
+                     + f"torch {meta.get('torch')}, triton {meta.get('triton')})")
     if pm["device"].startswith("CPU") != (meta["device"] == "cpu"):
         notes.append(f"warning: the profile was measured on {pm['device']!r}, the engine ran on "
                      f"{meta['device']}")

@@ -58,6 +58,10 @@ class EngineConfig:
     # vLLM's automatic prefix caching: None = the scheduler's default (on where it exists, as in
     # vLLM V1); acts on workloads that say what prompts share (sim/prefix_cache.py)
     enable_prefix_caching: bool | None = None
+    # vLLM's scheduler_reserve_full_isl (on by default in vLLM 0.32): a waiting or preempted request
+    # joins only if its whole sequence (prompt + tokens generated so far) fits in the free KV blocks,
+    # not just its first chunk; off: the first chunk's blocks suffice (older vLLM V1)
+    scheduler_reserve_full_isl: bool = True
     # speculative decoding (sim/speculative.py): None = off
     speculative: SpeculativeConfig | None = None
     # disaggregated prefill/decode pools (sim/disaggregation.py): None = every replica does both
@@ -383,6 +387,7 @@ def _parse_engine(v: Any, w: Where) -> EngineConfig:
         enable_expert_parallel=_bool(get("enable_expert_parallel"), at("enable_expert_parallel")),
         enable_prefix_caching=None if m.get("enable_prefix_caching") is None else _bool(
             m["enable_prefix_caching"], at("enable_prefix_caching")),
+        scheduler_reserve_full_isl=_bool(get("scheduler_reserve_full_isl"), at("scheduler_reserve_full_isl")),
         speculative=parse_speculative(m.get("speculative"), at("speculative"), models.MODEL_PRESETS),
         disaggregation=parse_disaggregation(m.get("disaggregation"), w, dict(m), _parse_engine),
     )

@@ -63,10 +63,15 @@ class PagedKVCache:
     def admit(self, rid: int, hits: list[int], new_blocks: int, num_tokens: int) -> bool:
         return self.allocate(new_blocks)
 
+    def can_take(self, hits: list[int], new_blocks: int) -> bool:
+        """Would `new_blocks` fresh blocks fit now (beside the cached `hits`; none here)?"""
+        return new_blocks <= self.free
+
     def commit(self, rid: int, computed: int) -> None:
         pass
 
-    def free_request(self, rid: int, blocks: int, preempted: bool = False) -> None:
+    def free_request(self, rid: int, blocks: int, preempted: bool = False,
+                     computed: int | None = None) -> None:
         self.free += blocks
 
 

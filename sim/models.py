@@ -174,6 +174,9 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     "mistral-7b": _llama("mistral-7b", 32, 4096, 32, 8, 14336, 32000),  # v0.1
     "qwen2.5-7b": _llama("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, attention_bias=True),
     "qwen2.5-32b": _llama("qwen2.5-32b", 64, 5120, 40, 8, 27648, 152064, attention_bias=True),
+    # Not a published checkpoint: a 125M-parameter Llama (GQA 12/4 heads) that real vLLM runs on a
+    # CPU with random weights, for `servesim validate --engine vllm` (docs/validation.md).
+    "llama-125m": _llama("llama-125m", 12, 768, 12, 4, 2048, 32000),
     # Small enough for CPU calibration runs and fast tests.
     "tiny": ModelSpec("tiny", 2, 64, 4, 2, 16, 128, 256),
 }

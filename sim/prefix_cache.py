@@ -8,7 +8,9 @@ and kv_cache_manager.py), for requests that carry block hashes instead of token 
   so it can be hit until it is reused (LRU).
 - A hit (`touch`) takes the block out of the free queue and counts one more reference; blocks are
   shared between running requests through those reference counts.
-- A request frees its blocks last block first, so its tail is evicted before its prefix.
+- A request frees its blocks last block first, so its tail is evicted before its prefix; a block
+  without a hash (partly filled, or never cached) goes to the head of the queue instead, to be
+  reused first (vLLM 0.32: BlockPool.free_blocks prepends those, appends the hashed ones).
 - A lookup never covers the whole prompt: the last token is always computed, so at most
   (tokens - 1) // block_size blocks hit.
 - Two requests may fill identical blocks at the same time: both stay cached (vLLM does not
@@ -108,12 +110,20 @@ class PrefixCache:
 
     def free_request(self, rid: int) -> None:
         """Request `rid` finished or was preempted: one reference fewer on each of its blocks,
-        last block first; a block nobody references joins the tail of the free queue, keeping
-        its hash."""
+        last block first; a block nobody references joins the free queue: at the tail keeping
+        its hash (LRU), or, without one (it can never be hit), at the head, to be reused first
+        (vLLM 0.32's BlockPool.free_blocks: append_n / prepend_n, each in that order)."""
+        first = []
         for b in reversed(self.held.pop(rid, [])):
             self.ref[b] -= 1
             if self.ref[b] == 0:
-                self.free_queue[b] = None
+                if self.block_hash[b] is None:
+                    first.append(b)
+                else:
+                    self.free_queue[b] = None
+        for b in reversed(first):  # prepend_n: first[0] becomes the head
+            self.free_queue[b] = None
+            self.free_queue.move_to_end(b, last=False)
         self.num_cached.pop(rid, None)
 
 
@@ -161,8 +171,10 @@ class PrefixKVCache:
         """Blocks holding a prompt block's hash, in use or waiting in the free queue to be hit."""
         return len(self.block_hash)
 
-    def __init__(self, num_blocks: int, block_size: int, hashes: list, prompt_tokens: list):
+    def __init__(self, num_blocks: int, block_size: int, hashes: list, prompt_tokens: list,
+                 reports: bool = True):
         self.num_blocks, self.block_size = num_blocks, block_size
+        self.reports = reports    # False: own blocks only (nothing shared): no hit-rate outputs
         self.hashes = hashes      # per request: block_hashes(...) of its shared prompt blocks
         self.prompt = prompt_tokens
         self.queue: deque = deque([[num_blocks]])  # [count] segments of hashless blocks, (id, gen) cached ones
@@ -206,6 +218,14 @@ class PrefixKVCache:
         self.num_free -= blocks
         self.anonymous += blocks
         queue = self.queue
+        if not self.queued:  # nothing cached waits in the queue (stale hit entries aside): it is
+            # one run of hashless blocks
+            if len(queue) == 1 and isinstance(queue[0], list):
+                queue[0][0] = self.num_free
+            else:
+                queue.clear()
+                queue.append([self.num_free])
+            return True
         while blocks:
             head = queue[0]
             if isinstance(head, list):  # a segment of hashless blocks
@@ -237,10 +257,13 @@ class PrefixKVCache:
         self.ids.append(b)
         self.evicted.append(h)
 
-    def _queue_hashless(self, k: int) -> None:
-        tail = self.queue[-1] if self.queue else None
-        if isinstance(tail, list):
-            tail[0] += k
+    def _queue_hashless(self, k: int, head: bool = False) -> None:
+        """k hashless blocks join the free queue: at the tail, or (`head`) at the head."""
+        end = (self.queue[0] if head else self.queue[-1]) if self.queue else None
+        if isinstance(end, list):
+            end[0] += k
+        elif head:
+            self.queue.appendleft([k])
         else:
             self.queue.append([k])
         self.num_free += k
@@ -264,8 +287,18 @@ class PrefixKVCache:
             chain = chain + [own_hash(rid, i) for i in range(len(chain), len(chain) + own)]
         return self.cached_prefix(chain, num_tokens) if chain else []
 
+    def can_take(self, hits: list[int], new_blocks: int) -> bool:
+        """Would `new_blocks` fresh blocks fit beside the `hits`, once the hits that sit in the free
+        queue are taken out of it (vLLM counts them as evictable computed blocks)?"""
+        return new_blocks <= self.num_free - sum(1 for b in hits if self.ref[b] == 0)
+
     def admit(self, rid: int, hits: list[int], new_blocks: int, num_tokens: int) -> bool:
         """Take the hits and `new_blocks` hashless blocks for request `rid` (False: no change)."""
+        if not hits:  # the common case: a plain allocation (and a lookup that found nothing)
+            if not self.allocate(new_blocks):
+                return False
+            self.queried_tokens += num_tokens
+            return True
         free_hits = sum(1 for b in hits if self.ref[b] == 0)
         if new_blocks > self.num_free - free_hits:
             return False
@@ -308,31 +341,52 @@ class PrefixKVCache:
             self.first.setdefault(h, b)
         self.num_cached[rid] = max(start, full)
 
-    def free_request(self, rid: int, blocks: int, preempted: bool = False) -> None:
-        """Request `rid`, holding `blocks` blocks, finished or (`preempted`) was preempted. A
-        preempted request's own full prompt blocks are cached first, so that its resumption can hit
-        them. Its hashless blocks (its tail) join the free queue first, then its identified blocks,
-        last first, each once nobody references it (keeping its hash)."""
+    def free_request(self, rid: int, blocks: int, preempted: bool = False,
+                     computed: int | None = None) -> None:
+        """Request `rid`, holding `blocks` blocks for its `computed` tokens (default: its prompt),
+        finished or (`preempted`) was preempted. A preempted request's own full blocks (prompt and
+        generated tokens: vLLM hashes every full block of a request) are cached first, so that its
+        resumption can hit them. Its hashless blocks (its tail) join the free queue first, then its
+        identified blocks, last first, each once nobody references it (keeping its hash)."""
         if preempted:
             shared = self.hashes[rid]
-            full = min(blocks, self.prompt[rid] // self.block_size)
+            tokens = self.prompt[rid] if computed is None else computed
+            full = min(blocks, tokens // self.block_size)
             if full > len(shared):
                 chain = shared + [own_hash(rid, i) for i in range(len(shared), full)]
                 self._claim(rid, full, chain)
                 self.own_cached[rid] = full - len(shared)
-        held = self.held.pop(rid, [])
+        held = self.held.pop(rid, None)
+        if held is None and not self.queued:  # hashless blocks only, and only those in the queue:
+            self.num_free += blocks           # their order does not matter, their count is all
+            self.anonymous -= blocks
+            queue = self.queue
+            if len(queue) == 1 and isinstance(queue[0], list):
+                queue[0][0] = self.num_free
+            else:
+                queue.clear()
+                queue.append([self.num_free])
+            return
+        held = held or []
         self.num_cached.pop(rid, None)
         k = blocks - len(held)
+        # vLLM hashes every full block of a request (these are anonymous here only because nobody
+        # else can hit them): they join the tail; a partly filled block has no hash and joins the
+        # head, to be reused first (BlockPool.free_blocks). Unknown `computed`: all at the tail.
+        partial = min(k, blocks - computed // self.block_size) if computed is not None else 0
         if k:
             self.anonymous -= k
-            self._queue_hashless(k)
+            if k > partial:
+                self._queue_hashless(k - partial)
+            if partial:
+                self._queue_hashless(partial, head=True)
         for b in reversed(held):
             self.ref[b] -= 1
             if self.ref[b] == 0:
                 if b not in self.block_hash:  # never cached (e.g. claimed then nothing): hashless
                     del self.ref[b]
                     self.ids.append(b)
-                    self._queue_hashless(1)
+                    self._queue_hashless(1, head=True)
                     continue
                 self.generation += 1
                 self.queued[b] = self.generation

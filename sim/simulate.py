@@ -20,6 +20,7 @@ from .cluster import ClosedLoopRouter, make_inboxes
 from .routers import make_router
 from .checks import like_open
 from .config import Scenario, resolved_yaml
+from .cost import CostModel
 from .errors import ScenarioError
 from .engine import Replica
 from .disaggregation import pool_utilization, start_pools
@@ -46,9 +47,11 @@ class SimResult:
 
 
 def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = None, *,
-             workload: Workload | None = None, fast_forward: bool = True) -> SimResult:
+             workload: Workload | None = None, fast_forward: bool = True,
+             cost: CostModel | None = None) -> SimResult:
     """Run `scenario` to completion. `progress(completed, total)` is called a few times a second;
-    `workload` replaces the scenario's (tests, planners); fast_forward=False steps every iteration."""
+    `workload` replaces the scenario's (tests, planners); fast_forward=False steps every iteration;
+    `cost` replaces the scenario's cost model (validation's replay of measured iterations)."""
     own_workload = workload is None
     rng = np.random.default_rng(scenario.seed)  # the run's one generator: the workload, then acceptances
     if own_workload:
@@ -56,7 +59,7 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
     e, where = scenario.engine, _where(scenario)
     blocks = scenario.budget.num_gpu_blocks
     check_servable(workload, e, blocks, where)
-    cost = scenario.cost()
+    cost = cost if cost is not None else scenario.cost()
     req = RequestTable.from_workload(workload)
     env = simpy.Environment()
     recorder = Recorder(e.block_size)
@@ -79,7 +82,7 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
     env.run()
     if progress is not None:
         progress(len(req), len(req))
-    caches = [s.kv for s in schedulers if isinstance(s.kv, PrefixKVCache)]
+    caches = [s.kv for s in schedulers if isinstance(s.kv, PrefixKVCache) and s.kv.reports]
     steps = steps_frame(recorder, cached=bool(caches))  # prefix caching: cached blocks over time
     requests = requests_frame(req)
     if workload.users is not None:

@@ -63,10 +63,12 @@ class ReferencePool:
         self.ncached[rid] = max(start, stop)
 
     def free_request(self, rid):
+        first, last = [], []  # vLLM 0.32: hashless blocks to the head (reused first), hashed to the tail
         for b in reversed(self.held.pop(rid, [])):
             self.ref[b] -= 1
             if self.ref[b] == 0:
-                self.free.append(b)
+                (first if self.hash[b] is None else last).append(b)
+        self.free = first + self.free + last
         self.ncached.pop(rid, None)
 
 
@@ -129,6 +131,8 @@ def test_the_simulators_kv_cache_matches_the_reference(num_blocks, prompts, ops)
     tokens = [len(c) * BS + extra for c, (_, _, extra) in zip(chains, prompts)]
     kv = PrefixKVCache(num_blocks, BS, chains, tokens)
     ref = ReferencePool(num_blocks)
+    admissions = 0
+    shared = lambda hashes: [h for h in hashes if h[0] != "own"]  # noqa: E731
     for o in ops:
         rid = o[1]
         if o[0] == "admit" and rid not in ref.held:
@@ -140,15 +144,19 @@ def test_the_simulators_kv_cache_matches_the_reference(num_blocks, prompts, ops)
             assert ok == ref.allocate(rid, ref_hits, need)
             if ok:
                 kv.commit(rid, tokens[rid])
-                ref.cache(rid, chains[rid], tokens[rid] // BS)
+                # vLLM hashes the request's own full blocks too: never hit (unique per admission),
+                # but hashed blocks are freed to the tail and the rest to the head
+                admissions += 1
+                own = [("own", rid, admissions, i) for i in range(len(chains[rid]), tokens[rid] // BS)]
+                ref.cache(rid, chains[rid] + own, tokens[rid] // BS)
         elif o[0] == "grow" and rid in ref.held:
             assert kv.allocate(o[2]) == ref.allocate(rid, [], o[2])
         elif o[0] == "free" and rid in ref.held:
-            kv.free_request(rid, len(ref.held[rid]))
+            kv.free_request(rid, len(ref.held[rid]), computed=tokens[rid])
             ref.free_request(rid)
-        assert kv.free == len(ref.free) and kv.evicted == ref.evicted
+        assert kv.free == len(ref.free) and kv.evicted == shared(ref.evicted)
         assert sorted(map(repr, (h for h, bs in kv.cached.items() for _ in bs))) == \
-            sorted(repr(h) for h, _ in ref.cache_order)
+            sorted(repr(h) for h, _ in ref.cache_order if h[0] != "own")
         assert kv.used == num_blocks - len(ref.free)
 
 
@@ -156,19 +164,20 @@ def test_a_shared_prefix_hit_after_the_first_request_frees_its_blocks():
     """4-token blocks, 6 blocks. A: 3 shared blocks + 2 own tokens (4 blocks). Freed, A's blocks
     wait in the free queue keeping their hashes; B with the same 3-block prefix hits all 3 (its
     prompt is 14 tokens: (14 - 1) // 4 = 3 blocks may hit) and needs 1 new block, which comes from
-    the head of the free queue: block 4 (never used), not a cached one."""
+    the head of the free queue: block 3, A's partial block, which has no hash and so was put at the
+    head to be reused first (vLLM 0.32), not a cached one."""
     pool = PrefixCache(6, BS)
     prefix = ["p0", "p1", "p2"]
     assert pool.cached_prefix(prefix, 14) == []
     assert pool.allocate(0, [], 4)                      # blocks 0, 1, 2, 3
     pool.cache_full_blocks(0, prefix, 14 // BS)          # 3 full blocks cached
-    pool.free_request(0)                                 # tail first: 3, 2, 1, 0 join the queue
-    assert list(pool.free_queue) == [4, 5, 3, 2, 1, 0]
+    pool.free_request(0)            # last block first: 3 (no hash) to the head, 2, 1, 0 to the tail
+    assert list(pool.free_queue) == [3, 4, 5, 2, 1, 0]
     hits = pool.cached_prefix(prefix, 14)
     assert hits == [0, 1, 2]
     assert pool.allocate(1, hits, 1)
-    assert pool.held[1] == [0, 1, 2, 4] and pool.evicted == []
-    assert list(pool.free_queue) == [5, 3]
+    assert pool.held[1] == [0, 1, 2, 3] and pool.evicted == []
+    assert list(pool.free_queue) == [4, 5]
 
 
 def test_the_last_token_is_always_computed():
@@ -215,8 +224,8 @@ def test_running_requests_share_blocks_through_reference_counts():
     hits = pool.cached_prefix(["s0", "s1"], 10)
     assert hits == [0, 1] and pool.allocate(1, hits, 1)
     assert pool.ref[:4] == [2, 2, 1, 1] and pool.used == 4
-    pool.free_request(0)
-    assert pool.ref[:4] == [1, 1, 0, 1] and list(pool.free_queue) == [4, 5, 2]
+    pool.free_request(0)            # its uncached block 2 goes to the head, to be reused first
+    assert pool.ref[:4] == [1, 1, 0, 1] and list(pool.free_queue) == [2, 4, 5]
 
 
 # ---------------------------------------------------------------- in the simulator

@@ -118,7 +118,9 @@ def scenario(profile: str, rate: float = 40.0, **engine):
     raw = {"name": "real-engine-test", "seed": 3, "model": "tiny", "hardware": "h100-sxm",
            "cost_model": {"profile": profile},
            "engine": {"scheduler": "chunked", "max_num_seqs": 8, "max_num_batched_tokens": 64,
-                      "block_size": 4, "num_gpu_blocks": 64, **engine},
+                      "block_size": 4, "num_gpu_blocks": 64,
+                      "enable_prefix_caching": False,  # as the engine runs (no hashed blocks)
+                      **engine},
            "workload": {"arrival": {"process": "poisson", "rate": rate}, "num_requests": 24,
                         "prompt_tokens": {"dist": "uniform", "low": 4, "high": 40},
                         "output_tokens": {"dist": "uniform", "low": 1, "high": 24}}}

@@ -77,6 +77,7 @@ def test_every_key_given(tmp_path):
                   gpu_memory_utilization=0.8, num_gpu_blocks=5000, tensor_parallel_size=2,
                   replicas=3, router="least_loaded", policy="sjf", batch_timeout_s=0.25,
                   kv_cache_dtype="fp8", enable_expert_parallel=True, enable_prefix_caching=False,
+                  scheduler_reserve_full_isl=False,
                   speculative={"method": "eagle", "num_speculative_tokens": 2, "acceptance_rate": [0.8, 0.6]})
     raw = with_(name="x", seed=7, cost_model="unit", engine=engine,
                 slo={"ttft_ms": 300, "tpot_ms": 40, "percentile": 90})
@@ -261,7 +262,7 @@ def test_bad_engine_values(tmp_path, engine, expected):
     ({"slo": {"ttft_ms": 5, "percentile": 0}}, "slo.percentile: 0 is not a number in (0, 100)"),
     ({"slo": {"percentile": 50}}, "chat.yaml: slo: give at least one of ttft_ms, tpot_ms, itl_ms, e2el_ms (milliseconds"),
     ({"slo": [1]}, "chat.yaml: slo: a list is not a mapping"),
-    ({"model": None}, "chat.yaml: model: missing; required: a preset name (llama-2-13b, "),
+    ({"model": None}, "chat.yaml: model: missing; required: a preset name (llama-125m, llama-2-13b, "),
     ({"hardware": None}, "chat.yaml: hardware: missing; required: a preset name (a100-80gb, "),
     ({"workload": None}, "chat.yaml: workload: missing; required"),
     ({"model": 7}, "chat.yaml: model: 7 is not a preset name"),

@@ -208,7 +208,7 @@ def test_itl_recompute_ending_in_a_one_token_chunk(ff):
     # test_chunked_recompute_ending_in_one_token_is_a_prefill: A tokens @ 1, 2, 3; B tokens @ 1, 2,
     # preempted @ 2, recomputes 2 + 1 tokens, tok 3 @ 5: gaps A 1, 1; B 1, 3 (each counted once)
     r = run([0.0, 0.0], 1, 3, scheduler="chunked", max_num_seqs=2, max_num_batched_tokens=2,
-            block_size=1, num_gpu_blocks=4, fast_forward=ff)
+            block_size=1, num_gpu_blocks=4, fast_forward=ff, enable_prefix_caching=False)
     assert r.requests["finish_s"].tolist() == [3.0, 5.0]
     assert_itl(r.summary, [1, 1, 1, 3])
 
@@ -221,6 +221,6 @@ def test_itl_resumed_token_inside_a_decode_run(ff):
     # [6,7] 7 recomputes 2 of 3, [7,8] the last 1 -> tok 3 @ 8; [8,9] decode -> tok 4 @ 9.
     # gaps: request 6: 1, 1; request 7: 1, 3, 1
     r = run([0.0] * 8, 1, [1] * 6 + [3, 4], scheduler="chunked", max_num_seqs=2,
-            max_num_batched_tokens=2, block_size=1, num_gpu_blocks=4, fast_forward=ff)
+            max_num_batched_tokens=2, block_size=1, num_gpu_blocks=4, fast_forward=ff, enable_prefix_caching=False)
     assert r.requests["finish_s"].tolist() == [1.0, 1.0, 2.0, 2.0, 3.0, 3.0, 6.0, 9.0]
     assert_itl(r.summary, [1, 1, 1, 3, 1])

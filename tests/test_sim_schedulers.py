@@ -27,9 +27,12 @@ def _blocks(tokens, block_size):
 
 
 def reference_iteration_level(arrival, prompt, output, *, chunked, max_num_seqs, budget,
-                              block_size, num_blocks, policy="fcfs", priority=None):
-    """Continuous (chunked=False) or chunked batching on one replica, one loop turn per iteration.
-    Returns per-request first/finish/first_sched/preemptions and one dict per iteration."""
+                              block_size, num_blocks, policy="fcfs", priority=None,
+                              reserve_full_isl=True):
+    """Continuous (chunked=False) or chunked batching on one replica, one loop turn per iteration,
+    without prefix caching. `reserve_full_isl`: a waiting request joins only if its whole sequence
+    fits in the free blocks (vLLM 0.32's default). Returns per-request first/finish/first_sched/
+    preemptions and one dict per iteration."""
     n = len(arrival)
     key = {"fcfs": None, "sjf": list(output),
            "priority": list(priority) if priority is not None else [0] * n}[policy]
@@ -79,7 +82,8 @@ def reference_iteration_level(arrival, prompt, output, *, chunked, max_num_seqs,
             want = prompt[rid] + generated[rid] - computed[rid]
             take = min(want, left) if chunked else (want if want <= left else 0)
             need = _blocks(computed[rid] + take, block_size) - held[rid]
-            if take == 0 or need > free:
+            whole = _blocks(computed[rid] + want, block_size) - held[rid]
+            if take == 0 or need > free or (reserve_full_isl and whole > free):
                 break  # head of line waits
             waiting.pop(0)
             free, held[rid] = free - need, held[rid] + need
@@ -336,8 +340,9 @@ def test_chunked_prompt_shares_the_budget_with_a_running_decode():
 @pytest.mark.parametrize("ff", [True, False])
 def test_continuous_preemption_timeline(ff):
     r = run([0.0, 0.0], 4, 7, scheduler="continuous", max_num_seqs=2, max_num_batched_tokens=16,
-            block_size=4, num_gpu_blocks=4, fast_forward=ff)
-    # blocks of 4 tokens, 4 blocks. A and B: prompt 4, output 7.
+            block_size=4, num_gpu_blocks=4, fast_forward=ff, enable_prefix_caching=False)
+    # blocks of 4 tokens, 4 blocks. A and B: prompt 4, output 7. No prefix caching: B's recompute
+    # starts from nothing (with caching, see the next test).
     # [0,1] A, B prefill 4 (1 block each) -> tok 1 @ 1
     # [1,2]..[4,5] decodes at positions 5..8 (2 blocks each, 4 in use) -> tok 5 @ 5
     # t=5: A needs a 3rd block for position 9, none free -> B (latest admitted) preempted;
@@ -361,9 +366,53 @@ def test_continuous_preemption_timeline(ff):
 
 
 @pytest.mark.parametrize("ff", [True, False])
+def test_continuous_preemption_resumes_from_its_own_cached_blocks(ff):
+    r = run([0.0, 0.0], 4, 7, scheduler="continuous", max_num_seqs=2, max_num_batched_tokens=16,
+            block_size=4, num_gpu_blocks=4, fast_forward=ff)
+    # The timeline above with prefix caching on (vLLM's default), as vLLM does it:
+    # t=5: B (8 tokens computed: 2 full blocks) is preempted; its blocks go to the tail of the free
+    #      queue, last block first, keeping their hashes: queue = [B2, B1]
+    # [5,6] A takes a 3rd block from the head: B2 is evicted -> A tok 6 @ 6
+    # t=6: B resumes with 4 + 5 = 9 tokens (3 blocks) but only B1 is free: the whole sequence must
+    #      fit, so it waits; [6,7] A tok 7, done @ 7 (A's 3 blocks freed)
+    # [7,8] B hits B1 (tokens 1-4) and computes the other 5 -> B tok 6 @ 8; [8,9] tok 7, done
+    assert r.requests["finish_s"].tolist() == [7.0, 9.0]
+    assert r.requests["preemptions"].tolist() == [0, 1]
+    if not ff:
+        assert steps_rows(r, ["start_s", "num_seqs", "prefill_tokens", "decode_tokens"])[5:] == [
+            (5.0, 1, 0, 1), (6.0, 1, 0, 1), (7.0, 1, 5, 0), (8.0, 1, 0, 1)]
+
+
+def test_chunked_admits_only_a_request_whose_whole_sequence_fits():
+    """vLLM 0.32's scheduler_reserve_full_isl: a chunk fits, the whole prompt does not -> wait."""
+    kw = dict(scheduler="chunked", max_num_seqs=2, max_num_batched_tokens=4, block_size=1,
+              num_gpu_blocks=8, fast_forward=False, enable_prefix_caching=False)
+    # A: prompt 2, output 5 (6 blocks at its last decode); B arrives at 1 with prompt 6.
+    # [0,1] A prefill 2 -> tok 1 @ 1 (2 blocks). t=1: 6 free; B's whole prompt needs 6 blocks and
+    # A's decode 1 more: B's first chunk (3 tokens) would fit, but B must wait for A.
+    on = run([0.0, 1.0], [2, 6], [5, 2], **kw)
+    # with the gate: B waits; [1,5] A decodes tok 2..5, done @ 5; [5,6] B chunk 4, [6,7] chunk 2
+    # -> B tok 1 @ 7; [7,8] tok 2, done @ 8
+    assert on.requests["first_token_s"].tolist() == [1.0, 7.0]
+    assert on.requests["finish_s"].tolist() == [5.0, 8.0]
+    assert on.requests["preemptions"].tolist() == [0, 0]
+    assert steps_rows(on, ["start_s", "prefill_tokens", "decode_tokens", "kv_blocks_used"]) == [
+        (0.0, 2, 0, 2), (1.0, 0, 1, 3), (2.0, 0, 1, 4), (3.0, 0, 1, 5), (4.0, 0, 1, 6),
+        (5.0, 4, 0, 4), (6.0, 2, 0, 6), (7.0, 0, 1, 7)]
+    off = run([0.0, 1.0], [2, 6], [5, 2], scheduler_reserve_full_isl=False, **kw)
+    # without it (older vLLM V1) B joins at 1 with a 3-token chunk beside A's decode (6 blocks);
+    # at 2 A's next block does not fit beside B's next chunk -> B preempted; it joins again at 3
+    # and is preempted again at 4: two wasted chunks, the same finish times here
+    assert off.requests["preemptions"].tolist() == [0, 2]
+    assert steps_rows(off, ["start_s", "prefill_tokens", "decode_tokens", "kv_blocks_used"])[:5] == [
+        (0.0, 2, 0, 2), (1.0, 3, 1, 6), (2.0, 0, 1, 4), (3.0, 3, 1, 8), (4.0, 0, 1, 6)]
+
+
+@pytest.mark.parametrize("ff", [True, False])
 def test_chunked_preempted_twice_during_recompute(ff):
     r = run([0.0, 0.0], 1, [6, 4], scheduler="chunked", max_num_seqs=2, max_num_batched_tokens=2,
-            block_size=1, num_gpu_blocks=6, fast_forward=ff)
+            block_size=1, num_gpu_blocks=6, fast_forward=ff, enable_prefix_caching=False,
+            scheduler_reserve_full_isl=False)  # B re-joins with a partial chunk (older vLLM V1)
     # 1-token blocks, 6 of them, budget 2. A: output 6, B: output 4, prompts 1.
     # [0,1] both prefill -> tok 1 @ 1;  [1,2] [2,3] both decode -> tok 3 @ 3, 6 blocks in use
     # t=3: A needs a block -> B preempted (gen 3); [3,4] A -> tok 4 @ 4
@@ -381,7 +430,7 @@ def test_chunked_preempted_twice_during_recompute(ff):
 
 def test_chunked_recompute_ending_in_one_token_is_a_prefill():
     r = run([0.0, 0.0], 1, 3, scheduler="chunked", max_num_seqs=2, max_num_batched_tokens=2,
-            block_size=1, num_gpu_blocks=4, fast_forward=False)
+            block_size=1, num_gpu_blocks=4, fast_forward=False, enable_prefix_caching=False)
     # [0,1] A, B prefill 1 -> tok 1 @ 1;  [1,2] both decode -> tok 2 @ 2 (4 blocks in use)
     # t=2: A needs a 3rd block -> B preempted (gen 2); [2,3] A -> tok 3 @ 3, done
     # [3,4] B recomputes 2 of its 1 + 2 = 3 tokens;  [4,5] the last 1 -> B tok 3 @ 5, done.
@@ -464,7 +513,8 @@ def iteration_level_cases(draw):
                 max_num_seqs=seqs, budget=budget, block_size=block_size,
                 num_blocks=blocks + draw(st.integers(0, 5)),
                 policy=draw(st.sampled_from(["fcfs", "sjf", "priority"])),
-                priority=draw(st.lists(st.integers(0, 3), min_size=n, max_size=n)))
+                priority=draw(st.lists(st.integers(0, 3), min_size=n, max_size=n)),
+                reserve_full_isl=draw(st.booleans()))
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -474,7 +524,8 @@ def test_iteration_level_matches_reference(case, ff):
     r = run(case["arrival"], case["prompt"], case["output"], case["priority"],
             scheduler="chunked" if case["chunked"] else "continuous", policy=case["policy"],
             max_num_seqs=case["max_num_seqs"], max_num_batched_tokens=case["budget"],
-            block_size=case["block_size"], num_gpu_blocks=case["num_blocks"], fast_forward=ff)
+            block_size=case["block_size"], num_gpu_blocks=case["num_blocks"], fast_forward=ff,
+            scheduler_reserve_full_isl=case["reserve_full_isl"], enable_prefix_caching=False)
     rq = r.requests
     assert rq["finish_s"].tolist() == ref["finish"]
     assert rq["first_token_s"].tolist() == ref["first"]

@@ -78,7 +78,7 @@ def test_cpu_loop_real_engine_agrees_with_simulator(profile, tmp_path):
                  "sim/summary.json", "comparison.csv", "comparison.md", "comparison.png"):
         assert (tmp_path / "out" / name).stat().st_size > 0, name
     table = pd.read_csv(tmp_path / "out" / "comparison.csv")
-    assert list(table.columns) == ["metric", "stat", "real", "sim", "error_pct"]
+    assert list(table.columns) == ["metric", "stat", "real", "sim", "error_pct", "tolerance_pct", "within"]
     assert {"ttft_ms", "tpot_ms", "e2e_ms", "output_throughput"} <= set(table["metric"])
 
 

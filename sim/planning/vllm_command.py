@@ -78,6 +78,8 @@ def vllm_serve(scenario, setting: dict | None = None) -> str | None:
         args += ["--kv-cache-dtype", knobs["kv_cache_dtype"]]
     if knobs["enable_expert_parallel"]:
         args.append("--enable-expert-parallel")
+    if not e.scheduler_reserve_full_isl:  # on is vLLM's default
+        args.append("--no-scheduler-reserve-full-isl")
     spec = e.speculative
     if spec is not None:  # vLLM's --speculative-config (JSON); EAGLE needs its head's weights
         config = {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens}

@@ -91,6 +91,12 @@ def build_scheduler(e: EngineConfig, requests: RequestTable, num_blocks: int,
                 chains[key] = block_hashes(p, rid, n, e.block_size)
             hashes.append(chains[key])
         kv = PrefixKVCache(num_blocks, e.block_size, hashes, prompt)
+    elif caching_on(e) and e.speculative is None:
+        # Nothing shared, but vLLM still caches every request's own full blocks: a preempted
+        # request's resumption hits what is left of them (found against real vLLM,
+        # docs/validation.md). Own blocks only: no lookups before a preemption, no hit-rate columns.
+        kv = PrefixKVCache(num_blocks, e.block_size, [[]] * len(requests), requests.prompt.tolist(),
+                           reports=False)
     else:
         kv = cls.kv_cache.for_replica(num_blocks, e.block_size, len(requests))
     pool = None
@@ -100,15 +106,20 @@ def build_scheduler(e: EngineConfig, requests: RequestTable, num_blocks: int,
     return make_scheduler(e.scheduler, requests=requests, kv=kv, pool=pool,
                           queue=make_queue(e.policy, requests), max_num_seqs=e.max_num_seqs,
                           max_num_batched_tokens=e.max_num_batched_tokens,
+                          reserve_full_isl=e.scheduler_reserve_full_isl,
                           batch_timeout_s=e.batch_timeout_s,
                           max_output_tokens=int(workload.output_tokens.max(initial=1)))
 
 
+def caching_on(e: EngineConfig) -> bool:
+    """Prefix caching on (or left at vLLM's default, on) for a scheduler that has it."""
+    return SCHEDULERS[e.scheduler].prefix_caching and e.enable_prefix_caching is not False
+
+
 def prefix_caching(e: EngineConfig, workload: Workload) -> bool:
-    """Is prefix caching simulated: on (or left at vLLM's default, on) for a scheduler that has it,
-    and the workload says what its prompts share (a trace's hash_ids, workload.prefix)?"""
-    return (SCHEDULERS[e.scheduler].prefix_caching and e.enable_prefix_caching is not False
-            and workload.prefix is not None and len(workload.prefix) == len(workload))
+    """Is prefix caching across requests simulated: on, and the workload says what its prompts
+    share (a trace's hash_ids, workload.prefix)?"""
+    return caching_on(e) and workload.prefix is not None and len(workload.prefix) == len(workload)
 
 
 def check_servable(w: Workload, e: EngineConfig, num_blocks: int, where: str = "") -> None:

@@ -6,7 +6,9 @@ allow. `continuous` and `chunked` differ only in how a waiting prompt meets the 
 Semantics follow vLLM V1's scheduler: when a running request cannot get the block it needs, the
 most recently admitted running request is preempted by recompute (blocks freed, back to the front
 of the waiting queue) until it fits or is itself preempted; an iteration that preempted admits
-nobody.
+nobody. A waiting request joins only if its whole sequence fits in the free blocks, not only the
+chunk it starts with (vLLM 0.32's `scheduler_reserve_full_isl`, on by default; found by
+`servesim validate --engine vllm`, docs/validation.md).
 
 Running requests are either decoding (in the `DecodePool`, advanced in O(1) per iteration) or
 still computing their prompt (`prefilling`, recomputes included). Nobody joins while a prompt is
@@ -33,8 +35,9 @@ class IterationLevelScheduler:
     prefix_caching = True        # may run over sim/prefix_cache.PrefixKVCache (vLLM V1: on by default)
 
     def __init__(self, requests: RequestTable, kv: PagedKVCache, queue, *, max_num_seqs: int,
-                 max_num_batched_tokens: int, pool=None, **_unused):
+                 max_num_batched_tokens: int, pool=None, reserve_full_isl: bool = True, **_unused):
         self.req, self.kv, self.waiting = requests, kv, queue
+        self.reserve_full_isl = reserve_full_isl  # vLLM's scheduler_reserve_full_isl (_admit)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         # running decodes: one token each (DecodePool), or speculative (sim/speculative.py)
@@ -160,7 +163,8 @@ class IterationLevelScheduler:
         else:
             self.prefilling.remove(rid)
         del self.order[rid]
-        self.kv.free_request(rid, self.kv.blocks_for(int(req.computed[rid])), preempted=True)
+        computed = int(req.computed[rid])
+        self.kv.free_request(rid, self.kv.blocks_for(computed), preempted=True, computed=computed)
         self._preempted.append(rid)
         req.computed[rid] = 0
         req.preemptions[rid] += 1
@@ -174,7 +178,8 @@ class IterationLevelScheduler:
         req, kv = self.req, self.kv
         for rid in rids:  # a handful at a time: scalar numpy indexing beats building an index array
             req.finish[rid] = now
-            kv.free_request(rid, kv.blocks_for(int(req.computed[rid])))
+            computed = int(req.computed[rid])
+            kv.free_request(rid, kv.blocks_for(computed), computed=computed)
             del self.order[rid]
 
     def _first_or_resumed_token(self, rid: int, now: float) -> None:
@@ -197,8 +202,11 @@ class IterationLevelScheduler:
             hits = kv.lookup(rid, total) if computed == 0 else ()
             start = computed + len(hits) * kv.block_size
             t = self.admit_tokens(total - start, budget)
-            if t == 0 or not kv.admit(rid, hits, kv.blocks_for(start + t) - self._held_blocks(rid, computed)
-                                      - len(hits), total):
+            held = self._held_blocks(rid, computed) + len(hits)
+            if t == 0 or (self.reserve_full_isl and t < total - start
+                          and not kv.can_take(hits, kv.blocks_for(total) - held)):
+                break  # the whole sequence must fit, not just this chunk (vLLM 0.32's default)
+            if not kv.admit(rid, hits, kv.blocks_for(start + t) - held, total):
                 break  # head-of-line: whoever is first in line waits for room
             if hits:
                 req.computed[rid] = start
