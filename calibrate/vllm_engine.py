@@ -126,8 +126,10 @@ def job(scenario: Scenario, workload: Workload, model_dir: Path, clock: str) -> 
     if e.scheduler == "continuous":  # vLLM checks budget >= max_model_len without chunking
         max_model_len = min(max_model_len, e.max_num_batched_tokens)
     prefix = None
-    if workload.prefix is not None:
-        prefix = [None if p is None else [[int(i) for i in p[0]], int(p[1])] for p in workload.prefix]
+    if workload.prefix is not None:  # unit ids (ints, or tuples for generated system prompts) -> ints
+        ids: dict = {}
+        prefix = [None if p is None else [[ids.setdefault(u, len(ids) + 1) for u in p[0]], int(p[1])]
+                  for p in workload.prefix]
     caching = e.enable_prefix_caching is not False  # None: the scheduler's default, on as in V1
     return {"model_dir": str(model_dir), "seed": scenario.seed, "clock": clock,
             "vocab_size": scenario.model.vocab_size, "prefix": prefix,

@@ -269,3 +269,16 @@ def test_replay_diverges_without_vllm_semantics(fixture, override):
     real_other = dataclasses.replace(real, workload=wl)
     rep = scheduling_replay(other, real_other)
     assert rep["first_difference"] is not None and rep["identical"] < rep["iterations_real"]
+
+
+def test_job_gives_prefix_units_integer_ids(fixture, tmp_path):
+    """Generated system prompts name their unit by a tuple: the job numbers distinct units 1, 2, ...
+    so that the driver builds the same tokens for the same unit (and vLLM's hashes match)."""
+    sc, wl, raw, real = fixture
+    prefix = [((("prefix", 0),), 64), None, ((("prefix", 1),), 32), ((("prefix", 0),), 64)]
+    w2 = dataclasses.replace(wl, prefix=prefix + [None] * (len(wl) - 4))
+    j = vllm_engine.job(sc, w2, tmp_path, "cpu")
+    assert j["prefix"][:4] == [[[1], 64], None, [[2], 32], [[1], 64]]
+    d = _driver()
+    a, b = (d.prompt_ids(i, 80, 32000, j["prefix"][i]) for i in (0, 3))
+    assert a[:64] == b[:64] and a[64:] != b[64:]
