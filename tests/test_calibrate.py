@@ -408,3 +408,22 @@ def test_calibrate_rejects_an_unwritable_out_and_missing_cuda(tmp_path):
 def test_calibrate_help():
     res = runner.invoke(app, ["calibrate", "--help"])
     assert res.exit_code == 0 and "--repeats" in res.stdout and "--grid" in res.stdout
+
+
+def test_reweighting_fits_the_mean_of_single_noisy_samples():
+    """One right-skewed sample per iteration (lognormal noise, sigma 0.3: mean factor e^0.045 =
+    1.046): least squares on relative error to each sample lands below the mean (its weight,
+    1 / measured, favours fast samples); reweighting by the previous prediction does not."""
+    rng = np.random.default_rng(0)
+    n = 3000
+    tokens = rng.integers(1, 512, n)
+    ctx = rng.integers(0, 20_000, n)
+    true_s = 0.010 + 1e-4 * tokens + 2e-7 * ctx
+    rows = pd.DataFrame({"total_tokens": tokens, "decode_context_sum": ctx,
+                         "prefill_attention_work": np.zeros(n), "num_seqs": np.ones(n),
+                         "ms": true_s * rng.lognormal(0.0, 0.3, n) * 1e3})
+    total = rows["ms"].sum() / 1e3
+    plain = fit_step_model(rows, time_column="ms").predict(rows).sum()
+    reweighted = fit_step_model(rows, time_column="ms", reweight=2).predict(rows).sum()
+    assert plain / total < 0.9                  # the plain fit: 0.84 of the measured total here
+    assert reweighted / total == pytest.approx(1.0, abs=0.01)  # 0.9999 here
