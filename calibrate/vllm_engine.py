@@ -68,7 +68,8 @@ def venv_python(venv: Path) -> Path:
 
 def setup(venv: Path) -> None:
     """Build (or check) the vLLM venv with calibrate/vllm_setup.sh, its output passed through."""
-    done = subprocess.run(["bash", str(SETUP), str(venv)], cwd=ROOT)
+    # absolute: the script works from the repository root, the user's path is from their cwd
+    done = subprocess.run(["bash", str(SETUP), str(Path(venv).absolute())], cwd=ROOT)
     if done.returncode:
         raise ScenarioError(f"calibrate/vllm_setup.sh {venv}: failed (exit {done.returncode}); "
                             f"its output above says why")
