@@ -1208,6 +1208,11 @@ def validate_cmd(
 
         if engine not in V.ENGINES:
             raise ScenarioError(f"--engine {engine!r}: allowed: {', '.join(V.ENGINES)}")
+        if not 0 <= warmup_fraction < 1:
+            raise ScenarioError(f"--warmup-fraction: {warmup_fraction:g} is not in [0, 1)")
+        if real_only and compare_only is not None:
+            raise ScenarioError("--real-only and --compare-only: give one of them (the first runs "
+                                "the real engine, the second only the simulator)")
         if engine == "vllm":
             return _validate_vllm(scenario, V, profile=profile, device=device, out=out, clock=clock,
                                   seed=seed, set_=set_, real_only=real_only,
@@ -1215,11 +1220,6 @@ def validate_cmd(
                                   setup=setup, venv=vllm_venv)
         if setup or vllm_venv is not None:
             raise ScenarioError("--setup/--vllm-venv: only with --engine vllm")
-        if not 0 <= warmup_fraction < 1:
-            raise ScenarioError(f"--warmup-fraction: {warmup_fraction:g} is not in [0, 1)")
-        if real_only and compare_only is not None:
-            raise ScenarioError("--real-only and --compare-only: give one of them (the first runs "
-                                "the real engine, the second only the simulator)")
         if compare_only is not None and (device is not None or clock is not None):
             raise ScenarioError("--device/--clock: not used with --compare-only (the real run "
                                 "recorded its own)")
@@ -1280,8 +1280,8 @@ def validate_cmd(
 
 def _validate_vllm(scenario: Path, V, *, profile, device, out, clock, seed, set_, real_only,
                    compare_only, warmup_fraction, setup, venv) -> None:
-    """`validate --engine vllm`: real vLLM in its own venv, then the simulator; ScenarioErrors
-    and OSErrors are reported by the caller's handlers."""
+    """`validate --engine vllm`: real vLLM in its own venv, then the simulator; the caller checked
+    the options both engines share and reports ScenarioErrors and OSErrors."""
     import numpy as np
     from rich.console import Console
 
@@ -1289,10 +1289,6 @@ def _validate_vllm(scenario: Path, V, *, profile, device, out, clock, seed, set_
     from sim.config import load_scenario
     from sim.errors import ScenarioError
 
-    if not 0 <= warmup_fraction < 1:
-        raise ScenarioError(f"--warmup-fraction: {warmup_fraction:g} is not in [0, 1)")
-    if real_only and compare_only is not None:
-        raise ScenarioError("--real-only and --compare-only: give one of them")
     if device not in (None, "cpu"):
         raise ScenarioError(f"--device {device}: --engine vllm runs vLLM's CPU backend only")
     clock = clock or "cpu"
@@ -1316,7 +1312,8 @@ def _validate_vllm(scenario: Path, V, *, profile, device, out, clock, seed, set_
         typer.echo(f"vLLM: starting the engine in {venv} (start-up and compilation take 1-2 min)",
                    err=True)
         with _Progress("vLLM", "requests") as progress:
-            real = V.run_vllm_real(sc, out_dir=out_dir, venv=venv, clock=clock, progress=progress)
+            real = V.run_vllm_real(sc, out_dir=out_dir, venv=venv, clock=clock, progress=progress,
+                                   workload=workload)
         if real_only:
             d = V.write_real(real, out_dir)
             typer.echo(f"vLLM: {len(real.result.requests)} requests, {real.meta['iterations']} "
@@ -1326,8 +1323,8 @@ def _validate_vllm(scenario: Path, V, *, profile, device, out, clock, seed, set_
                                 warmup_fraction=warmup_fraction)
     V.write(result, out_dir)
     Console().print(_comparison_table(sc.name, result))
-    typer.echo(f"output: {out_dir}/ (comparison.md, comparison.csv, comparison.png, real/, sim/, "
-               f"profile.yaml)")
+    fitted = ", profile.yaml (fitted on vLLM's iterations)" if profile is None else ""
+    typer.echo(f"output: {out_dir}/ (comparison.md, comparison.csv, comparison.png, real/, sim/{fitted})")
 
 
 def _comparison_table(name: str, result: Any) -> Any:

@@ -64,12 +64,30 @@ def write_real(real: RealRun, out_dir: Path) -> Path:
     return d
 
 
+def read_iterations(d: Path) -> pd.DataFrame:
+    """real/iterations.csv, its space-separated chunk lists kept as text."""
+    return pd.read_csv(Path(d) / "iterations.csv", dtype={"prefill_lens": str, "prefill_contexts": str},
+                       keep_default_na=False)
+
+
+def batch_stats(it: pd.DataFrame) -> list:
+    """The BatchStats of each row of iterations.csv (what the cost model prices)."""
+    from sim.batch import BatchStats
+
+    def ints(text: str) -> np.ndarray:
+        return np.array([int(x) for x in str(text).split()], dtype=np.int64)
+
+    return [BatchStats(prefill_lens=ints(a), prefill_contexts=ints(b), num_decodes=int(n),
+                       decode_context_sum=int(c))
+            for a, b, n, c in zip(it["prefill_lens"], it["prefill_contexts"], it["num_decodes"],
+                                  it["decode_context_sum"])]
+
+
 def load_real(path: Path, scenario: Scenario) -> RealRun:
     """A real run written by write_real (`--real-only`), checked against `scenario`: the same
     model, engine settings and KV blocks, or a ScenarioError. `path`: the validate folder or its
     real/ subfolder. The requests are the recorded ones (workload.csv), whatever the scenario's
     workload says; a difference is a warning in the notes."""
-    from sim.batch import BatchStats
 
     path = Path(path)
     d = path if (path / "run.json").exists() or path.name == "real" else path / "real"
@@ -85,21 +103,19 @@ def load_real(path: Path, scenario: Scenario) -> RealRun:
         requests = pd.read_csv(d / "requests.csv")
         steps = pd.read_csv(d / "steps.csv")
         summary = json.loads((d / "summary.json").read_text())
-        it = pd.read_csv(d / "iterations.csv", dtype={"prefill_lens": str, "prefill_contexts": str},
-                         keep_default_na=False)
+        it = read_iterations(d)
         wl = pd.read_csv(d / "workload.csv")
     except (ValueError, OSError) as exc:  # JSON, CSV and read errors
         raise ScenarioError(f"{where}: unreadable real run ({str(exc).splitlines()[0]})") from None
     got = meta.get("format") if isinstance(meta, dict) else meta
     if got != REAL_RUN_FORMAT:
         raise ScenarioError(f"{d / 'run.json'}: format: got {got!r}; allowed: {REAL_RUN_FORMAT}")
-    if meta.get("engine_kind") != "vllm":  # our engine ran it with prefix caching off
-        from .engine import without_prefix_caching
-        scenario = without_prefix_caching(scenario)
-    theirs = json.loads(json.dumps(dataclasses.asdict(scenario.engine)))
     recorded_engine = dict(meta.get("engine")) if isinstance(meta.get("engine"), dict) else {}
-    if meta.get("engine_kind") != "vllm":  # older recordings kept the scenario's own setting
+    if meta.get("engine_kind") != "vllm":  # our engine runs with prefix caching off (older
+        from .engine import without_prefix_caching  # recordings kept the scenario's own setting)
+        scenario = without_prefix_caching(scenario)
         recorded_engine["enable_prefix_caching"] = False
+    theirs = json.loads(json.dumps(dataclasses.asdict(scenario.engine)))
     checks = [("model", meta.get("model"), scenario.model.name)]
     # a key newer than the recording was at its default then (the knob did not exist)
     defaults = json.loads(json.dumps(dataclasses.asdict(EngineConfig())))
@@ -111,13 +127,7 @@ def load_real(path: Path, scenario: Scenario) -> RealRun:
                                 f"{scenario.source or 'the scenario'} gives {now!r}; pass the "
                                 f"scenario (and --set options) the real run used")
 
-    def ints(text: str) -> np.ndarray:
-        return np.array([int(x) for x in str(text).split()], dtype=np.int64)
-
-    stats = [BatchStats(prefill_lens=ints(a), prefill_contexts=ints(b), num_decodes=int(n),
-                        decode_context_sum=int(c))
-             for a, b, n, c in zip(it["prefill_lens"], it["prefill_contexts"], it["num_decodes"],
-                                   it["decode_context_sum"])]
+    stats = batch_stats(it)
     workload = Workload(arrival_s=wl["arrival_s"].to_numpy(np.float64),
                         prompt_tokens=wl["prompt_tokens"].to_numpy(np.int64),
                         output_tokens=wl["output_tokens"].to_numpy(np.int64),

@@ -184,12 +184,15 @@ def validate_vllm(scenario: Scenario, *, out_dir: Path, profile: Path | None = N
 
 
 def run_vllm_real(scenario: Scenario, *, out_dir: Path, venv: Path | None = None, clock: str = "cpu",
-                  progress: Callable[[int, int], None] | None = None) -> RealRun:
+                  progress: Callable[[int, int], None] | None = None,
+                  workload: Workload | None = None) -> RealRun:
+    """`workload`: the scenario's own (drawn here when not given)."""
     from . import vllm_engine
 
     if clock not in CLOCKS:
         raise ScenarioError(f"--clock {clock!r}: allowed: {', '.join(CLOCKS)}")
-    workload = build_workload(scenario.workload, np.random.default_rng(scenario.seed))
+    if workload is None:
+        workload = build_workload(scenario.workload, np.random.default_rng(scenario.seed))
     vllm_engine.check_vllm_scenario(scenario, workload)
     vllm_engine.venv_python(venv or vllm_engine.default_venv())  # before anything is written
     return vllm_engine.run_vllm(scenario, workload, venv=venv, clock=clock, progress=progress,
@@ -323,8 +326,7 @@ def scheduling_replay(scenario: Scenario, real: RealRun) -> dict:
     from sim.simulate import simulate
 
     r = real.result
-    cost = ReplayCost(r.step_s if real.meta.get("engine_kind") == "vllm"
-                      else r.steps["duration_s"].to_numpy())
+    cost = ReplayCost(r.steps["duration_s"].to_numpy())  # whole iterations, as the timeline has them
     sim = simulate(scenario, workload=real.workload, fast_forward=False, cost=cost)
     n = min(len(r.stats), len(cost.asked))
     same = [_same_batch(a, b) for a, b in zip(r.stats[:n], cost.asked[:n])]

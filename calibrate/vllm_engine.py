@@ -38,7 +38,7 @@ from sim.recorder import STEP_COLUMNS
 from sim.workload import Workload
 
 from .engine import EngineResult, check_engine_scenario, check_workload, num_blocks
-from .real_run import REAL_RUN_FORMAT, RealRun
+from .real_run import REAL_RUN_FORMAT, RealRun, batch_stats, read_iterations
 
 VLLM_VERSION = "0.32.0"
 ROOT = Path(__file__).resolve().parent.parent
@@ -335,14 +335,8 @@ def fit_runs(dirs: list[Path], model: str):
         meta = json.loads((d / "run.json").read_text())
         if meta.get("model") != model:
             raise ScenarioError(f"--from-runs {d}: ran model {meta.get('model')!r}, not {model!r}")
-        it = pd.read_csv(d / "iterations.csv", dtype={"prefill_lens": str, "prefill_contexts": str},
-                         keep_default_na=False)
-        ints = lambda t: np.array([int(x) for x in str(t).split()], dtype=np.int64)  # noqa: E731
-        stats = [BatchStats(prefill_lens=ints(a), prefill_contexts=ints(b), num_decodes=int(n),
-                            decode_context_sum=int(c))
-                 for a, b, n, c in zip(it["prefill_lens"], it["prefill_contexts"], it["num_decodes"],
-                                       it["decode_context_sum"])]
-        frames.append(_rows(stats, it["step_s"].to_numpy()))
+        it = read_iterations(d)
+        frames.append(_rows(batch_stats(it), it["step_s"].to_numpy()))
         metas.append(meta)
         names.append(str(meta.get("scenario")))
     kinds = {(m.get("engine_kind"), m.get("clock"), m.get("device")) for m in metas}

@@ -476,8 +476,10 @@ def describe(provenance: dict | None) -> str:
     if not c:
         return "not recorded"
     if c.get("profile") and c.get("measured"):
-        return (f"measured: {c.get('device')} kernel timings ({c.get('source', 'a profile')}), "
-                f"profile {Path(c['profile']).name}")
+        if c.get("source"):  # composed from published kernel tables (sim/measured.py)
+            return (f"measured: {c.get('device')} kernel timings ({c['source']}), "
+                    f"profile {Path(c['profile']).name}")
+        return f"measured: steps timed on {c.get('device')}, profile {Path(c['profile']).name}"
     if c.get("profile"):
         return f"profile {c['profile']} (fitted on {c.get('device')}, not measured on a GPU)"
     return {"roofline": "estimated with the roofline (datasheet peaks x efficiencies), not measured",

@@ -218,13 +218,8 @@ class PrefixKVCache:
         self.num_free -= blocks
         self.anonymous += blocks
         queue = self.queue
-        if not self.queued:  # nothing cached waits in the queue (stale hit entries aside): it is
-            # one run of hashless blocks
-            if len(queue) == 1 and isinstance(queue[0], list):
-                queue[0][0] = self.num_free
-            else:
-                queue.clear()
-                queue.append([self.num_free])
+        if not self.queued:
+            self._one_segment()
             return True
         while blocks:
             head = queue[0]
@@ -256,6 +251,17 @@ class PrefixKVCache:
         del self.ref[b]
         self.ids.append(b)
         self.evicted.append(h)
+
+    def _one_segment(self) -> None:
+        """With no cached block waiting in the free queue (stale entries of blocks taken by hits
+        aside), the queue is hashless blocks only: their order does not matter, so it is one
+        segment of num_free blocks (the fast path of a run that shares nothing)."""
+        queue = self.queue
+        if len(queue) == 1 and isinstance(queue[0], list):
+            queue[0][0] = self.num_free
+        else:
+            queue.clear()
+            queue.append([self.num_free])
 
     def _queue_hashless(self, k: int, head: bool = False) -> None:
         """k hashless blocks join the free queue: at the tail, or (`head`) at the head."""
@@ -357,15 +363,10 @@ class PrefixKVCache:
                 self._claim(rid, full, chain)
                 self.own_cached[rid] = full - len(shared)
         held = self.held.pop(rid, None)
-        if held is None and not self.queued:  # hashless blocks only, and only those in the queue:
-            self.num_free += blocks           # their order does not matter, their count is all
+        if held is None and not self.queued:  # hashless blocks, freed to a queue of hashless blocks
+            self.num_free += blocks
             self.anonymous -= blocks
-            queue = self.queue
-            if len(queue) == 1 and isinstance(queue[0], list):
-                queue[0][0] = self.num_free
-            else:
-                queue.clear()
-                queue.append([self.num_free])
+            self._one_segment()
             return
         held = held or []
         self.num_cached.pop(rid, None)
