@@ -121,8 +121,10 @@ class ClosedLoopRouter:
     arrival order, ties by user; once `len(req)` requests have arrived, users send no more.
     Every arrival is routed by `router.choose` as it happens."""
 
-    def __init__(self, env, req: RequestTable, users: Users, schedulers: list, router: Router):
+    def __init__(self, env, req: RequestTable, users: Users, schedulers: list, router: Router,
+                 sessions=None):
         self.env, self.req, self.schedulers, self.router = env, req, schedulers, router
+        self.sessions = sessions  # multi-turn: sim/sessions.Sessions sets each arrival's prompt
         self.think = users.think_s
         self.user = np.full(len(req), -1, dtype=np.int64)  # who sent each request
         req.arrival = np.full(len(req), np.nan)  # filled in as requests arrive
@@ -154,6 +156,8 @@ class ClosedLoopRouter:
             return  # num_requests reached: this request is never sent
         rid, self._arrived = self._arrived, self._arrived + 1
         self.req.arrival[rid], self.user[rid] = t, user
+        if self.sessions is not None:  # before routing: prefix_aware reads the grown prompt's blocks
+            self.sessions.begin(rid, user)
         target = self.router.choose(rid, _loads(self.schedulers, self.inboxes))
         self.req.replica[rid] = target
         self.inboxes[target].deliver(rid, t)

@@ -215,6 +215,8 @@ class PrefixKVCache:
         is evicted (it loses its hash and becomes hashless)."""
         if blocks > self.num_free:
             return False
+        if not blocks:  # most iterations of a decode run
+            return True
         self.num_free -= blocks
         self.anonymous += blocks
         queue = self.queue
@@ -276,12 +278,9 @@ class PrefixKVCache:
 
     # prefix caching
     def cached_prefix(self, chain: list, num_tokens: int) -> list[int]:
-        hits, first = [], self.first.get
-        for h in chain[: max(num_tokens - 1, 0) // self.block_size]:
-            b = first(h)
-            if b is None:
-                break
-            hits.append(b)
+        hits = list(map(self.first.get, chain[: max(num_tokens - 1, 0) // self.block_size]))
+        if None in hits:  # the longest prefix: up to the first block not cached
+            del hits[hits.index(None):]
         return hits
 
     def lookup(self, rid: int, num_tokens: int) -> list[int]:
@@ -296,7 +295,8 @@ class PrefixKVCache:
     def can_take(self, hits: list[int], new_blocks: int) -> bool:
         """Would `new_blocks` fresh blocks fit beside the `hits`, once the hits that sit in the free
         queue are taken out of it (vLLM counts them as evictable computed blocks)?"""
-        return new_blocks <= self.num_free - sum(1 for b in hits if self.ref[b] == 0)
+        ref = self.ref
+        return new_blocks <= self.num_free - [ref[b] for b in hits].count(0)
 
     def admit(self, rid: int, hits: list[int], new_blocks: int, num_tokens: int) -> bool:
         """Take the hits and `new_blocks` hashless blocks for request `rid` (False: no change)."""
@@ -305,19 +305,21 @@ class PrefixKVCache:
                 return False
             self.queried_tokens += num_tokens
             return True
-        free_hits = sum(1 for b in hits if self.ref[b] == 0)
+        ref = self.ref
+        refs = [ref[b] for b in hits]
+        free_hits = refs.count(0)  # hits waiting in the free queue
         if new_blocks > self.num_free - free_hits:
             return False
-        if hits:
-            held = self.held.setdefault(rid, [])
-            if not held:
-                self.num_cached[rid] = len(hits)
-            for b in hits:  # touch
-                if self.ref[b] == 0:
-                    del self.queued[b]
-                    self.num_free -= 1
-                self.ref[b] += 1
-                held.append(b)
+        held = self.held.setdefault(rid, [])
+        if not held:
+            self.num_cached[rid] = len(hits)
+        held.extend(hits)
+        queued = self.queued
+        for b, r in zip(hits, refs):  # touch
+            if r == 0:
+                del queued[b]
+            ref[b] = r + 1
+        self.num_free -= free_hits
         self.allocate(new_blocks)
         self.queried_tokens += num_tokens
         hit = len(hits) * self.block_size
@@ -328,9 +330,10 @@ class PrefixKVCache:
     def commit(self, rid: int, computed: int) -> None:
         """Request `rid` has `computed` tokens in the cache: its full shared prompt blocks become
         cached (hashless blocks it holds are given identities for them)."""
-        full = min(computed // self.block_size, len(self.hashes[rid]))
-        if full:
-            self._claim(rid, full, self.hashes[rid])
+        chain = self.hashes[rid]
+        full = min(computed // self.block_size, len(chain))
+        if full > self.num_cached.get(rid, 0):  # (else: nothing new to name)
+            self._claim(rid, full, chain)
 
     def _claim(self, rid: int, full: int, chain: list) -> None:
         held = self.held.setdefault(rid, [])
@@ -354,14 +357,18 @@ class PrefixKVCache:
         generated tokens: vLLM hashes every full block of a request) are cached first, so that its
         resumption can hit them. Its hashless blocks (its tail) join the free queue first, then its
         identified blocks, last first, each once nobody references it (keeping its hash)."""
-        if preempted:
-            shared = self.hashes[rid]
+        chain = self.hashes[rid]
+        if preempted or chain:
             tokens = self.prompt[rid] if computed is None else computed
             full = min(blocks, tokens // self.block_size)
-            if full > len(shared):
-                chain = shared + [own_hash(rid, i) for i in range(len(shared), full)]
+            if preempted and full > len(chain):
+                self.own_cached[rid] = full - len(chain)
+                chain = chain + [own_hash(rid, i) for i in range(len(chain), full)]
+            # a chain past the prompt (a multi-turn session's, sim/sessions.py) names its generated
+            # blocks too: the next turn of the conversation may hit them
+            full = min(full, len(chain))
+            if full > self.num_cached.get(rid, 0):
                 self._claim(rid, full, chain)
-                self.own_cached[rid] = full - len(shared)
         held = self.held.pop(rid, None)
         if held is None and not self.queued:  # hashless blocks, freed to a queue of hashless blocks
             self.num_free += blocks
@@ -381,15 +388,19 @@ class PrefixKVCache:
                 self._queue_hashless(k - partial)
             if partial:
                 self._queue_hashless(partial, head=True)
+        ref, queued, queue, named = self.ref, self.queued, self.queue, self.block_hash
+        gen = start = self.generation
         for b in reversed(held):
-            self.ref[b] -= 1
-            if self.ref[b] == 0:
-                if b not in self.block_hash:  # never cached (e.g. claimed then nothing): hashless
-                    del self.ref[b]
+            r = ref[b] - 1
+            ref[b] = r
+            if r == 0:
+                if b not in named:  # never cached (e.g. claimed then nothing): hashless
+                    del ref[b]
                     self.ids.append(b)
                     self._queue_hashless(1, head=True)
                     continue
-                self.generation += 1
-                self.queued[b] = self.generation
-                self.queue.append((b, self.generation))
-                self.num_free += 1
+                gen += 1
+                queued[b] = gen
+                queue.append((b, gen))
+        self.num_free += gen - start  # (each queued entry has its own generation)
+        self.generation = gen

@@ -28,7 +28,8 @@ from .metrics import distribution, inter_token_latencies, requests_frame, steps_
 from .prefix_cache import PrefixKVCache
 from .recorder import Recorder
 from .request import RequestTable
-from .schedulers import build_scheduler, check_servable
+from .schedulers import build_scheduler, check_servable, servable
+from .sessions import Sessions
 from .version import __version__
 from .workload import Workload, build_workload
 
@@ -75,7 +76,12 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
         if workload.users is None:
             inboxes = make_inboxes(router, env, req.arrival, schedulers, req.replica)
         else:  # closed loop: arrivals are filled in as users' requests finish
-            loop = ClosedLoopRouter(env, req, workload.users, schedulers, router)
+            sessions = None
+            if workload.users.turns is not None:  # multi-turn: prompts grow turn by turn
+                shared = [s.kv for s in schedulers if isinstance(s.kv, PrefixKVCache) and s.kv.reports]
+                sessions = Sessions(req, workload.users, workload.prefix, shared, e.block_size,
+                                    servable(e, blocks, int(workload.output_tokens.max())))
+            loop = ClosedLoopRouter(env, req, workload.users, schedulers, router, sessions)
             inboxes = loop.inboxes
         for i, (sched, inbox) in enumerate(zip(schedulers, inboxes)):
             Replica(env, i, sched, cost, recorder, inbox, fast_forward=fast_forward, on_iteration=tick)
@@ -87,6 +93,9 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
     requests = requests_frame(req)
     if workload.users is not None:
         requests["user"] = loop.user  # who sent each request (closed loop only)
+        if loop.sessions is not None:  # multi-turn: which conversation, which turn of it
+            requests["conversation"] = loop.sessions.conversation
+            requests["turn"] = loop.sessions.turn
     if caches:  # prefix caching simulated: tokens each request found cached (vLLM: cached tokens)
         requests["cached_tokens"] = np.sum([c.cached_tokens for c in caches], axis=0)
     m, hw = scenario.model, scenario.hardware
@@ -103,6 +112,8 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
     if caches:
         queried = sum(c.queried_tokens for c in caches)
         summary["prefix_cache_hit_rate"] = sum(c.hit_tokens for c in caches) / queried if queried else 0.0
+    if workload.users is not None and loop.sessions is not None:
+        summary["sessions"] = loop.sessions.summary()
     if transfers is not None:
         d = e.disaggregation
         requests["prefill_replica"] = transfers.prefill_replica

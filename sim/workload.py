@@ -32,6 +32,10 @@ class Users:
     Request ids go in arrival order, given during the run (sim/cluster.py `ClosedLoopRouter`)."""
     start_s: np.ndarray  # float64 [min(users, n)]: when user u sends its first request
     think_s: np.ndarray  # float64 [n]: think time after request i finishes, before its user's next
+    # multi-turn sessions (sim/sessions.py): turns of the k-th conversation to start, int64 [n];
+    # None: every request is a conversation of its own (its prompt shares nothing with the last)
+    turns: np.ndarray | None = None
+    max_context: int | None = None  # tokens: a conversation ends before its prompt + output exceed it
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,8 @@ class ClosedLoop:
     users: int                         # concurrent users, >= 1
     think_time: float                  # s, mean pause between a response and the user's next request
     think_dist: str = "exponential"    # exponential | fixed
+    turns: LengthDist | None = None    # turns per conversation (sim/sessions.py); None: one each
+    max_context: int | None = None     # tokens a conversation may reach (prompt + output)
 
     def plan(self, rng: np.random.Generator, n: int) -> Users:
         """User u starts at a uniform time in [0, think_time) (all at 0 when it is 0); the think
@@ -166,6 +172,7 @@ ARRIVALS = {"poisson": Poisson, "gamma": Gamma, "constant": Constant, "burst": B
 THINK_DISTS = ("exponential", "fixed")
 LENGTHS = {"fixed": Fixed, "uniform": Uniform, "lognormal": Lognormal, "empirical": Empirical}
 PRIORITIES = {"fixed": Fixed, "uniform": Uniform}
+TURN_DISTS = {"fixed": Fixed, "uniform": Uniform, "lognormal": Lognormal}  # turns per conversation
 
 
 @dataclass(frozen=True)
@@ -226,7 +233,9 @@ def build_workload(cfg: WorkloadConfig, rng: np.random.Generator) -> Workload:
     if cfg.prefix is not None:  # drawn last: workloads without a prefix keep their numbers
         prefix = cfg.prefix.draw(rng, prompt)
     if users is not None:
-        users = Users(users.start_s / cfg.time_scale, users.think_s / cfg.time_scale)
+        loop = cfg.arrival
+        turns = loop.turns.sample(rng, len(prompt)) if loop.turns is not None else None  # (last again)
+        users = Users(users.start_s / cfg.time_scale, users.think_s / cfg.time_scale, turns, loop.max_context)
     return Workload(arrival_s=arrival / cfg.time_scale, prompt_tokens=prompt,
                     output_tokens=output, priority=priority, users=users, prefix=prefix)
 
@@ -348,9 +357,17 @@ def _arrival(top: _Keys) -> ArrivalProcess:
     if process == "gamma":
         return Gamma(_rate(keys), keys.number("cv", high=1e3, floor=1e-3))
     if process == "closed_loop":
+        turns = keys.raw.get("turns")
+        if isinstance(turns, dict):
+            turns = _dist(keys, "turns", TURN_DISTS, 1, Path("."))
+        elif turns is not None:
+            turns = Fixed(keys.integer("turns", 1))
+        if turns is None and keys.raw.get("max_context") is not None:
+            raise keys.fail("max_context", "only with workload.arrival.turns (it bounds a conversation)")
         return ClosedLoop(keys.integer("users", 1, high=MAX_COUNT),
                           keys.number("think_time", low=0, high=MAX_SECONDS),
-                          keys.choice("think_dist", THINK_DISTS, "exponential"))
+                          keys.choice("think_dist", THINK_DISTS, "exponential"), turns,
+                          keys.integer("max_context", 2, default=None))
     return ARRIVALS[process](_rate(keys))
 
 

@@ -254,7 +254,7 @@ def test_parse_and_build():
     ({"process": "closed_loop", "users": 4, "think_time": 1, "think_dist": "gauss"},
      f"{W}.arrival.think_dist: 'gauss' is not one of exponential, fixed"),
     ({"process": "closed_loop", "users": 4, "think_time": 1, "rate": 2},
-     f"{W}.arrival.rate: unknown key; allowed: process, users, think_time, think_dist"),
+     f"{W}.arrival.rate: unknown key; allowed: process, users, think_time, think_dist, turns, max_context"),
 ])
 def test_parse_errors(arrival, message):
     with pytest.raises(ScenarioError) as e:

@@ -85,7 +85,9 @@ def build_scheduler(e: EngineConfig, requests: RequestTable, num_blocks: int,
         prompt = requests.prompt.tolist()
         chains: dict = {}  # requests of one system prompt share one chain (built once, read-only)
         hashes = []
-        for rid, (p, n) in enumerate(zip(workload.prefix, prompt)):
+        # (multi-turn sessions: their chains are given as they arrive, sim/sessions.py)
+        shared = workload.prefix if workload.prefix is not None else [None] * len(prompt)
+        for rid, (p, n) in enumerate(zip(shared, prompt)):
             key = (p, min(n, len(p[0]) * p[1]) // e.block_size) if p is not None else None
             if key not in chains:
                 chains[key] = block_hashes(p, rid, n, e.block_size)
@@ -119,7 +121,26 @@ def caching_on(e: EngineConfig) -> bool:
 def prefix_caching(e: EngineConfig, workload: Workload) -> bool:
     """Is prefix caching across requests simulated: on, and the workload says what its prompts
     share (a trace's hash_ids, workload.prefix)?"""
+    if workload.users is not None and workload.users.turns is not None:
+        return caching_on(e)  # multi-turn sessions: each turn's prompt starts with the last's tokens
     return caching_on(e) and workload.prefix is not None and len(workload.prefix) == len(workload)
+
+
+def servable(e: EngineConfig, num_blocks: int, max_output: int):
+    """`fits(prompt, output)`: would one more request of these lengths pass check_servable below
+    (a conversation's growing prompt is checked as it grows: sim/sessions.py)?"""
+    cls = SCHEDULERS[e.scheduler]
+    capacity = num_blocks * e.block_size
+    whole_prompts = cls.token_budget and not cls.chunks_prompts
+
+    def fits(prompt: int, output: int) -> bool:
+        # the workload's longest output beside it: static batching reserves that much for everyone
+        need, _ = cls.kv_cache.slots_needed(np.array([prompt, prompt]), np.array([output, max_output]),
+                                            e.block_size)
+        if need[0] > capacity:
+            return False
+        return not whole_prompts or prompt + output - 1 <= e.max_num_batched_tokens
+    return fits
 
 
 def check_servable(w: Workload, e: EngineConfig, num_blocks: int, where: str = "") -> None:
