@@ -32,14 +32,18 @@ MOONCAKE = ("timestamp", "input_length", "output_length")      # milliseconds; o
 MOONCAKE_BLOCK_TOKENS = 512  # tokens per Mooncake hash_ids block
 VIDUR = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")  # seconds (Vidur's trace generator)
 BLIS = ("arrived_at", "prefill_tokens", "decode_tokens")           # seconds (BLIS --workload traces)
+# BLIS trace v2's data CSV (its YAML header file is not needed): microsecond clock, server-reported
+# prompt length when recorded, a shared-prefix group and length, vllm_priority when set
+BLIS_V2 = ("arrival_time_us", "input_tokens", "output_tokens")
 VLLM_BENCH = ("input_lens", "output_lens")                      # + start_times, or request_rate
-FORMATS = ("generic", "azure", "mooncake", "vidur", "blis", "vllm_bench", "sharegpt")
+FORMATS = ("generic", "azure", "mooncake", "vidur", "blis", "blis_v2", "vllm_bench", "sharegpt")
 TOKEN_KEYS = ("tokens", "num_tokens", "token_count")  # a ShareGPT turn's token count, by any of these
 TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 ACCEPTED = ("CSV header arrival_s,prompt_tokens,output_tokens[,priority], "
             "Azure CSV header TIMESTAMP,ContextTokens,GeneratedTokens, "
             "Vidur CSV header arrived_at,num_prefill_tokens,num_decode_tokens, "
             "BLIS CSV header arrived_at,prefill_tokens,decode_tokens, "
+            "BLIS trace v2 CSV with arrival_time_us,input_tokens,output_tokens, "
             "Mooncake JSONL with keys timestamp,input_length,output_length, "
             "or a vllm bench serve result JSON with input_lens and output_lens; "
             "any other CSV with workload.columns (docs/workload.md)")
@@ -235,12 +239,41 @@ def _read_csv(path: Path, name: str, fmt: str | None = None,
     for layout, cols in (("vidur", VIDUR), ("blis", BLIS)):
         if fmt in (None, layout) and set(cols) <= have:
             return _table(_seconds(df["arrived_at"], lines, name, "arrived_at"), df, cols, lines, name)
+    if fmt in (None, "blis_v2") and set(BLIS_V2) <= have:
+        return _read_blis_v2(df, lines, name)
     header = ",".join(df.columns)
-    expected = {"generic": GENERIC, "azure": AZURE, "vidur": VIDUR, "blis": BLIS}.get(fmt)
+    expected = {"generic": GENERIC, "azure": AZURE, "vidur": VIDUR, "blis": BLIS, "blis_v2": BLIS_V2}.get(fmt)
     if expected is not None:
         raise ScenarioError(f"{name}: workload.format {fmt} needs the columns {','.join(expected)}; "
                             f"the header is {header!r}")
     raise ScenarioError(f"{name}: unknown trace format (header {header!r}); expected {ACCEPTED}")
+
+
+def _read_blis_v2(df: pd.DataFrame, lines: np.ndarray, name: str) -> pd.DataFrame:
+    """BLIS (inference-sim) trace v2 data: arrival_time_us (microseconds on any clock: made
+    relative to the earliest), the prompt as the server counted it (server_input_tokens, when
+    recorded, > 0) else input_tokens, output_tokens, vllm_priority when present, and a shared prefix
+    per prefix_group: the first prefix_length tokens of every request in a group are the same (one
+    system prompt each). Every row is replayed, failed ones (status error / timeout) included: they
+    were sent. Session rounds are replayed at their recorded times as they are (no context growth)."""
+    us = pd.to_numeric(df["arrival_time_us"], errors="coerce").to_numpy(dtype=np.float64)
+    arrival = _seconds(pd.Series((us - np.nanmin(us)) / 1e6 if len(us) else us), lines, name, "arrival_time_us")
+    prompt = df["input_tokens"]
+    if "server_input_tokens" in df:
+        server = pd.to_numeric(df["server_input_tokens"], errors="coerce")
+        prompt = prompt.where(~(server > 0), server)
+    frame = pd.DataFrame({"arrival": arrival, "prompt": prompt, "output": df["output_tokens"]})
+    priority = (_ints(df["vllm_priority"], lines, name, "vllm_priority", 0) if "vllm_priority" in df else None)
+    table = _table(arrival, frame, ("arrival", "prompt", "output"), lines, name, priority)
+    if "prefix_group" in df and "prefix_length" in df:
+        length = _ints(df["prefix_length"].fillna(0), lines, name, "prefix_length", 0)
+        groups = df["prefix_group"].tolist()
+        shared = [g is not None and not (isinstance(g, float) and np.isnan(g)) and str(g) != "" and n > 0
+                  for g, n in zip(groups, length.tolist())]
+        if any(shared):  # one unit per group: its system prompt (or the whole prompt, if shorter)
+            table["prefix"] = [(((("blis", str(g)),), int(min(n, p))) if ok else None)
+                               for g, n, p, ok in zip(groups, length.tolist(), table["prompt_tokens"].tolist(), shared)]
+    return table
 
 
 def _parser_detail(message: str) -> str:

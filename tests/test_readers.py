@@ -212,6 +212,28 @@ def test_blis_trace():
         read_trace(TRACES / "vidur_trace.csv", fmt="blis")
 
 
+def test_blis_trace_v2(tmp_path):
+    """BLIS trace v2 data CSV (scenarios/traces/blis_trace_v2.csv, its 28 columns): arrivals from
+    arrival_time_us (epoch microseconds, made relative), server_input_tokens when recorded else
+    input_tokens, vllm_priority, and prefix_group / prefix_length as shared system prompts."""
+    t = read_trace(TRACES / "blis_trace_v2.csv")
+    assert t["arrival_s"].tolist() == [0.0, 0.25, 0.9, 2.7, 3.1]
+    # rows 2 and 4 have server_input_tokens 0 (not recorded): their input_tokens
+    assert t["prompt_tokens"].tolist() == [612, 431, 2048, 866, 300]
+    assert t["output_tokens"].tolist() == [120, 80, 256, 64, 40]
+    assert t["priority"].tolist() == [1, 0, 4, 1, 1]
+    a, b = ((("blis", "sys-a"),), 256), ((("blis", "sys-b"),), 128)
+    assert t["prefix"].tolist() == [a, a, None, a, b]
+    assert read_trace(TRACES / "blis_trace_v2.csv", fmt="blis_v2").equals(t)
+    with pytest.raises(ScenarioError, match="workload.format blis_v2 needs the columns arrival_time_us,input_tokens,output_tokens"):
+        read_trace(TRACES / "blis_trace.csv", fmt="blis_v2")
+    # replayed with prefix caching (chunked, block 16): requests 1 and 3 find sys-a's 256 tokens
+    # (16 blocks) that request 0 computed; sys-b is computed once
+    r = simulate(load_scenario(_scenario_with(TRACES / "blis_trace_v2.csv", tmp_path)))
+    assert r.requests["cached_tokens"].tolist() == [0, 256, 0, 256, 0]
+    assert r.summary["prefix_cache_hit_rate"] == 512 / (612 + 431 + 2048 + 866 + 300)
+
+
 def test_sharegpt_with_token_counts_is_a_length_distribution(tmp_path):
     t = read_trace(TRACES / "sharegpt_counts.json")
     # first human turn -> prompt, the reply -> output; a one-turn conversation is skipped
