@@ -1,80 +1,126 @@
-"""Simulator speed: simulated requests per wall-second, and peak memory at a million requests.
+"""Simulator speed: phases (load, simulate, write), scaling, and peak memory at a million requests.
 
-    python bench/sim_speed.py [--requests 100000] [--baseline-requests 5000] [--million]
+    python bench/sim_speed.py [--requests 10000,100000] [--baseline-requests 3000] [--million]
 
-The workload is the bundled chat scenario (Llama-3-8B, H100, roofline cost, Poisson 6 req/s,
-lognormal prompts and outputs). The baseline, measured in the same run, is the same simulator
-stepping one SimPy event per iteration (fast_forward=False) on the first `--baseline-requests`
-requests; the ratio is fast-forward's requests/s over the baseline's. For scale the table also
-prints the ratio to Vidur's published ~575 requests/s (100k requests in ~174 s), a figure NOT
-measured here. `--million` reruns 1M requests in a child process and reports its peak RSS.
+The workload is issue 19's: the bundled chat scenario (Llama-3-8B, H100, chunked, max_num_seqs 128,
+max_num_batched_tokens 8192, Poisson 6 req/s, prompts lognormal 1155 +- 1100 max 4096, outputs
+lognormal 211 +- 250 max 2048, roofline cost). For each size it times, in this process:
+  load      load_scenario + build_workload (the requests drawn),
+  simulate  simulate() (fast-forward, the default),
+  write     write_outputs(): requests.csv and steps.csv by pyarrow (the default writer), and the same
+            two frames by pandas' to_csv (the writer before), as the same-run baseline of this phase.
+Times are CPU seconds of this thread (time.thread_time: the machine is shared and wall time lies)
+and wall seconds. Same-run baseline of the simulate phase: this simulator stepping one SimPy event
+per iteration (fast_forward=False) on the first --baseline-requests requests.
+
+Vidur is not run here: installed from PyPI (vidur 0.0.26) on this machine kind its cold start
+(predictor training) took 33.7 min with its default grid, so its figure below is the last
+same-machine measurement, labelled: 100k of these requests in 349 s wall (median, trimmed outputs;
+../shared/SPEED_NOTES.md), i.e. 287 req/s. `--million` reruns 1M requests in a child process and
+reports its time and peak RSS.
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import io
 import resource
 import subprocess
 import sys
+import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
-
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import numpy as np  # noqa: E402
+
 from sim.config import load_scenario  # noqa: E402
-from sim.simulate import simulate  # noqa: E402
+from sim.simulate import simulate, write_outputs  # noqa: E402
 from sim.workload import build_workload  # noqa: E402
 
-VIDUR_REQ_PER_S = 575.0  # published: 100k requests in ~174 s on a comparable machine
+VIDUR_MEASURED_REQ_PER_S = 100_000 / 349.0  # same machine kind, ../shared/SPEED_NOTES.md (not this run)
+OVERRIDES = ["engine.scheduler=chunked", "engine.max_num_seqs=128", "engine.max_num_batched_tokens=8192",
+             "workload.arrival.rate=6",
+             "workload.prompt_tokens={dist: lognormal, mean: 1155, std: 1100, max: 4096}",
+             "workload.output_tokens={dist: lognormal, mean: 211, std: 250, max: 2048}",
+             "cost_model=roofline"]
 
 
-def scenario(scheduler: str, num_requests: int):
-    sc = load_scenario(ROOT / "scenarios/chat-llama3-8b-h100.yaml",
-                       overrides=[f"engine.scheduler={scheduler}", f"workload.num_requests={num_requests}",
-                                  "engine.max_num_batched_tokens=16384"])
-    return sc, build_workload(sc.workload, np.random.default_rng(sc.seed))
+def clocks():
+    return time.thread_time(), time.perf_counter()
 
 
-def timed(sc, workload, fast_forward: bool) -> tuple[float, dict]:
-    t0 = time.perf_counter()
-    result = simulate(sc, workload=workload, fast_forward=fast_forward)
-    return time.perf_counter() - t0, result.summary
+def since(start) -> tuple[float, float]:
+    cpu, wall = clocks()
+    return cpu - start[0], wall - start[1]
+
+
+def measure(n: int, pandas_baseline: bool = True) -> dict:
+    t = clocks()
+    sc = load_scenario(ROOT / "scenarios/chat-llama3-8b-h100.yaml", overrides=[*OVERRIDES, f"workload.num_requests={n}"])
+    w = build_workload(sc.workload, np.random.default_rng(sc.seed))
+    out = {"load": since(t)}
+    t = clocks()
+    result = simulate(sc, workload=w)
+    out["simulate"] = since(t)
+    with tempfile.TemporaryDirectory() as tmp:
+        t = clocks()
+        write_outputs(result, Path(tmp))
+        out["write"] = since(t)
+    if pandas_baseline:  # (not in the 1M child: its text would count in the peak RSS)
+        t = clocks()
+        for frame in (result.requests, result.steps):  # the writer before, into memory (no disk)
+            frame.to_csv(io.StringIO(), index=False)
+        out["write_pandas"] = since(t)
+    out["iterations"] = result.summary["iterations"]
+    out["completed"] = result.summary["completed"]
+    out["scenario"], out["workload"] = sc, w
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=100_000)
-    ap.add_argument("--baseline-requests", type=int, default=5_000)
-    ap.add_argument("--million", action="store_true", help="also measure 1M requests' peak memory")
+    ap.add_argument("--requests", default="10000,100000", help="comma-separated sizes")
+    ap.add_argument("--baseline-requests", type=int, default=3000)
+    ap.add_argument("--million", action="store_true", help="also 1M requests: time and peak RSS")
     ap.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        sc, w = scenario("chunked", args.child)
-        wall, s = timed(sc, w, True)
+        m = measure(args.child, pandas_baseline=False)
         peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        print(f"{args.child} {wall:.2f} {peak_mb:.0f} {s['completed']}")
+        print(" ".join(f"{m[k][1]:.2f}" for k in ("load", "simulate", "write")), f"{peak_mb:.0f}", m["completed"])
         return
-    print(f"{'scheduler':<11}{'requests':>9}{'wall s':>9}{'req/s':>10}{'iters':>10}"
-          f"{'baseline req/s':>16}{'x baseline':>11}{'x Vidur*':>9}")
-    for scheduler in ("continuous", "chunked"):
-        sc, w = scenario(scheduler, args.requests)
-        wall, s = timed(sc, w, True)
-        base_sc = dataclasses.replace(sc)
-        bw = dataclasses.replace(w, **{f: getattr(w, f)[: args.baseline_requests]
-                                       for f in ("arrival_s", "prompt_tokens", "output_tokens", "priority")})
-        base_wall, _ = timed(base_sc, bw, False)
-        rate, base_rate = args.requests / wall, args.baseline_requests / base_wall
-        print(f"{scheduler:<11}{args.requests:>9}{wall:>9.2f}{rate:>10.0f}{s['iterations']:>10}"
-              f"{base_rate:>16.0f}{rate / base_rate:>11.1f}{rate / VIDUR_REQ_PER_S:>9.1f}")
-    print("* Vidur's ~575 req/s is its published figure, not measured in this run.")
+    print(f"{'requests':>9}{'iters':>10}{'load s':>8}{'simulate s':>12}{'write s':>9}{'pandas s':>10}"
+          f"{'write x':>9}{'total s':>9}{'req/s':>9}{'x Vidur*':>10}   (CPU s of this thread; wall in ())")
+    for n in [int(x) for x in args.requests.split(",")]:
+        m = measure(n)
+        total = sum(m[k][0] for k in ("load", "simulate", "write"))
+        wall = sum(m[k][1] for k in ("load", "simulate", "write"))
+        rate = n / total
+        print(f"{n:>9}{m['iterations']:>10}{m['load'][0]:>8.2f}{m['simulate'][0]:>12.2f}{m['write'][0]:>9.2f}"
+              f"{m['write_pandas'][0]:>10.2f}{m['write_pandas'][0] / m['write'][0]:>9.1f}{total:>9.2f}"
+              f"{rate:>9.0f}{rate / VIDUR_MEASURED_REQ_PER_S:>10.1f}   (wall {wall:.2f} s)")
+    sc, w = m["scenario"], m["workload"]
+    k = min(args.baseline_requests, n)
+    base = replace(w, **{f: getattr(w, f)[:k] for f in ("arrival_s", "prompt_tokens", "output_tokens", "priority")})
+    t = clocks()
+    simulate(sc, workload=base, fast_forward=False)
+    base_rate = k / since(t)[0]
+    t = clocks()
+    simulate(sc, workload=base)
+    ff_rate = k / since(t)[0]
+    print(f"simulate phase on the first {k} requests: fast-forward {ff_rate:.0f} req/s, stepping every "
+          f"iteration {base_rate:.0f} req/s ({ff_rate / base_rate:.1f}x)")
+    print(f"* Vidur: {VIDUR_MEASURED_REQ_PER_S:.0f} req/s, measured on this machine kind, not in this run "
+          f"(../shared/SPEED_NOTES.md); the ratio compares CPU seconds here with its wall seconds there.")
     if args.million:
         out = subprocess.run([sys.executable, __file__, "--child", "1000000"], capture_output=True,
                              text=True, check=True).stdout.split()
-        print(f"1M requests (chunked): {float(out[1]):.1f} s wall, peak RSS {float(out[2]):.0f} MB, "
-              f"{out[3]} completed")
+        load, sim, write, peak, done = out
+        print(f"1M requests: load {load} s, simulate {sim} s, write {write} s wall; peak RSS {peak} MB; "
+              f"{done} completed")
 
 
 if __name__ == "__main__":

@@ -221,8 +221,7 @@ class PrefixKVCache:
         self.anonymous += blocks
         queue = self.queue
         if not self.queued:
-            self._one_segment()
-            return True
+            return True  # the queue is hashless blocks only: nothing to keep in order (_one_segment)
         while blocks:
             head = queue[0]
             if isinstance(head, list):  # a segment of hashless blocks
@@ -257,7 +256,9 @@ class PrefixKVCache:
     def _one_segment(self) -> None:
         """With no cached block waiting in the free queue (stale entries of blocks taken by hits
         aside), the queue is hashless blocks only: their order does not matter, so it is one
-        segment of num_free blocks (the fast path of a run that shares nothing)."""
+        segment of num_free blocks. While that lasts the queue itself is not kept up to date (the
+        fast path of a run that shares nothing: allocations and frees only count); this rebuilds
+        it just before a cached block joins it."""
         queue = self.queue
         if len(queue) == 1 and isinstance(queue[0], list):
             queue[0][0] = self.num_free
@@ -267,6 +268,9 @@ class PrefixKVCache:
 
     def _queue_hashless(self, k: int, head: bool = False) -> None:
         """k hashless blocks join the free queue: at the tail, or (`head`) at the head."""
+        if not self.queued:  # hashless blocks only: just count them (_one_segment)
+            self.num_free += k
+            return
         end = (self.queue[0] if head else self.queue[-1]) if self.queue else None
         if isinstance(end, list):
             end[0] += k
@@ -373,7 +377,6 @@ class PrefixKVCache:
         if held is None and not self.queued:  # hashless blocks, freed to a queue of hashless blocks
             self.num_free += blocks
             self.anonymous -= blocks
-            self._one_segment()
             return
         held = held or []
         self.num_cached.pop(rid, None)
@@ -399,6 +402,8 @@ class PrefixKVCache:
                     self.ids.append(b)
                     self._queue_hashless(1, head=True)
                     continue
+                if not queued:  # the first cached block to wait: the hashless ones ahead of it
+                    self._one_segment()
                 gen += 1
                 queued[b] = gen
                 queue.append((b, gen))
