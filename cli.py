@@ -271,9 +271,12 @@ def summary_table(name: str, s: dict) -> Any:
             run.add_row(label, _fmt(s[key], digits))
     for label, key in (("slot utilisation", "slot_utilization"), ("KV utilisation", "kv_utilization"),
                        ("padding waste", "padding_waste"), ("KV waste", "kv_waste"),
-                       ("MFU", "mfu"), ("MBU", "mbu")):
+                       ("MFU", "mfu"), ("MBU", "mbu"), ("prefix cache hit rate", "prefix_cache_hit_rate")):
         if isinstance(s.get(key), (int, float)):
             run.add_row(label, f"{s[key]:.1%}")
+    sessions = s.get("sessions")
+    if isinstance(sessions, dict):  # multi-turn closed loop
+        run.add_row("conversations (mean turns)", f"{sessions['conversations']:,} ({sessions['turns_mean']:.2f})")
     _goodput_rows(run, s.get("goodput"))
 
     lat = Table(title=f"latency ({'1/1000 iterations: unit cost model' if unit else ms})", title_justify="left",

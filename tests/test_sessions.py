@@ -179,3 +179,19 @@ def test_turns_as_a_distribution_and_the_errors():
             del raw["arrival"]["turns"]
         with pytest.raises(ScenarioError, match=message.replace(".", r"\.").replace("(", r"\(")):
             parse_workload(raw, "s.yaml", ".")
+
+
+def test_servesim_run_prints_the_hit_rate_and_the_conversations(tmp_path):
+    import yaml
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    raw = {"name": "mt", "model": "llama-3-8b", "hardware": "h100-sxm", "cost_model": "unit",
+           "engine": ENGINE, "workload": sessions()}
+    (tmp_path / "mt.yaml").write_text(yaml.safe_dump(raw))
+    result = CliRunner().invoke(app, ["run", str(tmp_path / "mt.yaml"), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    # hand timeline above: 64 of 170 looked-up tokens hit; 2 conversations of 3 and 1 turns
+    assert "prefix cache hit rate" in result.output and "37.6%" in result.output
+    assert "conversations (mean turns)" in result.output and "2 (2.00)" in result.output
