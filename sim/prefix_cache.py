@@ -222,6 +222,10 @@ class PrefixKVCache:
         queue = self.queue
         if not self.queued:
             return True  # the queue is hashless blocks only: nothing to keep in order (_one_segment)
+        head = queue[0]
+        if head.__class__ is list and head[0] > blocks:  # the common case: from the head segment
+            head[0] -= blocks
+            return True
         while blocks:
             head = queue[0]
             if isinstance(head, list):  # a segment of hashless blocks
@@ -378,8 +382,10 @@ class PrefixKVCache:
             self.num_free += blocks
             self.anonymous -= blocks
             return
-        held = held or []
-        self.num_cached.pop(rid, None)
+        if held is None:
+            held = ()
+        else:
+            self.num_cached.pop(rid, None)
         k = blocks - len(held)
         # vLLM hashes every full block of a request (these are anonymous here only because nobody
         # else can hit them): they join the tail; a partly filled block has no hash and joins the
@@ -391,6 +397,8 @@ class PrefixKVCache:
                 self._queue_hashless(k - partial)
             if partial:
                 self._queue_hashless(partial, head=True)
+        if not held:
+            return
         ref, queued, queue, named = self.ref, self.queued, self.queue, self.block_hash
         gen = start = self.generation
         for b in reversed(held):
