@@ -415,7 +415,8 @@ def _write_json(doc: dict, path: Path) -> None:
 
 @app.command(short_help="A vllm bench serve result beside a servesim run: percentiles, errors, a plot.")
 def compare(
-    bench: Annotated[Path, typer.Argument(help="vllm bench serve --save-result JSON (measured).", show_default=False)],
+    bench: Annotated[Path, typer.Argument(help="vllm bench serve --save-result JSON, or a BLIS trace v2 CSV of a "
+                                              "real run (measured).", show_default=False)],
     run_dir: Annotated[Path, typer.Argument(help="A servesim run folder of the same requests (e.g. a run of a "
                                                  "scenario with workload.trace: BENCH).", show_default=False)],
     out: Annotated[Path | None, typer.Option(
@@ -430,17 +431,11 @@ def compare(
     from sim.errors import ScenarioError
     from sim.reporting.analysis import load_run
     from sim.reporting.compare import compare as make_table
-    from sim.reporting.compare import compare_plot
+    from sim.reporting.compare import compare_plot, measured_doc
 
     try:
         check_input_file(bench, "trace", str(bench))  # a benchmark result is read like a trace
-        try:
-            doc = json.loads(bench.read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError):
-            raise ScenarioError(f"{bench}: not a JSON file (expected vllm bench serve --save-result output)") from None
-        if not isinstance(doc, dict) or not any(k.endswith("_ttft_ms") or k == "ttfts" for k in doc):
-            raise ScenarioError(f"{bench}: no measured latencies (mean_ttft_ms, ... or ttfts); expected vllm "
-                                "bench serve --save-result output")
+        doc = measured_doc(bench)
         run = load_run(run_dir)
         table = make_table(doc, run)
         folder = out if out is not None else Path(run_dir)

@@ -234,6 +234,34 @@ def test_blis_trace_v2(tmp_path):
     assert r.summary["prefix_cache_hit_rate"] == 512 / (612 + 431 + 2048 + 866 + 300)
 
 
+def test_compare_reads_a_blis_trace_v2s_measured_latencies(tmp_path):
+    """servesim compare BLIS_V2.csv RUN: the 4 requests with status ok, in microseconds (fixture):
+    TTFT = first chunk - send: 41050, 40280, 219800, 34890; E2EL = last chunk - send: 1209850,
+    829880, 2899800, 699890; TPOT = (E2EL - TTFT) / (output - 1) with outputs 120, 80, 256, 64."""
+    from sim.reporting.compare import measured_doc
+
+    doc = measured_doc(TRACES / "blis_trace_v2.csv")
+    ttft = [41.05, 40.28, 219.8, 34.89]
+    e2el = [1209.85, 829.88, 2899.8, 699.89]
+    tpot = [(e - t) / (n - 1) for e, t, n in zip(e2el, ttft, [120, 80, 256, 64])]
+    assert np.allclose(np.array(doc["ttfts"]) * 1e3, ttft) and np.allclose(np.array(doc["e2els"]) * 1e3, e2el)
+    assert np.allclose(np.array(doc["tpots"]) * 1e3, tpot)
+    assert doc["completed"] == 4 and doc["failed"] == 1
+    span = (1732431237800000 - 1732431234000150) / 1e6  # last chunk - first send, s
+    assert doc["request_throughput"] == pytest.approx(4 / span)
+    scn = _scenario_with(TRACES / "blis_trace_v2.csv", tmp_path)
+    out = tmp_path / "run"
+    assert runner.invoke(app, ["run", str(scn), "-q", "--out", str(out)]).exit_code == 0
+    result = runner.invoke(app, ["compare", str(TRACES / "blis_trace_v2.csv"), str(out)])
+    assert result.exit_code == 0, result.output
+    rows = {(r["metric"], r["statistic"]): r for r in json.loads((out / "compare.json").read_text())["rows"]}
+    assert rows[("TTFT (ms)", "mean")]["measured"] == pytest.approx(np.mean(ttft))
+    assert rows[("TPOT (ms)", "median")]["measured"] == pytest.approx(np.median(tpot))
+    assert rows[("E2EL (ms)", "p99")]["measured"] == pytest.approx(np.percentile(e2el, 99))
+    assert rows[("ITL (ms)", "mean")]["measured"] is None  # no per-token times in a BLIS trace
+    assert (out / "compare.png").exists()
+
+
 def test_sharegpt_with_token_counts_is_a_length_distribution(tmp_path):
     t = read_trace(TRACES / "sharegpt_counts.json")
     # first human turn -> prompt, the reply -> output; a one-turn conversation is skipped

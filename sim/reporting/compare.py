@@ -1,11 +1,14 @@
-"""Measured vs simulated: a `vllm bench serve` result beside a servesim run of the same requests.
+"""Measured vs simulated: a `vllm bench serve` result (or a BLIS trace v2 of a real run) beside a
+servesim run of the same requests.
 
-    table = compare(bench_doc, run)      # rows: metric, statistic, measured, simulated, error
+    doc = measured_doc(path)             # the measurement, in vllm bench serve's keys
+    table = compare(doc, run)            # rows: metric, statistic, measured, simulated, error
     path = compare_plot(table, run, "compare.png")
 
 The benchmark's aggregate keys are vLLM's (mean_/median_/p99_ ttft, tpot, itl, e2el in ms,
 request_throughput, output_throughput); where an aggregate is missing and the per-request lists
-are there (ttfts, itls in seconds) it is computed from them. Error = simulated / measured - 1.
+are there (ttfts, itls in seconds; tpots, e2els for a BLIS trace) it is computed from them.
+Error = simulated / measured - 1.
 """
 from __future__ import annotations
 
@@ -24,13 +27,60 @@ def _measured(doc: dict, metric: str, stat: str) -> float | None:
     value = doc.get(f"{stat}_{metric}_ms")
     if isinstance(value, (int, float)):
         return float(value)
-    per_request = {"ttft": doc.get("ttfts"),
+    per_request = {"ttft": doc.get("ttfts"), "tpot": doc.get("tpots"), "e2el": doc.get("e2els"),
                    "itl": [g for gaps in doc.get("itls") or [] for g in (gaps or [])]}.get(metric)
     if per_request:
         values = np.asarray([v for v in per_request if v is not None], dtype=float) * 1e3
         return float({"mean": np.mean, "median": np.median,
                       "p99": lambda v: np.percentile(v, 99)}[stat](values)) if len(values) else None
     return None
+
+
+def measured_doc(path: Path) -> dict:
+    """The measurement in `path`: a `vllm bench serve --save-result` JSON as it is, or a BLIS trace
+    v2 data CSV (`blis observe` of a real server) turned into the same keys. ScenarioError if
+    neither, or if it carries no measured latencies."""
+    import json
+
+    from ..errors import ScenarioError
+    from ..traces import BLIS_V2
+
+    path = Path(path)
+    text = path.read_text(encoding="utf-8", errors="replace")
+    if text.lstrip().startswith("{"):
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            raise ScenarioError(f"{path}: not valid JSON (expected vllm bench serve --save-result output)") from None
+        if not isinstance(doc, dict) or not any(k.endswith("_ttft_ms") or k == "ttfts" for k in doc):
+            raise ScenarioError(f"{path}: no measured latencies (mean_ttft_ms, ... or ttfts); expected vllm "
+                                "bench serve --save-result output")
+        return {"source": "vllm bench serve", **doc}
+    header = text.split("\n", 1)[0].split(",")
+    timing = ("send_time_us", "first_chunk_time_us", "last_chunk_time_us", "status")
+    if not set(BLIS_V2 + timing) <= {h.strip() for h in header}:
+        raise ScenarioError(f"{path}: not a JSON file (vllm bench serve --save-result output) nor a BLIS trace "
+                            f"v2 CSV with {', '.join(BLIS_V2 + timing)}")
+    return blis_v2_doc(pd.read_csv(path, skipinitialspace=True))
+
+
+def blis_v2_doc(df: pd.DataFrame) -> dict:
+    """A BLIS trace v2's measured latencies in vllm bench serve's keys, from its requests with
+    status ok: TTFT = first chunk - send, E2EL = last chunk - send, TPOT = (E2EL - TTFT) /
+    (output tokens - 1) for outputs of 2+ tokens (vLLM's definition), throughput = completed
+    requests (output tokens) / (last chunk - first send). No per-token times: no ITL."""
+    ok = df[df["status"].astype(str).str.strip() == "ok"]
+    send, first, last = (ok[c].to_numpy(np.float64) / 1e6 for c in
+                         ("send_time_us", "first_chunk_time_us", "last_chunk_time_us"))
+    ttft, e2el = first - send, last - send
+    out_tokens = ok["output_tokens"].to_numpy(np.int64)
+    many = out_tokens > 1
+    span = float(last.max() - send.min()) if len(ok) else 0.0
+    return {"source": "BLIS trace v2", "ttfts": ttft.tolist(), "e2els": e2el.tolist(),
+            "tpots": ((e2el[many] - ttft[many]) / (out_tokens[many] - 1)).tolist(),
+            "request_throughput": len(ok) / span if span > 0 else None,
+            "output_throughput": float(out_tokens.sum()) / span if span > 0 else None,
+            "completed": len(ok), "failed": int(len(df) - len(ok))}
 
 
 def compare(doc: dict, run: Run) -> pd.DataFrame:
@@ -46,6 +96,7 @@ def compare(doc: dict, run: Run) -> pd.DataFrame:
     table = pd.DataFrame(rows, columns=["metric", "statistic", "measured", "simulated"])
     ok = table["measured"].notna() & table["simulated"].notna() & (table["measured"] != 0)
     table["error"] = np.where(ok, table["simulated"] / table["measured"].where(ok, 1.0) - 1, np.nan)
+    table.attrs["source"] = doc.get("source", "vllm bench serve")
     return table
 
 
@@ -60,7 +111,8 @@ def compare_plot(table: pd.DataFrame, run: Run, path: str | Path) -> Path:
     lat = table[table["metric"].str.endswith("(ms)") & table["measured"].notna() & table["simulated"].notna()]
     fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(lat) + 2), 4.4))
     x = np.arange(len(lat))
-    ax.bar(x - 0.2, lat["measured"], 0.4, label="measured (vllm bench serve)", color="tab:gray")
+    source = table.attrs.get("source", "vllm bench serve")
+    ax.bar(x - 0.2, lat["measured"], 0.4, label=f"measured ({source})", color="tab:gray")
     ax.bar(x + 0.2, lat["simulated"], 0.4, label="simulated (servesim)", color="tab:blue")
     for i, (m, sim, err) in enumerate(zip(lat["measured"], lat["simulated"], lat["error"])):
         ax.annotate(f"{err:+.0%}", (i, max(m, sim)), textcoords="offset points", xytext=(0, 4),
