@@ -223,8 +223,10 @@ class PrefixKVCache:
         if not self.queued:
             return True  # the queue is hashless blocks only: nothing to keep in order (_one_segment)
         head = queue[0]
-        if head.__class__ is list and head[0] > blocks:  # the common case: from the head segment
+        if head.__class__ is list and head[0] >= blocks:  # the common case: from the head segment
             head[0] -= blocks
+            if not head[0]:
+                queue.popleft()
             return True
         while blocks:
             head = queue[0]
