@@ -149,6 +149,8 @@ def test_chrome_trace_event_counts(tmp_path):
     assert len(by("X", 2)) == 3 * 50
     assert len([e for e in by("M", 2) if e["name"] == "thread_name"]) == 50
     assert len([e for e in by("M") if e["name"] == "process_name"]) == 3
+    assert [e["args"]["sort_index"] for e in by("M", 2) if e["name"] == "thread_sort_index"] == list(range(50))
+    assert [e["args"]["sort_index"] for e in by("M") if e["name"] == "process_sort_index"] == [0, 1, 2]
     first = [e for e in by("X", 2) if e["tid"] == 0]
     rq = run.requests.iloc[0]
     assert first[2]["ts"] == pytest.approx(rq["first_token_s"] * 1e6)

@@ -29,6 +29,7 @@ def chrome_trace(run: Run, max_requests: int = 5000) -> dict:
     replicas = run.replicas
     for r in range(replicas):
         events.append({"ph": "M", "pid": r, "name": "process_name", "args": {"name": f"replica {r}"}})
+        events.append({"ph": "M", "pid": r, "name": "process_sort_index", "args": {"sort_index": r}})
         events.append({"ph": "M", "pid": r, "tid": 0, "name": "thread_name", "args": {"name": "iterations"}})
     cols = ("replica", "start_s", "duration_s", "count", "num_seqs", "prefill_tokens", "decode_tokens",
             "kv_blocks_used", "waiting")
@@ -44,12 +45,15 @@ def chrome_trace(run: Run, max_requests: int = 5000) -> dict:
         events.append({"ph": "C", "pid": rep, "name": "waiting", "ts": start * US, "args": {"requests": int(wait)}})
     pid = replicas
     events.append({"ph": "M", "pid": pid, "name": "process_name", "args": {"name": "requests"}})
+    events.append({"ph": "M", "pid": pid, "name": "process_sort_index", "args": {"sort_index": pid}})
     shown = rq.iloc[:max_requests]
     cols = ("request_id", "arrival_s", "first_token_s", "finish_s", "queue_s", "prompt_tokens",
             "output_tokens", "replica")
     for rid, arrival, first, finish, queue, prompt, output, replica in zip(*(shown[c].tolist() for c in cols)):
         rid = int(rid)
         events.append({"ph": "M", "pid": pid, "tid": rid, "name": "thread_name", "args": {"name": f"request {rid}"}})
+        # tracks in request order (viewers sort by name otherwise: 0, 1, 10, 100, ...)
+        events.append({"ph": "M", "pid": pid, "tid": rid, "name": "thread_sort_index", "args": {"sort_index": rid}})
         scheduled = arrival + queue if not math.isnan(queue) else math.nan
         args = {"prompt_tokens": int(prompt), "output_tokens": int(output), "replica": int(replica)}
         for name, a, b in (("queue", arrival, scheduled), ("prefill", scheduled, first), ("decode", first, finish)):
