@@ -153,14 +153,18 @@ def _read_vllm_log(path: Path, name: str) -> pd.DataFrame:
         year += int(month) < last_month  # (a log that runs over New Year)
         last_month = int(month)
         whole, _, frac = sec.replace(",", ".").partition(".")
-        stamp = dt.datetime(year, int(month), int(day), int(h), int(m), int(whole), tzinfo=dt.timezone.utc)
+        try:
+            stamp = dt.datetime(year, int(month), int(day), int(h), int(m), int(whole), tzinfo=dt.timezone.utc)
+        except ValueError:
+            raise ScenarioError(f"{name}:{line_no}: '{month}-{day} {h}:{m}:{sec}' is not a valid log time "
+                                "(expected MM-DD HH:MM:SS)") from None
         times.append(stamp.timestamp() + (float("0." + frac) if frac else 0.0))
         prompt.append(prompts[rid])
         output.append(int(max_tokens))
         lines.append(line_no)
     seconds = np.asarray(times) - min(times)
-    df = pd.DataFrame({"arrival": seconds, "prompt": prompt, "output": output})
-    return _table(seconds, df, ("arrival", "prompt", "output"), np.asarray(lines), name)
+    df = pd.DataFrame({"Received request": seconds, "prompt_token_ids": prompt, "max_tokens": output})
+    return _table(seconds, df, tuple(df.columns), np.asarray(lines), name)
 
 
 def _is_bench(path: Path) -> bool:
@@ -327,15 +331,15 @@ def _read_blis_v2(df: pd.DataFrame, lines: np.ndarray, name: str) -> pd.DataFram
     per prefix_group: the first prefix_length tokens of every request in a group are the same (one
     system prompt each). Every row is replayed, failed ones (status error / timeout) included: they
     were sent. Session rounds are replayed at their recorded times as they are (no context growth)."""
-    us = pd.to_numeric(df["arrival_time_us"], errors="coerce").to_numpy(dtype=np.float64)
-    arrival = _seconds(pd.Series((us - np.nanmin(us)) / 1e6 if len(us) else us), lines, name, "arrival_time_us")
+    # microseconds on any clock (epoch in real traces): relative to the earliest, then seconds
+    arrival = _seconds(df["arrival_time_us"], lines, name, "arrival_time_us", unit=1e-6, allow_negative=True) / 1e6
     prompt = df["input_tokens"]
     if "server_input_tokens" in df:
         server = pd.to_numeric(df["server_input_tokens"], errors="coerce")
         prompt = prompt.where(~(server > 0), server)
-    frame = pd.DataFrame({"arrival": arrival, "prompt": prompt, "output": df["output_tokens"]})
+    frame = pd.DataFrame({"arrival_time_us": arrival, "input_tokens": prompt, "output_tokens": df["output_tokens"]})
     priority = (_ints(df["vllm_priority"], lines, name, "vllm_priority", 0) if "vllm_priority" in df else None)
-    table = _table(arrival, frame, ("arrival", "prompt", "output"), lines, name, priority)
+    table = _table(arrival, frame, tuple(frame.columns), lines, name, priority)
     if "prefix_group" in df and "prefix_length" in df:
         length = _ints(df["prefix_length"].fillna(0), lines, name, "prefix_length", 0)
         groups = df["prefix_group"].tolist()

@@ -229,6 +229,10 @@ def test_blis_trace_v2(tmp_path):
     assert read_trace(TRACES / "blis_trace_v2.csv", fmt="blis_v2").equals(t)
     with pytest.raises(ScenarioError, match="workload.format blis_v2 needs the columns arrival_time_us,input_tokens,output_tokens"):
         read_trace(TRACES / "blis_trace.csv", fmt="blis_v2")
+    rows = (TRACES / "blis_trace_v2.csv").read_text().splitlines(True)
+    (tmp_path / "bad.csv").write_text(rows[0] + rows[1] + rows[2].replace(",1732431234250000,", ",soon,"))
+    with pytest.raises(ScenarioError, match=r"bad.csv:3: arrival_time_us 'soon' is not a non-negative number"):
+        read_trace(tmp_path / "bad.csv")
     # replayed with prefix caching (chunked, block 16): requests 1 and 3 find sys-a's 256 tokens
     # (16 blocks) that request 0 computed; sys-b is computed once
     r = simulate(load_scenario(_scenario_with(TRACES / "blis_trace_v2.csv", tmp_path)))
@@ -291,6 +295,10 @@ def test_vllm_server_log(tmp_path):
         "INFO 01-01 00:00:00.250 [x.py:2] Received request b: params: SamplingParams(max_tokens=2)\n")
     t = read_trace(custom)
     assert t["arrival_s"].tolist() == [0.0, 0.5] and t["prompt_tokens"].tolist() == [3, 1]
+    bad = tmp_path / "bad.log"
+    bad.write_text(custom.read_text().replace("01-01 00:00:00.250", "13-45 00:00:00"))
+    with pytest.raises(ScenarioError, match=r"bad.log:4: '13-45 00:00:00' is not a valid log time"):
+        read_trace(bad)
     assert t["output_tokens"].tolist() == [7, 2]
     r = simulate(load_scenario(_scenario_with(TRACES / "vllm_server.log", tmp_path)))
     assert r.summary["completed"] == 6
