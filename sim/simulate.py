@@ -100,6 +100,7 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
         requests["cached_tokens"] = np.sum([c.cached_tokens for c in caches], axis=0)
     m, hw = scenario.model, scenario.hardware
     itl = inter_token_latencies(steps, recorder, req)
+    recorder.release_durations()  # (read by nothing else: memory back before the summary)
     replicas, gpus = e.replicas, e.replicas * e.tensor_parallel_size
     if e.disaggregation is not None:
         d = e.disaggregation
