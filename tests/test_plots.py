@@ -283,6 +283,7 @@ def test_plot_a_sweep_folder(tmp_path):
         assert ln.get_ydata().tolist() == pytest.approx(part["ttft_ms.p99"].tolist())
     assert any(ln.get_linestyle() == "--" and ln.get_ydata()[0] == 500 for ln in ax.get_lines())  # the SLO
     assert ax.get_yscale() == ("log" if rows["ttft_ms.p99"].max() > 10 * rows["ttft_ms.p99"].min() else "linear")
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["4", "16"]  # the grid's own values
     written = save_folder_plots(tmp_path / "sw", y="tpot_ms.p50")
     assert [p.name for p in written] == ["sweep_tpot_ms_p50.png"]
     result = CliRunner().invoke(app, ["plot", str(tmp_path / "sw"), "--x", "engine.block_size"])

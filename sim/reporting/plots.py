@@ -11,6 +11,7 @@ rendered by the Agg canvas), so notebooks can show it and `save_plots` can write
 """
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -357,6 +358,8 @@ def sweep_plot(rows, x: str | None = None, y: str = "ttft_ms.p99", hue: str | No
             ax.fill_between(xv, stats["min"], stats["max"], color=f"C{i % 10}", alpha=0.15)
         if not xs.notna().all():
             ax.set_xticks(xv, [str(v) for v in stats.index])
+        elif len(xv) <= 12 and np.all(xv == np.round(xv)):  # a few whole-number grid values: tick those
+            ax.set_xticks(xv, [str(int(v)) for v in xv])
     values = ok[y].to_numpy(float)
     values = values[np.isfinite(values) & (values > 0)]
     if len(values) and values.max() > 10 * values.min():
@@ -374,8 +377,9 @@ def sweep_plot(rows, x: str | None = None, y: str = "ttft_ms.p99", hue: str | No
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     reps = int(ok.groupby(keys).size().max()) if len(ok) else 0
-    ax.set_title(f"{title}: {y} vs {x}" + (f", one line per {hue}" if hue else "")
-                 + (f" (mean of {reps} repeats, band: min-max)" if reps > 1 else ""), fontsize=10)
+    text = (f"{title}: {y} vs {x}" + (f", one line per {hue}" if hue else "")
+            + (f" (mean of {reps} repeats, band: min-max)" if reps > 1 else ""))
+    ax.set_title(textwrap.fill(text, 110), fontsize=10)  # long scenario and key names: two lines
     return fig
 
 
