@@ -324,16 +324,12 @@ class PrefixKVCache:
         if not held:
             self.num_cached[rid] = len(hits)
         held.extend(hits)
-        if free_hits:
-            queued = self.queued
-            for b, r in zip(hits, refs):  # touch
-                if r == 0:
-                    del queued[b]
-                ref[b] = r + 1
-            self.num_free -= free_hits
-        else:  # all in use by other requests: a hot system prompt
-            for b, r in zip(hits, refs):
-                ref[b] = r + 1
+        queued = self.queued
+        for b, r in zip(hits, refs):  # touch
+            if r == 0:
+                del queued[b]  # taken out of the free queue (its entry there goes stale)
+            ref[b] = r + 1
+        self.num_free -= free_hits
         self.allocate(new_blocks)
         self.queried_tokens += num_tokens
         hit = len(hits) * self.block_size
@@ -399,21 +395,10 @@ class PrefixKVCache:
         partial = min(k, blocks - computed // self.block_size) if computed is not None else 0
         if k:
             self.anonymous -= k
-            self.num_free += k
-            if self.queued:  # (else only counted: _one_segment) -- _queue_hashless, inlined
-                queue, tail = self.queue, k - partial
-                if tail:
-                    end = queue[-1]
-                    if end.__class__ is list:
-                        end[0] += tail
-                    else:
-                        queue.append([tail])
-                if partial:
-                    end = queue[0]
-                    if end.__class__ is list:
-                        end[0] += partial
-                    else:
-                        queue.appendleft([partial])
+            if k > partial:
+                self._queue_hashless(k - partial)
+            if partial:
+                self._queue_hashless(partial, head=True)
         if not held:
             return
         ref, queued, queue, named = self.ref, self.queued, self.queue, self.block_hash

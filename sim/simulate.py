@@ -193,9 +193,10 @@ def write_outputs(result: SimResult, out_dir: Path) -> None:
             tmp.unlink(missing_ok=True)
 
 
-def write_csv(frame: pd.DataFrame, f) -> None:
-    """`frame` as CSV into the binary file `f`, written by pyarrow: ~4-6x less CPU than pandas'
-    to_csv on our frames (numbers only). Same values, read back to the same float64 and int64;
+def write_csv(frame: pd.DataFrame, f, rows: int = 1 << 18) -> None:
+    """`frame` as CSV into the binary file `f`, written by pyarrow: 6.8-8.1x less CPU than pandas'
+    to_csv on a run's two frames (`bench/sim_speed.py`, 10k and 100k requests). Same values, read
+    back to the same float64 and int64;
     the text differs from pandas' in that a float is written in its shortest exact form without
     a trailing ".0" or an exponent for small numbers (pandas: 0.0, 1e-05; here: 0, 0.00001). NaN
     is an empty field, as pandas writes it; the header is not quoted."""
@@ -204,7 +205,7 @@ def write_csv(frame: pd.DataFrame, f) -> None:
 
     f.write((",".join(map(str, frame.columns)) + "\n").encode())
     options = pcsv.WriteOptions(include_header=False, quoting_style="none")
-    rows = 1 << 18  # converted to Arrow a slice at a time: a million-request run's frames stay single copies
+    # `rows` at a time into Arrow: no full Arrow copy of a million-request run's frame beside it
     for start in range(0, max(len(frame), 1), rows):
         pcsv.write_csv(pa.Table.from_pandas(frame.iloc[start:start + rows], preserve_index=False), f, options)
 
