@@ -204,7 +204,7 @@ def _write(scenario, tmp_path, name):
     return {f: (out / f).read_bytes() for f in ("requests.csv", "steps.csv", "summary.json")}
 
 
-def test_the_csv_writer_keeps_every_value_and_dtype(tmp_path):
+def test_the_csv_writer_keeps_every_value_and_dtype():
     """requests.csv and steps.csv are written by pyarrow (sim/simulate.write_csv): reading them
     back gives exactly the frames pandas would have written, float64 bit for bit (NaN, -0.0, 1e-05,
     0.1 + 0.2, 1e20 included) and int64; the header is plain."""
