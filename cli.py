@@ -890,7 +890,9 @@ def capacity_rows(model: str, gpu: str, b: Any, seq_len: int, spec: Any = None,
                   kv_cache_dtype: str = "auto") -> list[tuple[str, str, Any, str]]:
     """(json key, label, value, shown) for `servesim capacity`; bytes are per GPU (per TP rank)."""
     gb = lambda x: f"{x / 1e9:,.2f} GB"  # noqa: E731
-    per_seq = -(-seq_len // b.block_size)
+    # blocks one sequence holds (a sliding-window model: in each layer group, the windowed ones
+    # only the blocks its window touches)
+    per_seq = -(-seq_len // b.block_size) if b.layout is None else b.layout.held(seq_len, b.block_size)
     extra = [] if spec is None else _architecture_rows(spec, b.tensor_parallel_size, kv_cache_dtype, gb)
     rows = [
         ("model", "model", model, model), ("gpu", "GPU", gpu, gpu),
@@ -903,7 +905,8 @@ def capacity_rows(model: str, gpu: str, b: Any, seq_len: int, spec: Any = None,
         ("kv_cache_bytes", "KV cache", b.kv_cache_bytes, gb(b.kv_cache_bytes)),
         ("kv_bytes_per_token", "KV bytes per token (per GPU)", b.kv_bytes_per_token,
          f"{b.kv_bytes_per_token:,} B"),
-        ("block_bytes", f"KV bytes per block ({b.block_size} tokens)", b.block_bytes, f"{b.block_bytes:,} B"),
+        ("block_bytes", f"KV bytes per block ({b.block_size} tokens"
+         + (")" if b.layout is None else f" x {b.layout.group_layers} layers)"), b.block_bytes, f"{b.block_bytes:,} B"),
         ("num_gpu_blocks", "KV blocks per GPU", b.num_gpu_blocks, f"{b.num_gpu_blocks:,}"),
         ("max_tokens", "KV capacity (tokens per replica)", b.max_tokens, f"{b.max_tokens:,}"),
         ("seq_len", "sequence length (tokens)", seq_len, f"{seq_len:,}"),
@@ -922,7 +925,7 @@ def _architecture_rows(m: Any, tp: int, kv_cache_dtype: str, gb) -> list[tuple[s
     rows = [("num_params", "parameters (all)", m.num_params, f"{m.num_params / 1e9:,.2f} B"),
             ("active_params", "parameters one token multiplies", m.matmul_params,
              f"{m.matmul_params / 1e9:,.2f} B")]
-    wbytes, routed = m.linear_bytes_per_weight, m.routed_expert_params
+    wbytes, routed = m.expert_bytes_per_weight, m.routed_expert_params
     if m.moe is not None:
         e = m.moe
         rows.append(("routed_expert_bytes_per_gpu", f"routed experts per GPU ({e.num_experts} x "
@@ -931,6 +934,9 @@ def _architecture_rows(m: Any, tp: int, kv_cache_dtype: str, gb) -> list[tuple[s
     if m.linear_weight_bytes is not None:
         rows.append(("linear_weight_bytes", "bytes per linear-layer weight (quantised)",
                      m.linear_weight_bytes, f"{m.linear_weight_bytes:g}"))
+    if m.expert_weight_bytes is not None:
+        rows.append(("expert_weight_bytes", "bytes per routed-expert weight (quantised)",
+                     m.expert_weight_bytes, f"{m.expert_weight_bytes:g}"))
     elem = KV_CACHE_DTYPES[kv_cache_dtype] or m.dtype_bytes
     if m.mla is not None:
         why = (f"{m.num_layers} layers x ({m.mla.kv_lora_rank} latent + {m.mla.qk_rope_head_dim} rope) "
@@ -939,6 +945,19 @@ def _architecture_rows(m: Any, tp: int, kv_cache_dtype: str, gb) -> list[tuple[s
         heads = max(1, m.num_kv_heads // tp)
         why = f"2 (K, V) x {m.num_layers} layers x {heads} KV heads x {m.head_dim} x {elem} B"
     rows.append(("kv_bytes_per_token_why", "KV bytes per token, because", why, why))
+    if m.sliding_layers:
+        lay = m.kv_layout
+        full = m.num_layers - m.sliding_layers
+        if not full:
+            text = (f"all {m.num_layers} layers attend the last {m.sliding_window:,} tokens: a sequence keeps "
+                    f"only its window's blocks")
+        else:
+            pad = lay.groups * lay.group_layers - m.num_layers
+            text = (f"{m.sliding_layers} of {m.num_layers} layers attend the last {m.sliding_window:,} tokens; "
+                    f"vLLM groups the layers {lay.full_groups} full + {lay.sliding_groups} windowed group(s) of "
+                    f"{lay.group_layers}" + (f" ({pad} padding)" if pad else "")
+                    + ": a sequence keeps every token in the full group(s), only its window in the others")
+        rows.append(("sliding_window", "sliding window", m.sliding_window, text))
     return rows
 
 

@@ -133,6 +133,9 @@ class RealEngine:
                  sleep: Callable[[float], None] = time.sleep):
         check_engine_scenario(scenario)
         where = f"{scenario.source}: " if scenario.source else ""
+        if scenario.model.sliding_layers:
+            raise ScenarioError(f"{where}model: this engine's model attends every token; "
+                                f"{scenario.model.name}'s sliding window is not in it (--engine vllm has it)")
         check_workload(workload, where)
         self.scenario, e = scenario, scenario.engine
         self.step, self.progress, self.clock, self.sleep = step, progress, clock, sleep

@@ -13,6 +13,7 @@ Knobs, servesim -> vLLM (EngineArgs):
     num_gpu_blocks N (derived)       num_gpu_blocks_override N + 1 (vLLM keeps one null block)
     max_num_seqs, max_num_batched_tokens, block_size, enable_prefix_caching: the same names
     model (a servesim ModelSpec)     config.json of a LlamaForCausalLM, weights load_format=dummy
+                                     (a sliding window: every layer's, via layer_types)
 """
 from __future__ import annotations
 
@@ -93,11 +94,15 @@ def check_vllm_scenario(scenario: Scenario, workload: Workload | None = None) ->
     if m.moe is not None or m.mla is not None or m.linear_weight_bytes is not None:
         raise ScenarioError(f"{where}model: --engine vllm builds a dense Llama from the model's "
                             f"shape; {m.name} is MoE, MLA or quantised")
+    if m.sliding_layers and m.sliding_layers != m.num_layers:
+        raise ScenarioError(f"{where}model: vLLM on the CPU runs without the hybrid KV-cache manager, "
+                            f"so {m.name}'s mix of windowed and full layers would hold full KV there; "
+                            f"--engine vllm validates a window on every layer")
     if workload is not None:
         check_workload(workload, where)
         longest = int((workload.prompt_tokens + workload.output_tokens).max())
         capacity = num_blocks(scenario) * e.block_size
-        if longest > capacity:
+        if longest > capacity and not m.sliding_layers:  # (a window's: check_servable's)
             raise ScenarioError(f"{where}engine.num_gpu_blocks: a request of {longest} tokens "
                                 f"does not fit {num_blocks(scenario)} blocks of {e.block_size}")
         if e.scheduler == "continuous" and int(workload.prompt_tokens.max()) > e.max_num_batched_tokens:
@@ -116,14 +121,18 @@ def model_config(scenario: Scenario) -> dict:
             "vocab_size": m.vocab_size, "max_position_embeddings": 131072,
             "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu",
             "tie_word_embeddings": m.tie_word_embeddings, "attention_bias": m.attention_bias,
-            "torch_dtype": DTYPE, "bos_token_id": 1, "eos_token_id": 2}
+            "torch_dtype": DTYPE, "bos_token_id": 1, "eos_token_id": 2,
+            **({} if not m.sliding_layers else {  # vLLM's Llama reads a window per layer from these
+                "sliding_window": m.sliding_window, "layer_types": ["sliding_attention"] * m.num_layers})}
 
 
 def job(scenario: Scenario, workload: Workload, model_dir: Path, clock: str) -> dict:
     e = scenario.engine
     longest = int((workload.prompt_tokens + workload.output_tokens).max())
     bs = e.block_size
-    max_model_len = min(-(-longest // bs) * bs, num_blocks(scenario) * bs)
+    max_model_len = -(-longest // bs) * bs
+    if not scenario.model.sliding_layers:  # (a window holds less than the sequence)
+        max_model_len = min(max_model_len, num_blocks(scenario) * bs)
     if e.scheduler == "continuous":  # vLLM checks budget >= max_model_len without chunking
         max_model_len = min(max_model_len, e.max_num_batched_tokens)
     prefix = None

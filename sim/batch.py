@@ -29,6 +29,10 @@ class BatchStats:
     # iteration, and the sum of their contexts (their verification is in prefill_lens above).
     draft_seqs: int = 0
     draft_context_sum: int = 0
+    # How much decode_context_sum grows per iteration of a run; None: num_decodes (every decode one
+    # token further). A class attribute here (not a field: one less to set per iteration); a field
+    # of WindowedBatchStats, where WindowedCost sets it to the layer-averaged growth.
+    decode_context_growth = None
 
     @property
     def prefill_tokens(self) -> int:
@@ -43,3 +47,13 @@ class BatchStats:
     @property
     def num_seqs(self) -> int:
         return len(self.prefill_lens) + self.num_decodes
+
+
+@dataclass(frozen=True)
+class WindowedBatchStats(BatchStats):
+    """An iteration of a sliding-window model (sim/cost.WindowedCost reads the extra terms)."""
+    # Sum over the decodes of the tokens a windowed layer attends, min(context + 1, window), and
+    # how many decodes are at the window (their term stays put as they advance).
+    decode_window_sum: int = 0
+    decode_capped: int = 0
+    decode_context_growth: float | None = None

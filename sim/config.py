@@ -181,6 +181,7 @@ def scenario_from_dict(raw: Mapping[str, Any], source: str | Path | None = None,
     model = _parse_model(raw["model"], w, base_dir)
     hw = _parse_hardware(raw["hardware"], w)
     engine = _parse_engine(raw.get("engine"), w)
+    engine = _check_window(engine, model, w)
     budget = _check_fits(engine, model, hw, w)
     if engine.disaggregation is not None:  # each pool's TP and memory must fit too
         for name in ("prefill", "decode"):
@@ -419,6 +420,22 @@ def _parse_engine(v: Any, w: Where) -> EngineConfig:
         raise ScenarioError(f"{at('max_num_batched_tokens')}: {engine.max_num_batched_tokens} is "
                             f"less than max_num_seqs ({engine.max_num_seqs}); {rule}")
     return engine
+
+
+def _check_window(engine: EngineConfig, model: ModelSpec, w: Where) -> EngineConfig:
+    """A sliding-window model's KV cache (sim/kv_cache.WindowedKVCache) runs without prefix
+    caching, speculative decoding and disaggregation, which are not modelled over it: caching left
+    at its default is off (said in docs/simulator.md), asked for it is an error."""
+    if not model.sliding_layers:
+        return engine
+    why = f"with {model.name}'s sliding-window layers"
+    if engine.enable_prefix_caching:
+        raise ScenarioError(f"{w('engine.enable_prefix_caching')}: prefix caching {why} is not modelled; "
+                            f"set it to false (or leave it out: off for such models)")
+    for key in ("speculative", "disaggregation"):
+        if getattr(engine, key) is not None:
+            raise ScenarioError(f"{w('engine.' + key)}: {key} {why} is not modelled")
+    return dataclasses.replace(engine, enable_prefix_caching=False)
 
 
 def _check_fits(engine: EngineConfig, model: ModelSpec, hw: HardwareSpec, w: Where) -> MemoryBudget:

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
-from .batch import BatchStats
+from .batch import BatchStats, WindowedBatchStats
 from .checks import MAX_STEP_SECONDS, _num, _section, check_input_file, load_yaml
 from . import measured
 from .errors import ScenarioError
@@ -50,6 +50,34 @@ def prefill_attention_work(stats: BatchStats) -> float:
     # Python ints: whole token counts far below 2**53, so this equals numpy's float64 dot exactly.
     lens, contexts = stats.prefill_lens.tolist(), stats.prefill_contexts.tolist()
     return float(sum(c * x for c, x in zip(lens, contexts))) + 0.5 * float(sum(c * c for c in lens))
+
+
+class WindowedCost:
+    """A sliding-window model's attention: `fraction` of the layers attend at most `window` tokens
+    (their query at position p: min(p + 1, window) keys), the rest everything. Attention work is
+    linear in the keys attended in each layer, so the wrapped model (built for full attention)
+    sees the layer-averaged context: decode sums (1 - f) x full + f x windowed, growing by
+    n - f x capped per iteration; each prefill chunk's context lowered so its causal pairs equal
+    the average (floored at 0, which over-prices chunks much longer than the window)."""
+
+    def __init__(self, inner: CostModel, fraction: float, window: int):
+        self.inner, self.fraction, self.window = inner, fraction, window
+
+    def step_times(self, stats: BatchStats, steps: int = 1) -> np.ndarray:
+        return self.inner.step_times(self.attended(stats), steps)
+
+    def attended(self, stats: BatchStats) -> BatchStats:
+        f, w, changes = self.fraction, self.window, {}
+        if stats.num_decodes and isinstance(stats, WindowedBatchStats):  # (static batching: full KV)
+            changes["decode_context_sum"] = (1 - f) * stats.decode_context_sum + f * stats.decode_window_sum
+            changes["decode_context_growth"] = stats.num_decodes - f * stats.decode_capped
+        if len(stats.prefill_lens):
+            x = stats.prefill_lens.astype(np.float64)
+            c = stats.prefill_contexts.astype(np.float64)
+            k = np.clip(w - c, 0, x)  # queries still inside the window: they attend c + i keys
+            cut = (x * c + x * (x + 1) / 2) - (k * c + k * (k + 1) / 2 + (x - k) * w)
+            changes["prefill_contexts"] = np.maximum(c - f * cut / x, 0.0)
+        return replace(stats, **changes) if changes else stats
 
 
 class ScaledCost:
@@ -101,7 +129,8 @@ class RooflineCost:
             fixed = (model.linear_params_total - routed) * wbytes + head_params * model.dtype_bytes
             self._weight_read_s = fixed / tp / byte_s
             if m is not None:
-                self._moe = (routed * wbytes / tp / byte_s, 1 - m.experts_per_token / m.num_experts)
+                self._moe = (routed * model.expert_bytes_per_weight / tp / byte_s,
+                             1 - m.experts_per_token / m.num_experts)
         # Attention: QK^T and PV, 2 + 2 FLOPs per (query, key) pair per head per head_dim; MLA
         # (absorbed, as vLLM runs it) over the latent: QK on kv_lora_rank + rope dims, PV on kv_lora_rank.
         q_heads = model.num_attention_heads // tp
@@ -163,11 +192,12 @@ class RooflineCost:
             ctx = float(stats.decode_context_sum)
             return np.array([fixed + max(self._s_per_pair * ctx,
                                          self._s_per_kv_token * (ctx + n))])
-        # Iteration j's context sum is ctx + j*n: whole numbers, so arange builds them exactly.
-        ctx = stats.decode_context_sum
-        attend = self._s_per_pair * np.arange(ctx, ctx + n * steps, n, dtype=np.float64)
-        read = self._s_per_kv_token * np.arange(ctx + n, ctx + n * (steps + 1), n, dtype=np.float64)
-        return fixed + np.maximum(attend, read)
+        ctx, g = stats.decode_context_sum, stats.decode_context_growth
+        if g is None:  # iteration j's context sum is ctx + j*n: whole numbers, so arange is exact
+            contexts = np.arange(ctx, ctx + n * steps, n, dtype=np.float64)
+        else:
+            contexts = ctx + g * np.arange(steps, dtype=np.float64)
+        return fixed + np.maximum(self._s_per_pair * contexts, self._s_per_kv_token * (contexts + n))
 
 
 @dataclass(frozen=True)
@@ -216,7 +246,8 @@ class ProfileCost:
             t += p.prefill_attention_work * prefill_attention_work(stats)
         if steps == 1:
             return np.array([t])
-        growth = p.decode_context_sum * stats.num_decodes  # seconds added per step
+        g = stats.decode_context_growth
+        growth = p.decode_context_sum * (stats.num_decodes if g is None else g)  # seconds added per step
         return t + growth * np.arange(steps, dtype=np.float64)
 
 
@@ -439,6 +470,8 @@ class CostModelSpec:
         model estimates them (roofline); a measured profile keeps its tables' own."""
         options = self.options if kv_cache_dtype == "auto" else {**self.options, "kv_cache_dtype": kv_cache_dtype}
         built = COST_MODELS[self.name].build(options, model, hardware, tensor_parallel_size)
+        if model.sliding_layers:
+            built = WindowedCost(built, model.sliding_layers / model.num_layers, model.sliding_window)
         return built if self.scale == 1.0 else ScaledCost(built, self.scale)
 
     def as_yaml(self) -> Any:

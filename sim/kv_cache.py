@@ -46,6 +46,13 @@ class PagedKVCache:
         """Blocks a request holding `computed` tokens must add to hold `new_tokens` more."""
         return self.blocks_for(computed + new_tokens) - self.blocks_for(computed)
 
+    def sequence_blocks(self, num_tokens: int) -> int:
+        """Blocks the admission gate asks for a whole sequence of `num_tokens` tokens."""
+        return self.blocks_for(num_tokens)
+
+    def slide(self, computed_before: int, computed: int) -> None:
+        """A request's computed tokens grew: nothing falls out of a window here."""
+
     def allocate(self, blocks: int) -> bool:
         """Take `blocks` from the free list. False (and no change) if there are not that many."""
         if blocks > self.free:
@@ -73,6 +80,55 @@ class PagedKVCache:
     def free_request(self, rid: int, blocks: int, preempted: bool = False,
                      computed: int | None = None) -> None:
         self.free += blocks
+
+
+class WindowedKVCache(PagedKVCache):
+    """vLLM's hybrid KV-cache manager for sliding-window models (`SlidingWindowManager`): every
+    block of the pool holds `block_size` tokens of one group's layers (sim/models.KVLayout); a
+    request holds blocks in each group, all of its tokens' in a full-attention group, and in a
+    sliding-window group only from the block of the oldest token the next one still attends
+    (`computed - window + 1`): blocks wholly behind it are freed as the request advances.
+
+    vLLM frees them when the request next allocates, in the scheduler's pass over the running
+    requests; here as soon as the iteration that pushed them out of the window ends, and the
+    scheduler takes them back for its ordered pass when that order decides who is preempted
+    (sim/schedulers/iteration_level.py, `_lazy_releases`). Admission's whole-sequence gate asks, per sliding group, for at most
+    vLLM's cap: cdiv(window - 1 + tokens in flight, block_size) + 1, tokens in flight being two
+    iterations' max_num_batched_tokens (async scheduling's two batches)."""
+
+    def __init__(self, num_blocks: int, block_size: int, layout, max_num_batched_tokens: int):
+        super().__init__(num_blocks, block_size)
+        self.layout = layout
+        self.groups, self.sliding_groups, self.window = layout.groups, layout.sliding_groups, layout.window
+        self.cap = -(-(layout.window - 1 + 2 * max_num_batched_tokens) // block_size) + 1
+
+    def blocks_for(self, num_tokens):
+        return self.layout.held(num_tokens, self.block_size)
+
+    def growth(self, computed: int, new_tokens: int) -> int:
+        # the blocks behind the window went at the end of the last iteration (`slide`)
+        bs = self.block_size
+        return self.groups * (-(-(computed + new_tokens) // bs) - -(-computed // bs))
+
+    def sequence_blocks(self, num_tokens: int) -> int:
+        blocks = -(-num_tokens // self.block_size)
+        return (self.groups - self.sliding_groups) * blocks + self.sliding_groups * min(blocks, self.cap)
+
+    def slide(self, computed_before: int, computed: int) -> int:
+        """Free the sliding groups' blocks that `computed_before` -> `computed` pushed out of the
+        window; returns how many."""
+        behind = self.layout.behind
+        freed = self.sliding_groups * (behind(computed, self.block_size) - behind(computed_before, self.block_size))
+        self.free += freed
+        return freed
+
+    def slots_needed(self, prompt: np.ndarray, output: np.ndarray, block_size: int):
+        """Token slots (blocks x block_size, over every group) each request asks admission for at
+        its largest, and why."""
+        blocks = -(-(prompt + output - 1) // block_size)
+        need = (self.groups - self.sliding_groups) * blocks + self.sliding_groups * np.minimum(blocks, self.cap)
+        return need * block_size, ("prompt + output - 1 tokens of KV in each of its "
+                                   f"{self.groups} layer groups, the windowed ones capped at {self.cap} blocks")
 
 
 class ContiguousKVCache:

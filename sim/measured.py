@@ -199,7 +199,10 @@ class TableProfileCost:
         if steps == 1:
             return np.array([t + p.decode_attention(n, mean)])
         # iteration j: every decode one token further, so the mean context grows by j
-        return t + p.decode_attention(n, mean + np.arange(steps, dtype=np.float64))
+        growth = np.arange(steps, dtype=np.float64)
+        if stats.decode_context_growth is not None:  # (a sliding window's layer average)
+            growth *= stats.decode_context_growth / n
+        return t + p.decode_attention(n, mean + growth)
 
 
 def shipped_profile(model: str, hardware: str, tensor_parallel_size: int) -> Path | None:

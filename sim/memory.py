@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from .errors import ScenarioError
 from .hardware import HardwareSpec
-from .models import ModelSpec
+from .models import KVLayout, ModelSpec
 
 # Non-torch memory that scales with nothing we model: NCCL/cuBLAS workspaces, CUDA graph pool,
 # allocator fragmentation. vLLM logs for 7-8B models report 0.1-1.5 GiB here. Bytes.
@@ -36,19 +36,26 @@ class MemoryBudget:
     activation_reserve_bytes: float # fixed reserve + peak activations (max_num_batched_tokens)
     kv_cache_bytes: float           # bytes the KV blocks occupy: num_gpu_blocks x block_bytes
     kv_bytes_per_token: int         # K+V bytes one token takes on this GPU (all layers)
-    block_bytes: int                # block_size x kv_bytes_per_token
+    block_bytes: int                # block_size tokens of K+V for layout.group_layers layers
     num_gpu_blocks: int             # KV blocks per GPU (the override, when one was given)
     block_size: int                 # tokens per block
     tensor_parallel_size: int = 1
+    # vLLM's KV-cache groups (sliding-window models): a request holds blocks in each group.
+    # None: one group of every layer (full attention), block_bytes = block_size x kv_bytes_per_token
+    layout: KVLayout | None = None
 
     def max_concurrent_seqs(self, seq_len: int) -> int:
-        """How many sequences of seq_len tokens fit at once (each rounds up to whole blocks)."""
-        return self.num_gpu_blocks // max(1, math.ceil(seq_len / self.block_size))
+        """How many sequences of seq_len tokens fit at once (each rounds up to whole blocks; with a
+        sliding window, holding only the blocks its window touches)."""
+        if self.layout is None:
+            return self.num_gpu_blocks // max(1, math.ceil(seq_len / self.block_size))
+        return self.num_gpu_blocks // max(1, self.layout.held(seq_len, self.block_size))
 
     @property
     def max_tokens(self) -> int:
-        """KV capacity in tokens."""
-        return self.num_gpu_blocks * self.block_size
+        """KV capacity in tokens (each token held by every group: sequences shorter than the window)."""
+        groups = 1 if self.layout is None else self.layout.groups
+        return self.num_gpu_blocks * self.block_size // groups
 
 
 def _fail(where: str, msg: str) -> ScenarioError:
@@ -81,7 +88,7 @@ def weights_per_gpu(model: ModelSpec, tp: int, expert_parallel: bool = False) ->
     m = model.moe
     if not expert_parallel or m is None:
         return model.weight_bytes / tp
-    wbytes, routed = model.linear_bytes_per_weight, model.routed_expert_params
+    wbytes, routed = model.expert_bytes_per_weight, model.routed_expert_params
     per_expert = routed * wbytes / m.num_experts
     return (model.weight_bytes - routed * wbytes) / tp + -(-m.num_experts // tp) * per_expert
 
@@ -128,7 +135,9 @@ def kv_budget(model: ModelSpec, hardware: HardwareSpec, *, tensor_parallel_size:
                            f"bigger GPU")
     reserve = activation_reserve_bytes(model, tp, max_num_batched_tokens)
     per_token = kv_bytes_per_token_per_rank(model, tp, kv_cache_dtype)
-    block_bytes = block_size * per_token
+    layout = model.kv_layout if model.sliding_layers else None
+    # one block: block_size tokens of one group's layers (all layers, without a sliding window)
+    block_bytes = block_size * (per_token if layout is None else per_token // model.num_layers * layout.group_layers)
     blocks = num_gpu_blocks
     if blocks is None:
         blocks = int((usable - weights - reserve) // block_bytes)
@@ -144,5 +153,5 @@ def kv_budget(model: ModelSpec, hardware: HardwareSpec, *, tensor_parallel_size:
         total_bytes=hardware.memory_bytes, usable_bytes=usable, weight_bytes_per_gpu=weights,
         activation_reserve_bytes=reserve, kv_cache_bytes=blocks * block_bytes,
         kv_bytes_per_token=per_token, block_bytes=block_bytes, num_gpu_blocks=blocks,
-        block_size=block_size, tensor_parallel_size=tp,
+        block_size=block_size, tensor_parallel_size=tp, layout=layout,
     )

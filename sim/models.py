@@ -43,6 +43,37 @@ class MLASpec:
 
 
 @dataclass(frozen=True)
+class KVLayout:
+    """How vLLM's hybrid KV-cache manager groups a model's attention layers (vLLM 0.32,
+    `kv_cache_utils._get_kv_cache_groups_uniform_page_size`). Every block of the shared pool holds
+    `block_size` tokens for `group_layers` layers; a request holds its own blocks in each group:
+    full-attention groups keep every token, sliding-window groups only the blocks that the last
+    `window` tokens touch (the ones behind the window are freed as the request advances)."""
+    group_layers: int          # layers one block holds K/V for (padding layers included)
+    full_groups: int = 1       # groups of full-attention layers
+    sliding_groups: int = 0    # groups of sliding-window layers
+    window: int = 0            # sliding window, tokens (0: none)
+
+    @property
+    def groups(self) -> int:
+        return self.full_groups + self.sliding_groups
+
+    def behind(self, tokens, block_size: int):
+        """Blocks a sliding-window group has freed once `tokens` are computed: those wholly before
+        the window of the next token (vLLM's get_num_skipped_tokens: tokens - window + 1). Arrays
+        work too."""
+        if not self.sliding_groups:
+            return 0 * tokens
+        return (tokens - self.window + 1).clip(0) // block_size if hasattr(tokens, "clip") else \
+            max(0, tokens - self.window + 1) // block_size
+
+    def held(self, tokens, block_size: int):
+        """Blocks, over every group, a request holds for `tokens` computed tokens."""
+        blocks = -(-tokens // block_size)
+        return self.groups * blocks - self.sliding_groups * self.behind(tokens, block_size)
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
     num_layers: int
@@ -55,11 +86,33 @@ class ModelSpec:
     dtype_bytes: int = 2  # bf16/fp16 activations, KV cache (kv_cache_dtype auto) and unquantised weights
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # q/k/v projections carry a bias (Qwen2/2.5); o_proj never does
+    layer_norms: int = 2  # RMSNorm weight vectors (hidden_size each) per layer: Gemma-2/3 have 4
     moe: MoESpec | None = None
     mla: MLASpec | None = None
     # bytes per weight of the linear layers when quantised (fp8: 1, int4: 0.5); None: dtype_bytes.
     # Embeddings, LM head and norms stay at dtype_bytes, as vLLM loads them.
     linear_weight_bytes: float | None = None
+    # bytes per routed-expert weight when the experts alone are quantised (gpt-oss's MXFP4: 4-bit
+    # values + one 8-bit scale per 32, 4.25 bits); None: as the other linear layers
+    expert_weight_bytes: float | None = None
+    # Sliding-window attention (Mistral-7B-v0.1, Qwen2 with use_sliding_window, hybrid layouts
+    # from `layer_types`): `sliding_layers` of the layers attend only the last `sliding_window`
+    # tokens; the others attend everything. 0, 0: full attention everywhere.
+    sliding_window: int = 0
+    sliding_layers: int = 0
+
+    @property
+    def kv_layout(self) -> KVLayout:
+        """vLLM's KV-cache groups for this model. One attention type: one group of every layer.
+        Both types: groups of `min(full, sliding)` layers each (`max` when the larger count is
+        under 1.5x the smaller), the last group of a type padded with unused layers."""
+        sliding, full = self.sliding_layers, self.num_layers - self.sliding_layers
+        if not sliding:
+            return KVLayout(self.num_layers)
+        if not full:
+            return KVLayout(self.num_layers, 0, 1, self.sliding_window)
+        size = min(full, sliding) if max(full, sliding) >= 1.5 * min(full, sliding) else max(full, sliding)
+        return KVLayout(size, -(-full // size), -(-sliding // size), self.sliding_window)
 
     @property
     def q_dim(self) -> int:
@@ -113,7 +166,7 @@ class ModelSpec:
         """Embedding, LM head, norms and biases: loaded at dtype_bytes even when quantised."""
         h = self.hidden_size
         bias = (self.q_dim + 2 * self.kv_dim) if self.attention_bias else 0
-        norms = 2 * h + (self.mla.kv_lora_rank + self.mla.q_lora_rank if self.mla else 0)
+        norms = self.layer_norms * h + (self.mla.kv_lora_rank + self.mla.q_lora_rank if self.mla else 0)
         embed = self.vocab_size * h
         lm_head = 0 if self.tie_word_embeddings else self.vocab_size * h
         return embed + self.num_layers * (bias + norms) + h + lm_head  # + final norm
@@ -128,6 +181,11 @@ class ModelSpec:
         return self.dtype_bytes if self.linear_weight_bytes is None else self.linear_weight_bytes
 
     @property
+    def expert_bytes_per_weight(self) -> float:
+        """Bytes of one routed-expert weight."""
+        return self.linear_bytes_per_weight if self.expert_weight_bytes is None else self.expert_weight_bytes
+
+    @property
     def routed_expert_params(self) -> int:
         """Weights of every routed expert over all MoE layers (0 for a dense model)."""
         m = self.moe
@@ -137,7 +195,9 @@ class ModelSpec:
 
     @property
     def weight_bytes(self) -> float:
-        total = self.linear_params_total * self.linear_bytes_per_weight + self.other_params * self.dtype_bytes
+        routed = self.routed_expert_params
+        total = ((self.linear_params_total - routed) * self.linear_bytes_per_weight
+                 + routed * self.expert_bytes_per_weight + self.other_params * self.dtype_bytes)
         return int(total) if float(total).is_integer() else total
 
     @property
@@ -171,7 +231,8 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     "llama-2-70b": _llama("llama-2-70b", 80, 8192, 64, 8, 28672, 32000),
     "llama-3-8b": _llama("llama-3-8b", 32, 4096, 32, 8, 14336, 128256),
     "llama-3-70b": _llama("llama-3-70b", 80, 8192, 64, 8, 28672, 128256),
-    "mistral-7b": _llama("mistral-7b", 32, 4096, 32, 8, 14336, 32000),  # v0.1
+    "mistral-7b": _llama("mistral-7b", 32, 4096, 32, 8, 14336, 32000,  # v0.1: every layer windowed
+                         sliding_window=4096, sliding_layers=32),
     "qwen2.5-7b": _llama("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, attention_bias=True),
     "qwen2.5-32b": _llama("qwen2.5-32b", 64, 5120, 40, 8, 27648, 152064, attention_bias=True),
     # Not a published checkpoint: a 125M-parameter Llama (GQA 12/4 heads) that real vLLM runs on a
@@ -219,14 +280,31 @@ def model_from_fields(fields: dict, where: str) -> ModelSpec:
             check_fields(fields[key], at(key), names, required)
             parts[key] = cls(**{k: _int(v, f"{at(key)}.{k}", lo=0, cap=MAX_TOKENS)
                                 for k, v in fields[key].items()})
+    window = _int(fields.get("sliding_window", 0), at("sliding_window"), lo=0, cap=MAX_TOKENS)
+    sliding = _int(fields.get("sliding_layers", v["num_layers"] if window else 0), at("sliding_layers"),
+                   lo=0, hi=v["num_layers"])
+    if bool(window) != bool(sliding):
+        raise ScenarioError(f"{at('sliding_layers')}: {sliding} windowed layers with sliding_window "
+                            f"{window}; give both (or neither)")
+    if sliding and parts.get("mla") is not None:
+        raise ScenarioError(f"{at('sliding_window')}: a sliding window over latent attention (mla) "
+                            f"is not modelled")
     lwb = fields.get("linear_weight_bytes")
     if lwb is not None and (isinstance(lwb, bool) or lwb not in (0.5, 1, 2, 4)):
         raise ScenarioError(f"{at('linear_weight_bytes')}: {_show(lwb)} is not one of 0.5, 1, 2, 4")
+    ewb = fields.get("expert_weight_bytes")
+    allowed = (0.5, EXPERT_QUANT_BYTES["mxfp4"], 1, 2, 4)
+    if ewb is not None and (isinstance(ewb, bool) or ewb not in allowed):
+        raise ScenarioError(f"{at('expert_weight_bytes')}: {_show(ewb)} is not one of "
+                            f"{', '.join(f'{x:g}' for x in allowed)}")
+    if ewb is not None and fields.get("moe") is None:
+        raise ScenarioError(f"{at('expert_weight_bytes')}: the model has no experts (moe:)")
     return ModelSpec(
         name=_text(fields.get("name", "custom"), at("name")), dtype_bytes=dtype_bytes,
-        linear_weight_bytes=lwb, **parts,
+        linear_weight_bytes=lwb, expert_weight_bytes=ewb, sliding_window=window, sliding_layers=sliding, **parts,
         tie_word_embeddings=_bool(fields.get("tie_word_embeddings", False), at("tie_word_embeddings")),
         attention_bias=_bool(fields.get("attention_bias", False), at("attention_bias")),
+        layer_norms=_int(fields.get("layer_norms", 2), at("layer_norms"), lo=0, cap=MAX_COUNT),
         **v,
     )
 
@@ -234,12 +312,18 @@ def model_from_fields(fields: dict, where: str) -> ModelSpec:
 # Model types whose layers ModelSpec sizes and prices: dense Llama-style decoders (GQA attention,
 # gated MLP), and the MoE / MLA layouts read by _moe / _mla below.
 LLAMA_STYLE = ("llama", "mistral", "qwen2", "qwen3")
-MOE_TYPES = ("mixtral", "qwen3_moe", "deepseek_v3")
-MODELLED_TYPES = LLAMA_STYLE + MOE_TYPES
+# Gemma-2/3 text decoders: Llama-shaped (GeGLU has the same gate/up/down), 4 norms per layer
+GEMMA_TYPES = ("gemma2", "gemma3_text")
+MOE_TYPES = ("mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss")
+MODELLED_TYPES = LLAMA_STYLE + GEMMA_TYPES + MOE_TYPES
 # quantization_config.quant_method -> bytes per linear-layer weight (weight-only for awq/gptq:
 # their `bits`); anything else is refused
 QUANT_BYTES = {"fp8": 1.0}
 QUANT_BITS = ("awq", "gptq")
+# quant_method -> bytes per routed-expert weight, for methods that quantise only the experts
+# (vLLM's Mxfp4Config quantises FusedMoE layers alone): MXFP4 = 4-bit E2M1 values + one E8M0
+# scale byte per 32 values
+EXPERT_QUANT_BYTES = {"mxfp4": (4 + 8 / 32) / 8}
 
 
 def _refuse_unmodelled(cfg: dict, path: Path) -> None:
@@ -256,32 +340,72 @@ def _refuse_unmodelled(cfg: dict, path: Path) -> None:
             if cfg.get(key) not in (None, 0, False):
                 raise ScenarioError(f"{path}: {key}: {_show(cfg[key])}: experts or latent attention "
                                     f"in a {_show(model_type)} config are not modelled")
-    window = cfg.get("sliding_window")
-    if window not in (None, 0) and cfg.get("use_sliding_window", True) is not False:
-        raise ScenarioError(f"{path}: sliding_window: {_show(window)}: sliding-window attention is not "
-                            f"modelled yet (KV would be over-counted); servesim sizes full attention")
     layer_types = cfg.get("layer_types")
-    if isinstance(layer_types, list) and any(t != "full_attention" for t in layer_types):
-        odd = next(t for t in layer_types if t != "full_attention")
-        raise ScenarioError(f"{path}: layer_types: {_show(odd)} layers are not modelled yet "
-                            f"(only full_attention)")
+    if isinstance(layer_types, list):
+        odd = [t for t in layer_types if t not in LAYER_TYPES]
+        if odd:
+            raise ScenarioError(f"{path}: layer_types: {_show(odd[0])} layers are not modelled "
+                                f"(only {' and '.join(LAYER_TYPES)})")
     if cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1 or cfg.get("moe_layer_freq", 1) != 1:
         raise ScenarioError(f"{path}: mlp_only_layers / decoder_sparse_step / moe_layer_freq: MoE "
                             f"layers interleaved with dense ones are not modelled (only leading dense "
                             f"layers, first_k_dense_replace)")
 
 
-def _quantised_bytes(cfg: dict, path: Path) -> float | None:
+# config.json `layer_types` entries ModelSpec sizes
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def _sliding(cfg: dict, path: Path) -> dict:
+    """sliding_window / sliding_layers from a config, as transformers and vLLM read it: an explicit
+    `layer_types` list says which layers are windowed; else Qwen2-style configs window the layers
+    from `max_window_layers` on when `use_sliding_window` is true, and Mistral-style configs (no
+    `use_sliding_window` key) window every layer when `sliding_window` is set."""
+    window = cfg.get("sliding_window")
+    layers = cfg["num_hidden_layers"]
+    if isinstance(layers, bool) or not isinstance(layers, int):
+        return {}  # (model_from_fields says what is wrong with it)
+    types = cfg.get("layer_types")
+    if isinstance(types, list):
+        if len(types) != layers:
+            raise ScenarioError(f"{path}: layer_types: {len(types)} entries for {layers} "
+                                f"num_hidden_layers")
+        sliding = types.count("sliding_attention")
+    elif window in (None, 0) or cfg.get("use_sliding_window", True) is False:
+        sliding = 0
+    elif cfg.get("model_type") == "gemma2":  # layers 0, 2, 4, ... (transformers' Gemma2Config)
+        sliding = (layers + 1) // 2
+    elif cfg.get("model_type") == "gemma3_text":  # every layer but each sliding_window_pattern-th
+        pattern = _int(cfg.get("sliding_window_pattern", 6), f"{path}: sliding_window_pattern", lo=1,
+                       cap=MAX_COUNT)
+        sliding = layers - layers // pattern
+    elif "use_sliding_window" in cfg:
+        start = cfg.get("max_window_layers", layers)
+        sliding = max(0, layers - _int(start, f"{path}: max_window_layers", lo=0, cap=MAX_COUNT))
+    else:
+        sliding = layers
+    if not sliding:
+        return {}
+    if window in (None, 0):
+        raise ScenarioError(f"{path}: sliding_window: {_show(window)}: layer_types lists "
+                            f"sliding_attention layers but no window is given")
+    return {"sliding_window": window, "sliding_layers": sliding}
+
+
+def _quantised_bytes(cfg: dict, path: Path) -> dict:
+    """linear_weight_bytes / expert_weight_bytes from `quantization_config` ({}: unquantised)."""
     q = cfg.get("quantization_config")
     if q in (None, {}):
-        return None
+        return {}
     method = q.get("quant_method") if isinstance(q, dict) else None
     if method in QUANT_BYTES:
-        return QUANT_BYTES[method]
+        return {"linear_weight_bytes": QUANT_BYTES[method]}
     if method in QUANT_BITS and q.get("bits") in (4, 8):
-        return q["bits"] / 8
+        return {"linear_weight_bytes": q["bits"] / 8}
+    if method in EXPERT_QUANT_BYTES and _moe(cfg) is not None:
+        return {"expert_weight_bytes": EXPERT_QUANT_BYTES[method]}
     raise ScenarioError(f"{path}: quantization_config.quant_method: {_show(method)}: not modelled; "
-                        f"servesim sizes fp8 and awq/gptq 4- or 8-bit weights")
+                        f"servesim sizes fp8, awq/gptq 4- or 8-bit weights and mxfp4 experts")
 
 
 def _moe(cfg: dict) -> MoESpec | None:
@@ -347,10 +471,13 @@ def model_from_hf_config(path: Path, name: str | None = None) -> ModelSpec:
     fields["dtype_bytes"] = DTYPE_BYTES[dtype]
     fields["tie_word_embeddings"] = bool(cfg.get("tie_word_embeddings", False))
     fields["attention_bias"] = bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2"))
+    if cfg.get("model_type") in GEMMA_TYPES:  # input, post-attention, pre- and post-feedforward
+        fields["layer_norms"] = 4
+    fields.update(_sliding(cfg, path))
     fields["name"] = name or (path.stem if path.name != "config.json" else path.resolve().parent.name) or "custom"
     spec = model_from_fields(fields, str(path))
     try:
-        extra = {"moe": _moe(cfg), "mla": _mla(cfg), "linear_weight_bytes": _quantised_bytes(cfg, path)}
+        extra = {"moe": _moe(cfg), "mla": _mla(cfg), **_quantised_bytes(cfg, path)}
         for part in ("moe", "mla"):
             if extra[part] is not None:
                 for key, value in vars(extra[part]).items():

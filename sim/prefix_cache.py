@@ -207,6 +207,12 @@ class PrefixKVCache:
     def blocks_for(self, num_tokens):
         return -(-num_tokens // self.block_size)
 
+    def sequence_blocks(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def slide(self, computed_before: int, computed: int) -> None:
+        """(full attention: nothing leaves a window)"""
+
     def growth(self, computed: int, new_tokens: int) -> int:
         return self.blocks_for(computed + new_tokens) - self.blocks_for(computed)
 

@@ -46,9 +46,11 @@ class Recorder:
             growth = outcome.kv_slot_growth[: count - 1]
             grown_slots = float(growth @ later) if len(growth) else 0.0
             self.kv_slot_seconds += schedule.kv_slots * total + grown_slots
-            # every decode adds one token per iteration
-            self.kv_token_seconds += (schedule.kv_tokens * total
-                                      + schedule.decode_tokens * float(np.arange(count) @ durations))
+            # every decode adds one token per iteration (a sliding window's run says otherwise)
+            tokens = outcome.kv_token_growth
+            self.kv_token_seconds += schedule.kv_tokens * total + (
+                schedule.decode_tokens * float(np.arange(count) @ durations) if tokens is None
+                else float(tokens[: count - 1] @ later))
             # a run's growth comes in whole blocks (paged); a constant reservation rounds up once
             self.kv_block_seconds += -(-schedule.kv_slots // bs) * total + grown_slots / bs
             self.decode_context_tokens += (count * stats.decode_context_sum

@@ -58,8 +58,8 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
     if own_workload:
         workload = build_workload(scenario.workload, rng)
     e, where = scenario.engine, _where(scenario)
-    blocks = scenario.budget.num_gpu_blocks
-    check_servable(workload, e, blocks, where)
+    blocks, layout = scenario.budget.num_gpu_blocks, scenario.budget.layout
+    check_servable(workload, e, blocks, where, layout)
     cost = cost if cost is not None else scenario.cost()
     req = RequestTable.from_workload(workload)
     env = simpy.Environment()
@@ -69,7 +69,7 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
     if e.disaggregation is not None:  # prefill and decode pools, KV shipped between them
         schedulers, transfers = start_pools(env, scenario, req, workload, recorder, rng, tick, fast_forward)
     else:
-        schedulers = [build_scheduler(e, req, blocks, workload, rng) for _ in range(e.replicas)]
+        schedulers = [build_scheduler(e, req, blocks, workload, rng, layout) for _ in range(e.replicas)]
         router = make_router(e.router, e.replicas)
         if hasattr(router, "attach"):  # a rule that reads the replicas' KV caches (prefix_aware)
             router.attach([s.kv for s in schedulers])
@@ -80,7 +80,7 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
             if workload.users.turns is not None:  # multi-turn: prompts grow turn by turn
                 shared = [s.kv for s in schedulers if isinstance(s.kv, PrefixKVCache) and s.kv.reports]
                 sessions = Sessions(req, workload.users, workload.prefix, shared, e.block_size,
-                                    servable(e, blocks, int(workload.output_tokens.max())))
+                                    servable(e, blocks, int(workload.output_tokens.max()), layout))
             loop = ClosedLoopRouter(env, req, workload.users, schedulers, router, sessions)
             inboxes = loop.inboxes
         for i, (sched, inbox) in enumerate(zip(schedulers, inboxes)):

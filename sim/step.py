@@ -64,3 +64,6 @@ class StepOutcome(NamedTuple):
     # KV token slots added by iterations 1.. of a run, cumulative (iteration j >= 1 holds
     # schedule.kv_slots + kv_slot_growth[j - 1]); empty when the allocation stayed constant
     kv_slot_growth: np.ndarray
+    # KV tokens held in iterations 1.. of a run over what iteration 0 held, cumulative; None: every
+    # decode adds one (a sliding-window cache, which frees blocks mid-run, gives it)
+    kv_token_growth: np.ndarray | None = None

@@ -17,9 +17,10 @@ _PLACEHOLDER_WORKLOAD = {"arrival": {"process": "burst"}, "num_requests": 1,
                          "output_tokens": {"dist": "fixed", "value": 1}}
 
 
-def make_scenario(cost_model="unit", slo=None, seed=0, workload=None, **engine) -> Scenario:
-    """llama-3-8b on h100-sxm with the given engine keys (e.g. scheduler="chunked")."""
-    raw = {"name": "test", "seed": seed, "model": "llama-3-8b", "hardware": "h100-sxm",
+def make_scenario(cost_model="unit", slo=None, seed=0, workload=None, model="llama-3-8b",
+                  **engine) -> Scenario:
+    """`model` (default llama-3-8b) on h100-sxm with the given engine keys (e.g. scheduler="chunked")."""
+    raw = {"name": "test", "seed": seed, "model": model, "hardware": "h100-sxm",
            "cost_model": cost_model, "engine": engine,
            "workload": workload if workload is not None else _PLACEHOLDER_WORKLOAD}
     if slo is not None:
@@ -38,9 +39,9 @@ def make_workload(arrival, prompt, output, priority=None) -> Workload:
 
 
 def run(arrival, prompt, output, priority=None, *, cost_model="unit", slo=None,
-        fast_forward=True, **engine) -> SimResult:
+        fast_forward=True, model="llama-3-8b", **engine) -> SimResult:
     """Simulate one explicit workload under a scenario built from `engine` keys."""
-    scenario = make_scenario(cost_model=cost_model, slo=slo, **engine)
+    scenario = make_scenario(cost_model=cost_model, slo=slo, model=model, **engine)
     return simulate(scenario, workload=make_workload(arrival, prompt, output, priority),
                     fast_forward=fast_forward)
 

@@ -28,18 +28,40 @@ def _blocks(tokens, block_size):
 
 def reference_iteration_level(arrival, prompt, output, *, chunked, max_num_seqs, budget,
                               block_size, num_blocks, policy="fcfs", priority=None,
-                              reserve_full_isl=True):
+                              reserve_full_isl=True, window=0, groups=(1, 0)):
     """Continuous (chunked=False) or chunked batching on one replica, one loop turn per iteration,
     without prefix caching. `reserve_full_isl`: a waiting request joins only if its whole sequence
     fits in the free blocks (vLLM 0.32's default). Returns per-request first/finish/first_sched/
-    preemptions and one dict per iteration."""
+    preemptions and one dict per iteration.
+
+    Sliding window: `groups` = (full, sliding) layer groups, each token taking a block slot in each;
+    a sliding group frees a request's blocks wholly before position computed - window + 1 when the
+    next iteration's pass over the running requests reaches it (vLLM's remove_skipped_blocks in
+    allocate_slots), and the whole-sequence gate asks a sliding group for at most
+    cdiv(window - 1 + 2 x budget, block_size) + 1 blocks."""
     n = len(arrival)
+    full_groups, sliding_groups = groups
+    g = full_groups + sliding_groups
+    cap = _blocks(window - 1 + 2 * budget, block_size) + 1
+
+    def behind(c):
+        return max(0, c - window + 1) // block_size if sliding_groups else 0
+
+    def sequence(c):
+        return full_groups * _blocks(c, block_size) + sliding_groups * min(_blocks(c, block_size), cap)
+
     key = {"fcfs": None, "sjf": list(output),
            "priority": list(priority) if priority is not None else [0] * n}[policy]
     computed, generated, held = [0] * n, [0] * n, [0] * n
     recomputing = [False] * n  # preempted after sampling, next token not sampled yet
     first, finish, first_sched, preemptions = [None] * n, [None] * n, [None] * n, [0] * n
     free, waiting, running, steps = num_blocks, [], [], []
+    skipped = [0] * n  # blocks a request has freed behind its window (per sliding group)
+
+    def release(rid):  # free what is behind the window now
+        nonlocal free
+        gone = sliding_groups * (behind(computed[rid]) - skipped[rid])
+        free, held[rid], skipped[rid] = free + gone, held[rid] - gone, behind(computed[rid])
     now, next_arrival, done = 0.0, 0, 0
 
     def push(rid, front=False):
@@ -60,11 +82,13 @@ def reference_iteration_level(arrival, prompt, output, *, chunked, max_num_seqs,
         i = 0
         while i < len(running):  # running requests first, in admission order
             rid = running[i]
+            release(rid)
             take = min(prompt[rid] + generated[rid] - computed[rid], left)
-            while _blocks(computed[rid] + take, block_size) - held[rid] > free:
+            need = g * (_blocks(computed[rid] + take, block_size) - _blocks(computed[rid], block_size))
+            while need > free:
                 victim = running.pop()  # the most recently admitted
                 free += held[victim]
-                held[victim] = computed[victim] = 0
+                held[victim] = computed[victim] = skipped[victim] = 0
                 preemptions[victim] += 1
                 recomputing[victim] = generated[victim] > 0
                 push(victim, front=True)
@@ -72,8 +96,7 @@ def reference_iteration_level(arrival, prompt, output, *, chunked, max_num_seqs,
                 if victim == rid:
                     break
             else:
-                free -= _blocks(computed[rid] + take, block_size) - held[rid]
-                held[rid] = _blocks(computed[rid] + take, block_size)
+                free, held[rid] = free - need, held[rid] + need
                 left -= take
                 scheduled.append((rid, take))
             i += 1
@@ -81,8 +104,8 @@ def reference_iteration_level(arrival, prompt, output, *, chunked, max_num_seqs,
             rid = waiting[0]
             want = prompt[rid] + generated[rid] - computed[rid]
             take = min(want, left) if chunked else (want if want <= left else 0)
-            need = _blocks(computed[rid] + take, block_size) - held[rid]
-            whole = _blocks(computed[rid] + want, block_size) - held[rid]
+            need = g * _blocks(computed[rid] + take, block_size) - held[rid]
+            whole = sequence(computed[rid] + want) - held[rid]
             if take == 0 or need > free or (reserve_full_isl and whole > free):
                 break  # head of line waits
             waiting.pop(0)
@@ -96,10 +119,14 @@ def reference_iteration_level(arrival, prompt, output, *, chunked, max_num_seqs,
         assert scheduled, "a servable workload always makes progress"
         # a decode: one token by a request that sampled its previous token and was not preempted since
         decodes = sum(1 for r, t in scheduled if t == 1 and generated[r] > 0 and not recomputing[r])
+        take = dict(scheduled)
+        # KV token slots in use (every group's), less those freed behind windows
+        tokens = sum(g * (computed[r] + take.get(r, 0)) - sliding_groups * block_size * skipped[r]
+                     for r in running)
         steps.append(dict(start_s=now, num_seqs=len(scheduled),
                           prefill_tokens=sum(t for _, t in scheduled) - decodes,
                           decode_tokens=decodes, kv_blocks_used=num_blocks - free,
-                          waiting=len(waiting)))
+                          waiting=len(waiting), kv_tokens=tokens))
         now += 1.0
         for rid, take in scheduled:
             computed[rid] += take
@@ -110,7 +137,7 @@ def reference_iteration_level(arrival, prompt, output, *, chunked, max_num_seqs,
                     first[rid] = now
                 if generated[rid] == output[rid]:
                     finish[rid], done = now, done + 1
-                    free, held[rid] = free + held[rid], 0
+                    free, held[rid], skipped[rid] = free + held[rid], 0, 0
                     running.remove(rid)
     return dict(first=first, finish=finish, first_sched=first_sched, preemptions=preemptions,
                 steps=steps)
@@ -571,3 +598,54 @@ def test_static_matches_reference(case, ff):
     if not ff:
         cols = ["start_s", "num_seqs", "prefill_tokens", "padded_tokens"]
         assert steps_rows(r, cols) == [tuple(s[c] for c in cols) for s in ref["steps"]]
+
+
+@st.composite
+def windowed_cases(draw):
+    """iteration_level_cases over a sliding-window model: a window, and the layer groups of
+    sim/models.KVLayout for a 4-layer model with 4 (one group), 2 (2 + 2) or 3 (1 + 3) windowed
+    layers."""
+    case = draw(iteration_level_cases())
+    case["window"] = draw(st.integers(1, 24))
+    sliding = draw(st.sampled_from([4, 2, 3]))
+    case["groups"] = {4: (0, 1), 2: (1, 1), 3: (1, 3)}[sliding]
+    case["sliding_layers"] = sliding
+    g, bs = sum(case["groups"]), case["block_size"]
+    case["num_blocks"] = g * max(_blocks(p + o - 1, bs) for p, o in zip(case["prompt"], case["output"])) \
+        + draw(st.integers(0, 8))
+    return case
+
+
+WINDOWED_MODEL = {"name": "sw", "num_layers": 4, "hidden_size": 64, "num_attention_heads": 4,
+                  "num_kv_heads": 2, "intermediate_size": 128, "vocab_size": 256}
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=windowed_cases(), ff=st.booleans())
+def test_sliding_window_matches_reference(case, ff):
+    """The windowed cache and decode pool (freed blocks behind the window, bulk runs whose free
+    count is not monotone, layer groups) against the per-request reference."""
+    sliding = case.pop("sliding_layers")
+    ref = reference_iteration_level(**case)
+    model = {**WINDOWED_MODEL, "sliding_window": case["window"], "sliding_layers": sliding}
+    r = run(case["arrival"], case["prompt"], case["output"], case["priority"], model=model,
+            scheduler="chunked" if case["chunked"] else "continuous", policy=case["policy"],
+            max_num_seqs=case["max_num_seqs"], max_num_batched_tokens=case["budget"],
+            block_size=case["block_size"], num_gpu_blocks=case["num_blocks"], fast_forward=ff,
+            scheduler_reserve_full_isl=case["reserve_full_isl"])
+    rq = r.requests
+    assert rq["finish_s"].tolist() == ref["finish"]
+    assert rq["first_token_s"].tolist() == ref["first"]
+    assert rq["preemptions"].tolist() == ref["preemptions"]
+    assert (rq["arrival_s"] + rq["queue_s"]).tolist() == ref["first_sched"]
+    assert r.summary["iterations"] == len(ref["steps"])
+    used = [s["kv_blocks_used"] for s in ref["steps"]]
+    slots = case["block_size"] * sum(used)  # every iteration lasts 1 s
+    assert r.summary["kv_waste"] == pytest.approx(1 - sum(s["kv_tokens"] for s in ref["steps"]) / slots,
+                                                  rel=1e-9, abs=1e-12)
+    if not ff:
+        assert r.steps["kv_blocks_used"].tolist() == used
+    else:  # a run's row reports its last iteration
+        ends = (r.steps["start_s"] + r.steps["count"] - 1).tolist()
+        starts = [s["start_s"] for s in ref["steps"]]
+        assert r.steps["kv_blocks_used"].tolist() == [used[starts.index(e)] for e in ends]

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 import numpy as np
 
 from ..errors import ScenarioError
+from ..kv_cache import PagedKVCache, WindowedKVCache
 from ..prefix_cache import PrefixKVCache, block_hashes
 from ..queues import make_queue
 from ..request import RequestTable
@@ -31,6 +32,7 @@ from .static import StaticScheduler
 
 if TYPE_CHECKING:
     from ..config import EngineConfig
+    from ..models import KVLayout
     from ..workload import Workload
 
 
@@ -71,10 +73,22 @@ def make_scheduler(name: str, **kwargs) -> Scheduler:
     return SCHEDULERS[name](**kwargs)
 
 
+def kv_cache_for(e: EngineConfig, num_blocks: int, num_requests: int, layout: KVLayout | None = None):
+    """One replica's KV cache without prefix caching: the scheduler's kind, windowed for a
+    sliding-window model's layer groups (`layout`, from its MemoryBudget) where it is paged."""
+    cls = SCHEDULERS[e.scheduler]
+    if layout is not None and layout.sliding_groups and cls.kv_cache is PagedKVCache:
+        return WindowedKVCache(num_blocks, e.block_size, layout, e.max_num_batched_tokens)
+    return cls.kv_cache.for_replica(num_blocks, e.block_size, num_requests)
+
+
 def build_scheduler(e: EngineConfig, requests: RequestTable, num_blocks: int,
-                    workload: Workload, rng: np.random.Generator | None = None) -> Scheduler:
+                    workload: Workload, rng: np.random.Generator | None = None,
+                    layout: KVLayout | None = None) -> Scheduler:
     """One replica's scheduler with its own KV cache of `num_blocks` blocks and waiting queue.
-    `rng`: the run's seeded generator (speculative decoding draws its acceptances from it)."""
+    `rng`: the run's seeded generator (speculative decoding draws its acceptances from it);
+    `layout`: a sliding-window model's KV-cache groups (sim/config.py turned prefix caching,
+    speculative decoding and disaggregation off or away for it)."""
     cls = SCHEDULERS[e.scheduler]
     caching = prefix_caching(e, workload)
     if caching and e.speculative is not None:
@@ -100,7 +114,7 @@ def build_scheduler(e: EngineConfig, requests: RequestTable, num_blocks: int,
         kv = PrefixKVCache(num_blocks, e.block_size, [[]] * len(requests), requests.prompt.tolist(),
                            reports=False)
     else:
-        kv = cls.kv_cache.for_replica(num_blocks, e.block_size, len(requests))
+        kv = kv_cache_for(e, num_blocks, len(requests), layout)
     pool = None
     if e.speculative is not None:
         from ..speculative import SpeculativePool
@@ -126,16 +140,17 @@ def prefix_caching(e: EngineConfig, workload: Workload) -> bool:
     return caching_on(e) and workload.prefix is not None and len(workload.prefix) == len(workload)
 
 
-def servable(e: EngineConfig, num_blocks: int, max_output: int):
+def servable(e: EngineConfig, num_blocks: int, max_output: int, layout: KVLayout | None = None):
     """`fits(prompt, output)`: would one more request of these lengths pass check_servable below
     (a conversation's growing prompt is checked as it grows: sim/sessions.py)?"""
     cls = SCHEDULERS[e.scheduler]
     capacity = num_blocks * e.block_size
     whole_prompts = cls.token_budget and not cls.chunks_prompts
+    kv = kv_cache_for(e, num_blocks, 0, layout)
 
     def fits(prompt: int, output: int) -> bool:
         # the workload's longest output beside it: static batching reserves that much for everyone
-        need, _ = cls.kv_cache.slots_needed(np.array([prompt, prompt]), np.array([output, max_output]),
+        need, _ = kv.slots_needed(np.array([prompt, prompt]), np.array([output, max_output]),
                                             e.block_size)
         if need[0] > capacity:
             return False
@@ -143,13 +158,14 @@ def servable(e: EngineConfig, num_blocks: int, max_output: int):
     return fits
 
 
-def check_servable(w: Workload, e: EngineConfig, num_blocks: int, where: str = "") -> None:
+def check_servable(w: Workload, e: EngineConfig, num_blocks: int, where: str = "",
+                   layout: KVLayout | None = None) -> None:
     """A request that could never be scheduled would hang the replica: refuse it up front."""
     if len(w) == 0:
         raise ScenarioError(f"{where}workload: no requests to simulate")
     cls = SCHEDULERS[e.scheduler]
     capacity = num_blocks * e.block_size  # KV token slots per replica
-    need, what = cls.kv_cache.slots_needed(w.prompt_tokens, w.output_tokens, e.block_size)
+    need, what = kv_cache_for(e, num_blocks, 0, layout).slots_needed(w.prompt_tokens, w.output_tokens, e.block_size)
     worst = int(np.argmax(need))
     if need[worst] > capacity:
         raise ScenarioError(

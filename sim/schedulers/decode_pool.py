@@ -126,3 +126,89 @@ class DecodePool:
     def _current(self, key: int, rid: int) -> bool:
         """Is this heap entry the live one for a current member?"""
         return rid in self.members and key == int(self.req.output[rid] - self.req.generated[rid])
+
+
+class WindowedDecodePool(DecodePool):
+    """The decode pool over a sliding-window model's KV cache (sim/kv_cache.WindowedKVCache).
+
+    Each opened block is one per layer group (`groups`). A member is *capped* from the iteration
+    whose token position `c` reaches `window - 1`: from then on it attends `window` tokens, and its
+    sliding groups free one block every `block_size` iterations, at the end of the iteration that
+    computes position c with `(c + 2 - window) % block_size == 0` (the one after it no longer
+    reaches that block). With stored computed `s` (computed - clock) that is clock
+    `D % block_size == (window - 2 - s) % block_size`, counted in `close_count` as `phase_count`
+    counts openings. A member becomes capped at clock `window - 1 - s` (a heap, like finishes); a
+    decode run stops short of it, so within a run the capped set and both phase counts are fixed.
+    """
+
+    def __init__(self, requests: RequestTable, kv):
+        super().__init__(requests, kv.block_size)
+        self.groups, self.sliding_groups, self.window = kv.groups, kv.sliding_groups, kv.window
+        self.close_count = np.zeros(self.block_size, dtype=np.int64)
+        self.capped: set[int] = set()
+        self._capped_stored = 0      # sum over capped members of their stored computed
+        self.behind_sum = 0          # sum over members of blocks freed behind their window (per group)
+        self._cap_heap: list[tuple[int, int]] = []  # (clock at which it becomes capped, rid)
+
+    def join(self, rid: int) -> None:
+        super().join(rid)
+        stored = int(self.req.computed[rid])
+        self.behind_sum += max(0, stored + self.clock - self.window + 1) // self.block_size
+        if stored + self.clock >= self.window - 1:
+            self._cap(rid, stored)
+        else:
+            heapq.heappush(self._cap_heap, (self.window - 1 - stored, rid))
+
+    def _cap(self, rid: int, stored: int) -> None:
+        self.capped.add(rid)
+        self._capped_stored += stored
+        self.close_count[(self.window - 2 - stored) % self.block_size] += 1
+
+    def leave(self, rid: int) -> None:
+        stored = int(self.req.computed[rid])
+        self.behind_sum -= max(0, stored + self.clock - self.window + 1) // self.block_size
+        if rid in self.capped:
+            self.capped.remove(rid)
+            self._capped_stored -= stored
+            self.close_count[(self.window - 2 - stored) % self.block_size] -= 1
+        super().leave(rid)
+
+    def window_sums(self) -> tuple[int, int]:
+        """(sum over members of the tokens they attend in a windowed layer in the next iteration,
+        min(computed + 1, window); how many are capped, whose term stays put as they advance)."""
+        capped = len(self.capped)
+        uncapped = self.context_sum() - (self._capped_stored + capped * self.clock)
+        return uncapped + (self.size - capped) + capped * self.window, capped
+
+    def new_blocks_now(self) -> int:
+        return self.groups * int(self.phase_count[self.clock % self.block_size])
+
+    def new_blocks_at(self, first: int, count: int) -> np.ndarray:
+        return self.groups * super().new_blocks_at(first, count)
+
+    def closes_at(self, first: int, count: int) -> np.ndarray:
+        """Blocks the members free at the end of each of `count` iterations, `first` steps ahead."""
+        clocks = np.arange(self.clock + first, self.clock + first + count)
+        return self.sliding_groups * self.close_count[clocks % self.block_size]
+
+    def steps_to_next_finish(self) -> int:
+        """Iterations before a member finishes or becomes capped (a run stops at either)."""
+        k = super().steps_to_next_finish()
+        heap = self._cap_heap
+        while heap and not self._uncapped(*heap[0]):
+            heapq.heappop(heap)
+        return min(k, heap[0][0] - self.clock) if heap else k
+
+    def advance(self, steps: int) -> list[int]:
+        self.behind_sum += int(self.closes_at(0, steps).sum()) // self.sliding_groups
+        done = super().advance(steps)
+        heap = self._cap_heap
+        while heap and heap[0][0] <= self.clock:
+            key, rid = heapq.heappop(heap)
+            if self._uncapped(key, rid):
+                self._cap(rid, int(self.req.computed[rid]))
+        return done
+
+    def _uncapped(self, key: int, rid: int) -> bool:
+        """Is this heap entry the live one for a current, not yet capped member?"""
+        return rid in self.members and rid not in self.capped and key == self.window - 1 - int(self.req.computed[rid])

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..batch import BatchStats
+from ..batch import BatchStats, WindowedBatchStats
 from ..kv_cache import PagedKVCache
 from ..request import RequestTable
 from ..step import NO_IDS, Schedule, StepOutcome
-from .decode_pool import DecodePool
+from .decode_pool import DecodePool, WindowedDecodePool
 
 
 class IterationLevelScheduler:
@@ -41,13 +41,21 @@ class IterationLevelScheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         # running decodes: one token each (DecodePool), or speculative (sim/speculative.py)
-        self.pool = DecodePool(requests, kv.block_size) if pool is None else pool
+        # (a sliding-window model's cache frees blocks behind each request's window: sim/kv_cache.py)
+        self._windowed = getattr(kv, "sliding_groups", 0) > 0
+        if pool is None:
+            pool = WindowedDecodePool(requests, kv) if self._windowed else DecodePool(requests, kv.block_size)
+        self.pool = pool
         self.prefilling: list[int] = []  # running, prompt not yet all computed; admission order
         # every running request, admission order (a dict for O(1) removal; values unused)
         self.order: dict[int, None] = {}
         self.retry_at = np.inf           # only an arrival or a finished iteration creates new work
         self._fifo = getattr(queue, "new_arrivals_last", False)  # arrivals never pass a blocked head
         self._preempted: list[int] = []  # preempted while forming the current schedule
+        # sliding window: blocks each request freed behind its window as the last iteration ended
+        # (prefill chunks here; decodes by arithmetic), and their total (see _lazy_releases)
+        self._slid: dict[int, int] = {}
+        self._released = 0
 
     # -- the contract ---------------------------------------------------------------------------
     def add(self, rid: int) -> None:
@@ -73,11 +81,16 @@ class IterationLevelScheduler:
         need = pool.new_blocks_now()
         if chunks:  # (skipping empty generators: this runs every iteration)
             need += sum(kv.growth(self._computed(rid), t) for rid, t in chunks)
-        preempted = not kv.allocate(need)
-        if preempted:
-            chunks = self._preempt_until_fits(now, chunks)
-        elif pool.speculative:  # members hold their lookahead blocks
-            pool.reserve_all()
+        if self._windowed and need > kv.free - self._released:
+            # vLLM frees the blocks behind windows only as it reaches each request: order matters
+            chunks = self._preempt_until_fits(now, chunks, self._lazy_releases())
+            preempted = bool(self._preempted)
+        else:
+            preempted = not kv.allocate(need)
+            if preempted:
+                chunks = self._preempt_until_fits(now, chunks)
+            elif pool.speculative:  # members hold their lookahead blocks
+                pool.reserve_all()
         if not preempted and self.waiting:
             budget -= sum(t for _, t in chunks)
             chunks += self._admit(now, budget)
@@ -86,7 +99,9 @@ class IterationLevelScheduler:
         return self._schedule(chunks, preempted)
 
     def update(self, schedule: Schedule, steps: int, now: float) -> StepOutcome:
-        req, kv = self.req, self.kv
+        if self._windowed:
+            return self._update_windowed(schedule, steps, now)
+        kv = self.kv
         growth, finished = NO_IDS, []
         if schedule.decode_tokens:
             if steps > 1:  # the later iterations of a run; _run_length checked they fit
@@ -97,18 +112,59 @@ class IterationLevelScheduler:
         used = kv.num_blocks - kv.free  # held in the last iteration, before the finished release theirs
         if finished:
             self._finish(finished, now)
-        if not schedule.prefill_tokens:
-            return StepOutcome(tuple(finished), used, growth)
+        if schedule.prefill_tokens:
+            self._commit_prefills(schedule, finished, now)
+        return StepOutcome(tuple(finished), used, growth)  # finished, kv_blocks_used, kv_slot_growth
+
+    def _commit_prefills(self, schedule: Schedule, finished: list[int], now: float) -> None:
+        """The iteration's prefill chunks are computed; a prompt done samples its first token."""
+        req, kv = self.req, self.kv
+        slid = self._slid if self._windowed else None
         for rid, t in zip(schedule.prefill_ids.tolist(), schedule.stats.prefill_lens.tolist()):
-            computed = int(req.computed[rid]) + t
+            before = int(req.computed[rid])
+            computed = before + t
             req.computed[rid] = computed
             kv.commit(rid, computed)  # (prefix caching: its full prompt blocks become cacheable)
+            if slid is not None:  # (sliding window: blocks now behind it are freed)
+                slid[rid] = freed = kv.slide(before, computed)
+                self._released += freed
             if computed < req.prompt[rid] + req.generated[rid]:
                 continue  # more of the prompt to come
             self.prefilling.remove(rid)
             if self._prompt_done(rid, now):
                 finished.append(rid)
-        return StepOutcome(tuple(finished), used, growth)  # finished, kv_blocks_used, kv_slot_growth
+
+    def _update_windowed(self, schedule: Schedule, steps: int, now: float) -> StepOutcome:
+        """`update` over a sliding-window cache: the blocks the last iteration pushed behind
+        windows are freed after its usage is read (and remembered for _lazy_releases)."""
+        kv, growth, tokens, closing, finished = self.kv, NO_IDS, None, 0, []
+        self._slid = {}
+        if schedule.decode_tokens:
+            growth, tokens, closing = self._windowed_run(schedule, steps)
+            finished = self.pool.advance(steps)
+        used = kv.num_blocks - kv.free
+        kv.free += closing
+        self._released = closing
+        if finished:
+            self._finish(finished, now)
+        if schedule.prefill_tokens:
+            self._commit_prefills(schedule, finished, now)
+        return StepOutcome(tuple(finished), used, growth, tokens)
+
+    def _windowed_run(self, schedule: Schedule, steps: int):
+        """A decode run over a sliding-window cache: iteration j >= 1 opens blocks, every
+        iteration's end frees those behind the window. Returns the run's slot and token growth
+        (StepOutcome) and the blocks the last iteration frees (after its usage is read)."""
+        pool, kv, bs = self.pool, self.kv, self.kv.block_size
+        growth = tokens = NO_IDS
+        if steps > 1:
+            shut = pool.closes_at(0, steps - 1).cumsum()
+            net = pool.new_blocks_at(1, steps - 1).cumsum() - shut
+            kv.free -= int(net[-1])
+            growth = net * bs
+            # every decode writes one token per group; a freed block takes its bs tokens along
+            tokens = pool.groups * schedule.decode_tokens * np.arange(1, steps) - shut * bs
+        return growth, tokens, int(pool.closes_at(steps - 1, 1)[0])
 
     def _prompt_done(self, rid: int, now: float) -> bool:
         """Its prompt (recompute included) is all computed: it samples a token, then finishes
@@ -135,17 +191,37 @@ class IterationLevelScheduler:
             budget -= t
         return chunks
 
-    def _preempt_until_fits(self, now: float, chunks) -> list[tuple[int, int]]:
+    def _lazy_releases(self) -> dict[int, int]:
+        """Sliding window: the blocks each running request freed behind its window as the last
+        iteration ended, taken back from the free count: vLLM frees them only when its pass over
+        the running requests reaches that request (`remove_skipped_blocks` in `allocate_slots`)."""
+        kv, pool, order = self.kv, self.pool, self.order
+        pending = {rid: freed for rid, freed in self._slid.items() if rid in order}  # (not finished)
+        behind, bs, groups = kv.layout.behind, kv.block_size, kv.sliding_groups
+        for rid in pool.members:  # the rest decoded one token: c - 1 -> c
+            if rid not in self._slid:
+                c = pool.computed(rid)
+                pending[rid] = groups * (behind(c, bs) - behind(c - 1, bs))
+        kv.free -= sum(pending.values())
+        self._released = 0
+        return pending
+
+    def _preempt_until_fits(self, now: float, chunks, pending=None) -> list[tuple[int, int]]:
         """vLLM V1's loop: each running request in admission order gets its blocks, preempting
-        from the most recently admitted end until it does (or is itself preempted)."""
+        from the most recently admitted end until it does (or is itself preempted). `pending`: the
+        blocks behind each one's window, freed as the loop reaches it (sliding window)."""
         take, pool = dict(chunks), self.pool
         ids, i = list(self.order), 0
         while i < len(ids):
             rid = ids[i]
+            if pending:
+                self.kv.free += pending.pop(rid, 0)
             member = rid in pool.members
             need = pool.growth(rid, self.kv) if member else self.kv.growth(self._computed(rid), take.get(rid, 0))
             while not self.kv.allocate(need):
                 victim = ids.pop()
+                if pending:
+                    self.kv.free += pending.pop(victim, 0)
                 self._preempt(victim, now)
                 if victim == rid:
                     member = False
@@ -204,9 +280,12 @@ class IterationLevelScheduler:
             t = self.admit_tokens(total - start, budget)
             held = self._held_blocks(rid, computed) + len(hits)
             if t == 0 or (self.reserve_full_isl and t < total - start
-                          and not kv.can_take(hits, kv.blocks_for(total) - held)):
+                          and not kv.can_take(hits, kv.sequence_blocks(total) - held)):
                 break  # the whole sequence must fit, not just this chunk (vLLM 0.32's default)
-            if not kv.admit(rid, hits, kv.blocks_for(start + t) - held, total):
+            # (blocks_for(start + t) - held but for a sliding window, whose chunk's blocks are all
+            # allocated before the ones behind the window are freed: growth)
+            new = kv.blocks_for(start + t) - held if not self._windowed else kv.growth(start, t)
+            if not kv.admit(rid, hits, new, total):
                 break  # head-of-line: whoever is first in line waits for room
             if hits:
                 req.computed[rid] = start
@@ -239,12 +318,23 @@ class IterationLevelScheduler:
         held = context_sum  # KV tokens held before this iteration's writes
         if self.prefilling:
             held += sum(int(req.computed[rid]) for rid in self.prefilling)
+        tokens = held + decodes + prefill_tokens
         if pool.speculative and decodes:  # verification priced like prefill chunks, plus the draft
             v_lens, v_contexts, draft_seqs, draft_context = pool.batch()
             stats = BatchStats(prefill_lens=np.concatenate((lens, v_lens)),
                                prefill_contexts=np.concatenate((contexts, v_contexts)),
                                draft_seqs=draft_seqs, draft_context_sum=draft_context)
             max_steps = 1
+        elif self._windowed:
+            window_sum, capped = pool.window_sums()
+            stats = WindowedBatchStats(prefill_lens=lens, prefill_contexts=contexts, num_decodes=decodes,
+                                       decode_context_sum=context_sum + decodes,
+                                       decode_window_sum=window_sum, decode_capped=capped)
+            max_steps = self._windowed_run_length() if decodes and not self.prefilling and not preempted else 1
+            # token slots over every group, less the blocks freed behind windows
+            behind = pool.behind_sum + sum(kv.layout.behind(int(req.computed[r]), kv.block_size)
+                                           for r in self.prefilling)
+            tokens = kv.groups * tokens - kv.sliding_groups * kv.block_size * behind
         else:
             stats = BatchStats(prefill_lens=lens, prefill_contexts=contexts, num_decodes=decodes,
                                decode_context_sum=context_sum + decodes)
@@ -254,7 +344,7 @@ class IterationLevelScheduler:
             pool.ids() if decodes else NO_IDS, ids, stats,             # decode_ids, prefill_ids, stats
             decodes + len(chunks), prefill_tokens, decodes,            # num_seqs, prefill/decode tokens
             (kv.num_blocks - kv.free) * kv.block_size, kv.num_blocks,  # kv_slots, kv_blocks_total
-            held + decodes + prefill_tokens, len(self.waiting),        # kv_tokens, waiting
+            tokens, len(self.waiting),                                 # kv_tokens, waiting
             max_steps, self._arrival_sensitive(),                      # max_steps, arrival_sensitive
             tuple(self._preempted) if self._preempted else (),         # preempted
             kv.cached_blocks)                                          # kv_blocks_cached
@@ -268,6 +358,26 @@ class IterationLevelScheduler:
             return max(k, 1)
         opened = self.pool.new_blocks_at(1, k - 1).cumsum()
         return 1 + int(opened.searchsorted(self.kv.free, side="right"))
+
+    def _windowed_run_length(self) -> int:
+        """_run_length over a sliding-window cache, where the free count is not monotone: blocks
+        go behind windows mid-run (and a member becoming capped ends a run: steps_to_next_finish)."""
+        pool = self.pool
+        k = pool.steps_to_next_finish()
+        if k <= 1:
+            return max(k, 1)
+        if len(self.waiting) and len(self.order) < self.max_num_seqs:
+            # someone waits for blocks: the run ends with the first iteration that frees some
+            freeing = np.flatnonzero(pool.closes_at(0, k - 1))
+            k = int(freeing[0]) + 1 if len(freeing) else k
+            if k == 1:
+                return 1
+        # iteration j >= 1 may count on the blocks freed up to iteration j - 2 only: those of
+        # j - 1 come back as vLLM's pass reaches each request, so schedule() checks the order
+        closed = np.concatenate(([0], pool.closes_at(0, k - 2).cumsum()))
+        net = pool.new_blocks_at(1, k - 1).cumsum() - closed
+        over = np.flatnonzero(net > self.kv.free)
+        return 1 + int(over[0]) if len(over) else k
 
     def _arrival_sensitive(self) -> bool:
         """Could a request arriving during a decode run join before the run ends? Not when every
