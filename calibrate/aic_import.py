@@ -16,6 +16,9 @@ Rows kept (calibrate/composer.py decides which measured rows stand in for each s
   context_attention.csv     prefill attention (batch x length), bf16 KV, head_dim 128, no window
   generation_attention.csv  decode attention (batch x KV length = isl + step), same filters
   allreduce.csv             vLLM custom all-reduce, bf16, 2/4/8 GPUs, CUDA-graph and eager
+  moe.csv                   vLLM's fused MoE layer, bf16, balanced routing, experts split by TP
+                            (no expert parallelism), at the MoE presets' shapes; from the newest
+                            vLLM version measuring all of them (GPUs without any: no moe.csv)
 """
 from __future__ import annotations
 
@@ -27,12 +30,13 @@ import sys
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import yaml
 
-from calibrate.composer import attention_sources, bracket, gemm_shapes
+from calibrate.composer import attention_sources, bracket, gemm_shapes, moe_key
 from sim.memory import kv_heads_per_rank
-from sim.models import MODEL_PRESETS
+from sim.models import CPU_PRESETS, MODEL_PRESETS
 
 PACKAGE = "aiconfigurator-core"
 DATA = "aiconfigurator_core/systems/data"
@@ -99,7 +103,7 @@ def _parquet(src: Source, name: str) -> pd.DataFrame:
 def _reachable_shapes():
     """(model, tp) pairs of the presets: every TP size that divides the attention heads."""
     for name, model in sorted(MODEL_PRESETS.items()):
-        if name == "tiny":
+        if name in CPU_PRESETS:
             continue
         for tp in TP_SIZES:
             if model.num_attention_heads % tp == 0:
@@ -139,6 +143,35 @@ def _attention_rows(frame: pd.DataFrame, kernel: str, length: str) -> pd.DataFra
     return out[["num_heads", "num_kv_heads", "batch_size", length, "latency"]]
 
 
+MOE_KEY = ["hidden_size", "inter_size", "topk", "num_experts", "tp"]
+
+
+def _moe_keys() -> set[tuple]:
+    return {moe_key(model, tp) for model, tp in _reachable_shapes() if model.moe is not None}
+
+
+def _moe_source(src: Source, system: str) -> str | None:
+    """The newest fused-MoE table covering every MoE preset's shapes (else the one covering most)."""
+    pattern = re.compile(rf"{DATA}/{system}/moe/vllm/([^/]+)/moe_perf\.parquet$")
+    best = None
+    for name in src.names:
+        m = pattern.match(name)
+        if m:
+            covered = len(_moe_keys() & set(map(tuple, _moe_rows(_parquet(src, name))[MOE_KEY].to_numpy().tolist())))
+            rank = (covered, tuple(int(x) for x in re.findall(r"\d+", m.group(1))[:3]))
+            if covered and (best is None or rank > best[0]):
+                best = (rank, name)
+    return None if best is None else best[1]
+
+
+def _moe_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    frame = frame[(frame["moe_dtype"] == "bfloat16") & (frame["moe_ep_size"] == 1)
+                  & (frame["distribution"] == "balanced")].rename(columns={"moe_tp_size": "tp"})
+    keys = _moe_keys()
+    mask = np.array([k in keys for k in map(tuple, frame[MOE_KEY].to_numpy().tolist())], dtype=bool)
+    return frame.loc[mask, [*MOE_KEY, "num_tokens", "latency", "kernel_source"]]
+
+
 def _one_per_key(rows: pd.DataFrame, keys: list[str]) -> tuple[pd.DataFrame, int]:
     """Repeated measurements of one shape (rare) are reduced to their median; returns how many."""
     dup = int(rows.duplicated(keys).sum())
@@ -164,6 +197,9 @@ def import_gpu(src: Source, preset: str, out: Path, wheel_sha: str | None) -> di
                                         decode_kernel),
         "allreduce": _latest(src, system, "comm", "custom_allreduce_perf"),
     }
+    moe = _moe_source(src, system)
+    if moe is not None:
+        paths["moe"] = moe
     frames = {k: _parquet(src, p) for k, p in paths.items()}
     ar = frames["allreduce"]
     ar = ar[ar["allreduce_dtype"] == "bfloat16"][["num_gpus", "message_size", "backend", "latency"]]
@@ -177,6 +213,9 @@ def import_gpu(src: Source, preset: str, out: Path, wheel_sha: str | None) -> di
             ["num_heads", "num_kv_heads", "batch_size", "kv_len"]),
         "allreduce": _one_per_key(ar, ["num_gpus", "backend", "message_size"]),
     }
+    if moe is not None:
+        moe_rows = _moe_rows(frames["moe"])
+        tables["moe"] = _one_per_key(moe_rows.drop(columns="kernel_source"), [*MOE_KEY, "num_tokens"])
     folder = out / system
     folder.mkdir(parents=True, exist_ok=True)
     files = {}
@@ -194,6 +233,8 @@ def import_gpu(src: Source, preset: str, out: Path, wheel_sha: str | None) -> di
         }
     files["context_attention"]["kernel"] = prefill_kernel
     files["generation_attention"]["kernel"] = decode_kernel
+    if moe is not None:
+        files["moe"]["kernel"] = ", ".join(sorted(set(moe_rows["kernel_source"])))
     provenance = {
         "package": PACKAGE, "package_version": src.version(), "wheel": src.path.name,
         "wheel_sha256": wheel_sha, "servesim_hardware_preset": preset, "system": system,

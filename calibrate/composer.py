@@ -9,6 +9,7 @@ An iteration of a Llama-style decoder at T scheduled tokens and S sequences (vLL
 pass over every scheduled token):
 
     layers x [ GEMM(T, qkv) + GEMM(T, o) + GEMM(T, gate_up) + GEMM(T, down)     measured (gemm)
+               (an MoE layer: GEMM(T, router) + fused experts(T)                measured (gemm, moe))
              + prefill attention of the chunks                                  measured (context)
              + decode attention of the decodes                                  measured (generation)
              + 2 all-reduces of T x hidden (TP > 1)                             measured (all-reduce)
@@ -75,13 +76,17 @@ class KernelTables:
     allreduce: pd.DataFrame             # num_gpus, message_size, backend, latency_ms
     hbm_bandwidth: float                # bytes/s, for the modelled elementwise term
     folder: Path | None = None
+    # fused MoE layers (routing, both expert GEMMs and the activation), bf16, experts split by TP:
+    # hidden_size, inter_size, topk, num_experts, tp, num_tokens, latency_ms; None: not measured
+    moe: pd.DataFrame | None = None
 
     @classmethod
     def load(cls, folder: str | Path, hbm_bandwidth: float) -> "KernelTables":
         folder = Path(folder)
         read = lambda name: pd.read_csv(folder / f"{name}.csv")  # noqa: E731
+        moe = read("moe") if (folder / "moe.csv").is_file() else None
         return cls(read("gemm"), read("context_attention"), read("generation_attention"),
-                   read("allreduce"), hbm_bandwidth, folder)
+                   read("allreduce"), hbm_bandwidth, folder, moe)
 
 
 def bracket(values: list[int], x: float) -> tuple[int, int]:
@@ -180,13 +185,22 @@ class GemmShape:
 
 def gemm_shapes(model: ModelSpec, tp: int) -> list[GemmShape]:
     """The linear layers of one decoder layer per GPU (vLLM merges q/k/v and gate/up), and the
-    LM head (vocab split across GPUs)."""
+    LM head (vocab split across GPUs). An MoE layer has the router (experts x hidden, the same
+    on every GPU) instead of gate/up and down: its experts are one fused MoE kernel (moe.csv)."""
     kv = kv_heads_per_rank(model, tp)
     q = model.num_attention_heads // tp
     hd, h, inter = model.head_dim, model.hidden_size, model.intermediate_size // tp
-    return [GemmShape("qkv", (q + 2 * kv) * hd, h), GemmShape("o", h, q * hd),
-            GemmShape("gate_up", 2 * inter, h), GemmShape("down", h, inter),
+    mlp = ([GemmShape("gate_up", 2 * inter, h), GemmShape("down", h, inter)] if model.moe is None
+           else [GemmShape("router", model.moe.num_experts, h)])
+    return [GemmShape("qkv", (q + 2 * kv) * hd, h), GemmShape("o", h, q * hd), *mlp,
             GemmShape("lm_head", -(-model.vocab_size // tp), h)]
+
+
+def moe_key(model: ModelSpec, tp: int) -> tuple[int, int, int, int, int]:
+    """(hidden_size, inter_size, topk, num_experts, tp): the moe.csv rows of this model's MoE
+    layers split over `tp` GPUs (vLLM without --enable-expert-parallel splits each expert)."""
+    m = model.moe
+    return model.hidden_size, m.expert_intermediate_size, m.experts_per_token, m.num_experts, tp
 
 
 class StepComposer:
@@ -194,16 +208,21 @@ class StepComposer:
                  cpu_overhead_s: float = DEFAULT_CPU_OVERHEAD_S,
                  cpu_overhead_per_seq_s: float = DEFAULT_CPU_OVERHEAD_PER_SEQ_S):
         tp = tensor_parallel_size
-        if model.moe is not None or model.mla is not None or model.linear_weight_bytes is not None:
-            raise ValueError(f"{model.name}: MoE, MLA and quantised weights are not composed from "
-                             f"the kernel tables yet (dense bf16 Llama-style models only); the "
-                             f"roofline prices them")
+        m = model.moe
+        if (model.mla is not None or model.linear_weight_bytes is not None or model.expert_weight_bytes
+                is not None or (m is not None and (m.dense_layers or m.shared_experts))):
+            raise ValueError(f"{model.name}: MLA, quantised weights and MoE with dense layers or shared "
+                             f"experts are not composed from the kernel tables yet (bf16 dense and "
+                             f"MoE models only); the roofline prices them")
         self.model, self.tp, self.tables = model, tp, tables
         self.cpu_overhead_s, self.cpu_overhead_per_seq_s = cpu_overhead_s, cpu_overhead_per_seq_s
         self.extrapolated: Counter = Counter()  # lookups past a table's last point, by term
         self.notes: list[str] = []              # modelling choices this composition needed
         self.shapes = gemm_shapes(model, tp)
         self._gemm = self._gemm_curves(tables.gemm)
+        self._moe = None if m is None else self._moe_curve(tables, moe_key(model, tp))
+        # the layer's linear work: its GEMMs, and the fused experts of an MoE layer
+        self.layer_gemms = [s.name for s in self.shapes if s.name != "lm_head"]
         q, kv = model.num_attention_heads // tp, kv_heads_per_rank(model, tp)
         self._ctx = self._attention(tables.context_attention, q, kv, "isl")
         self._gen = self._attention(tables.generation_attention, q, kv, "kv_len")
@@ -213,7 +232,7 @@ class StepComposer:
             for backend, g in ar.groupby("backend")}
         if tp > 1 and not self._allreduce:
             raise ValueError(f"{tables.folder}: no all-reduce rows for {tp} GPUs")
-        inter = model.intermediate_size // tp
+        inter = model.intermediate_size // tp if m is None else 0  # (MoE: inside the fused kernel)
         dims = (model.num_attention_heads // tp + kv) * model.head_dim
         elements = 2 * 2 * model.hidden_size + 3 * inter + 2 * 3 * model.hidden_size + 2 * dims
         self._elementwise_s_per_token = (model.num_layers * elements * model.dtype_bytes
@@ -246,6 +265,29 @@ class StepComposer:
                                           f"measured points raised to keep it monotone in tokens")
             out[s.name] = (n, s.k, parts, bracket(ns, n), bracket(ks, s.k), corners)
         return out
+
+    def _moe_curve(self, tables: KernelTables, key: tuple) -> "_Curve":
+        if tables.moe is None:
+            raise ValueError(f"{tables.folder}: no fused-MoE measurements for this GPU")
+        cols = ["hidden_size", "inter_size", "topk", "num_experts", "tp"]
+        rows = tables.moe[(tables.moe[cols] == pd.Series(key, index=cols)).all(axis=1)]
+        if rows.empty:
+            raise ValueError(f"{tables.folder}/moe.csv: no rows for hidden {key[0]}, expert width "
+                             f"{key[1]}, top-{key[2]} of {key[3]} experts over {key[4]} GPU(s)")
+        curve = _Curve(rows["num_tokens"].to_numpy(), rows["latency_ms"].to_numpy())
+        if curve.raised:
+            self.notes.append(f"fused MoE: {curve.raised} of {len(rows)} measured points raised to keep "
+                              f"it monotone in tokens")
+        return curve
+
+    def experts_ms(self, tokens: float) -> float:
+        """One MoE layer's fused experts at `tokens` tokens (measured with balanced routing)."""
+        return self._moe(tokens, self.extrapolated, "fused MoE tokens") if tokens else 0.0
+
+    def linear_ms(self, tokens: float) -> float:
+        """One decoder layer's linear work at `tokens` tokens."""
+        ms = sum(self.gemm_ms(g, tokens) for g in self.layer_gemms)
+        return ms + self.experts_ms(tokens) if self._moe is not None else ms
 
     def _attention(self, frame: pd.DataFrame, q: int, kv: int, length: str):
         combos = set(zip(frame["num_heads"], frame["num_kv_heads"]))
@@ -308,7 +350,9 @@ class StepComposer:
         tokens = sum(lens) + stats.num_decodes
         seqs = len(lens) + stats.num_decodes
         layers = self.model.num_layers
-        out = {name: layers * self.gemm_ms(name, tokens) for name in ("qkv", "o", "gate_up", "down")}
+        out = {name: layers * self.gemm_ms(name, tokens) for name in self.layer_gemms}
+        if self._moe is not None:
+            out["experts"] = layers * self.experts_ms(tokens)
         out["lm_head"] = self.gemm_ms("lm_head", seqs) if seqs else 0.0
         out["prefill_attention"] = layers * self.prefill_attention_ms(lens, contexts)
         out["decode_attention"] = layers * self.decode_attention_ms(stats.num_decodes,

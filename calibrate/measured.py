@@ -27,7 +27,7 @@ from sim.batch import BatchStats
 from sim.hardware import HARDWARE_PRESETS, HardwareSpec
 from sim.measured import FORMAT, PROFILES, TableProfileCost, load_table_profile
 from sim.memory import kv_budget
-from sim.models import MODEL_PRESETS, ModelSpec
+from sim.models import CPU_PRESETS, MODEL_PRESETS, ModelSpec
 
 TABLES = Path(__file__).resolve().parent / "tables"
 HELDOUT_SHAPES = 300
@@ -54,8 +54,11 @@ def tabulate(composer: StepComposer, max_tokens: int = 32768) -> dict:
     knots = sorted(knots)
     layers = model.num_layers
 
+    if t.moe is not None and model.moe is not None:  # the fused-MoE table's own token counts
+        knots = sorted(set(knots) | {float(x) for x in t.moe["num_tokens"] if x <= max_tokens})
+
     def tokens_s(T: float) -> float:
-        ms = layers * sum(composer.gemm_ms(g, T) for g in ("qkv", "o", "gate_up", "down"))
+        ms = layers * composer.linear_ms(T)
         ms += 2 * layers * composer.allreduce_ms(int(T)) + 1e3 * composer._elementwise_s_per_token * T
         return ms / 1e3
 
@@ -178,10 +181,14 @@ def regenerate(tables_root: Path = TABLES, out: Path = PROFILES) -> list[tuple[s
         tables = KernelTables.load(folder, hw.hbm_bandwidth)
         provenance = yaml.safe_load((folder / "provenance.yaml").read_text())
         for name, model in sorted(MODEL_PRESETS.items()):
-            if name == "tiny":
+            if name in CPU_PRESETS:
                 continue
             for tp in (1, 2, 4, 8):
                 if not fits(model, hw, tp):
+                    continue
+                if model.moe is not None and tables.moe is None:
+                    print(f"{preset:<10} {name:<12} tp{tp}: no fused-MoE measurements for this GPU; "
+                          f"no profile (the roofline prices it)", file=sys.stderr)
                     continue
                 doc = build_profile(tables, model, hw, tp, provenance=provenance)
                 write_profile(doc, out / preset / f"{name}-tp{tp}.yaml")

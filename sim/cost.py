@@ -399,12 +399,16 @@ def _measured_options(options: Any, where: str, hardware: HardwareSpec, tp: int,
     from .hardware import HARDWARE_PRESETS
     from .models import MODEL_PRESETS
 
-    for spec, presets, what in ((model, MODEL_PRESETS, "model"), (hardware, HARDWARE_PRESETS, "GPU")):
-        if presets.get(spec.name) != spec:
+    # a model read from a config.json is its preset's when every field but the name agrees
+    # (tests/fixtures/hf_configs/ Mixtral-8x7B is mixtral-8x7b)
+    name = next((n for n, m in MODEL_PRESETS.items() if m == replace(model, name=n)), model.name)
+    for spec, key, presets, what in ((model, name, MODEL_PRESETS, "model"),
+                                     (hardware, hardware.name, HARDWARE_PRESETS, "GPU")):
+        if presets.get(key) != replace(spec, name=key):
             raise _fail(where, f"measured: profiles are shipped for preset {what}s only, and "
                                f"{spec.name!r} is not one (or differs from it); use roofline, or "
                                f"build a profile with servesim calibrate --from-tables")
-    path = measured.shipped_profile(model.name, hardware.name, tp)
+    path = measured.shipped_profile(name, hardware.name, tp)
     if path is None:
         raise _fail(where, f"measured: no shipped profile for {model.name} on {hardware.name} at "
                            f"tensor_parallel_size={tp} ({shipped_summary()}); use roofline, or "

@@ -235,12 +235,20 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
                          sliding_window=4096, sliding_layers=32),
     "qwen2.5-7b": _llama("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, attention_bias=True),
     "qwen2.5-32b": _llama("qwen2.5-32b", 64, 5120, 40, 8, 27648, 152064, attention_bias=True),
+    # Mixture of experts (tests/fixtures/hf_configs/: equal to their published configs)
+    "mixtral-8x7b": _llama("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000,
+                           moe=MoESpec(num_experts=8, experts_per_token=2, expert_intermediate_size=14336)),
+    "qwen3-30b-a3b": ModelSpec("qwen3-30b-a3b", 48, 2048, 32, 4, 128, 6144, 151936,
+                               moe=MoESpec(num_experts=128, experts_per_token=8, expert_intermediate_size=768)),
     # Not a published checkpoint: a 125M-parameter Llama (GQA 12/4 heads) that real vLLM runs on a
     # CPU with random weights, for `servesim validate --engine vllm` (docs/validation.md).
     "llama-125m": _llama("llama-125m", 12, 768, 12, 4, 2048, 32000),
     # Small enough for CPU calibration runs and fast tests.
     "tiny": ModelSpec("tiny", 2, 64, 4, 2, 16, 128, 256),
 }
+
+# presets for CPU runs and tests only: no kernel-table rows or GPU profiles are shipped for them
+CPU_PRESETS = ("llama-125m", "tiny")
 
 # Hugging Face torch_dtype (or dtype) string -> bytes per element.
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}

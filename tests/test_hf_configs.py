@@ -133,9 +133,9 @@ def _scenario(tmp_path: Path, config: str, hardware: str, tp: int) -> Path:
 
 
 @pytest.mark.parametrize("config, hardware, tp", [
-    ("mistralai--Mixtral-8x7B-v0.1.json", "h100-sxm", 2),
+    ("mistralai--Mixtral-8x7B-v0.1.json", "a100-80gb", 2),  # (the A100 tables have no fused MoE)
     ("deepseek-ai--DeepSeek-V3.json", "h200", 8),
-    ("Qwen--Qwen3-30B-A3B.json", "h100-sxm", 1),
+    ("Qwen--Qwen3-30B-A3B.json", "a100-80gb", 1),
     ("openai--gpt-oss-20b.json", "h100-sxm", 1),  # MoE, MXFP4 experts, half its layers windowed
 ])
 def test_moe_and_mla_models_simulate_on_the_roofline_and_say_so(tmp_path, config, hardware, tp):
@@ -198,3 +198,23 @@ def test_fp8_weights_use_the_fp8_peak_and_mla_attention_prices_the_latent():
     assert r._s_per_token == pytest.approx(2 * m.active_layer_params_total / 8 / (hw.fp8_flops * 0.7))
     # absorbed MLA: QK over 512 + 64 dims and PV over 512 per pair and head, 128 / 8 heads per GPU
     assert r._s_per_pair == pytest.approx(61 * 16 * (2 * (512 + 64) + 2 * 512) / (hw.bf16_flops * 0.7))
+
+
+@pytest.mark.parametrize("config, preset, tp", [
+    ("mistralai--Mixtral-8x7B-v0.1.json", "mixtral-8x7b", 2),
+    ("Qwen--Qwen3-30B-A3B.json", "qwen3-30b-a3b", 1),
+])
+def test_moe_configs_are_their_presets_and_get_measured_costs(tmp_path, config, preset, tp):
+    """The MoE presets are the published configs (every field but the name), so a scenario that
+    reads the config gets the preset's shipped profile, composed from the fused-MoE table."""
+    from dataclasses import replace
+
+    from sim.models import MODEL_PRESETS
+
+    assert replace(model_from_hf_config(FIXTURES / config), name=preset) == MODEL_PRESETS[preset]
+    out = tmp_path / "o"
+    r = CliRunner().invoke(app, ["run", str(_scenario(tmp_path, config, "h100-sxm", tp)), "--out", str(out), "-q"])
+    assert r.exit_code == 0, r.output
+    assert "estimated (roofline)" not in r.stderr
+    cost = json.loads((out / "summary.json").read_text())["run"]["cost_model"]
+    assert cost["name"] == "measured" and cost["profile"].endswith(f"h100-sxm/{preset}-tp{tp}.yaml")

@@ -87,7 +87,8 @@ def test_allreduce_is_exact_at_measured_points(h100):
 def test_composer_is_monotone_in_tokens_batch_and_context(system, preset):
     hw = HARDWARE_PRESETS[preset]
     tables = KernelTables.load(TABLES / system, hw.hbm_bandwidth)
-    for model, tp in (("llama-3-8b", 1), ("llama-2-7b", 1), ("llama-3-70b", 4)):
+    moe = [("mixtral-8x7b", 4), ("qwen3-30b-a3b", 1)] if tables.moe is not None else []
+    for model, tp in (("llama-3-8b", 1), ("llama-2-7b", 1), ("llama-3-70b", 4), *moe):
         c = StepComposer(tables, MODEL_PRESETS[model], tp)
         prefill = [c.seconds(BatchStats(prefill_lens=np.array([t]), prefill_contexts=np.array([0])))
                    for t in range(1, 16385, 11)]
@@ -163,7 +164,8 @@ def test_every_shipped_profile_loads_meets_its_target_and_simulates(path):
 def test_shipped_profiles_rebuild_identically_from_the_shipped_tables(tmp_path):
     """Nothing invented: a shipped profile is exactly what the composer makes of the tables."""
     for preset, model, tp in (("h100-sxm", "llama-3-8b", 1), ("a100-80gb", "llama-2-70b", 4),
-                              ("b200", "qwen2.5-7b", 2)):
+                              ("b200", "qwen2.5-7b", 2), ("h200", "mixtral-8x7b", 2),
+                              ("l40s", "qwen3-30b-a3b", 4)):
         system, hw = SYSTEMS[preset], HARDWARE_PRESETS[preset]
         provenance = yaml.safe_load((TABLES / system / "provenance.yaml").read_text())
         doc = build_profile(KernelTables.load(TABLES / system, hw.hbm_bandwidth), MODEL_PRESETS[model],
@@ -220,3 +222,37 @@ def test_quickstart_uses_the_measured_h100_profile_and_says_so(tmp_path):
     assert cost["name"] == "measured" and cost["measured"] is True
     assert cost["profile"].endswith("sim/profiles/h100-sxm/llama-3-8b-tp1.yaml")
     assert cost["device"] == "NVIDIA H100 80GB HBM3"
+
+
+def test_moe_layers_are_the_fused_moe_measurements():
+    """An MoE layer costs its router GEMM (experts x hidden) plus vLLM's fused MoE kernel as
+    measured at that token count (moe.csv, bf16, balanced routing, experts split over TP): at a
+    measured count the experts term is that row's latency, exactly (or, where a smaller count was
+    measured slower, that one's: the composer's monotone envelope); gate/up/down GEMMs are gone."""
+    hw = HARDWARE_PRESETS["h100-sxm"]
+    tables = KernelTables.load(TABLES / "h100_sxm", hw.hbm_bandwidth)
+    m = MODEL_PRESETS["mixtral-8x7b"]
+    c = StepComposer(tables, m, 2)
+    rows = tables.moe[(tables.moe["hidden_size"] == 4096) & (tables.moe["inter_size"] == 14336)
+                      & (tables.moe["topk"] == 2) & (tables.moe["num_experts"] == 8) & (tables.moe["tp"] == 2)]
+    assert len(rows) == 27
+    for tokens in (1, 64, 512, 4096):
+        assert c.experts_ms(tokens) == rows[rows["num_tokens"] <= tokens]["latency_ms"].max()
+    terms = c.terms(BatchStats(num_decodes=64, decode_context_sum=64 * 1000))
+    assert "gate_up" not in terms and terms["experts"] == 32 * c.experts_ms(64)
+    assert terms["router"] == 32 * c.gemm_ms("router", 64)
+    assert [s.n for s in c.shapes if s.name == "router"] == [8]
+
+
+def test_no_moe_table_means_no_moe_profile():
+    """The A100 tables carry no fused-MoE measurements: no profile is composed, and a scenario
+    falls back to the roofline with its notice."""
+    from sim.cost import default_cost_model
+
+    hw = HARDWARE_PRESETS["a100-80gb"]
+    tables = KernelTables.load(TABLES / "a100_sxm", hw.hbm_bandwidth)
+    assert tables.moe is None
+    with pytest.raises(ValueError, match="no fused-MoE measurements"):
+        StepComposer(tables, MODEL_PRESETS["mixtral-8x7b"], 2)
+    spec = default_cost_model(MODEL_PRESETS["mixtral-8x7b"], hw, 2)
+    assert spec.name == "roofline" and "no measured profile for mixtral-8x7b on a100-80gb" in spec.notice
