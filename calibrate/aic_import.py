@@ -16,6 +16,8 @@ Rows kept (calibrate/composer.py decides which measured rows stand in for each s
   context_attention.csv     prefill attention (batch x length), bf16 KV, head_dim 128, no window
   generation_attention.csv  decode attention (batch x KV length = isl + step), same filters
   allreduce.csv             vLLM custom all-reduce, bf16, 2/4/8 GPUs, CUDA-graph and eager
+  gemm_fp8.csv              FP8 GEMMs (per-tensor scales, vLLM's CUTLASS kernel) around the FP8
+                            presets' layer shapes (GPUs with FP8 tensor cores)
   moe.csv                   vLLM's fused MoE layer, bf16, balanced routing, experts split by TP
                             (no expert parallelism), at the MoE presets' shapes; from the newest
                             vLLM version measuring all of them (GPUs without any: no moe.csv)
@@ -110,12 +112,17 @@ def _reachable_shapes():
                 yield model, tp
 
 
-def _gemm_rows(frame: pd.DataFrame) -> pd.DataFrame:
-    frame = frame[frame["gemm_dtype"] == "bfloat16"]
+def _gemm_rows(frame: pd.DataFrame, dtype: str = "bfloat16") -> pd.DataFrame:
+    """bf16: every preset's GEMMs; fp8: the layer GEMMs of the FP8 presets."""
+    frame = frame[frame["gemm_dtype"] == dtype]
     ns, ks = sorted(frame["n"].unique().tolist()), sorted(frame["k"].unique().tolist())
     keep = set()
     for model, tp in _reachable_shapes():
+        if dtype == "fp8" and model.linear_weight_bytes != 1:
+            continue
         for s in gemm_shapes(model, tp):
+            if dtype == "fp8" and s.name == "lm_head":
+                continue
             parts = -(-s.n // ns[-1])
             for n in bracket(ns, s.n / parts):
                 for k in bracket(ks, s.k):
@@ -213,6 +220,10 @@ def import_gpu(src: Source, preset: str, out: Path, wheel_sha: str | None) -> di
             ["num_heads", "num_kv_heads", "batch_size", "kv_len"]),
         "allreduce": _one_per_key(ar, ["num_gpus", "backend", "message_size"]),
     }
+    fp8 = frames["gemm"][frames["gemm"]["gemm_dtype"] == "fp8"]
+    if len(fp8):
+        tables["gemm_fp8"] = _one_per_key(_gemm_rows(frames["gemm"], "fp8"), ["m", "n", "k"])
+        frames["gemm_fp8"], paths["gemm_fp8"] = frames["gemm"], paths["gemm"]
     if moe is not None:
         moe_rows = _moe_rows(frames["moe"])
         tables["moe"] = _one_per_key(moe_rows.drop(columns="kernel_source"), [*MOE_KEY, "num_tokens"])
@@ -233,6 +244,9 @@ def import_gpu(src: Source, preset: str, out: Path, wheel_sha: str | None) -> di
         }
     files["context_attention"]["kernel"] = prefill_kernel
     files["generation_attention"]["kernel"] = decode_kernel
+    if "gemm_fp8" in tables:
+        f = frames["gemm"]
+        files["gemm_fp8"]["kernel"] = ", ".join(sorted(set(f[f["gemm_dtype"] == "fp8"]["kernel_source"])))
     if moe is not None:
         files["moe"]["kernel"] = ", ".join(sorted(set(moe_rows["kernel_source"])))
     provenance = {

@@ -79,14 +79,17 @@ class KernelTables:
     # fused MoE layers (routing, both expert GEMMs and the activation), bf16, experts split by TP:
     # hidden_size, inter_size, topk, num_experts, tp, num_tokens, latency_ms; None: not measured
     moe: pd.DataFrame | None = None
+    # FP8 GEMMs (per-tensor scaled, vLLM's CUTLASS kernel): m, n, k, latency_ms; None: not measured
+    gemm_fp8: pd.DataFrame | None = None
 
     @classmethod
     def load(cls, folder: str | Path, hbm_bandwidth: float) -> "KernelTables":
         folder = Path(folder)
         read = lambda name: pd.read_csv(folder / f"{name}.csv")  # noqa: E731
-        moe = read("moe") if (folder / "moe.csv").is_file() else None
+        optional = {name: read(name) if (folder / f"{name}.csv").is_file() else None
+                    for name in ("moe", "gemm_fp8")}
         return cls(read("gemm"), read("context_attention"), read("generation_attention"),
-                   read("allreduce"), hbm_bandwidth, folder, moe)
+                   read("allreduce"), hbm_bandwidth, folder, **optional)
 
 
 def bracket(values: list[int], x: float) -> tuple[int, int]:
@@ -209,17 +212,27 @@ class StepComposer:
                  cpu_overhead_per_seq_s: float = DEFAULT_CPU_OVERHEAD_PER_SEQ_S):
         tp = tensor_parallel_size
         m = model.moe
-        if (model.mla is not None or model.linear_weight_bytes is not None or model.expert_weight_bytes
-                is not None or (m is not None and (m.dense_layers or m.shared_experts))):
-            raise ValueError(f"{model.name}: MLA, quantised weights and MoE with dense layers or shared "
-                             f"experts are not composed from the kernel tables yet (bf16 dense and "
-                             f"MoE models only); the roofline prices them")
+        fp8 = model.linear_weight_bytes == 1 and m is None  # FP8 linear layers (a dense model)
+        if (model.mla is not None or (model.linear_weight_bytes is not None and not fp8)
+                or model.expert_weight_bytes is not None or (m is not None and (m.dense_layers or m.shared_experts))):
+            raise ValueError(f"{model.name}: MLA, weights quantised other than FP8 on a dense model, and "
+                             f"MoE with quantised weights, dense layers or shared experts are not composed "
+                             f"from the kernel tables yet; the roofline prices them")
+        if fp8 and tables.gemm_fp8 is None:
+            raise ValueError(f"{tables.folder}: no FP8 GEMM measurements for this GPU")
         self.model, self.tp, self.tables = model, tp, tables
         self.cpu_overhead_s, self.cpu_overhead_per_seq_s = cpu_overhead_s, cpu_overhead_per_seq_s
         self.extrapolated: Counter = Counter()  # lookups past a table's last point, by term
         self.notes: list[str] = []              # modelling choices this composition needed
         self.shapes = gemm_shapes(model, tp)
+        # the layers' GEMMs from the FP8 rows for FP8 weights (the LM head stays bf16, as vLLM and
+        # ModelOpt keep it)
         self._gemm = self._gemm_curves(tables.gemm)
+        if fp8:
+            layer = self._gemm_curves(tables.gemm_fp8, [s for s in self.shapes if s.name != "lm_head"])
+            self._gemm.update(layer)
+            self.notes.append("FP8 weights: the layer GEMMs from the FP8 rows (activation quantisation "
+                              "not priced), the LM head from the bf16 rows")
         self._moe = None if m is None else self._moe_curve(tables, moe_key(model, tp))
         # the layer's linear work: its GEMMs, and the fused experts of an MoE layer
         self.layer_gemms = [s.name for s in self.shapes if s.name != "lm_head"]
@@ -239,12 +252,12 @@ class StepComposer:
                                          / (tables.hbm_bandwidth * ELEMENTWISE_BANDWIDTH_EFFICIENCY))
 
     # -- construction -------------------------------------------------------------------------
-    def _gemm_curves(self, gemm: pd.DataFrame) -> dict:
+    def _gemm_curves(self, gemm: pd.DataFrame, shapes: list[GemmShape] | None = None) -> dict:
         """For each layer GEMM: the measured (n, k) bracket points and their m-curves."""
         ns = sorted(gemm["n"].unique().tolist())
         ks = sorted(gemm["k"].unique().tolist())
         out = {}
-        for s in self.shapes:
+        for s in self.shapes if shapes is None else shapes:
             parts = max(1, math.ceil(s.n / ns[-1]))  # n past the table: equal in-table GEMMs
             if parts > 1:
                 self.notes.append(f"GEMM {s.name}: n = {s.n} is past the measured {ns[-1]}; "

@@ -186,8 +186,10 @@ def regenerate(tables_root: Path = TABLES, out: Path = PROFILES) -> list[tuple[s
             for tp in (1, 2, 4, 8):
                 if not fits(model, hw, tp):
                     continue
-                if model.moe is not None and tables.moe is None:
-                    print(f"{preset:<10} {name:<12} tp{tp}: no fused-MoE measurements for this GPU; "
+                missing = ("fused-MoE" if model.moe is not None and tables.moe is None else
+                           "FP8 GEMM" if model.linear_weight_bytes == 1 and tables.gemm_fp8 is None else None)
+                if missing:
+                    print(f"{preset:<10} {name:<12} tp{tp}: no {missing} measurements for this GPU; "
                           f"no profile (the roofline prices it)", file=sys.stderr)
                     continue
                 doc = build_profile(tables, model, hw, tp, provenance=provenance)

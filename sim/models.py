@@ -235,6 +235,9 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
                          sliding_window=4096, sliding_layers=32),
     "qwen2.5-7b": _llama("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, attention_bias=True),
     "qwen2.5-32b": _llama("qwen2.5-32b", 64, 5120, 40, 8, 27648, 152064, attention_bias=True),
+    # FP8 linear layers (NVIDIA's ModelOpt checkpoint; tests/fixtures/hf_configs/ with its
+    # hf_quant_config.json): llama-3-70b's shape, embeddings and LM head kept in bf16
+    "llama-3.1-70b-fp8": _llama("llama-3.1-70b-fp8", 80, 8192, 64, 8, 28672, 128256, linear_weight_bytes=1),
     # Mixture of experts (tests/fixtures/hf_configs/: equal to their published configs)
     "mixtral-8x7b": _llama("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000,
                            moe=MoESpec(num_experts=8, experts_per_token=2, expert_intermediate_size=14336)),
@@ -444,8 +447,41 @@ _HF_KEYS = {
 }
 
 
+def _read_json(path: Path, what: str) -> dict:
+    text = read_text(path, "config")
+    try:
+        cfg = json.loads(text)
+    except ValueError as exc:
+        raise ScenarioError(f"{path}: not a readable JSON file ({str(exc)[:120]})") from None
+    except RecursionError:
+        raise ScenarioError(f"{path}: nested too deeply to be a {what}") from None
+    if not isinstance(cfg, dict):
+        raise ScenarioError(f"{path}: expected a JSON object")
+    return cfg
+
+
+# NVIDIA ModelOpt checkpoints keep their quantisation in hf_quant_config.json beside config.json
+# (vLLM reads it as quant_method "modelopt"): quantization.quant_algo -> quantization_config
+MODELOPT_ALGOS = {"FP8": {"quant_method": "fp8"}}
+
+
+def _modelopt_quantization(path: Path) -> dict | None:
+    """The hf_quant_config.json next to `path` (also `<stem>_hf_quant_config.json`, as the
+    AIConfigurator wheel names them), as a quantization_config; None when there is none."""
+    for sibling in (path.with_name("hf_quant_config.json"), path.with_name(f"{path.stem}_hf_quant_config.json")):
+        if sibling.is_file():
+            q = _read_json(sibling, "hf_quant_config.json").get("quantization")
+            algo = q.get("quant_algo") if isinstance(q, dict) else None
+            if algo not in MODELOPT_ALGOS:
+                raise ScenarioError(f"{sibling}: quantization.quant_algo: {_show(algo)}: not modelled; "
+                                    f"servesim sizes {', '.join(MODELOPT_ALGOS)}")
+            return MODELOPT_ALGOS[algo]
+    return None
+
+
 def model_from_hf_config(path: Path, name: str | None = None) -> ModelSpec:
-    """ModelSpec from a Llama-style Hugging Face config.json (or the folder holding one).
+    """ModelSpec from a Llama-style Hugging Face config.json (or the folder holding one), with a
+    ModelOpt hf_quant_config.json beside it when there is one.
 
     name defaults to the folder's name (e.g. "Meta-Llama-3-8B"). Qwen2 configs have no
     `attention_bias` key but always use q/k/v biases, so model_type "qwen2" implies it."""
@@ -454,15 +490,13 @@ def model_from_hf_config(path: Path, name: str | None = None) -> ModelSpec:
         path = path / "config.json"
     if not path.exists():
         raise ScenarioError(f"{path}: file not found")
-    text = read_text(path, "config")
-    try:
-        cfg = json.loads(text)
-    except ValueError as exc:
-        raise ScenarioError(f"{path}: not a readable JSON file ({str(exc)[:120]})") from None
-    except RecursionError:
-        raise ScenarioError(f"{path}: nested too deeply to be a config.json") from None
-    if not isinstance(cfg, dict):
-        raise ScenarioError(f"{path}: expected a JSON object")
+    cfg = _read_json(path, "config.json")
+    modelopt = _modelopt_quantization(path)
+    if modelopt is not None:
+        if cfg.get("quantization_config"):
+            raise ScenarioError(f"{path}: quantization_config and an hf_quant_config.json beside it: "
+                                f"keep one")
+        cfg["quantization_config"] = modelopt
     _refuse_unmodelled(cfg, path)
     missing = [k for k in _HF_KEYS if k not in cfg]
     if missing:

@@ -203,10 +203,12 @@ def test_fp8_weights_use_the_fp8_peak_and_mla_attention_prices_the_latent():
 @pytest.mark.parametrize("config, preset, tp", [
     ("mistralai--Mixtral-8x7B-v0.1.json", "mixtral-8x7b", 2),
     ("Qwen--Qwen3-30B-A3B.json", "qwen3-30b-a3b", 1),
+    ("nvidia--Llama-3.1-70B-Instruct-FP8.json", "llama-3.1-70b-fp8", 4),
 ])
-def test_moe_configs_are_their_presets_and_get_measured_costs(tmp_path, config, preset, tp):
-    """The MoE presets are the published configs (every field but the name), so a scenario that
-    reads the config gets the preset's shipped profile, composed from the fused-MoE table."""
+def test_moe_and_fp8_configs_are_their_presets_and_get_measured_costs(tmp_path, config, preset, tp):
+    """The MoE and FP8 presets are the published configs (every field but the name), so a scenario
+    that reads the config gets the preset's shipped profile, composed from the fused-MoE or FP8
+    GEMM tables."""
     from dataclasses import replace
 
     from sim.models import MODEL_PRESETS
@@ -218,3 +220,24 @@ def test_moe_configs_are_their_presets_and_get_measured_costs(tmp_path, config, 
     assert "estimated (roofline)" not in r.stderr
     cost = json.loads((out / "summary.json").read_text())["run"]["cost_model"]
     assert cost["name"] == "measured" and cost["profile"].endswith(f"h100-sxm/{preset}-tp{tp}.yaml")
+
+
+def test_modelopt_fp8_checkpoint_reads_its_hf_quant_config(tmp_path):
+    """NVIDIA's Llama-3.1-70B-Instruct-FP8 (ModelOpt) says nothing of FP8 in config.json: its
+    hf_quant_config.json beside it (quant_algo FP8, lm_head excluded) does. Linear layers at 1 byte,
+    embedding, LM head and norms at bf16; without the file it would be sized as bf16 (141 GB)."""
+    m = model_from_hf_config(FIXTURES / "nvidia--Llama-3.1-70B-Instruct-FP8.json")
+    assert m.linear_weight_bytes == 1
+    layers, h, q, kv, inter, vocab = 80, 8192, 64 * 128, 8 * 128, 28672, 128256
+    linear = layers * (h * q + 2 * h * kv + q * h + 3 * h * inter)
+    other = 2 * vocab * h + layers * 2 * h + h
+    assert m.weight_bytes == linear * 1 + other * 2 == 72_656_371_712
+    cfg = _cfg("nvidia--Llama-3.1-70B-Instruct-FP8")
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "NVFP4"}}))
+    with pytest.raises(ScenarioError, match="hf_quant_config.json: quantization.quant_algo: 'NVFP4': not modelled"):
+        model_from_hf_config(tmp_path)
+    (tmp_path / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "FP8"}}))
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "quantization_config": {"quant_method": "fp8"}}))
+    with pytest.raises(ScenarioError, match="quantization_config and an hf_quant_config.json beside it"):
+        model_from_hf_config(tmp_path)

@@ -165,7 +165,7 @@ def test_shipped_profiles_rebuild_identically_from_the_shipped_tables(tmp_path):
     """Nothing invented: a shipped profile is exactly what the composer makes of the tables."""
     for preset, model, tp in (("h100-sxm", "llama-3-8b", 1), ("a100-80gb", "llama-2-70b", 4),
                               ("b200", "qwen2.5-7b", 2), ("h200", "mixtral-8x7b", 2),
-                              ("l40s", "qwen3-30b-a3b", 4)):
+                              ("l40s", "qwen3-30b-a3b", 4), ("h200", "llama-3.1-70b-fp8", 2)):
         system, hw = SYSTEMS[preset], HARDWARE_PRESETS[preset]
         provenance = yaml.safe_load((TABLES / system / "provenance.yaml").read_text())
         doc = build_profile(KernelTables.load(TABLES / system, hw.hbm_bandwidth), MODEL_PRESETS[model],
@@ -256,3 +256,24 @@ def test_no_moe_table_means_no_moe_profile():
         StepComposer(tables, MODEL_PRESETS["mixtral-8x7b"], 2)
     spec = default_cost_model(MODEL_PRESETS["mixtral-8x7b"], hw, 2)
     assert spec.name == "roofline" and "no measured profile for mixtral-8x7b on a100-80gb" in spec.notice
+
+
+def test_fp8_weights_take_the_fp8_gemm_rows():
+    """FP8 linear layers: each layer GEMM at a measured (m, n, k) is the FP8 row's latency (or a
+    smaller m's, the monotone envelope); the LM head stays on the bf16 rows."""
+    hw = HARDWARE_PRESETS["h100-sxm"]
+    tables = KernelTables.load(TABLES / "h100_sxm", hw.hbm_bandwidth)
+    fp8, bf16 = (StepComposer(tables, MODEL_PRESETS[m], 4) for m in ("llama-3.1-70b-fp8", "llama-3-70b"))
+    g = tables.gemm_fp8
+    for name, n, k in (("o", 8192, 64 * 128 // 4), ("down", 8192, 28672 // 4)):  # measured (n, k)
+        rows = g[(g["n"] == n) & (g["k"] == k)]
+        assert len(rows) and [s for s in fp8.shapes if s.name == name][0].n == n
+        for m in (1, 64, 1024):
+            assert fp8.gemm_ms(name, m) == rows[rows["m"] <= m]["latency_ms"].max()
+        # half the bytes where reading weights bounds it (one token); at 1,024 tokens the measured
+        # FP8 'down' GEMM is no faster than bf16's (the table's own finding, kept as measured)
+        assert fp8.gemm_ms(name, 1) < bf16.gemm_ms(name, 1)
+    assert fp8.gemm_ms("lm_head", 8) == bf16.gemm_ms("lm_head", 8)
+    a100 = KernelTables.load(TABLES / "a100_sxm", HARDWARE_PRESETS["a100-80gb"].hbm_bandwidth)
+    with pytest.raises(ValueError, match="no FP8 GEMM measurements"):
+        StepComposer(a100, MODEL_PRESETS["llama-3.1-70b-fp8"], 4)

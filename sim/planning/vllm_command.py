@@ -25,6 +25,9 @@ HF_REPOS = {
     "mistral-7b": "mistralai/Mistral-7B-Instruct-v0.1",
     "qwen2.5-7b": "Qwen/Qwen2.5-7B-Instruct",
     "qwen2.5-32b": "Qwen/Qwen2.5-32B-Instruct",
+    "mixtral-8x7b": "mistralai/Mixtral-8x7B-Instruct-v0.1",
+    "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
+    "llama-3.1-70b-fp8": "nvidia/Llama-3.1-70B-Instruct-FP8",
 }
 
 
