@@ -544,21 +544,30 @@ def iteration_level_cases(draw):
                 reserve_full_isl=draw(st.booleans()))
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(case=iteration_level_cases(), ff=st.booleans())
-def test_iteration_level_matches_reference(case, ff):
-    ref = reference_iteration_level(**case)
-    r = run(case["arrival"], case["prompt"], case["output"], case["priority"],
-            scheduler="chunked" if case["chunked"] else "continuous", policy=case["policy"],
-            max_num_seqs=case["max_num_seqs"], max_num_batched_tokens=case["budget"],
-            block_size=case["block_size"], num_gpu_blocks=case["num_blocks"], fast_forward=ff,
-            scheduler_reserve_full_isl=case["reserve_full_isl"], enable_prefix_caching=False)
+def _run_case(case: dict, ff: bool, **more):
+    """Simulate an iteration_level_cases case (unit cost) with `more` scenario keys."""
+    return run(case["arrival"], case["prompt"], case["output"], case["priority"],
+               scheduler="chunked" if case["chunked"] else "continuous", policy=case["policy"],
+               max_num_seqs=case["max_num_seqs"], max_num_batched_tokens=case["budget"],
+               block_size=case["block_size"], num_gpu_blocks=case["num_blocks"], fast_forward=ff,
+               scheduler_reserve_full_isl=case["reserve_full_isl"], **more)
+
+
+def _assert_same_requests(r, ref: dict) -> None:
     rq = r.requests
     assert rq["finish_s"].tolist() == ref["finish"]
     assert rq["first_token_s"].tolist() == ref["first"]
     assert rq["preemptions"].tolist() == ref["preemptions"]
     assert (rq["arrival_s"] + rq["queue_s"]).tolist() == ref["first_sched"]
     assert r.summary["iterations"] == len(ref["steps"])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=iteration_level_cases(), ff=st.booleans())
+def test_iteration_level_matches_reference(case, ff):
+    ref = reference_iteration_level(**case)
+    r = _run_case(case, ff, enable_prefix_caching=False)
+    _assert_same_requests(r, ref)
     if not ff:  # one row per iteration; how tokens split into prefill/decode has its own test above
         cols = ["start_s", "num_seqs", "kv_blocks_used", "waiting"]
         got = [row + (p + d,) for row, p, d in zip(steps_rows(r, cols), r.steps["prefill_tokens"],
@@ -628,17 +637,8 @@ def test_sliding_window_matches_reference(case, ff):
     sliding = case.pop("sliding_layers")
     ref = reference_iteration_level(**case)
     model = {**WINDOWED_MODEL, "sliding_window": case["window"], "sliding_layers": sliding}
-    r = run(case["arrival"], case["prompt"], case["output"], case["priority"], model=model,
-            scheduler="chunked" if case["chunked"] else "continuous", policy=case["policy"],
-            max_num_seqs=case["max_num_seqs"], max_num_batched_tokens=case["budget"],
-            block_size=case["block_size"], num_gpu_blocks=case["num_blocks"], fast_forward=ff,
-            scheduler_reserve_full_isl=case["reserve_full_isl"])
-    rq = r.requests
-    assert rq["finish_s"].tolist() == ref["finish"]
-    assert rq["first_token_s"].tolist() == ref["first"]
-    assert rq["preemptions"].tolist() == ref["preemptions"]
-    assert (rq["arrival_s"] + rq["queue_s"]).tolist() == ref["first_sched"]
-    assert r.summary["iterations"] == len(ref["steps"])
+    r = _run_case(case, ff, model=model)
+    _assert_same_requests(r, ref)
     used = [s["kv_blocks_used"] for s in ref["steps"]]
     slots = case["block_size"] * sum(used)  # every iteration lasts 1 s
     assert r.summary["kv_waste"] == pytest.approx(1 - sum(s["kv_tokens"] for s in ref["steps"]) / slots,
