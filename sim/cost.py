@@ -67,17 +67,23 @@ class WindowedCost:
         return self.inner.step_times(self.attended(stats), steps)
 
     def attended(self, stats: BatchStats) -> BatchStats:
-        f, w, changes = self.fraction, self.window, {}
+        f, w = self.fraction, self.window
+        contexts, context_sum, growth = stats.prefill_contexts, stats.decode_context_sum, None
         if stats.num_decodes and isinstance(stats, WindowedBatchStats):  # (static batching: full KV)
-            changes["decode_context_sum"] = (1 - f) * stats.decode_context_sum + f * stats.decode_window_sum
-            changes["decode_context_growth"] = stats.num_decodes - f * stats.decode_capped
+            context_sum = (1 - f) * stats.decode_context_sum + f * stats.decode_window_sum
+            growth = stats.num_decodes - f * stats.decode_capped
         if len(stats.prefill_lens):
             x = stats.prefill_lens.astype(np.float64)
-            c = stats.prefill_contexts.astype(np.float64)
+            c = contexts.astype(np.float64)
             k = np.clip(w - c, 0, x)  # queries still inside the window: they attend c + i keys
             cut = (x * c + x * (x + 1) / 2) - (k * c + k * (k + 1) / 2 + (x - k) * w)
-            changes["prefill_contexts"] = np.maximum(c - f * cut / x, 0.0)
-        return replace(stats, **changes) if changes else stats
+            contexts = np.maximum(c - f * cut / x, 0.0)
+        elif growth is None:
+            return stats
+        # (built, not dataclasses.replace: this runs every iteration)
+        return WindowedBatchStats(stats.prefill_lens, contexts, stats.num_decodes, context_sum,
+                                  stats.padded_tokens, stats.draft_seqs, stats.draft_context_sum,
+                                  decode_context_growth=growth)
 
 
 class ScaledCost:

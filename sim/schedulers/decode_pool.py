@@ -186,6 +186,11 @@ class WindowedDecodePool(DecodePool):
     def new_blocks_at(self, first: int, count: int) -> np.ndarray:
         return self.groups * super().new_blocks_at(first, count)
 
+    def closes_after(self, step: int) -> int:
+        """Blocks the members free at the end of the iteration `step` steps ahead (closes_at for
+        one iteration, without the arrays)."""
+        return self.sliding_groups * int(self.close_count[(self.clock + step) % self.block_size])
+
     def closes_at(self, first: int, count: int) -> np.ndarray:
         """Blocks the members free at the end of each of `count` iterations, `first` steps ahead."""
         clocks = np.arange(self.clock + first, self.clock + first + count)
@@ -200,7 +205,8 @@ class WindowedDecodePool(DecodePool):
         return min(k, heap[0][0] - self.clock) if heap else k
 
     def advance(self, steps: int) -> list[int]:
-        self.behind_sum += int(self.closes_at(0, steps).sum()) // self.sliding_groups
+        closed = self.closes_after(0) if steps == 1 else int(self.closes_at(0, steps).sum())
+        self.behind_sum += closed // self.sliding_groups
         done = super().advance(steps)
         heap = self._cap_heap
         while heap and heap[0][0] <= self.clock:

@@ -164,7 +164,7 @@ class IterationLevelScheduler:
             growth = net * bs
             # every decode writes one token per group; a freed block takes its bs tokens along
             tokens = pool.groups * schedule.decode_tokens * np.arange(1, steps) - shut * bs
-        return growth, tokens, int(pool.closes_at(steps - 1, 1)[0])
+        return growth, tokens, pool.closes_after(steps - 1)
 
     def _prompt_done(self, rid: int, now: float) -> bool:
         """Its prompt (recompute included) is all computed: it samples a token, then finishes
