@@ -13,6 +13,7 @@ written as one (the message says so).
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import os
 import re
@@ -276,3 +277,17 @@ def like_open(fd: int) -> None:
     """Give a temporary file (tempfile.mkstemp makes them 0600) the mode open() would give a new
     file, so every output servesim writes is readable as the user's umask says."""
     os.fchmod(fd, 0o666 & ~_UMASK)
+
+
+def json_object(text: str, where: str, what: str, expected: str = "a JSON object") -> dict:
+    """`text` parsed as one JSON object; errors name `where` (a file, or file:line) and `what`
+    (e.g. "a config.json")."""
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise ScenarioError(f"{where}: not valid JSON ({getattr(e, 'msg', str(e))[:120]})") from None
+    except RecursionError:
+        raise ScenarioError(f"{where}: nested too deeply to be {what}") from None
+    if not isinstance(value, dict):
+        raise ScenarioError(f"{where}: expected {expected}")
+    return value

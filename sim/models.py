@@ -13,11 +13,12 @@ SwiGLU MLP (gate/up/down). Preset numbers are copied from each model's Hugging F
 from __future__ import annotations
 
 import dataclasses
-import json
-from dataclasses import dataclass, fields as dc_fields, replace
+from dataclasses import dataclass, replace
+from dataclasses import fields as dc_fields
 from pathlib import Path
 
-from .checks import MAX_COUNT, MAX_TOKENS, _bool, _int, _show, _text, check_fields, read_text
+from .checks import (MAX_COUNT, MAX_TOKENS, _bool, _int, _show, _text, check_fields, json_object,
+                     read_text)
 from .errors import ScenarioError
 
 
@@ -448,16 +449,7 @@ _HF_KEYS = {
 
 
 def _read_json(path: Path, what: str) -> dict:
-    text = read_text(path, "config")
-    try:
-        cfg = json.loads(text)
-    except ValueError as exc:
-        raise ScenarioError(f"{path}: not a readable JSON file ({str(exc)[:120]})") from None
-    except RecursionError:
-        raise ScenarioError(f"{path}: nested too deeply to be a {what}") from None
-    if not isinstance(cfg, dict):
-        raise ScenarioError(f"{path}: expected a JSON object")
-    return cfg
+    return json_object(read_text(path, "config"), str(path), f"a {what}")
 
 
 # NVIDIA ModelOpt checkpoints keep their quantisation in hf_quant_config.json beside config.json

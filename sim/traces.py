@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .checks import MAX_SECONDS, MAX_TOKENS, check_input_file
+from .checks import MAX_SECONDS, MAX_TOKENS, check_input_file, json_object
 from .errors import ScenarioError
 
 # The three accepted layouts: (arrival column, prompt column, output column) as the file spells them.
@@ -393,15 +393,8 @@ def _hash_ids(value, line: int, name: str):
 
 
 def _json_object(row: str, line: int, name: str) -> dict:
-    try:
-        record = json.loads(row)
-    except json.JSONDecodeError as e:
-        raise ScenarioError(f"{name}:{line}: not valid JSON ({e.msg})") from None
-    except RecursionError:
-        raise ScenarioError(f"{name}:{line}: nested too deeply to be a request record") from None
-    if not isinstance(record, dict):
-        raise ScenarioError(f"{name}:{line}: expected a JSON object with keys {', '.join(MOONCAKE)}")
-    return record
+    return json_object(row, f"{name}:{line}", "a request record",
+                       f"a JSON object with keys {', '.join(MOONCAKE)}")
 
 
 def _table(arrival: np.ndarray, df: pd.DataFrame, cols: tuple[str, str, str], lines: np.ndarray,

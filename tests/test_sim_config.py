@@ -297,7 +297,7 @@ def test_hf_config_errors(tmp_path):
         with_(model={"hf_config": "cfg.json"}), tmp_path)
     (tmp_path / "cfg.json").write_text("{not json")
     assert "chat.yaml: model.hf_config: " in error(with_(model={"hf_config": "cfg.json"}), tmp_path)
-    assert "not a readable JSON file" in error(with_(model={"hf_config": "cfg.json"}), tmp_path)
+    assert "cfg.json: not valid JSON" in error(with_(model={"hf_config": "cfg.json"}), tmp_path)
 
 
 def test_model_that_does_not_fit(tmp_path):

@@ -112,7 +112,7 @@ def test_hf_config_errors(tmp_path):
     with pytest.raises(ScenarioError, match="torch_dtype 'int3'.*allowed: float32"):
         model_from_hf_config(_write_config(tmp_path, **{**LLAMA3_CONFIG, "torch_dtype": "int3"}))
     path.write_text("{not json")
-    with pytest.raises(ScenarioError, match="not a readable JSON"):
+    with pytest.raises(ScenarioError, match="not valid JSON"):
         model_from_hf_config(path)
 
 
