@@ -890,9 +890,7 @@ def capacity_rows(model: str, gpu: str, b: Any, seq_len: int, spec: Any = None,
                   kv_cache_dtype: str = "auto") -> list[tuple[str, str, Any, str]]:
     """(json key, label, value, shown) for `servesim capacity`; bytes are per GPU (per TP rank)."""
     gb = lambda x: f"{x / 1e9:,.2f} GB"  # noqa: E731
-    # blocks one sequence holds (a sliding-window model: in each layer group, the windowed ones
-    # only the blocks its window touches)
-    per_seq = -(-seq_len // b.block_size) if b.layout is None else b.layout.held(seq_len, b.block_size)
+    per_seq = b.blocks_per_seq(seq_len)
     extra = [] if spec is None else _architecture_rows(spec, b.tensor_parallel_size, kv_cache_dtype, gb)
     rows = [
         ("model", "model", model, model), ("gpu", "GPU", gpu, gpu),

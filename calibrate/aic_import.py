@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from calibrate.composer import attention_sources, bracket, gemm_shapes, moe_key
+from calibrate.composer import MOE_COLUMNS, attention_sources, bracket, gemm_shapes, moe_key
 from sim.memory import kv_heads_per_rank
 from sim.models import CPU_PRESETS, MODEL_PRESETS
 
@@ -150,9 +150,6 @@ def _attention_rows(frame: pd.DataFrame, kernel: str, length: str) -> pd.DataFra
     return out[["num_heads", "num_kv_heads", "batch_size", length, "latency"]]
 
 
-MOE_KEY = ["hidden_size", "inter_size", "topk", "num_experts", "tp"]
-
-
 def _moe_keys() -> set[tuple]:
     return {moe_key(model, tp) for model, tp in _reachable_shapes() if model.moe is not None}
 
@@ -164,7 +161,7 @@ def _moe_source(src: Source, system: str) -> str | None:
     for name in src.names:
         m = pattern.match(name)
         if m:
-            covered = len(_moe_keys() & set(map(tuple, _moe_rows(_parquet(src, name))[MOE_KEY].to_numpy().tolist())))
+            covered = len(_moe_keys() & set(map(tuple, _moe_rows(_parquet(src, name))[MOE_COLUMNS].to_numpy().tolist())))
             rank = (covered, tuple(int(x) for x in re.findall(r"\d+", m.group(1))[:3]))
             if covered and (best is None or rank > best[0]):
                 best = (rank, name)
@@ -175,8 +172,8 @@ def _moe_rows(frame: pd.DataFrame) -> pd.DataFrame:
     frame = frame[(frame["moe_dtype"] == "bfloat16") & (frame["moe_ep_size"] == 1)
                   & (frame["distribution"] == "balanced")].rename(columns={"moe_tp_size": "tp"})
     keys = _moe_keys()
-    mask = np.array([k in keys for k in map(tuple, frame[MOE_KEY].to_numpy().tolist())], dtype=bool)
-    return frame.loc[mask, [*MOE_KEY, "num_tokens", "latency", "kernel_source"]]
+    mask = np.array([k in keys for k in map(tuple, frame[MOE_COLUMNS].to_numpy().tolist())], dtype=bool)
+    return frame.loc[mask, [*MOE_COLUMNS, "num_tokens", "latency", "kernel_source"]]
 
 
 def _one_per_key(rows: pd.DataFrame, keys: list[str]) -> tuple[pd.DataFrame, int]:
@@ -226,7 +223,7 @@ def import_gpu(src: Source, preset: str, out: Path, wheel_sha: str | None) -> di
         frames["gemm_fp8"], paths["gemm_fp8"] = frames["gemm"], paths["gemm"]
     if moe is not None:
         moe_rows = _moe_rows(frames["moe"])
-        tables["moe"] = _one_per_key(moe_rows.drop(columns="kernel_source"), [*MOE_KEY, "num_tokens"])
+        tables["moe"] = _one_per_key(moe_rows.drop(columns="kernel_source"), [*MOE_COLUMNS, "num_tokens"])
     folder = out / system
     folder.mkdir(parents=True, exist_ok=True)
     files = {}

@@ -199,6 +199,10 @@ def gemm_shapes(model: ModelSpec, tp: int) -> list[GemmShape]:
             GemmShape("lm_head", -(-model.vocab_size // tp), h)]
 
 
+# moe.csv's shape columns, in moe_key's order
+MOE_COLUMNS = ["hidden_size", "inter_size", "topk", "num_experts", "tp"]
+
+
 def moe_key(model: ModelSpec, tp: int) -> tuple[int, int, int, int, int]:
     """(hidden_size, inter_size, topk, num_experts, tp): the moe.csv rows of this model's MoE
     layers split over `tp` GPUs (vLLM without --enable-expert-parallel splits each expert)."""
@@ -279,11 +283,10 @@ class StepComposer:
             out[s.name] = (n, s.k, parts, bracket(ns, n), bracket(ks, s.k), corners)
         return out
 
-    def _moe_curve(self, tables: KernelTables, key: tuple) -> "_Curve":
+    def _moe_curve(self, tables: KernelTables, key: tuple) -> _Curve:
         if tables.moe is None:
             raise ValueError(f"{tables.folder}: no fused-MoE measurements for this GPU")
-        cols = ["hidden_size", "inter_size", "topk", "num_experts", "tp"]
-        rows = tables.moe[(tables.moe[cols] == pd.Series(key, index=cols)).all(axis=1)]
+        rows = tables.moe[(tables.moe[MOE_COLUMNS] == pd.Series(key, index=MOE_COLUMNS)).all(axis=1)]
         if rows.empty:
             raise ValueError(f"{tables.folder}/moe.csv: no rows for hidden {key[0]}, expert width "
                              f"{key[1]}, top-{key[2]} of {key[3]} experts over {key[4]} GPU(s)")

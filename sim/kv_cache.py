@@ -110,9 +110,10 @@ class WindowedKVCache(PagedKVCache):
         bs = self.block_size
         return self.groups * (-(-(computed + new_tokens) // bs) - -(-computed // bs))
 
-    def sequence_blocks(self, num_tokens: int) -> int:
+    def sequence_blocks(self, num_tokens):
+        """(arrays too: slots_needed)"""
         blocks = -(-num_tokens // self.block_size)
-        return (self.groups - self.sliding_groups) * blocks + self.sliding_groups * min(blocks, self.cap)
+        return (self.groups - self.sliding_groups) * blocks + self.sliding_groups * np.minimum(blocks, self.cap)
 
     def slide(self, computed_before: int, computed: int) -> int:
         """Free the sliding groups' blocks that `computed_before` -> `computed` pushed out of the
@@ -125,9 +126,7 @@ class WindowedKVCache(PagedKVCache):
     def slots_needed(self, prompt: np.ndarray, output: np.ndarray, block_size: int):
         """Token slots (blocks x block_size, over every group) each request asks admission for at
         its largest, and why."""
-        blocks = -(-(prompt + output - 1) // block_size)
-        need = (self.groups - self.sliding_groups) * blocks + self.sliding_groups * np.minimum(blocks, self.cap)
-        return need * block_size, ("prompt + output - 1 tokens of KV in each of its "
+        return self.sequence_blocks(prompt + output - 1) * block_size, ("prompt + output - 1 tokens of KV in each of its "
                                    f"{self.groups} layer groups, the windowed ones capped at {self.cap} blocks")
 
 

@@ -44,12 +44,16 @@ class MemoryBudget:
     # None: one group of every layer (full attention), block_bytes = block_size x kv_bytes_per_token
     layout: KVLayout | None = None
 
-    def max_concurrent_seqs(self, seq_len: int) -> int:
-        """How many sequences of seq_len tokens fit at once (each rounds up to whole blocks; with a
-        sliding window, holding only the blocks its window touches)."""
+    def blocks_per_seq(self, seq_len: int) -> int:
+        """Blocks a sequence of seq_len tokens holds (whole blocks; with a sliding window, in every
+        layer group, the windowed ones only the blocks its window touches)."""
         if self.layout is None:
-            return self.num_gpu_blocks // max(1, math.ceil(seq_len / self.block_size))
-        return self.num_gpu_blocks // max(1, self.layout.held(seq_len, self.block_size))
+            return math.ceil(seq_len / self.block_size)
+        return self.layout.held(seq_len, self.block_size)
+
+    def max_concurrent_seqs(self, seq_len: int) -> int:
+        """How many sequences of seq_len tokens fit at once."""
+        return self.num_gpu_blocks // max(1, self.blocks_per_seq(seq_len))
 
     @property
     def max_tokens(self) -> int:

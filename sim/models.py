@@ -59,16 +59,12 @@ class KVLayout:
     def groups(self) -> int:
         return self.full_groups + self.sliding_groups
 
-    def behind(self, tokens, block_size: int):
+    def behind(self, tokens: int, block_size: int) -> int:
         """Blocks a sliding-window group has freed once `tokens` are computed: those wholly before
-        the window of the next token (vLLM's get_num_skipped_tokens: tokens - window + 1). Arrays
-        work too."""
-        if not self.sliding_groups:
-            return 0 * tokens
-        return (tokens - self.window + 1).clip(0) // block_size if hasattr(tokens, "clip") else \
-            max(0, tokens - self.window + 1) // block_size
+        the window of the next token (vLLM's get_num_skipped_tokens: tokens - window + 1)."""
+        return max(0, tokens - self.window + 1) // block_size if self.sliding_groups else 0
 
-    def held(self, tokens, block_size: int):
+    def held(self, tokens: int, block_size: int) -> int:
         """Blocks, over every group, a request holds for `tokens` computed tokens."""
         blocks = -(-tokens // block_size)
         return self.groups * blocks - self.sliding_groups * self.behind(tokens, block_size)

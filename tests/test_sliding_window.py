@@ -17,9 +17,9 @@ from sim.batch import WindowedBatchStats
 from sim.config import scenario_from_dict
 from sim.cost import WindowedCost
 from sim.errors import ScenarioError
+from sim.hardware import HARDWARE_PRESETS
 from sim.memory import kv_budget
 from sim.models import MODEL_PRESETS, KVLayout, model_from_fields, model_from_hf_config
-from sim.hardware import HARDWARE_PRESETS
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "hf_configs"
 LLAMA_31_8B = json.loads((FIXTURES / "meta-llama--Meta-Llama-3.1-8B.json").read_text())
@@ -282,3 +282,37 @@ def test_gemma_layouts_and_weights_by_hand(tmp_path, name, sliding, layout):
     cfg.pop("layer_types")
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     assert model_from_hf_config(tmp_path).sliding_layers == sliding
+
+
+def test_pool_window_sums_against_brute_force():
+    """The decode pool's running sums for windowed attention (min(c + 1, window) over members, how
+    many are capped, blocks behind their windows) equal a direct count after joins, runs and a
+    leave, capping included."""
+    from simhelpers import make_workload
+
+    from sim.kv_cache import WindowedKVCache
+    from sim.request import RequestTable
+    from sim.schedulers.decode_pool import WindowedDecodePool
+
+    req = RequestTable.from_workload(make_workload([0.0] * 4, [3, 9, 14, 30], [100] * 4))
+    layout = KVLayout(4, 0, 1, 10)
+    pool = WindowedDecodePool(req, WindowedKVCache(1000, 4, layout, 64))
+    for rid in range(3):
+        req.computed[rid] = req.prompt[rid]
+        pool.join(rid)
+
+    def check():
+        cs = [pool.computed(r) for r in pool.members]
+        assert pool.window_sums() == (sum(min(c + 1, 10) for c in cs), sum(c >= 9 for c in cs))
+        assert pool.behind_sum == sum(layout.behind(c, 4) for c in cs)
+
+    check()
+    for steps in (1, pool.steps_to_next_finish(), 4, 3):  # the first run stops where request 0 caps
+        pool.advance(steps)
+        check()
+    req.computed[3] = 30
+    pool.join(3)
+    check()
+    pool.leave(1)
+    pool.advance(5)
+    check()

@@ -144,6 +144,7 @@ class WindowedDecodePool(DecodePool):
     def __init__(self, requests: RequestTable, kv):
         super().__init__(requests, kv.block_size)
         self.groups, self.sliding_groups, self.window = kv.groups, kv.sliding_groups, kv.window
+        self._behind = kv.layout.behind  # blocks behind the window at a token count, per group
         self.close_count = np.zeros(self.block_size, dtype=np.int64)
         self.capped: set[int] = set()
         self._capped_stored = 0      # sum over capped members of their stored computed
@@ -153,7 +154,7 @@ class WindowedDecodePool(DecodePool):
     def join(self, rid: int) -> None:
         super().join(rid)
         stored = int(self.req.computed[rid])
-        self.behind_sum += max(0, stored + self.clock - self.window + 1) // self.block_size
+        self.behind_sum += self._behind(stored + self.clock, self.block_size)
         if stored + self.clock >= self.window - 1:
             self._cap(rid, stored)
         else:
@@ -166,7 +167,7 @@ class WindowedDecodePool(DecodePool):
 
     def leave(self, rid: int) -> None:
         stored = int(self.req.computed[rid])
-        self.behind_sum -= max(0, stored + self.clock - self.window + 1) // self.block_size
+        self.behind_sum -= self._behind(stored + self.clock, self.block_size)
         if rid in self.capped:
             self.capped.remove(rid)
             self._capped_stored -= stored
