@@ -12,15 +12,25 @@ path, the device string, the vLLM version and kernel, the licence, and each CSV'
 stay in milliseconds, as measured; no value is changed.
 
 Rows kept (calibrate/composer.py decides which measured rows stand in for each shape):
-  gemm.csv                  bf16 GEMMs: every m, at the measured n and k around each layer's shape
-  context_attention.csv     prefill attention (batch x length), bf16 KV, head_dim 128, no window
+  gemm.csv                  bf16 GEMMs: every m, at the measured n and k around each bf16 GEMM
+                            of the presets (layers, routers, LM heads)
+  context_attention.csv     prefill attention (batch x length), bf16 KV, the presets' head_dims
+                            (128; 64 for gpt-oss), no window
   generation_attention.csv  decode attention (batch x KV length = isl + step), same filters
   allreduce.csv             vLLM custom all-reduce, bf16, 2/4/8 GPUs, CUDA-graph and eager
   gemm_fp8.csv              FP8 GEMMs (per-tensor scales, vLLM's CUTLASS kernel) around the FP8
-                            presets' layer shapes (GPUs with FP8 tensor cores)
+                            presets' layer shapes, block-scaled ones included (GPUs with FP8
+                            tensor cores; calibrate/composer.py says why)
   moe.csv                   vLLM's fused MoE layer, bf16, balanced routing, experts split by TP
                             (no expert parallelism), at the MoE presets' shapes; from the newest
                             vLLM version measuring all of them (GPUs without any: no moe.csv)
+  moe_fp8_block.csv         the same for block-scaled FP8 experts (DeepSeek-V3)
+  moe_w4a16_mxfp4.csv       the same for MXFP4 experts (gpt-oss)
+  mla_context.csv           vLLM's whole MLA attention module (DeepseekV2MLAAttention: projections,
+  mla_generation.csv        latent attention, o_proj), bf16 activations and KV cache, at the MLA
+                            presets' heads per GPU and projection precision; the prefill rows are
+                            the backends vLLM runs at each length (FlashAttention-MLA's decode path
+                            up to 512 tokens, FlashAttention above, on Hopper)
 """
 from __future__ import annotations
 
@@ -36,7 +46,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from calibrate.composer import MOE_COLUMNS, attention_sources, bracket, gemm_shapes, moe_key
+from calibrate.composer import (MOE_COLUMNS, MOE_TABLES, attention_sources, bracket, gemm_shapes,
+                                mla_gemm_type, moe_dtype, moe_key)
 from sim.memory import kv_heads_per_rank
 from sim.models import CPU_PRESETS, MODEL_PRESETS
 
@@ -113,65 +124,82 @@ def _reachable_shapes():
 
 
 def _gemm_rows(frame: pd.DataFrame, dtype: str = "bfloat16") -> pd.DataFrame:
-    """bf16: every preset's GEMMs; fp8: the layer GEMMs of the FP8 presets."""
+    """The rows of one GEMM table (bf16, fp8) around the presets' GEMMs read from it."""
     frame = frame[frame["gemm_dtype"] == dtype]
     ns, ks = sorted(frame["n"].unique().tolist()), sorted(frame["k"].unique().tolist())
     keep = set()
     for model, tp in _reachable_shapes():
-        if dtype == "fp8" and model.linear_weight_bytes != 1:
-            continue
         for s in gemm_shapes(model, tp):
-            if dtype == "fp8" and s.name == "lm_head":
+            if s.dtype != dtype:
                 continue
             parts = -(-s.n // ns[-1])
             for n in bracket(ns, s.n / parts):
                 for k in bracket(ks, s.k):
                     keep.add((n, k))
     rows = frame[[(n, k) in keep for n, k in zip(frame["n"], frame["k"])]]
-    return rows[["m", "n", "k", "latency"]]
+    return rows[["m", "n", "k", "latency", "kernel_source"]]
 
 
 def _attention_rows(frame: pd.DataFrame, kernel: str, length: str) -> pd.DataFrame:
-    frame = frame[(frame["kernel_source"] == kernel) & (frame["head_dim"] == 128)
-                  & (frame["kv_cache_dtype"] == "bfloat16")]
+    frame = frame[(frame["kernel_source"] == kernel) & (frame["kv_cache_dtype"] == "bfloat16")]
     if "window_size" in frame:
         frame = frame[frame["window_size"] == 0]
-    combos = set(zip(frame["num_heads"], frame["num_key_value_heads"]))
     keep = set()
     for model, tp in _reachable_shapes():
+        if model.mla is not None:
+            continue
+        same = frame[frame["head_dim"] == model.head_dim]
+        combos = set(zip(same["num_heads"], same["num_key_value_heads"]))
         q, kv = model.num_attention_heads // tp, kv_heads_per_rank(model, tp)
-        keep |= {(h, k) for h, k, _ in attention_sources(q, kv, combos)}
-    frame = frame[[c in keep for c in zip(frame["num_heads"], frame["num_key_value_heads"])]]
+        try:
+            keep |= {(model.head_dim, h, k) for h, k, _ in attention_sources(q, kv, combos)}
+        except ValueError:  # not measured on this GPU: the composer says so, the roofline prices it
+            pass
+    frame = frame[[c in keep for c in zip(frame["head_dim"], frame["num_heads"], frame["num_key_value_heads"])]]
     out = frame.rename(columns={"num_key_value_heads": "num_kv_heads"})
     if length == "kv_len":  # decode: the KV length is isl + step
         out = out.assign(kv_len=out["isl"] + out["step"])
     else:
         out = out[out["step"] == 0]
-    return out[["num_heads", "num_kv_heads", "batch_size", length, "latency"]]
+    return out[["head_dim", "num_heads", "num_kv_heads", "batch_size", length, "latency"]]
 
 
-def _moe_keys() -> set[tuple]:
-    return {moe_key(model, tp) for model, tp in _reachable_shapes() if model.moe is not None}
+def _mla_rows(frame: pd.DataFrame, length: str) -> pd.DataFrame:
+    """The MLA module rows at the MLA presets' heads per GPU and projection precision, bf16 KV.
+    Prefill: every backend measured (vLLM picks by length; their lengths do not overlap)."""
+    frame = frame[(frame["kv_cache_dtype"] == "bfloat16") & (frame["mla_dtype"] == "bfloat16")]
+    keep = {(mla_gemm_type(model), model.num_attention_heads // tp)
+            for model, tp in _reachable_shapes() if model.mla is not None}
+    frame = frame[[c in keep for c in zip(frame["gemm_type"], frame["num_heads"])]]
+    out = frame.assign(kv_len=frame["isl"] + frame["step"]) if length == "kv_len" else frame[frame["step"] == 0]
+    return out[["gemm_type", "num_heads", "batch_size", length, "latency", "kernel_source"]]
 
 
-def _moe_source(src: Source, system: str) -> str | None:
-    """The newest fused-MoE table covering every MoE preset's shapes (else the one covering most)."""
+def _moe_keys(dtype: str) -> set[tuple]:
+    return {moe_key(model, tp) for model, tp in _reachable_shapes()
+            if model.moe is not None and moe_dtype(model) == dtype}
+
+
+def _moe_source(src: Source, system: str, dtype: str) -> str | None:
+    """The newest fused-MoE table covering every MoE preset's shapes in `dtype` (else the one
+    covering most)."""
     pattern = re.compile(rf"{DATA}/{system}/moe/vllm/([^/]+)/moe_perf\.parquet$")
     best = None
     for name in src.names:
         m = pattern.match(name)
         if m:
-            covered = len(_moe_keys() & set(map(tuple, _moe_rows(_parquet(src, name))[MOE_COLUMNS].to_numpy().tolist())))
+            rows = _moe_rows(_parquet(src, name), dtype)
+            covered = len(_moe_keys(dtype) & set(map(tuple, rows[MOE_COLUMNS].to_numpy().tolist())))
             rank = (covered, tuple(int(x) for x in re.findall(r"\d+", m.group(1))[:3]))
             if covered and (best is None or rank > best[0]):
                 best = (rank, name)
     return None if best is None else best[1]
 
 
-def _moe_rows(frame: pd.DataFrame) -> pd.DataFrame:
-    frame = frame[(frame["moe_dtype"] == "bfloat16") & (frame["moe_ep_size"] == 1)
+def _moe_rows(frame: pd.DataFrame, dtype: str) -> pd.DataFrame:
+    frame = frame[(frame["moe_dtype"] == dtype) & (frame["moe_ep_size"] == 1)
                   & (frame["distribution"] == "balanced")].rename(columns={"moe_tp_size": "tp"})
-    keys = _moe_keys()
+    keys = _moe_keys(dtype)
     mask = np.array([k in keys for k in map(tuple, frame[MOE_COLUMNS].to_numpy().tolist())], dtype=bool)
     return frame.loc[mask, [*MOE_COLUMNS, "num_tokens", "latency", "kernel_source"]]
 
@@ -194,58 +222,55 @@ def _licence(src: Source, parquet: str) -> str:
 
 def import_gpu(src: Source, preset: str, out: Path, wheel_sha: str | None) -> dict:
     system, (prefill_kernel, decode_kernel) = GPUS[preset]
-    paths = {
-        "gemm": _latest(src, system, "gemm", "gemm_perf"),
-        "context_attention": _latest(src, system, "attention", "context_attention_perf", prefill_kernel),
-        "generation_attention": _latest(src, system, "attention", "generation_attention_perf",
-                                        decode_kernel),
-        "allreduce": _latest(src, system, "comm", "custom_allreduce_perf"),
-    }
-    moe = _moe_source(src, system)
-    if moe is not None:
-        paths["moe"] = moe
-    frames = {k: _parquet(src, p) for k, p in paths.items()}
-    ar = frames["allreduce"]
+    gemm_path = _latest(src, system, "gemm", "gemm_perf")
+    gemm = _parquet(src, gemm_path)
+    ctx_path = _latest(src, system, "attention", "context_attention_perf", prefill_kernel)
+    gen_path = _latest(src, system, "attention", "generation_attention_perf", decode_kernel)
+    ar_path = _latest(src, system, "comm", "custom_allreduce_perf")
+    ar = _parquet(src, ar_path)
     ar = ar[ar["allreduce_dtype"] == "bfloat16"][["num_gpus", "message_size", "backend", "latency"]]
+    attention = ["head_dim", "num_heads", "num_kv_heads", "batch_size"]
+    # name -> (rows, key columns, in-wheel source, kernel when the rows do not say)
     tables = {
-        "gemm": _one_per_key(_gemm_rows(frames["gemm"]), ["m", "n", "k"]),
-        "context_attention": _one_per_key(
-            _attention_rows(frames["context_attention"], prefill_kernel, "isl"),
-            ["num_heads", "num_kv_heads", "batch_size", "isl"]),
-        "generation_attention": _one_per_key(
-            _attention_rows(frames["generation_attention"], decode_kernel, "kv_len"),
-            ["num_heads", "num_kv_heads", "batch_size", "kv_len"]),
-        "allreduce": _one_per_key(ar, ["num_gpus", "backend", "message_size"]),
+        "gemm": (_gemm_rows(gemm), ["m", "n", "k"], gemm_path, None),
+        "context_attention": (_attention_rows(_parquet(src, ctx_path), prefill_kernel, "isl"),
+                              [*attention, "isl"], ctx_path, prefill_kernel),
+        "generation_attention": (_attention_rows(_parquet(src, gen_path), decode_kernel, "kv_len"),
+                                 [*attention, "kv_len"], gen_path, decode_kernel),
+        "allreduce": (ar, ["num_gpus", "backend", "message_size"], ar_path, None),
     }
-    fp8 = frames["gemm"][frames["gemm"]["gemm_dtype"] == "fp8"]
-    if len(fp8):
-        tables["gemm_fp8"] = _one_per_key(_gemm_rows(frames["gemm"], "fp8"), ["m", "n", "k"])
-        frames["gemm_fp8"], paths["gemm_fp8"] = frames["gemm"], paths["gemm"]
-    if moe is not None:
-        moe_rows = _moe_rows(frames["moe"])
-        tables["moe"] = _one_per_key(moe_rows.drop(columns="kernel_source"), [*MOE_COLUMNS, "num_tokens"])
+    if (gemm["gemm_dtype"] == "fp8").any():
+        tables["gemm_fp8"] = (_gemm_rows(gemm, "fp8"), ["m", "n", "k"], gemm_path, None)
+    for dtype, name in MOE_TABLES.items():
+        path = _moe_source(src, system, dtype)
+        if path is not None:
+            tables[name] = (_moe_rows(_parquet(src, path), dtype), [*MOE_COLUMNS, "num_tokens"], path, None)
+    mla = [n for n in src.names if re.match(rf"{DATA}/{system}/mla/vllm/[^/]+/mla_context_module_perf", n)]
+    if mla:
+        for phase, length in (("context", "isl"), ("generation", "kv_len")):
+            path = _latest(src, system, "mla", f"mla_{phase}_module_perf")
+            rows = _mla_rows(_parquet(src, path), length)
+            if len(rows):
+                tables[f"mla_{phase}"] = (rows, ["gemm_type", "num_heads", "batch_size", length], path, None)
     folder = out / system
     folder.mkdir(parents=True, exist_ok=True)
     files = {}
-    for name, (rows, dup) in tables.items():
+    for name, (rows, keys, path, kernel) in tables.items():
+        kernels = sorted(set(rows["kernel_source"])) if "kernel_source" in rows else [kernel] if kernel else []
+        rows, dup = _one_per_key(rows.drop(columns="kernel_source", errors="ignore"), keys)
         text = rows.to_csv(index=False, float_format="%.9g")
         (folder / f"{name}.csv").write_text(text)
-        f = frames[name]
+        f = _parquet(src, path)
         files[name] = {
             "csv": f"{name}.csv", "csv_sha256": hashlib.sha256(text.encode()).hexdigest(),
             "rows": len(rows), "medians_of_repeats": dup,
-            "source": paths[name], "source_sha256": hashlib.sha256(src.read(paths[name])).hexdigest(),
+            "source": path, "source_sha256": hashlib.sha256(src.read(path)).hexdigest(),
             "source_rows": len(f), "device": str(f["device"].iloc[0]),
             "framework_version": f"{f['framework'].iloc[0]} {f['version'].iloc[0]}",
-            "licence": _licence(src, paths[name]),
+            "licence": _licence(src, path),
         }
-    files["context_attention"]["kernel"] = prefill_kernel
-    files["generation_attention"]["kernel"] = decode_kernel
-    if "gemm_fp8" in tables:
-        f = frames["gemm"]
-        files["gemm_fp8"]["kernel"] = ", ".join(sorted(set(f[f["gemm_dtype"] == "fp8"]["kernel_source"])))
-    if moe is not None:
-        files["moe"]["kernel"] = ", ".join(sorted(set(moe_rows["kernel_source"])))
+        if kernels:
+            files[name]["kernel"] = ", ".join(kernels)
     provenance = {
         "package": PACKAGE, "package_version": src.version(), "wheel": src.path.name,
         "wheel_sha256": wheel_sha, "servesim_hardware_preset": preset, "system": system,

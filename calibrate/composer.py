@@ -9,13 +9,26 @@ An iteration of a Llama-style decoder at T scheduled tokens and S sequences (vLL
 pass over every scheduled token):
 
     layers x [ GEMM(T, qkv) + GEMM(T, o) + GEMM(T, gate_up) + GEMM(T, down)     measured (gemm)
-               (an MoE layer: GEMM(T, router) + fused experts(T)                measured (gemm, moe))
+               (an MoE layer: GEMM(T, router) + fused experts(T)                measured (gemm, moe)
+                + the shared experts' gate_up and down GEMMs (DeepSeek))
              + prefill attention of the chunks                                  measured (context)
              + decode attention of the decodes                                  measured (generation)
+               (MLA: vLLM's whole attention module, projections and o_proj     measured (mla_*)
+                included, in place of qkv, o and attention)
              + 2 all-reduces of T x hidden (TP > 1)                             measured (all-reduce)
              + norms, activation, residuals, rope                               modelled: bytes / HBM ]
     + GEMM(S, lm_head)                                                          measured (gemm)
     + CPU/framework overhead: per iteration + per sequence                      cited default, tunable
+
+Each GEMM and the fused experts come from the table of the weights' format: bf16 (gemm.csv), FP8
+(gemm_fp8.csv), and the fused-MoE table of the experts' format (moe.csv bf16, moe_fp8_block.csv for
+DeepSeek-V3's 128 x 128-block FP8, moe_w4a16_mxfp4.csv for gpt-oss). The router and the LM head
+stay bf16, as vLLM and the checkpoints keep them. Block-scaled FP8 layer GEMMs are read from the
+per-tensor FP8 rows: AIConfigurator's block-scaled GEMM rows (DeepGEMM, FlashInfer) sit on a
+58-90 us floor at every m up to 1,024 (H200: n 4096, k 7168 takes 0.091 ms at m = 32 and 0.092 ms at
+m = 1,024) where the per-tensor kernel takes 0.018 and 0.061 ms: a launch and quantisation overhead
+outside the CUDA graphs vLLM runs decode in, not GPU work. Where the GPU bounds them (m >= 4,096) the
+two agree within 10% (0.252 vs 0.230 ms at m = 4,096; 0.460 vs 0.464 at m = 8,192).
 
 Interpolation is piecewise-linear between measured points (in m, n and k for GEMMs; in batch and
 length for attention, in message size for all-reduces), so at a measured point the composer returns
@@ -46,7 +59,7 @@ import pandas as pd
 
 from sim.batch import BatchStats
 from sim.memory import kv_heads_per_rank
-from sim.models import ModelSpec
+from sim.models import EXPERT_QUANT_BYTES, ModelSpec
 
 # Elementwise work per token per layer, in elements of the activation dtype read + written: two
 # RMSNorms (read + write hidden each), SiLU x mul (read 2 x intermediate/tp, write intermediate/tp),
@@ -71,25 +84,47 @@ DEFAULT_CPU_OVERHEAD_PER_SEQ_S = 0.0
 class KernelTables:
     """The compact CSVs of one GPU (latencies in ms, as measured)."""
     gemm: pd.DataFrame                  # m, n, k, latency_ms
-    context_attention: pd.DataFrame     # num_heads, num_kv_heads, batch_size, isl, latency_ms
-    generation_attention: pd.DataFrame  # num_heads, num_kv_heads, batch_size, kv_len, latency_ms
+    context_attention: pd.DataFrame     # head_dim, num_heads, num_kv_heads, batch_size, isl, latency_ms
+    generation_attention: pd.DataFrame  # head_dim, num_heads, num_kv_heads, batch_size, kv_len, latency_ms
     allreduce: pd.DataFrame             # num_gpus, message_size, backend, latency_ms
     hbm_bandwidth: float                # bytes/s, for the modelled elementwise term
     folder: Path | None = None
-    # fused MoE layers (routing, both expert GEMMs and the activation), bf16, experts split by TP:
+    # fused MoE layers (routing, both expert GEMMs and the activation), experts split by TP, bf16:
     # hidden_size, inter_size, topk, num_experts, tp, num_tokens, latency_ms; None: not measured
     moe: pd.DataFrame | None = None
+    # the same for experts in FP8 128 x 128 blocks (DeepSeek-V3) and in MXFP4 (gpt-oss)
+    moe_fp8_block: pd.DataFrame | None = None
+    moe_w4a16_mxfp4: pd.DataFrame | None = None
     # FP8 GEMMs (per-tensor scaled, vLLM's CUTLASS kernel): m, n, k, latency_ms; None: not measured
     gemm_fp8: pd.DataFrame | None = None
+    # vLLM's MLA attention module (DeepseekV2MLAAttention forward: q/kv down and up projections,
+    # latent attention, o_proj), bf16 KV cache: gemm_type, num_heads, batch_size, isl | kv_len,
+    # latency_ms; None: not measured
+    mla_context: pd.DataFrame | None = None
+    mla_generation: pd.DataFrame | None = None
+
+    OPTIONAL = ("moe", "moe_fp8_block", "moe_w4a16_mxfp4", "gemm_fp8", "mla_context", "mla_generation")
 
     @classmethod
     def load(cls, folder: str | Path, hbm_bandwidth: float) -> "KernelTables":
         folder = Path(folder)
         read = lambda name: pd.read_csv(folder / f"{name}.csv")  # noqa: E731
         optional = {name: read(name) if (folder / f"{name}.csv").is_file() else None
-                    for name in ("moe", "gemm_fp8")}
+                    for name in cls.OPTIONAL}
         return cls(read("gemm"), read("context_attention"), read("generation_attention"),
                    read("allreduce"), hbm_bandwidth, folder, **optional)
+
+    def gemm_table(self, dtype: str) -> pd.DataFrame:
+        table = {"bfloat16": self.gemm, "fp8": self.gemm_fp8}[dtype]
+        if table is None:
+            raise ValueError(f"{self.folder}: no {GEMM_WHAT[dtype]} GEMM measurements for this GPU")
+        return table
+
+    def moe_table(self, dtype: str) -> pd.DataFrame:
+        table = getattr(self, MOE_TABLES[dtype])
+        if table is None:
+            raise ValueError(f"{self.folder}: no {MOE_WHAT[dtype]} fused-MoE measurements for this GPU")
+        return table
 
 
 def bracket(values: list[int], x: float) -> tuple[int, int]:
@@ -179,35 +214,86 @@ class _Grid:
 
 # ---------------------------------------------------------------- the composer
 
+# a weight format (linear_dtype) -> how messages name it
+GEMM_WHAT = {"bfloat16": "bf16", "fp8": "FP8", "fp8_block": "block-scaled FP8"}
+# a weight format -> the GEMM table its layers are read from (block-scaled FP8: the per-tensor rows,
+# see the module docstring)
+GEMM_TABLE = {"bfloat16": "bfloat16", "fp8": "fp8", "fp8_block": "fp8"}
+# experts' dtype (AIConfigurator's moe_dtype) -> the KernelTables field / CSV, and its name
+MOE_TABLES = {"bfloat16": "moe", "fp8_block": "moe_fp8_block", "w4a16_mxfp4": "moe_w4a16_mxfp4"}
+MOE_WHAT = {"bfloat16": "bf16", "fp8_block": "block-scaled FP8", "w4a16_mxfp4": "MXFP4"}
+
+
 @dataclass(frozen=True)
 class GemmShape:
     name: str
-    n: int  # output features per GPU
-    k: int  # input features per GPU
+    n: int                    # output features per GPU
+    k: int                    # input features per GPU
+    layers: int = 1           # decoder layers running it (the LM head: 1)
+    dtype: str = "bfloat16"   # the table it is read from (GEMM_WHAT)
+
+
+def linear_dtype(model: ModelSpec) -> str:
+    """The GEMM table of the model's quantised linear layers: bf16, FP8 per tensor, FP8 in blocks.
+    Other formats (int4/int8 weight-only) have no measured rows here: ValueError."""
+    if model.linear_weight_bytes in (None, model.dtype_bytes) and model.dtype_bytes == 2:
+        return "bfloat16"
+    if model.linear_weight_bytes == 1:
+        return "fp8_block" if model.weight_block_size else "fp8"
+    raise ValueError(f"{model.name}: {model.linear_bytes_per_weight:g}-byte linear weights have no "
+                     f"measured GEMM rows; the roofline prices them")
+
+
+def moe_dtype(model: ModelSpec) -> str:
+    """The format of the model's routed experts: which fused-MoE table (MOE_TABLES) prices them."""
+    dtype = ("w4a16_mxfp4" if model.expert_weight_bytes == EXPERT_QUANT_BYTES["mxfp4"] else
+             linear_dtype(model) if model.expert_weight_bytes is None else None)
+    if dtype not in MOE_TABLES:
+        raise ValueError(f"{model.name}: its experts' format has no measured fused-MoE rows; the "
+                         f"roofline prices them")
+    return dtype
 
 
 def gemm_shapes(model: ModelSpec, tp: int) -> list[GemmShape]:
-    """The linear layers of one decoder layer per GPU (vLLM merges q/k/v and gate/up), and the
-    LM head (vocab split across GPUs). An MoE layer has the router (experts x hidden, the same
-    on every GPU) instead of gate/up and down: its experts are one fused MoE kernel (moe.csv)."""
-    kv = kv_heads_per_rank(model, tp)
-    q = model.num_attention_heads // tp
-    hd, h, inter = model.head_dim, model.hidden_size, model.intermediate_size // tp
-    mlp = ([GemmShape("gate_up", 2 * inter, h), GemmShape("down", h, inter)] if model.moe is None
-           else [GemmShape("router", model.moe.num_experts, h)])
-    return [GemmShape("qkv", (q + 2 * kv) * hd, h), GemmShape("o", h, q * hd), *mlp,
-            GemmShape("lm_head", -(-model.vocab_size // tp), h)]
+    """The linear layers per GPU (vLLM merges q/k/v and gate/up) and the LM head (vocab split
+    across GPUs). An MoE layer has the router (experts x hidden, the same on every GPU, bf16)
+    instead of gate/up and down: its routed experts are one fused MoE kernel (moe.csv), its shared
+    experts (DeepSeek) one more gated MLP. MLA layers have no qkv / o here: the measured attention
+    module holds their projections."""
+    layers, h, m = model.num_layers, model.hidden_size, model.moe
+    lin = GEMM_TABLE[linear_dtype(model)]
+    out = []
+    if model.mla is None:
+        kv, q, hd = kv_heads_per_rank(model, tp), model.num_attention_heads // tp, model.head_dim
+        out += [GemmShape("qkv", (q + 2 * kv) * hd, h, layers, lin), GemmShape("o", h, q * hd, layers, lin)]
+    dense = layers if m is None else m.dense_layers
+    if dense:
+        inter = model.intermediate_size // tp
+        out += [GemmShape("gate_up", 2 * inter, h, dense, lin), GemmShape("down", h, inter, dense, lin)]
+    if m is not None:
+        out.append(GemmShape("router", m.num_experts, h, layers - dense))
+        if m.shared_experts:
+            w = m.shared_experts * m.expert_intermediate_size // tp
+            out += [GemmShape("shared_gate_up", 2 * w, h, layers - dense, lin),
+                    GemmShape("shared_down", h, w, layers - dense, lin)]
+    return [*out, GemmShape("lm_head", -(-model.vocab_size // tp), h)]
 
 
-# moe.csv's shape columns, in moe_key's order
+# moe*.csv's shape columns, in moe_key's order
 MOE_COLUMNS = ["hidden_size", "inter_size", "topk", "num_experts", "tp"]
 
 
 def moe_key(model: ModelSpec, tp: int) -> tuple[int, int, int, int, int]:
-    """(hidden_size, inter_size, topk, num_experts, tp): the moe.csv rows of this model's MoE
-    layers split over `tp` GPUs (vLLM without --enable-expert-parallel splits each expert)."""
+    """(hidden_size, inter_size, topk, num_experts, tp): the rows of this model's MoE layers split
+    over `tp` GPUs (vLLM without --enable-expert-parallel splits each expert), in the table of its
+    experts' format (moe_dtype)."""
     m = model.moe
     return model.hidden_size, m.expert_intermediate_size, m.experts_per_token, m.num_experts, tp
+
+
+def mla_gemm_type(model: ModelSpec) -> str:
+    """The MLA tables' gemm_type: the precision of the module's projections."""
+    return linear_dtype(model)
 
 
 class StepComposer:
@@ -216,52 +302,54 @@ class StepComposer:
                  cpu_overhead_per_seq_s: float = DEFAULT_CPU_OVERHEAD_PER_SEQ_S):
         tp = tensor_parallel_size
         m = model.moe
-        fp8 = model.linear_weight_bytes == 1 and m is None  # FP8 linear layers (a dense model)
-        if (model.mla is not None or (model.linear_weight_bytes is not None and not fp8)
-                or model.expert_weight_bytes is not None or (m is not None and (m.dense_layers or m.shared_experts))):
-            raise ValueError(f"{model.name}: MLA, weights quantised other than FP8 on a dense model, and "
-                             f"MoE with quantised weights, dense layers or shared experts are not composed "
-                             f"from the kernel tables yet; the roofline prices them")
-        if fp8 and tables.gemm_fp8 is None:
-            raise ValueError(f"{tables.folder}: no FP8 GEMM measurements for this GPU")
         self.model, self.tp, self.tables = model, tp, tables
         self.cpu_overhead_s, self.cpu_overhead_per_seq_s = cpu_overhead_s, cpu_overhead_per_seq_s
         self.extrapolated: Counter = Counter()  # lookups past a table's last point, by term
         self.notes: list[str] = []              # modelling choices this composition needed
         self.shapes = gemm_shapes(model, tp)
-        # the layers' GEMMs from the FP8 rows for FP8 weights (the LM head stays bf16, as vLLM and
-        # ModelOpt keep it)
-        self._gemm = self._gemm_curves(tables.gemm)
-        if fp8:
-            layer = self._gemm_curves(tables.gemm_fp8, [s for s in self.shapes if s.name != "lm_head"])
-            self._gemm.update(layer)
-            self.notes.append("FP8 weights: the layer GEMMs from the FP8 rows (activation quantisation "
-                              "not priced), the LM head from the bf16 rows")
-        self._moe = None if m is None else self._moe_curve(tables, moe_key(model, tp))
-        # the layer's linear work: its GEMMs, and the fused experts of an MoE layer
-        self.layer_gemms = [s.name for s in self.shapes if s.name != "lm_head"]
-        q, kv = model.num_attention_heads // tp, kv_heads_per_rank(model, tp)
-        self._ctx = self._attention(tables.context_attention, q, kv, "isl")
-        self._gen = self._attention(tables.generation_attention, q, kv, "kv_len")
+        self._axes: dict[str, tuple[list[float], list[float]]] = {}  # attention_axes
+        self._gemm = {}
+        for dtype in sorted({s.dtype for s in self.shapes}):
+            self._gemm.update(self._gemm_curves(tables.gemm_table(dtype),
+                                                [s for s in self.shapes if s.dtype == dtype]))
+        if linear_dtype(model) != "bfloat16":
+            self.notes.append(f"{GEMM_WHAT[linear_dtype(model)]} weights: the layer GEMMs from the FP8 "
+                              f"rows (activation quantisation not priced), the router and LM head from "
+                              f"the bf16 rows")
+        self.moe_layers = 0 if m is None else model.num_layers - m.dense_layers
+        self._moe = None if m is None else self._moe_curve(tables, moe_dtype(model), moe_key(model, tp))
+        # the layers' linear work: their GEMMs, and the fused experts of the MoE layers
+        self.layer_gemms = [s for s in self.shapes if s.name != "lm_head"]
+        if model.mla is not None:
+            self._ctx, self._gen = self._mla(tables, model.num_attention_heads // tp, mla_gemm_type(model))
+        else:
+            q, kv = model.num_attention_heads // tp, kv_heads_per_rank(model, tp)
+            self._ctx = self._attention(tables.context_attention, q, kv, "isl")
+            self._gen = self._attention(tables.generation_attention, q, kv, "kv_len")
         ar = tables.allreduce[tables.allreduce["num_gpus"] == tp] if tp > 1 else None
         self._allreduce = None if ar is None else {
             backend: _Curve(g["message_size"].to_numpy(), g["latency_ms"].to_numpy())
             for backend, g in ar.groupby("backend")}
         if tp > 1 and not self._allreduce:
             raise ValueError(f"{tables.folder}: no all-reduce rows for {tp} GPUs")
-        inter = model.intermediate_size // tp if m is None else 0  # (MoE: inside the fused kernel)
-        dims = (model.num_attention_heads // tp + kv) * model.head_dim
+        # gated-MLP widths per GPU outside the fused experts, averaged over the layers: the dense
+        # layers' and the shared experts' (the fused MoE kernel holds its own activation)
+        dense = model.num_layers - self.moe_layers
+        shared = m.shared_experts * m.expert_intermediate_size if m is not None else 0
+        inter = (dense * model.intermediate_size + self.moe_layers * shared) / model.num_layers / tp
+        # rope on q and k (MLA: inside the measured module)
+        dims = 0 if model.mla is not None else (model.num_attention_heads // tp + kv_heads_per_rank(model, tp)) * model.head_dim
         elements = 2 * 2 * model.hidden_size + 3 * inter + 2 * 3 * model.hidden_size + 2 * dims
         self._elementwise_s_per_token = (model.num_layers * elements * model.dtype_bytes
                                          / (tables.hbm_bandwidth * ELEMENTWISE_BANDWIDTH_EFFICIENCY))
 
     # -- construction -------------------------------------------------------------------------
-    def _gemm_curves(self, gemm: pd.DataFrame, shapes: list[GemmShape] | None = None) -> dict:
-        """For each layer GEMM: the measured (n, k) bracket points and their m-curves."""
+    def _gemm_curves(self, gemm: pd.DataFrame, shapes: list[GemmShape]) -> dict:
+        """For each GEMM: the measured (n, k) bracket points and their m-curves."""
         ns = sorted(gemm["n"].unique().tolist())
         ks = sorted(gemm["k"].unique().tolist())
         out = {}
-        for s in self.shapes if shapes is None else shapes:
+        for s in shapes:
             parts = max(1, math.ceil(s.n / ns[-1]))  # n past the table: equal in-table GEMMs
             if parts > 1:
                 self.notes.append(f"GEMM {s.name}: n = {s.n} is past the measured {ns[-1]}; "
@@ -283,13 +371,12 @@ class StepComposer:
             out[s.name] = (n, s.k, parts, bracket(ns, n), bracket(ks, s.k), corners)
         return out
 
-    def _moe_curve(self, tables: KernelTables, key: tuple) -> _Curve:
-        if tables.moe is None:
-            raise ValueError(f"{tables.folder}: no fused-MoE measurements for this GPU")
-        rows = tables.moe[(tables.moe[MOE_COLUMNS] == pd.Series(key, index=MOE_COLUMNS)).all(axis=1)]
+    def _moe_curve(self, tables: KernelTables, dtype: str, key: tuple) -> _Curve:
+        table = tables.moe_table(dtype)
+        rows = table[(table[MOE_COLUMNS] == pd.Series(key, index=MOE_COLUMNS)).all(axis=1)]
         if rows.empty:
-            raise ValueError(f"{tables.folder}/moe.csv: no rows for hidden {key[0]}, expert width "
-                             f"{key[1]}, top-{key[2]} of {key[3]} experts over {key[4]} GPU(s)")
+            raise ValueError(f"{tables.folder}/{MOE_TABLES[dtype]}.csv: no rows for hidden {key[0]}, "
+                             f"expert width {key[1]}, top-{key[2]} of {key[3]} experts over {key[4]} GPU(s)")
         curve = _Curve(rows["num_tokens"].to_numpy(), rows["latency_ms"].to_numpy())
         if curve.raised:
             self.notes.append(f"fused MoE: {curve.raised} of {len(rows)} measured points raised to keep "
@@ -301,11 +388,41 @@ class StepComposer:
         return self._moe(tokens, self.extrapolated, "fused MoE tokens") if tokens else 0.0
 
     def linear_ms(self, tokens: float) -> float:
-        """One decoder layer's linear work at `tokens` tokens."""
-        ms = sum(self.gemm_ms(g, tokens) for g in self.layer_gemms)
-        return ms + self.experts_ms(tokens) if self._moe is not None else ms
+        """Every decoder layer's linear work at `tokens` tokens (GEMMs and fused experts)."""
+        ms = sum(s.layers * self.gemm_ms(s.name, tokens) for s in self.layer_gemms)
+        return ms + self.moe_layers * self.experts_ms(tokens) if self._moe is not None else ms
+
+    def _mla(self, tables: KernelTables, heads: int, gemm_type: str):
+        """The measured MLA module at `heads` heads per GPU, as (prefill, decode) grids."""
+        out = []
+        for frame, length, what in ((tables.mla_context, "isl", "prefill"),
+                                    (tables.mla_generation, "kv_len", "decode")):
+            if frame is None:
+                raise ValueError(f"{tables.folder}: no MLA module measurements for this GPU")
+            rows = frame[(frame["gemm_type"] == gemm_type) & (frame["num_heads"] == heads)]
+            if rows.empty:
+                raise ValueError(f"{tables.folder}: no {what} MLA module rows at {heads} heads per GPU "
+                                 f"with {GEMM_WHAT[gemm_type]} projections")
+            self._axes[what] = (sorted({float(v) for v in rows["batch_size"]}),
+                                sorted({float(v) for v in rows[length]}))
+            grid = _Grid(rows, "batch_size", length)
+            if grid.raised:
+                self.notes.append(f"{what} MLA module {heads} heads: {grid.raised} of {grid.points} "
+                                  f"measured points raised to keep it monotone")
+            out.append([(grid, 1.0)])
+        self.notes.append("MLA: the attention terms are vLLM's whole attention module as measured "
+                          "(q/kv projections, latent attention, o_proj; bf16 KV cache); a prefill "
+                          "chunk after cached context is priced as the fresh prompt with as many "
+                          "(query, key) pairs, which also counts its projections for more tokens")
+        return out
 
     def _attention(self, frame: pd.DataFrame, q: int, kv: int, length: str):
+        frame = frame[frame["head_dim"] == self.model.head_dim]
+        if frame.empty:
+            raise ValueError(f"{self.tables.folder}: no attention rows with head_dim "
+                             f"{self.model.head_dim}")
+        self._axes["prefill" if length == "isl" else "decode"] = (
+            sorted({float(v) for v in frame["batch_size"]}), sorted({float(v) for v in frame[length]}))
         combos = set(zip(frame["num_heads"], frame["num_kv_heads"]))
         out = []
         for h, k, weight in attention_sources(q, kv, combos):
@@ -320,6 +437,12 @@ class StepComposer:
                                   f"{grid.points} measured points raised to keep it monotone")
             out.append((grid, weight))
         return out
+
+    def attention_axes(self, phase: str) -> tuple[list[float], list[float]]:
+        """The measured batch sizes and lengths (prompt length or KV length) of the attention table
+        this composition reads (at the model's head_dim; MLA: its rows), phase "prefill" or
+        "decode": the grid a profile tabulates on."""
+        return self._axes[phase]
 
     # -- terms (ms) ---------------------------------------------------------------------------
     def gemm_ms(self, name: str, m: float) -> float:
@@ -366,9 +489,9 @@ class StepComposer:
         tokens = sum(lens) + stats.num_decodes
         seqs = len(lens) + stats.num_decodes
         layers = self.model.num_layers
-        out = {name: layers * self.gemm_ms(name, tokens) for name in self.layer_gemms}
+        out = {s.name: s.layers * self.gemm_ms(s.name, tokens) for s in self.layer_gemms}
         if self._moe is not None:
-            out["experts"] = layers * self.experts_ms(tokens)
+            out["experts"] = self.moe_layers * self.experts_ms(tokens)
         out["lm_head"] = self.gemm_ms("lm_head", seqs) if seqs else 0.0
         out["prefill_attention"] = layers * self.prefill_attention_ms(lens, contexts)
         out["decode_attention"] = layers * self.decode_attention_ms(stats.num_decodes,

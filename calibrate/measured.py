@@ -22,7 +22,7 @@ import numpy as np
 import yaml
 
 from calibrate.composer import (CUDA_GRAPH_MAX_TOKENS, DEFAULT_CPU_OVERHEAD_PER_SEQ_S,
-                                DEFAULT_CPU_OVERHEAD_S, KernelTables, StepComposer)
+                                DEFAULT_CPU_OVERHEAD_S, KernelTables, StepComposer, moe_dtype)
 from sim.batch import BatchStats
 from sim.hardware import HARDWARE_PRESETS, HardwareSpec
 from sim.measured import FORMAT, PROFILES, TableProfileCost, load_table_profile
@@ -43,7 +43,11 @@ def _axis(values) -> list[float]:
 def tabulate(composer: StepComposer, max_tokens: int = 32768) -> dict:
     """The profile's `model` section: every term evaluated on its grid (seconds)."""
     t = composer.tables
-    m_knots = [m for m in _axis(t.gemm["m"]) if m <= max_tokens]
+    # the measured m of every GEMM table this model reads (bf16 for the LM head and router, and
+    # the layers' FP8 table when quantised)
+    m_knots = [m for m in _axis(np.concatenate([t.gemm_table(d)["m"].to_numpy()
+                                                for d in {s.dtype for s in composer.shapes}]))
+               if m <= max_tokens]
     model, tp = composer.model, composer.tp
     knots = set(m_knots)
     if tp > 1:
@@ -54,17 +58,17 @@ def tabulate(composer: StepComposer, max_tokens: int = 32768) -> dict:
     knots = sorted(knots)
     layers = model.num_layers
 
-    if t.moe is not None and model.moe is not None:  # the fused-MoE table's own token counts
-        knots = sorted(set(knots) | {float(x) for x in t.moe["num_tokens"] if x <= max_tokens})
+    if model.moe is not None:  # the fused-MoE table's own token counts
+        experts = t.moe_table(moe_dtype(model))["num_tokens"]
+        knots = sorted(set(knots) | {float(x) for x in experts if x <= max_tokens})
 
     def tokens_s(T: float) -> float:
-        ms = layers * composer.linear_ms(T)
+        ms = composer.linear_ms(T)
         ms += 2 * layers * composer.allreduce_ms(int(T)) + 1e3 * composer._elementwise_s_per_token * T
         return ms / 1e3
 
-    gen, ctx = t.generation_attention, t.context_attention
-    batch, kv = _axis(gen["batch_size"]), _axis(gen["kv_len"])
-    chunks, length = _axis(ctx["batch_size"]), _axis(ctx["isl"])
+    batch, kv = composer.attention_axes("decode")
+    chunks, length = composer.attention_axes("prefill")
     dec = [[layers * composer.decode_attention_ms(int(b), b * c) / 1e3 for c in kv] for b in batch]
     pre = [[layers * _prefill_ms(composer, int(b), s) / 1e3 for s in length] for b in chunks]
     return {
@@ -186,13 +190,12 @@ def regenerate(tables_root: Path = TABLES, out: Path = PROFILES) -> list[tuple[s
             for tp in (1, 2, 4, 8):
                 if not fits(model, hw, tp):
                     continue
-                missing = ("fused-MoE" if model.moe is not None and tables.moe is None else
-                           "FP8 GEMM" if model.linear_weight_bytes == 1 and tables.gemm_fp8 is None else None)
-                if missing:
-                    print(f"{preset:<10} {name:<12} tp{tp}: no {missing} measurements for this GPU; "
-                          f"no profile (the roofline prices it)", file=sys.stderr)
+                try:
+                    doc = build_profile(tables, model, hw, tp, provenance=provenance)
+                except ValueError as e:  # no rows for this model's kernels on this GPU
+                    print(f"{preset:<10} {name:<12} tp{tp}: {e}; no profile (the roofline prices it)",
+                          file=sys.stderr)
                     continue
-                doc = build_profile(tables, model, hw, tp, provenance=provenance)
                 write_profile(doc, out / preset / f"{name}-tp{tp}.yaml")
                 made.append((preset, name, tp, doc["metadata"]))
                 print(f"{preset:<10} {name:<12} tp{tp}: held-out MAPE "

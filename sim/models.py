@@ -92,6 +92,10 @@ class ModelSpec:
     # bytes per routed-expert weight when the experts alone are quantised (gpt-oss's MXFP4: 4-bit
     # values + one 8-bit scale per 32, 4.25 bits); None: as the other linear layers
     expert_weight_bytes: float | None = None
+    # FP8 weights scaled per block of this many x this many weights (DeepSeek-V3's 128, from
+    # quantization_config.weight_block_size; vLLM runs them on block-scaled GEMM and MoE kernels);
+    # 0: one scale per tensor (or channel), or not FP8
+    weight_block_size: int = 0
     # Sliding-window attention (Mistral-7B-v0.1, Qwen2 with use_sliding_window, hybrid layouts
     # from `layer_types`): `sliding_layers` of the layers attend only the last `sliding_window`
     # tokens; the others attend everything. 0, 0: full attention everywhere.
@@ -217,6 +221,12 @@ class ModelSpec:
         return 2 * self.matmul_params
 
 
+# quant_method -> bytes per routed-expert weight, for methods that quantise only the experts
+# (vLLM's Mxfp4Config quantises FusedMoE layers alone): MXFP4 = 4-bit E2M1 values + one E8M0
+# scale byte per 32 values
+EXPERT_QUANT_BYTES = {"mxfp4": (4 + 8 / 32) / 8}
+
+
 def _llama(name, layers, hidden, heads, kv, inter, vocab, **kw) -> ModelSpec:
     return ModelSpec(name, layers, hidden, heads, kv, hidden // heads, inter, vocab, **kw)
 
@@ -240,6 +250,21 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
                            moe=MoESpec(num_experts=8, experts_per_token=2, expert_intermediate_size=14336)),
     "qwen3-30b-a3b": ModelSpec("qwen3-30b-a3b", 48, 2048, 32, 4, 128, 6144, 151936,
                                moe=MoESpec(num_experts=128, experts_per_token=8, expert_intermediate_size=768)),
+    # DeepSeek-V3 as published: MLA, 256 routed experts + 1 shared, 3 leading dense layers, FP8
+    # weights in 128 x 128 blocks (head_dim is config.json's hidden / heads: MLA does not use it)
+    "deepseek-v3": ModelSpec("deepseek-v3", 61, 7168, 128, 128, 56, 18432, 129280,
+                             moe=MoESpec(num_experts=256, experts_per_token=8, expert_intermediate_size=2048,
+                                         shared_experts=1, dense_layers=3),
+                             mla=MLASpec(kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128,
+                                         v_head_dim=128, q_lora_rank=1536),
+                             linear_weight_bytes=1, weight_block_size=128),
+    # gpt-oss: MXFP4 experts, bf16 attention (64-wide heads, q/k/v biases), every other layer
+    # windowed at 128 tokens
+    **{name: ModelSpec(name, layers, 2880, 64, 8, 64, 2880, 201088, attention_bias=True,
+                       moe=MoESpec(num_experts=experts, experts_per_token=4, expert_intermediate_size=2880),
+                       expert_weight_bytes=EXPERT_QUANT_BYTES["mxfp4"], sliding_window=128,
+                       sliding_layers=layers // 2)
+       for name, layers, experts in (("gpt-oss-20b", 24, 32), ("gpt-oss-120b", 36, 128))},
     # Not a published checkpoint: a 125M-parameter Llama (GQA 12/4 heads) that real vLLM runs on a
     # CPU with random weights, for `servesim validate --engine vllm` (docs/validation.md).
     "llama-125m": _llama("llama-125m", 12, 768, 12, 4, 2048, 32000),
@@ -307,9 +332,13 @@ def model_from_fields(fields: dict, where: str) -> ModelSpec:
                             f"{', '.join(f'{x:g}' for x in allowed)}")
     if ewb is not None and fields.get("moe") is None:
         raise ScenarioError(f"{at('expert_weight_bytes')}: the model has no experts (moe:)")
+    block = _int(fields.get("weight_block_size", 0), at("weight_block_size"), lo=0, cap=MAX_COUNT)
+    if block and lwb != 1:
+        raise ScenarioError(f"{at('weight_block_size')}: {block}: block scales are modelled for FP8 "
+                            f"weights only (linear_weight_bytes: 1)")
     return ModelSpec(
         name=_text(fields.get("name", "custom"), at("name")), dtype_bytes=dtype_bytes,
-        linear_weight_bytes=lwb, expert_weight_bytes=ewb, sliding_window=window, sliding_layers=sliding, **parts,
+        linear_weight_bytes=lwb, expert_weight_bytes=ewb, weight_block_size=block, sliding_window=window, sliding_layers=sliding, **parts,
         tie_word_embeddings=_bool(fields.get("tie_word_embeddings", False), at("tie_word_embeddings")),
         attention_bias=_bool(fields.get("attention_bias", False), at("attention_bias")),
         layer_norms=_int(fields.get("layer_norms", 2), at("layer_norms"), lo=0, cap=MAX_COUNT),
@@ -328,10 +357,6 @@ MODELLED_TYPES = LLAMA_STYLE + GEMMA_TYPES + MOE_TYPES
 # their `bits`); anything else is refused
 QUANT_BYTES = {"fp8": 1.0}
 QUANT_BITS = ("awq", "gptq")
-# quant_method -> bytes per routed-expert weight, for methods that quantise only the experts
-# (vLLM's Mxfp4Config quantises FusedMoE layers alone): MXFP4 = 4-bit E2M1 values + one E8M0
-# scale byte per 32 values
-EXPERT_QUANT_BYTES = {"mxfp4": (4 + 8 / 32) / 8}
 
 
 def _refuse_unmodelled(cfg: dict, path: Path) -> None:
@@ -407,7 +432,14 @@ def _quantised_bytes(cfg: dict, path: Path) -> dict:
         return {}
     method = q.get("quant_method") if isinstance(q, dict) else None
     if method in QUANT_BYTES:
-        return {"linear_weight_bytes": QUANT_BYTES[method]}
+        block = q.get("weight_block_size")
+        if block is None:
+            return {"linear_weight_bytes": QUANT_BYTES[method]}
+        if (not isinstance(block, list) or len(block) != 2 or block[0] != block[1]
+                or isinstance(block[0], bool) or not isinstance(block[0], int) or block[0] < 1):
+            raise ScenarioError(f"{path}: quantization_config.weight_block_size: {str(block)[:40]}: only "
+                                f"square blocks [N, N] are modelled")
+        return {"linear_weight_bytes": QUANT_BYTES[method], "weight_block_size": block[0]}
     if method in QUANT_BITS and q.get("bits") in (4, 8):
         return {"linear_weight_bytes": q["bits"] / 8}
     if method in EXPERT_QUANT_BYTES and _moe(cfg) is not None:

@@ -93,6 +93,7 @@ def test_deepseek_v3_by_hand():
     assert m.num_params == linear + other and round((linear + other) / 1e9) == 671
     assert m.weight_bytes == linear * 1 + other * 2                    # fp8 linear weights
     assert c["quantization_config"]["quant_method"] == "fp8"
+    assert c["quantization_config"]["weight_block_size"] == [128, 128] and m.weight_block_size == 128
     assert m.kv_bytes_per_token == layers * (r + rope) * 2
     assert kv_bytes_per_token_per_rank(m, 8) == layers * (r + rope) * 2      # not split by TP
     assert kv_bytes_per_token_per_rank(m, 8, "fp8") == layers * (r + rope)
@@ -106,6 +107,8 @@ def test_deepseek_v3_by_hand():
     ({"layer_types": ["sliding_attention", "full_attention"]}, "layer_types: 2 entries for 32 num_hidden_layers"),
     ({"layer_types": ["sliding_attention"] * 32}, "sliding_window: null: layer_types lists sliding_attention"),
     ({"model_type": "gemma3"}, "model_type: 'gemma3' is not modelled"),  # (multimodal; gemma3_text is)
+    ({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 64]}},
+     r"weight_block_size: \[128, 64\]: only square blocks"),
 ])
 def test_each_unmodelled_field_is_named(tmp_path, change, message):
     cfg = _cfg("meta-llama--Meta-Llama-3.1-8B")
@@ -134,11 +137,10 @@ def _scenario(tmp_path: Path, config: str, hardware: str, tp: int) -> Path:
 
 @pytest.mark.parametrize("config, hardware, tp", [
     ("mistralai--Mixtral-8x7B-v0.1.json", "a100-80gb", 2),  # (the A100 tables have no fused MoE)
-    ("deepseek-ai--DeepSeek-V3.json", "h200", 8),
     ("Qwen--Qwen3-30B-A3B.json", "a100-80gb", 1),
-    ("openai--gpt-oss-20b.json", "h100-sxm", 1),  # MoE, MXFP4 experts, half its layers windowed
+    ("openai--gpt-oss-20b.json", "a100-80gb", 1),  # MoE, MXFP4 experts, half its layers windowed
 ])
-def test_moe_and_mla_models_simulate_on_the_roofline_and_say_so(tmp_path, config, hardware, tp):
+def test_moe_models_without_measured_rows_simulate_on_the_roofline_and_say_so(tmp_path, config, hardware, tp):
     import json as _json
 
     out = tmp_path / "o"
@@ -200,26 +202,29 @@ def test_fp8_weights_use_the_fp8_peak_and_mla_attention_prices_the_latent():
     assert r._s_per_pair == pytest.approx(61 * 16 * (2 * (512 + 64) + 2 * 512) / (hw.bf16_flops * 0.7))
 
 
-@pytest.mark.parametrize("config, preset, tp", [
-    ("mistralai--Mixtral-8x7B-v0.1.json", "mixtral-8x7b", 2),
-    ("Qwen--Qwen3-30B-A3B.json", "qwen3-30b-a3b", 1),
-    ("nvidia--Llama-3.1-70B-Instruct-FP8.json", "llama-3.1-70b-fp8", 4),
+@pytest.mark.parametrize("config, preset, gpu, tp", [
+    ("mistralai--Mixtral-8x7B-v0.1.json", "mixtral-8x7b", "h100-sxm", 2),
+    ("Qwen--Qwen3-30B-A3B.json", "qwen3-30b-a3b", "h100-sxm", 1),
+    ("nvidia--Llama-3.1-70B-Instruct-FP8.json", "llama-3.1-70b-fp8", "h100-sxm", 4),
+    ("deepseek-ai--DeepSeek-V3.json", "deepseek-v3", "h200", 8),
+    ("openai--gpt-oss-20b.json", "gpt-oss-20b", "h100-sxm", 1),
+    ("openai--gpt-oss-120b.json", "gpt-oss-120b", "h100-sxm", 1),
 ])
-def test_moe_and_fp8_configs_are_their_presets_and_get_measured_costs(tmp_path, config, preset, tp):
-    """The MoE and FP8 presets are the published configs (every field but the name), so a scenario
-    that reads the config gets the preset's shipped profile, composed from the fused-MoE or FP8
-    GEMM tables."""
+def test_moe_and_fp8_configs_are_their_presets_and_get_measured_costs(tmp_path, config, preset, gpu, tp):
+    """The MoE, MLA and FP8 presets are the published configs (every field but the name), so a
+    scenario that reads the config gets the preset's shipped profile, composed from the fused-MoE,
+    MLA-module or FP8 GEMM tables."""
     from dataclasses import replace
 
     from sim.models import MODEL_PRESETS
 
     assert replace(model_from_hf_config(FIXTURES / config), name=preset) == MODEL_PRESETS[preset]
     out = tmp_path / "o"
-    r = CliRunner().invoke(app, ["run", str(_scenario(tmp_path, config, "h100-sxm", tp)), "--out", str(out), "-q"])
+    r = CliRunner().invoke(app, ["run", str(_scenario(tmp_path, config, gpu, tp)), "--out", str(out), "-q"])
     assert r.exit_code == 0, r.output
     assert "estimated (roofline)" not in r.stderr
     cost = json.loads((out / "summary.json").read_text())["run"]["cost_model"]
-    assert cost["name"] == "measured" and cost["profile"].endswith(f"h100-sxm/{preset}-tp{tp}.yaml")
+    assert cost["name"] == "measured" and cost["profile"].endswith(f"{gpu}/{preset}-tp{tp}.yaml")
 
 
 def test_modelopt_fp8_checkpoint_reads_its_hf_quant_config(tmp_path):
@@ -241,3 +246,15 @@ def test_modelopt_fp8_checkpoint_reads_its_hf_quant_config(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "quantization_config": {"quant_method": "fp8"}}))
     with pytest.raises(ScenarioError, match="quantization_config and an hf_quant_config.json beside it"):
         model_from_hf_config(tmp_path)
+
+
+def test_weight_block_size_is_for_fp8_weights_only(tmp_path):
+    from sim.models import model_from_fields
+
+    base = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128,
+            "vocab_size": 256}
+    with pytest.raises(ScenarioError, match=r"s.yaml: model.weight_block_size: 128: block scales are "
+                                            r"modelled for FP8 weights only \(linear_weight_bytes: 1\)"):
+        model_from_fields({**base, "weight_block_size": 128}, "s.yaml: model")
+    assert model_from_fields({**base, "weight_block_size": 128, "linear_weight_bytes": 1},
+                             "m").weight_block_size == 128

@@ -88,6 +88,9 @@ def test_composer_is_monotone_in_tokens_batch_and_context(system, preset):
     hw = HARDWARE_PRESETS[preset]
     tables = KernelTables.load(TABLES / system, hw.hbm_bandwidth)
     moe = [("mixtral-8x7b", 4), ("qwen3-30b-a3b", 1)] if tables.moe is not None else []
+    moe += [("gpt-oss-20b", 2)] if tables.moe_w4a16_mxfp4 is not None else []
+    moe += [("deepseek-v3", 4)] if tables.mla_generation is not None else []  # (TP 8 on L40S: the
+    # measured CUDA-graph all-reduce at 512 tokens is slower than the eager one at 513)
     for model, tp in (("llama-3-8b", 1), ("llama-2-7b", 1), ("llama-3-70b", 4), *moe):
         c = StepComposer(tables, MODEL_PRESETS[model], tp)
         prefill = [c.seconds(BatchStats(prefill_lens=np.array([t]), prefill_contexts=np.array([0])))
@@ -165,7 +168,8 @@ def test_shipped_profiles_rebuild_identically_from_the_shipped_tables(tmp_path):
     """Nothing invented: a shipped profile is exactly what the composer makes of the tables."""
     for preset, model, tp in (("h100-sxm", "llama-3-8b", 1), ("a100-80gb", "llama-2-70b", 4),
                               ("b200", "qwen2.5-7b", 2), ("h200", "mixtral-8x7b", 2),
-                              ("l40s", "qwen3-30b-a3b", 4), ("h200", "llama-3.1-70b-fp8", 2)):
+                              ("l40s", "qwen3-30b-a3b", 4), ("h200", "llama-3.1-70b-fp8", 2),
+                              ("h200", "deepseek-v3", 8), ("h100-sxm", "gpt-oss-20b", 2)):
         system, hw = SYSTEMS[preset], HARDWARE_PRESETS[preset]
         provenance = yaml.safe_load((TABLES / system / "provenance.yaml").read_text())
         doc = build_profile(KernelTables.load(TABLES / system, hw.hbm_bandwidth), MODEL_PRESETS[model],
@@ -252,7 +256,7 @@ def test_no_moe_table_means_no_moe_profile():
     hw = HARDWARE_PRESETS["a100-80gb"]
     tables = KernelTables.load(TABLES / "a100_sxm", hw.hbm_bandwidth)
     assert tables.moe is None
-    with pytest.raises(ValueError, match="no fused-MoE measurements"):
+    with pytest.raises(ValueError, match="no bf16 fused-MoE measurements"):
         StepComposer(tables, MODEL_PRESETS["mixtral-8x7b"], 2)
     spec = default_cost_model(MODEL_PRESETS["mixtral-8x7b"], hw, 2)
     assert spec.name == "roofline" and "no measured profile for mixtral-8x7b on a100-80gb" in spec.notice
@@ -277,3 +281,67 @@ def test_fp8_weights_take_the_fp8_gemm_rows():
     a100 = KernelTables.load(TABLES / "a100_sxm", HARDWARE_PRESETS["a100-80gb"].hbm_bandwidth)
     with pytest.raises(ValueError, match="no FP8 GEMM measurements"):
         StepComposer(a100, MODEL_PRESETS["llama-3.1-70b-fp8"], 4)
+
+
+def _lifted(frame: pd.DataFrame, a: str, b: str):
+    """(a, b, latency) of the measured points no smaller (a, b) beats: the envelope keeps them."""
+    for (va, vb), latency in frame.set_index([a, b])["latency_ms"].items():
+        if latency >= frame[(frame[a] <= va) & (frame[b] <= vb)]["latency_ms"].max():
+            yield va, vb, latency
+
+
+def test_deepseek_v3_composes_the_mla_module_block_fp8_and_fp8_experts():
+    """DeepSeek-V3 at TP 8 on H200: attention is vLLM's measured MLA module at 128 / 8 = 16 heads
+    with block-FP8 projections (its own qkv / o GEMMs are not added again); 3 dense layers run a
+    gated MLP of 18432 / 8 per GPU, 58 MoE layers a router (256 x 7168, bf16), the shared expert
+    (2048 / 8 wide) and the block-FP8 fused experts; the FP8 layer GEMMs are the FP8 rows."""
+    hw = HARDWARE_PRESETS["h200"]
+    t = KernelTables.load(TABLES / "h200_sxm", hw.hbm_bandwidth)
+    c = StepComposer(t, MODEL_PRESETS["deepseek-v3"], 8)
+    shapes = {s.name: (s.n, s.k, s.layers, s.dtype) for s in c.shapes}
+    assert shapes == {"gate_up": (2 * 18432 // 8, 7168, 3, "fp8"), "down": (7168, 18432 // 8, 3, "fp8"),
+                      "router": (256, 7168, 58, "bfloat16"),
+                      "shared_gate_up": (2 * 2048 // 8, 7168, 58, "fp8"), "shared_down": (7168, 256, 58, "fp8"),
+                      "lm_head": (129280 // 8, 7168, 1, "bfloat16")}
+    gen = t.mla_generation[(t.mla_generation["gemm_type"] == "fp8_block") & (t.mla_generation["num_heads"] == 16)]
+    checked = 0
+    for b, kv, latency in _lifted(gen, "batch_size", "kv_len"):
+        assert c.decode_attention_ms(b, b * kv) == pytest.approx(latency, rel=1e-12)
+        checked += 1
+    assert checked > 50
+    ctx = t.mla_context[(t.mla_context["gemm_type"] == "fp8_block") & (t.mla_context["num_heads"] == 16)]
+    for b, s, latency in _lifted(ctx, "batch_size", "isl"):
+        assert c.prefill_attention_ms([s] * b, [0] * b) == pytest.approx(latency, rel=1e-12)
+    fp8 = t.gemm_fp8[(t.gemm_fp8["n"] == 7168) & (t.gemm_fp8["k"] == 256)]  # shared_down, measured
+    for m, latency in zip(fp8["m"], fp8["latency_ms"]):
+        assert c.gemm_ms("shared_down", m) == fp8[fp8["m"] <= m]["latency_ms"].max()
+    moe = t.moe_fp8_block.query("hidden_size == 7168 and inter_size == 2048 and topk == 8 "
+                                "and num_experts == 256 and tp == 8")
+    assert len(moe) == 27
+    terms = c.terms(BatchStats(num_decodes=64, decode_context_sum=64 * 1000))
+    assert terms["experts"] == 58 * moe[moe["num_tokens"] <= 64]["latency_ms"].max()
+    assert terms["shared_down"] == 58 * c.gemm_ms("shared_down", 64) and terms["gate_up"] == 3 * c.gemm_ms("gate_up", 64)
+    assert "qkv" not in terms and "o" not in terms
+    assert terms["decode_attention"] == 61 * c.decode_attention_ms(64, 64 * 1000)
+
+
+def test_gpt_oss_composes_head_dim_64_attention_and_mxfp4_experts():
+    """gpt-oss-20b at TP 1 on H100: 64 query / 8 kv heads of width 64 (the head_dim-64 rows, not
+    the 128 ones), bf16 qkv with n = (64 + 2 x 8) x 64, and the MXFP4 fused experts (top-4 of 32,
+    2880 wide) as measured."""
+    t = KernelTables.load(TABLES / "h100_sxm", H100.hbm_bandwidth)
+    c = StepComposer(t, MODEL_PRESETS["gpt-oss-20b"], 1)
+    assert [(s.name, s.n, s.k) for s in c.shapes][:3] == [("qkv", 80 * 64, 2880), ("o", 2880, 4096),
+                                                           ("router", 32, 2880)]
+    gen = t.generation_attention
+    gen = gen[(gen["head_dim"] == 64) & (gen["num_heads"] == 64) & (gen["num_kv_heads"] == 8)]
+    checked = 0
+    for b, kv, latency in _lifted(gen, "batch_size", "kv_len"):
+        assert c.decode_attention_ms(b, b * kv) == pytest.approx(latency, rel=1e-12)
+        checked += 1
+    assert checked > 50
+    moe = t.moe_w4a16_mxfp4
+    moe = moe.query("hidden_size == 2880 and inter_size == 2880 and topk == 4 and num_experts == 32 and tp == 1")
+    assert len(moe) == 27
+    for tokens in (1, 64, 512, 4096):
+        assert c.experts_ms(tokens) == moe[moe["num_tokens"] <= tokens]["latency_ms"].max()

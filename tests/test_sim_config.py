@@ -262,7 +262,7 @@ def test_bad_engine_values(tmp_path, engine, expected):
     ({"slo": {"ttft_ms": 5, "percentile": 0}}, "slo.percentile: 0 is not a number in (0, 100)"),
     ({"slo": {"percentile": 50}}, "chat.yaml: slo: give at least one of ttft_ms, tpot_ms, itl_ms, e2el_ms (milliseconds"),
     ({"slo": [1]}, "chat.yaml: slo: a list is not a mapping"),
-    ({"model": None}, "chat.yaml: model: missing; required: a preset name (llama-125m, llama-2-13b, "),
+    ({"model": None}, "chat.yaml: model: missing; required: a preset name (deepseek-v3, gpt-oss-120b, gpt-oss-20b, llama-125m, "),
     ({"hardware": None}, "chat.yaml: hardware: missing; required: a preset name (a100-80gb, "),
     ({"workload": None}, "chat.yaml: workload: missing; required"),
     ({"model": 7}, "chat.yaml: model: 7 is not a preset name"),
