@@ -14,8 +14,8 @@ stay in milliseconds, as measured; no value is changed.
 Rows kept (calibrate/composer.py decides which measured rows stand in for each shape):
   gemm.csv                  bf16 GEMMs: every m, at the measured n and k around each bf16 GEMM
                             of the presets (layers, routers, LM heads)
-  context_attention.csv     prefill attention (batch x length), bf16 KV, the presets' head_dims
-                            (128; 64 for gpt-oss), no window
+  context_attention.csv     prefill attention (batch x length), bf16 and (where measured) FP8 KV
+                            cache, the presets' head_dims (128; 64 for gpt-oss), no window
   generation_attention.csv  decode attention (batch x KV length = isl + step), same filters
   allreduce.csv             vLLM custom all-reduce, bf16, 2/4/8 GPUs, CUDA-graph and eager
   gemm_fp8.csv              FP8 GEMMs (per-tensor scales, vLLM's CUTLASS kernel) around the FP8
@@ -27,10 +27,11 @@ Rows kept (calibrate/composer.py decides which measured rows stand in for each s
   moe_fp8_block.csv         the same for block-scaled FP8 experts (DeepSeek-V3)
   moe_w4a16_mxfp4.csv       the same for MXFP4 experts (gpt-oss)
   mla_context.csv           vLLM's whole MLA attention module (DeepseekV2MLAAttention: projections,
-  mla_generation.csv        latent attention, o_proj), bf16 activations and KV cache, at the MLA
+  mla_generation.csv        latent attention, o_proj), bf16 activations, bf16 or FP8 KV, at the MLA
                             presets' heads per GPU and projection precision; the prefill rows are
-                            the backends vLLM runs at each length (FlashAttention-MLA's decode path
-                            up to 512 tokens, FlashAttention above, on Hopper)
+                            the backends vLLM runs at each length (on Hopper, bf16 KV:
+                            FlashAttention-MLA's decode path up to 512 tokens, FlashAttention above;
+                            FP8 KV: FlashMLA up to 128, FlashAttention above)
 """
 from __future__ import annotations
 
@@ -54,6 +55,8 @@ from sim.models import CPU_PRESETS, MODEL_PRESETS
 PACKAGE = "aiconfigurator-core"
 DATA = "aiconfigurator_core/systems/data"
 TP_SIZES = (1, 2, 4, 8)
+# the KV-cache dtypes imported (the tables' names): engine.kv_cache_dtype auto (bf16 models), fp8
+KV_CACHE_DTYPES = ("bfloat16", "fp8")
 # servesim hardware preset -> (AIConfigurator system folder, attention kernels vLLM uses there by
 # default: FlashAttention 3 on Hopper, 2 on Ampere and Ada, FlashInfer's TRT-LLM kernels on
 # Blackwell), as (prefill kernel, decode kernel)
@@ -141,7 +144,7 @@ def _gemm_rows(frame: pd.DataFrame, dtype: str = "bfloat16") -> pd.DataFrame:
 
 
 def _attention_rows(frame: pd.DataFrame, kernel: str, length: str) -> pd.DataFrame:
-    frame = frame[(frame["kernel_source"] == kernel) & (frame["kv_cache_dtype"] == "bfloat16")]
+    frame = frame[(frame["kernel_source"] == kernel) & frame["kv_cache_dtype"].isin(KV_CACHE_DTYPES)]
     if "window_size" in frame:
         frame = frame[frame["window_size"] == 0]
     keep = set()
@@ -161,18 +164,18 @@ def _attention_rows(frame: pd.DataFrame, kernel: str, length: str) -> pd.DataFra
         out = out.assign(kv_len=out["isl"] + out["step"])
     else:
         out = out[out["step"] == 0]
-    return out[["head_dim", "num_heads", "num_kv_heads", "batch_size", length, "latency"]]
+    return out[["kv_cache_dtype", "head_dim", "num_heads", "num_kv_heads", "batch_size", length, "latency"]]
 
 
 def _mla_rows(frame: pd.DataFrame, length: str) -> pd.DataFrame:
-    """The MLA module rows at the MLA presets' heads per GPU and projection precision, bf16 KV.
-    Prefill: every backend measured (vLLM picks by length; their lengths do not overlap)."""
-    frame = frame[(frame["kv_cache_dtype"] == "bfloat16") & (frame["mla_dtype"] == "bfloat16")]
+    """The MLA module rows at the MLA presets' heads per GPU and projection precision, bf16 and
+    FP8 KV. Prefill: every backend measured (vLLM picks by length; their lengths do not overlap)."""
+    frame = frame[frame["kv_cache_dtype"].isin(KV_CACHE_DTYPES) & (frame["mla_dtype"] == "bfloat16")]
     keep = {(mla_gemm_type(model), model.num_attention_heads // tp)
             for model, tp in _reachable_shapes() if model.mla is not None}
     frame = frame[[c in keep for c in zip(frame["gemm_type"], frame["num_heads"])]]
     out = frame.assign(kv_len=frame["isl"] + frame["step"]) if length == "kv_len" else frame[frame["step"] == 0]
-    return out[["gemm_type", "num_heads", "batch_size", length, "latency", "kernel_source"]]
+    return out[["kv_cache_dtype", "gemm_type", "num_heads", "batch_size", length, "latency", "kernel_source"]]
 
 
 def _moe_keys(dtype: str) -> set[tuple]:
@@ -229,7 +232,7 @@ def import_gpu(src: Source, preset: str, out: Path, wheel_sha: str | None) -> di
     ar_path = _latest(src, system, "comm", "custom_allreduce_perf")
     ar = _parquet(src, ar_path)
     ar = ar[ar["allreduce_dtype"] == "bfloat16"][["num_gpus", "message_size", "backend", "latency"]]
-    attention = ["head_dim", "num_heads", "num_kv_heads", "batch_size"]
+    attention = ["kv_cache_dtype", "head_dim", "num_heads", "num_kv_heads", "batch_size"]
     # name -> (rows, key columns, in-wheel source, kernel when the rows do not say)
     tables = {
         "gemm": (_gemm_rows(gemm), ["m", "n", "k"], gemm_path, None),
@@ -251,7 +254,8 @@ def import_gpu(src: Source, preset: str, out: Path, wheel_sha: str | None) -> di
             path = _latest(src, system, "mla", f"mla_{phase}_module_perf")
             rows = _mla_rows(_parquet(src, path), length)
             if len(rows):
-                tables[f"mla_{phase}"] = (rows, ["gemm_type", "num_heads", "batch_size", length], path, None)
+                tables[f"mla_{phase}"] = (rows, ["kv_cache_dtype", "gemm_type", "num_heads", "batch_size", length],
+                                          path, None)
     folder = out / system
     folder.mkdir(parents=True, exist_ok=True)
     files = {}

@@ -84,8 +84,10 @@ DEFAULT_CPU_OVERHEAD_PER_SEQ_S = 0.0
 class KernelTables:
     """The compact CSVs of one GPU (latencies in ms, as measured)."""
     gemm: pd.DataFrame                  # m, n, k, latency_ms
-    context_attention: pd.DataFrame     # head_dim, num_heads, num_kv_heads, batch_size, isl, latency_ms
-    generation_attention: pd.DataFrame  # head_dim, num_heads, num_kv_heads, batch_size, kv_len, latency_ms
+    # kv_cache_dtype (bfloat16 | fp8), head_dim, num_heads, num_kv_heads, batch_size, isl | kv_len,
+    # latency_ms
+    context_attention: pd.DataFrame
+    generation_attention: pd.DataFrame
     allreduce: pd.DataFrame             # num_gpus, message_size, backend, latency_ms
     hbm_bandwidth: float                # bytes/s, for the modelled elementwise term
     folder: Path | None = None
@@ -98,7 +100,7 @@ class KernelTables:
     # FP8 GEMMs (per-tensor scaled, vLLM's CUTLASS kernel): m, n, k, latency_ms; None: not measured
     gemm_fp8: pd.DataFrame | None = None
     # vLLM's MLA attention module (DeepseekV2MLAAttention forward: q/kv down and up projections,
-    # latent attention, o_proj), bf16 KV cache: gemm_type, num_heads, batch_size, isl | kv_len,
+    # latent attention, o_proj): kv_cache_dtype, gemm_type, num_heads, batch_size, isl | kv_len,
     # latency_ms; None: not measured
     mla_context: pd.DataFrame | None = None
     mla_generation: pd.DataFrame | None = None
@@ -222,6 +224,10 @@ GEMM_TABLE = {"bfloat16": "bfloat16", "fp8": "fp8", "fp8_block": "fp8"}
 # experts' dtype (AIConfigurator's moe_dtype) -> the KernelTables field / CSV, and its name
 MOE_TABLES = {"bfloat16": "moe", "fp8_block": "moe_fp8_block", "w4a16_mxfp4": "moe_w4a16_mxfp4"}
 MOE_WHAT = {"bfloat16": "bf16", "fp8_block": "block-scaled FP8", "w4a16_mxfp4": "MXFP4"}
+# engine.kv_cache_dtype -> the attention tables' kv_cache_dtype, and how messages name it (auto: the
+# model's bf16)
+TABLE_KV_DTYPE = {"auto": "bfloat16", "fp8": "fp8"}
+KV_WHAT = {"auto": "bf16", "fp8": "FP8"}
 
 
 @dataclass(frozen=True)
@@ -297,12 +303,19 @@ def mla_gemm_type(model: ModelSpec) -> str:
 
 
 class StepComposer:
+    """`kv_cache_dtype` is the engine's (vLLM's --kv-cache-dtype): "auto" reads the attention rows
+    timed with a bf16 KV cache, "fp8" those timed with an FP8 one (ValueError where none were)."""
+
     def __init__(self, tables: KernelTables, model: ModelSpec, tensor_parallel_size: int = 1, *,
                  cpu_overhead_s: float = DEFAULT_CPU_OVERHEAD_S,
-                 cpu_overhead_per_seq_s: float = DEFAULT_CPU_OVERHEAD_PER_SEQ_S):
+                 cpu_overhead_per_seq_s: float = DEFAULT_CPU_OVERHEAD_PER_SEQ_S,
+                 kv_cache_dtype: str = "auto"):
         tp = tensor_parallel_size
         m = model.moe
         self.model, self.tp, self.tables = model, tp, tables
+        if kv_cache_dtype not in TABLE_KV_DTYPE:
+            raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r}; allowed: {', '.join(TABLE_KV_DTYPE)}")
+        self.kv_cache_dtype = kv_cache_dtype
         self.cpu_overhead_s, self.cpu_overhead_per_seq_s = cpu_overhead_s, cpu_overhead_per_seq_s
         self.extrapolated: Counter = Counter()  # lookups past a table's last point, by term
         self.notes: list[str] = []              # modelling choices this composition needed
@@ -399,10 +412,12 @@ class StepComposer:
                                     (tables.mla_generation, "kv_len", "decode")):
             if frame is None:
                 raise ValueError(f"{tables.folder}: no MLA module measurements for this GPU")
-            rows = frame[(frame["gemm_type"] == gemm_type) & (frame["num_heads"] == heads)]
+            rows = frame[(frame["gemm_type"] == gemm_type) & (frame["num_heads"] == heads)
+                         & (frame["kv_cache_dtype"] == TABLE_KV_DTYPE[self.kv_cache_dtype])]
             if rows.empty:
                 raise ValueError(f"{tables.folder}: no {what} MLA module rows at {heads} heads per GPU "
-                                 f"with {GEMM_WHAT[gemm_type]} projections")
+                                 f"with {GEMM_WHAT[gemm_type]} projections and a "
+                                 f"{KV_WHAT[self.kv_cache_dtype]} KV cache")
             self._axes[what] = (sorted({float(v) for v in rows["batch_size"]}),
                                 sorted({float(v) for v in rows[length]}))
             grid = _Grid(rows, "batch_size", length)
@@ -411,16 +426,18 @@ class StepComposer:
                                   f"measured points raised to keep it monotone")
             out.append([(grid, 1.0)])
         self.notes.append("MLA: the attention terms are vLLM's whole attention module as measured "
-                          "(q/kv projections, latent attention, o_proj; bf16 KV cache); a prefill "
+                          f"(q/kv projections, latent attention, o_proj; {KV_WHAT[self.kv_cache_dtype]} "
+                          "KV cache); a prefill "
                           "chunk after cached context is priced as the fresh prompt with as many "
                           "(query, key) pairs, which also counts its projections for more tokens")
         return out
 
     def _attention(self, frame: pd.DataFrame, q: int, kv: int, length: str):
-        frame = frame[frame["head_dim"] == self.model.head_dim]
+        frame = frame[(frame["head_dim"] == self.model.head_dim)
+                      & (frame["kv_cache_dtype"] == TABLE_KV_DTYPE[self.kv_cache_dtype])]
         if frame.empty:
             raise ValueError(f"{self.tables.folder}: no attention rows with head_dim "
-                             f"{self.model.head_dim}")
+                             f"{self.model.head_dim} and a {KV_WHAT[self.kv_cache_dtype]} KV cache")
         self._axes["prefill" if length == "isl" else "decode"] = (
             sorted({float(v) for v in frame["batch_size"]}), sorted({float(v) for v in frame[length]}))
         combos = set(zip(frame["num_heads"], frame["num_kv_heads"]))

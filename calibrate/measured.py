@@ -67,18 +67,25 @@ def tabulate(composer: StepComposer, max_tokens: int = 32768) -> dict:
         ms += 2 * layers * composer.allreduce_ms(int(T)) + 1e3 * composer._elementwise_s_per_token * T
         return ms / 1e3
 
+    return {
+        "tokens": {"knots": knots, "seconds": [tokens_s(T) for T in knots]},
+        "sequences": {"knots": m_knots, "seconds": [composer.gemm_ms("lm_head", S) / 1e3 for S in m_knots]},
+        **attention_grids(composer),
+        "cpu_overhead": {"per_iteration": composer.cpu_overhead_s,
+                         "per_sequence": composer.cpu_overhead_per_seq_s},
+    }
+
+
+def attention_grids(composer: StepComposer) -> dict:
+    """The decode and prefill attention terms (seconds, every layer) on the attention table's grid,
+    for the composer's KV-cache dtype."""
+    layers = composer.model.num_layers
     batch, kv = composer.attention_axes("decode")
     chunks, length = composer.attention_axes("prefill")
     dec = [[layers * composer.decode_attention_ms(int(b), b * c) / 1e3 for c in kv] for b in batch]
     pre = [[layers * _prefill_ms(composer, int(b), s) / 1e3 for s in length] for b in chunks]
-    return {
-        "tokens": {"knots": knots, "seconds": [tokens_s(T) for T in knots]},
-        "sequences": {"knots": m_knots, "seconds": [composer.gemm_ms("lm_head", S) / 1e3 for S in m_knots]},
-        "decode_attention": {"batch": batch, "context": kv, "seconds": dec},
-        "prefill_attention": {"chunks": chunks, "length": length, "seconds": pre},
-        "cpu_overhead": {"per_iteration": composer.cpu_overhead_s,
-                         "per_sequence": composer.cpu_overhead_per_seq_s},
-    }
+    return {"decode_attention": {"batch": batch, "context": kv, "seconds": dec},
+            "prefill_attention": {"chunks": chunks, "length": length, "seconds": pre}}
 
 
 def _prefill_ms(composer: StepComposer, b: int, s: float) -> float:
@@ -112,16 +119,27 @@ def build_profile(tables: KernelTables, model: ModelSpec, hardware: HardwareSpec
                   cpu_overhead_s: float = DEFAULT_CPU_OVERHEAD_S,
                   cpu_overhead_per_seq_s: float = DEFAULT_CPU_OVERHEAD_PER_SEQ_S,
                   provenance: dict | None = None) -> dict:
-    composer = StepComposer(tables, model, tp, cpu_overhead_s=cpu_overhead_s,
-                            cpu_overhead_per_seq_s=cpu_overhead_per_seq_s)
-    body = _round(tabulate(composer))  # what is written is what is checked
+    composers = {"auto": StepComposer(tables, model, tp, cpu_overhead_s=cpu_overhead_s,
+                                      cpu_overhead_per_seq_s=cpu_overhead_per_seq_s)}
+    body = tabulate(composers["auto"])
+    try:  # FP8 KV cache (engine.kv_cache_dtype fp8): its own attention grids, where measured
+        composers["fp8"] = StepComposer(tables, model, tp, cpu_overhead_s=cpu_overhead_s,
+                                        cpu_overhead_per_seq_s=cpu_overhead_per_seq_s, kv_cache_dtype="fp8")
+        body["fp8_kv_cache"] = attention_grids(composers["fp8"])
+    except ValueError:
+        pass
+    body = _round(body)  # what is written is what is checked
     doc = {"format": FORMAT, "metadata": {}, "model": body}
-    profile = TableProfileCost(load_table_profile(Path("<memory>"), {**doc, "metadata": {
-        "device": "-", "model": model.name, "tensor_parallel_size": tp}}, b""))
+    loaded = load_table_profile(Path("<memory>"), {**doc, "metadata": {
+        "device": "-", "model": model.name, "tensor_parallel_size": tp}}, b"")
     errors = []
-    for stats in heldout_shapes(np.random.default_rng(seed), max_tokens, max_seqs):
-        want = composer.seconds(stats)
-        errors.append(abs(profile.step_times(stats)[0] - want) / want)
+    shapes = heldout_shapes(np.random.default_rng(seed), max_tokens, max_seqs)
+    for kv, composer in composers.items():
+        profile = TableProfileCost(loaded, kv_cache_dtype=kv)
+        for stats in shapes:
+            want = composer.seconds(stats)
+            errors.append(abs(profile.step_times(stats)[0] - want) / want)
+    composer = composers["auto"]
     prov = provenance or {}
     doc["metadata"] = {
         "device": next(iter(prov.get("tables", {}).values()), {}).get("device", "unknown"),
@@ -131,7 +149,8 @@ def build_profile(tables: KernelTables, model: ModelSpec, hardware: HardwareSpec
                    f"tables {_relative(tables.folder)} composed by calibrate/composer.py").strip(),
         "tables": {k: {"csv_sha256": v["csv_sha256"], "framework_version": v["framework_version"]}
                    for k, v in prov.get("tables", {}).items()},
-        "heldout_shapes": len(errors),
+        "heldout_shapes": len(shapes),
+        "kv_cache_dtypes": list(composers),
         "heldout_mape": round(float(np.mean(errors)), 6),
         "heldout_max_error": round(float(np.max(errors)), 6),
         "notes": composer.notes + [

@@ -460,11 +460,13 @@ def _parse_cost_model(v: Any, w: Where, base_dir: Path, model: ModelSpec, hw: Ha
     """sim/cost.py validates the spec; here only the profile path is resolved against base_dir.
     None (not given): measured where a profile is shipped, else roofline, said once."""
     if v is None:
-        return cost.default_cost_model(model, hw, engine.tensor_parallel_size, w("cost_model"))
+        return cost.default_cost_model(model, hw, engine.tensor_parallel_size, w("cost_model"),
+                                       engine.kv_cache_dtype)
     if isinstance(v, dict) and "profile" in v:
         v = {**v, "profile": _existing_path(v["profile"], "cost_model.profile", w, base_dir,
                                             "a path to a profile .yaml")}
-    return cost.parse_cost_model(v, model, hw, engine.tensor_parallel_size, w("cost_model"))
+    return cost.check_kv_cache_dtype(cost.parse_cost_model(v, model, hw, engine.tensor_parallel_size,
+                                                           w("cost_model")), engine.kv_cache_dtype, w("cost_model"))
 
 
 def _parse_slo(v: Any, w: Where) -> SLOConfig | None:

@@ -432,7 +432,7 @@ def _build_profile(kw, m, hw, tp):
     profile = kw["profile"]
     if isinstance(profile, measured.TableProfile):
         return measured.TableProfileCost(profile, kw.get("cpu_overhead_s"),
-                                         kw.get("cpu_overhead_per_seq_s"))
+                                         kw.get("cpu_overhead_per_seq_s"), kw.get("kv_cache_dtype", "auto"))
     return ProfileCost(profile)
 
 
@@ -477,7 +477,7 @@ class CostModelSpec:
     def build(self, model: ModelSpec, hardware: HardwareSpec, tensor_parallel_size: int,
               kv_cache_dtype: str = "auto") -> CostModel:
         """The model for one simulation; `kv_cache_dtype` (the engine's) prices KV reads where the
-        model estimates them (roofline); a measured profile keeps its tables' own."""
+        model estimates them (roofline) and picks a measured profile's attention grids."""
         options = self.options if kv_cache_dtype == "auto" else {**self.options, "kv_cache_dtype": kv_cache_dtype}
         built = COST_MODELS[self.name].build(options, model, hardware, tensor_parallel_size)
         if model.sliding_layers:
@@ -548,16 +548,30 @@ def parse_cost_model(spec: Any, model: ModelSpec, hardware: HardwareSpec,
 
 
 def default_cost_model(model: ModelSpec, hardware: HardwareSpec, tensor_parallel_size: int,
-                       where: str = "") -> CostModelSpec:
+                       where: str = "", kv_cache_dtype: str = "auto") -> CostModelSpec:
     """What a scenario without `cost_model` gets: the measured profile of its model x GPU x TP
-    where one is shipped, else the roofline estimate with a notice saying so."""
+    (with attention timed at its KV-cache dtype) where one is shipped, else the roofline estimate
+    with a notice saying so."""
     try:
-        return parse_cost_model("measured", model, hardware, tensor_parallel_size, where)
+        return check_kv_cache_dtype(parse_cost_model("measured", model, hardware, tensor_parallel_size, where),
+                                    kv_cache_dtype, where)
     except ScenarioError:
         spec = parse_cost_model("roofline", model, hardware, tensor_parallel_size, where)
+        fp8 = " with an FP8 KV cache" if kv_cache_dtype != "auto" else ""
         return CostModelSpec("roofline", spec.options, notice=(
             f"step costs are estimated (roofline), not measured: no measured profile for "
-            f"{model.name} on {hardware.name} at tensor_parallel_size={tensor_parallel_size}"))
+            f"{model.name} on {hardware.name} at tensor_parallel_size={tensor_parallel_size}{fp8}"))
+
+
+def check_kv_cache_dtype(spec: CostModelSpec, kv_cache_dtype: str, where: str = "") -> CostModelSpec:
+    """`spec`, if it can price the engine's KV-cache dtype: a measured (v2) profile needs attention
+    timed with that cache (ScenarioError naming the profile otherwise); the other models can."""
+    if isinstance(spec.profile, measured.TableProfile):
+        try:
+            spec.profile.attention(kv_cache_dtype)
+        except ScenarioError as e:
+            raise _fail(where, str(e)) from None
+    return spec
 
 
 def make_cost_model(spec: Any, model: ModelSpec, hardware: HardwareSpec,

@@ -121,7 +121,7 @@ def parse_disaggregation(v: Any, where, engine_raw: dict, parse_engine) -> Disag
 
 def pool_scenarios(scenario):
     """(prefill, decode): the scenario with each pool's engine (its own budget and cost model)."""
-    from .cost import parse_cost_model
+    from .cost import check_kv_cache_dtype, parse_cost_model
 
     d = scenario.engine.disaggregation
     out = []
@@ -129,9 +129,10 @@ def pool_scenarios(scenario):
         hw = hw or scenario.hardware
         spec = scenario.cost_model
         if e.tensor_parallel_size != scenario.engine.tensor_parallel_size or hw is not scenario.hardware:
-            spec = parse_cost_model(spec.as_yaml(), scenario.model, hw, e.tensor_parallel_size,
-                                    f"{scenario.source or 'scenario'}: cost_model (the pool on {hw.name} "
-                                    f"at tensor_parallel_size {e.tensor_parallel_size})")
+            where = (f"{scenario.source or 'scenario'}: cost_model (the pool on {hw.name} "
+                     f"at tensor_parallel_size {e.tensor_parallel_size})")
+            spec = check_kv_cache_dtype(parse_cost_model(spec.as_yaml(), scenario.model, hw,
+                                                         e.tensor_parallel_size, where), e.kv_cache_dtype, where)
         out.append(replace(scenario, hardware=hw, engine=replace(e, disaggregation=None), cost_model=spec))
     return out
 

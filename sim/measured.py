@@ -11,6 +11,10 @@ whose causal (query, key) pairs sum to P costs, in seconds:
   + decode(n, C / n)                 bilinear over (decodes, mean KV length)
   + prefill(b, sqrt(2 P / b))        bilinear over (chunks, length with the same pairs)
 
+With `engine.kv_cache_dtype: fp8` the two attention terms come from the profile's optional
+`fp8_kv_cache` section (the same two grids, timed with an FP8 KV cache), where the tables had such
+rows; without it a scenario asking for FP8 KV is refused (sim/cost.py).
+
 Past the last point of any axis the last point is scaled in proportion (work grows linearly), as
 the composer does, so the profile reproduces the composition it was tabulated from. Shipped
 profiles live in sim/profiles/<gpu>/<model>-tp<N>.yaml; `shipped_profile` finds one.
@@ -33,7 +37,7 @@ FORMAT = "servesim-step-profile/v2"
 PROFILES = Path(__file__).resolve().parent / "profiles"
 _META_KEYS = ("device", "model", "dtype", "tensor_parallel_size", "measured", "source",
               "heldout_mape", "heldout_max_error", "heldout_shapes", "notes", "extrapolated",
-              "tables", "hardware")
+              "tables", "hardware", "kv_cache_dtypes")
 
 
 def _fail(where: str, msg: str) -> ScenarioError:
@@ -127,6 +131,18 @@ class TableProfile:
     metadata: dict
     source: Path
     sha256: str = ""
+    fp8_kv_cache: tuple[Grid, Grid] | None = None  # (decode, prefill) with an FP8 KV cache
+
+    def attention(self, kv_cache_dtype: str = "auto") -> tuple[Grid, Grid]:
+        """(decode, prefill) attention grids for the engine's KV-cache dtype (fp8, fp8_e4m3 and
+        fp8_e5m2 all read the FP8 rows: one byte per element either way)."""
+        if kv_cache_dtype == "auto":
+            return self.decode_attention, self.prefill_attention
+        if self.fp8_kv_cache is None:
+            raise ScenarioError(f"{self.source}: has no FP8 KV-cache attention (its kernel tables time "
+                                f"a bf16 KV cache only); use engine.kv_cache_dtype: auto, or cost_model: "
+                                f"roofline")
+        return self.fp8_kv_cache
 
 
 def load_table_profile(path: Path, doc: dict, data: bytes) -> TableProfile:
@@ -142,8 +158,13 @@ def load_table_profile(path: Path, doc: dict, data: bytes) -> TableProfile:
     tp = meta["tensor_parallel_size"]
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise _fail(f"{where}: metadata.tensor_parallel_size", f"must be a positive integer, got {tp!r}")
-    m = _mapping(doc["model"], f"{where}: model",
-                 ("tokens", "sequences", "decode_attention", "prefill_attention", "cpu_overhead"))
+    keys = ("tokens", "sequences", "decode_attention", "prefill_attention", "cpu_overhead")
+    m = _mapping(doc["model"], f"{where}: model", keys + (("fp8_kv_cache",) if "fp8_kv_cache" in doc["model"] else ()))
+    fp8 = None
+    if "fp8_kv_cache" in m:
+        f = _mapping(m["fp8_kv_cache"], f"{where}: model.fp8_kv_cache", ("decode_attention", "prefill_attention"))
+        fp8 = (Grid.parse(f["decode_attention"], f"{where}: model.fp8_kv_cache.decode_attention", "batch", "context"),
+               Grid.parse(f["prefill_attention"], f"{where}: model.fp8_kv_cache.prefill_attention", "chunks", "length"))
     cpu = _mapping(m["cpu_overhead"], f"{where}: model.cpu_overhead", ("per_iteration", "per_sequence"))
     per_it, per_seq = (_numbers([cpu[k]], f"{where}: model.cpu_overhead.{k}")[0]
                        for k in ("per_iteration", "per_sequence"))
@@ -155,7 +176,7 @@ def load_table_profile(path: Path, doc: dict, data: bytes) -> TableProfile:
         prefill_attention=Grid.parse(m["prefill_attention"], f"{where}: model.prefill_attention",
                                      "chunks", "length"),
         cpu_per_iteration=float(per_it), cpu_per_sequence=float(per_seq), metadata=meta,
-        source=path, sha256=hashlib.sha256(data).hexdigest())
+        source=path, sha256=hashlib.sha256(data).hexdigest(), fp8_kv_cache=fp8)
 
 
 def prefill_equivalent(lens: list[int], contexts: list[int]) -> tuple[int, float]:
@@ -167,11 +188,13 @@ def prefill_equivalent(lens: list[int], contexts: list[int]) -> tuple[int, float
 
 class TableProfileCost:
     """The step-cost model of a v2 profile; `cpu_overhead_s` / `cpu_overhead_per_seq_s` replace the
-    profile's CPU term when given (a scenario's tuning)."""
+    profile's CPU term when given (a scenario's tuning); `kv_cache_dtype` (the engine's) picks the
+    attention grids."""
 
     def __init__(self, profile: TableProfile, cpu_overhead_s: float | None = None,
-                 cpu_overhead_per_seq_s: float | None = None):
+                 cpu_overhead_per_seq_s: float | None = None, kv_cache_dtype: str = "auto"):
         self.profile = p = profile
+        self._decode, self._prefill = p.attention(kv_cache_dtype)
         self._cpu = p.cpu_per_iteration if cpu_overhead_s is None else cpu_overhead_s
         self._cpu_seq = p.cpu_per_sequence if cpu_overhead_per_seq_s is None else cpu_overhead_per_seq_s
         self._tokens: dict[int, float] = {}     # T -> tokens(T), cached: T repeats a lot
@@ -187,22 +210,22 @@ class TableProfileCost:
         return self._cpu + self._cpu_seq * seqs + t + s
 
     def step_times(self, stats: BatchStats, steps: int = 1) -> np.ndarray:
-        p, n = self.profile, stats.num_decodes
+        n = stats.num_decodes
         chunks = len(stats.prefill_lens)
         t = self._fixed(stats.total_tokens, chunks + n)
         if chunks:
             b, s = prefill_equivalent(stats.prefill_lens.tolist(), stats.prefill_contexts.tolist())
-            t += p.prefill_attention(b, s)
+            t += self._prefill(b, s)
         if n == 0:
             return np.full(steps, t)
         mean = stats.decode_context_sum / n
         if steps == 1:
-            return np.array([t + p.decode_attention(n, mean)])
+            return np.array([t + self._decode(n, mean)])
         # iteration j: every decode one token further, so the mean context grows by j
         growth = np.arange(steps, dtype=np.float64)
         if stats.decode_context_growth is not None:  # (a sliding window's layer average)
             growth *= stats.decode_context_growth / n
-        return t + p.decode_attention(n, mean + growth)
+        return t + self._decode(n, mean + growth)
 
 
 def shipped_profile(model: str, hardware: str, tensor_parallel_size: int) -> Path | None:

@@ -48,11 +48,14 @@ def test_gemm_is_exact_at_measured_points(h100):
         assert c.gemm_ms("qkv", m) == latency
 
 
-def test_attention_is_exact_at_measured_points(h100):
-    """32 query / 8 kv heads (Llama-3-8B at TP 1) are measured in both attention tables."""
-    c = StepComposer(h100, LLAMA3, 1)
+@pytest.mark.parametrize("kv_cache_dtype, rows", [("auto", "bfloat16"), ("fp8", "fp8")])
+def test_attention_is_exact_at_measured_points(h100, kv_cache_dtype, rows):
+    """32 query / 8 kv heads of 128 (Llama-3-8B at TP 1) are measured in both attention tables,
+    with a bf16 and with an FP8 KV cache: engine.kv_cache_dtype picks the rows."""
+    c = StepComposer(h100, LLAMA3, 1, kv_cache_dtype=kv_cache_dtype)
     gen = h100.generation_attention
-    gen = gen[(gen["num_heads"] == 32) & (gen["num_kv_heads"] == 8)]
+    gen = gen[(gen["num_heads"] == 32) & (gen["num_kv_heads"] == 8) & (gen["kv_cache_dtype"] == rows)
+              & (gen["head_dim"] == 128)]
     checked = 0
     for (b, kv), latency in gen.set_index(["batch_size", "kv_len"])["latency_ms"].items():
         smaller = gen[(gen["batch_size"] <= b) & (gen["kv_len"] <= kv)]["latency_ms"]
@@ -61,7 +64,8 @@ def test_attention_is_exact_at_measured_points(h100):
             checked += 1
     assert checked > 100
     ctx = h100.context_attention
-    ctx = ctx[(ctx["num_heads"] == 32) & (ctx["num_kv_heads"] == 8)]
+    ctx = ctx[(ctx["num_heads"] == 32) & (ctx["num_kv_heads"] == 8) & (ctx["kv_cache_dtype"] == rows)
+              & (ctx["head_dim"] == 128)]
     for (b, s), latency in ctx.set_index(["batch_size", "isl"])["latency_ms"].items():
         smaller = ctx[(ctx["batch_size"] <= b) & (ctx["isl"] <= s)]["latency_ms"]
         if latency >= smaller.max():
@@ -303,13 +307,13 @@ def test_deepseek_v3_composes_the_mla_module_block_fp8_and_fp8_experts():
                       "router": (256, 7168, 58, "bfloat16"),
                       "shared_gate_up": (2 * 2048 // 8, 7168, 58, "fp8"), "shared_down": (7168, 256, 58, "fp8"),
                       "lm_head": (129280 // 8, 7168, 1, "bfloat16")}
-    gen = t.mla_generation[(t.mla_generation["gemm_type"] == "fp8_block") & (t.mla_generation["num_heads"] == 16)]
+    gen = t.mla_generation.query("gemm_type == 'fp8_block' and num_heads == 16 and kv_cache_dtype == 'bfloat16'")
     checked = 0
     for b, kv, latency in _lifted(gen, "batch_size", "kv_len"):
         assert c.decode_attention_ms(b, b * kv) == pytest.approx(latency, rel=1e-12)
         checked += 1
     assert checked > 50
-    ctx = t.mla_context[(t.mla_context["gemm_type"] == "fp8_block") & (t.mla_context["num_heads"] == 16)]
+    ctx = t.mla_context.query("gemm_type == 'fp8_block' and num_heads == 16 and kv_cache_dtype == 'bfloat16'")
     for b, s, latency in _lifted(ctx, "batch_size", "isl"):
         assert c.prefill_attention_ms([s] * b, [0] * b) == pytest.approx(latency, rel=1e-12)
     fp8 = t.gemm_fp8[(t.gemm_fp8["n"] == 7168) & (t.gemm_fp8["k"] == 256)]  # shared_down, measured
@@ -334,7 +338,7 @@ def test_gpt_oss_composes_head_dim_64_attention_and_mxfp4_experts():
     assert [(s.name, s.n, s.k) for s in c.shapes][:3] == [("qkv", 80 * 64, 2880), ("o", 2880, 4096),
                                                            ("router", 32, 2880)]
     gen = t.generation_attention
-    gen = gen[(gen["head_dim"] == 64) & (gen["num_heads"] == 64) & (gen["num_kv_heads"] == 8)]
+    gen = gen.query("head_dim == 64 and num_heads == 64 and num_kv_heads == 8 and kv_cache_dtype == 'bfloat16'")
     checked = 0
     for b, kv, latency in _lifted(gen, "batch_size", "kv_len"):
         assert c.decode_attention_ms(b, b * kv) == pytest.approx(latency, rel=1e-12)
@@ -345,3 +349,39 @@ def test_gpt_oss_composes_head_dim_64_attention_and_mxfp4_experts():
     assert len(moe) == 27
     for tokens in (1, 64, 512, 4096):
         assert c.experts_ms(tokens) == moe[moe["num_tokens"] <= tokens]["latency_ms"].max()
+
+
+def _kv_scenario(gpu: str, kv: str, **extra):
+    return scenario_from_dict({"model": "llama-3-8b", "hardware": gpu, **extra,
+                               "engine": {"scheduler": "chunked", "kv_cache_dtype": kv},
+                               "workload": {"arrival": {"process": "poisson", "rate": 1}, "num_requests": 1,
+                                            "prompt_tokens": {"dist": "fixed", "value": 8},
+                                            "output_tokens": {"dist": "fixed", "value": 2}}})
+
+
+def test_fp8_kv_cache_reads_the_profiles_fp8_attention():
+    """engine.kv_cache_dtype fp8 on H100: the shipped profile's fp8_kv_cache grids (attention timed
+    with an FP8 KV cache) price attention; everything else is the same profile. At a grid point
+    the decode term is the grid's value exactly."""
+    auto, fp8 = _kv_scenario("h100-sxm", "auto"), _kv_scenario("h100-sxm", "fp8")
+    assert fp8.cost_model.name == "measured" and fp8.cost_model.profile.sha256 == auto.cost_model.profile.sha256
+    profile = fp8.cost_model.profile
+    dec, _ = profile.fp8_kv_cache
+    b, c = 64.0, 4096.0  # on the decode grid
+    assert b in dec.a.tolist() and c in dec.rows[0].x.tolist()
+    stats = BatchStats(num_decodes=64, decode_context_sum=64 * 4096)
+    fixed = auto.cost().step_times(stats)[0] - profile.decode_attention(b, c)
+    assert fp8.cost().step_times(stats)[0] == pytest.approx(fixed + dec(b, c), rel=1e-12)
+    assert dec(b, c) != profile.decode_attention(b, c)
+
+
+def test_fp8_kv_cache_without_fp8_rows_falls_back_or_is_refused():
+    """The A100 tables time a bf16 KV cache only: by default the roofline prices an FP8 KV cache and
+    says why; asking for `measured` is one clear error."""
+    sc = _kv_scenario("a100-80gb", "fp8")
+    assert sc.cost_model.name == "roofline"
+    assert sc.cost_model.notice.endswith("no measured profile for llama-3-8b on a100-80gb at "
+                                         "tensor_parallel_size=1 with an FP8 KV cache")
+    with pytest.raises(ScenarioError, match=r"^scenario: cost_model: .*a100-80gb/llama-3-8b-tp1.yaml: has no FP8 "
+                                            r"KV-cache attention \(its kernel tables time a bf16 KV cache only\)"):
+        _kv_scenario("a100-80gb", "fp8", cost_model="measured")
