@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from operator import mul
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -172,8 +173,8 @@ class RooflineCost:
         lens, contexts = stats.prefill_lens.tolist(), stats.prefill_contexts.tolist()
         tokens = sum(lens)
         t = self._linear_time(tokens + stats.num_decodes, len(lens) + stats.num_decodes)
-        pairs = (float(sum(c * x for c, x in zip(lens, contexts)))
-                 + 0.5 * float(sum(c * (c + 1) for c in lens)))  # causal
+        # causal: sum of c x context + c (c + 1) / 2, as sums of ints (map: no Python loop)
+        pairs = float(sum(map(mul, lens, contexts))) + 0.5 * float(sum(map(mul, lens, lens)) + tokens)
         # Read the cached context, write and read back the chunk's own K and V.
         kv_tokens = float(sum(contexts)) + 2.0 * float(tokens)
         return t + max(self._s_per_pair * pairs, self._s_per_kv_token * kv_tokens)

@@ -147,6 +147,31 @@ def block_hashes(prefix, rid: int, prompt_tokens: int, block_size: int) -> list:
     return out
 
 
+def request_chains(prefixes: list, prompts: list[int], block_size: int) -> list[list]:
+    """block_hashes of every request, built once per distinct chain and shared read-only: block i's
+    hash does not depend on the prompt's length (a prompt ending inside the prefix has a slice of
+    the prefix's chain), nor, for a prefix of one id (a system prompt), on its unit's length."""
+    longest: dict = {}  # (ids, unit; 0 for one id) -> the longest chain built yet
+    sliced: dict = {}   # (that key, blocks) -> its first `blocks` hashes
+    none: list = []
+    out = []
+    for rid, (p, n) in enumerate(zip(prefixes, prompts)):
+        if p is None:
+            out.append(none)
+            continue
+        ids, unit = p
+        blocks = min(n, len(ids) * unit) // block_size
+        key = (ids, unit if len(ids) > 1 else 0)
+        chain = sliced.get((key, blocks))
+        if chain is None:
+            whole = longest.get(key)
+            if whole is None or len(whole) < blocks:
+                whole = longest[key] = block_hashes(p, rid, len(ids) * unit, block_size)
+            chain = sliced[(key, blocks)] = whole if len(whole) == blocks else whole[:blocks]
+        out.append(chain)
+    return out
+
+
 def own_hash(rid: int, i: int) -> tuple:
     return ("own", rid, i)
 
@@ -178,7 +203,7 @@ class PrefixKVCache:
         self.hashes = hashes      # per request: block_hashes(...) of its shared prompt blocks
         self.prompt = prompt_tokens
         self.queue: deque = deque([[num_blocks]])  # [count] segments of hashless blocks, (id, gen) cached ones
-        self.num_free = num_blocks
+        self.free = num_blocks
         self.queued: dict[int, int] = {}  # cached block in the queue -> generation of its live entry
         self.generation = 0
         self.ids = list(range(num_blocks - 1, -1, -1))  # ids not given to an identified block
@@ -188,21 +213,16 @@ class PrefixKVCache:
         self.first: dict[object, int] = {}               # hash -> its first cached block (lookups)
         self.held: dict[int, list[int]] = {}            # request -> its identified blocks, in order
         self.num_cached: dict[int, int] = {}            # request -> leading blocks with a hash
-        self.anonymous = 0                              # hashless blocks held by running requests
         self.own_cached: dict[int, int] = {}            # request -> own blocks cached at preemption
         self.evicted: list = []
         self.queried_tokens = 0  # prefix_cache_hit_rate = hit / queried (vLLM's definition)
         self.hit_tokens = 0
         self.cached_tokens = [0] * len(hashes)  # per request: tokens found cached, summed over admissions
 
-    # the count API of PagedKVCache
-    @property
-    def free(self) -> int:
-        return self.num_free
-
+    # the count API of PagedKVCache (`free`: blocks an allocation can take, an attribute as there)
     @property
     def used(self) -> int:
-        return self.num_blocks - self.num_free
+        return self.num_blocks - self.free
 
     def blocks_for(self, num_tokens):
         return -(-num_tokens // self.block_size)
@@ -219,21 +239,26 @@ class PrefixKVCache:
     def allocate(self, blocks: int) -> bool:
         """Take `blocks` hashless blocks from the head of the free queue; a cached block met there
         is evicted (it loses its hash and becomes hashless)."""
-        if blocks > self.num_free:
+        if blocks > self.free:
             return False
-        if not blocks:  # most iterations of a decode run
-            return True
-        self.num_free -= blocks
-        self.anonymous += blocks
+        self.free -= blocks
+        if blocks and self.queued:  # (else the queue is hashless blocks only: nothing to keep in
+            head = self.queue[0]    # order, _one_segment)
+            if head.__class__ is list and head[0] > blocks:  # the common case: from the head segment
+                head[0] -= blocks
+            else:
+                self._take(blocks)
+        return True
+
+    def _take(self, blocks: int) -> None:
+        """allocate's walk of the free queue from its head."""
         queue = self.queue
-        if not self.queued:
-            return True  # the queue is hashless blocks only: nothing to keep in order (_one_segment)
         head = queue[0]
         if head.__class__ is list and head[0] >= blocks:  # the common case: from the head segment
             head[0] -= blocks
             if not head[0]:
                 queue.popleft()
-            return True
+            return
         while blocks:
             head = queue[0]
             if isinstance(head, list):  # a segment of hashless blocks
@@ -250,7 +275,6 @@ class PrefixKVCache:
             del self.queued[b]
             self._evict(b)
             blocks -= 1
-        return True
 
     def _evict(self, b: int) -> None:
         h = self.block_hash.pop(b)
@@ -268,20 +292,20 @@ class PrefixKVCache:
     def _one_segment(self) -> None:
         """With no cached block waiting in the free queue (stale entries of blocks taken by hits
         aside), the queue is hashless blocks only: their order does not matter, so it is one
-        segment of num_free blocks. While that lasts the queue itself is not kept up to date (the
+        segment of `free` blocks. While that lasts the queue itself is not kept up to date (the
         fast path of a run that shares nothing: allocations and frees only count); this rebuilds
         it just before a cached block joins it."""
         queue = self.queue
         if len(queue) == 1 and isinstance(queue[0], list):
-            queue[0][0] = self.num_free
+            queue[0][0] = self.free
         else:
             queue.clear()
-            queue.append([self.num_free])
+            queue.append([self.free])
 
     def _queue_hashless(self, k: int, head: bool = False) -> None:
         """k hashless blocks join the free queue: at the tail, or (`head`) at the head."""
         if not self.queued:  # hashless blocks only: just count them (_one_segment)
-            self.num_free += k
+            self.free += k
             return
         end = (self.queue[0] if head else self.queue[-1]) if self.queue else None
         if isinstance(end, list):
@@ -290,7 +314,7 @@ class PrefixKVCache:
             self.queue.appendleft([k])
         else:
             self.queue.append([k])
-        self.num_free += k
+        self.free += k
 
     # prefix caching
     def cached_prefix(self, chain: list, num_tokens: int) -> list[int]:
@@ -312,7 +336,7 @@ class PrefixKVCache:
         """Would `new_blocks` fresh blocks fit beside the `hits`, once the hits that sit in the free
         queue are taken out of it (vLLM counts them as evictable computed blocks)?"""
         ref = self.ref
-        return new_blocks <= self.num_free - [ref[b] for b in hits].count(0)
+        return new_blocks <= self.free - [ref[b] for b in hits].count(0)
 
     def admit(self, rid: int, hits: list[int], new_blocks: int, num_tokens: int) -> bool:
         """Take the hits and `new_blocks` hashless blocks for request `rid` (False: no change)."""
@@ -324,18 +348,19 @@ class PrefixKVCache:
         ref = self.ref
         refs = [ref[b] for b in hits]
         free_hits = refs.count(0)  # hits waiting in the free queue
-        if new_blocks > self.num_free - free_hits:
+        if new_blocks > self.free - free_hits:
             return False
         held = self.held.setdefault(rid, [])
         if not held:
             self.num_cached[rid] = len(hits)
         held.extend(hits)
-        queued = self.queued
-        for b, r in zip(hits, refs):  # touch
-            if r == 0:
-                del queued[b]  # taken out of the free queue (its entry there goes stale)
-            ref[b] = r + 1
-        self.num_free -= free_hits
+        if free_hits:
+            queued = self.queued
+            for b, r in zip(hits, refs):  # touch
+                if r == 0:
+                    del queued[b]  # taken out of the free queue (its entry there goes stale)
+        ref.update(zip(hits, [r + 1 for r in refs]))
+        self.free -= free_hits
         self.allocate(new_blocks)
         self.queried_tokens += num_tokens
         hit = len(hits) * self.block_size
@@ -356,7 +381,6 @@ class PrefixKVCache:
         start = self.num_cached.get(rid, 0)
         while len(held) < full:
             b = self.ids.pop()
-            self.anonymous -= 1
             self.ref[b] = 1
             held.append(b)
         for i in range(start, min(full, len(chain))):
@@ -387,8 +411,7 @@ class PrefixKVCache:
                 self._claim(rid, full, chain)
         held = self.held.pop(rid, None)
         if held is None and not self.queued:  # hashless blocks, freed to a queue of hashless blocks
-            self.num_free += blocks
-            self.anonymous -= blocks
+            self.free += blocks
             return
         if held is None:
             held = ()
@@ -400,7 +423,6 @@ class PrefixKVCache:
         # head, to be reused first (BlockPool.free_blocks). Unknown `computed`: all at the tail.
         partial = min(k, blocks - computed // self.block_size) if computed is not None else 0
         if k:
-            self.anonymous -= k
             if k > partial:
                 self._queue_hashless(k - partial)
             if partial:
@@ -408,6 +430,10 @@ class PrefixKVCache:
         if not held:
             return
         ref, queued, queue, named = self.ref, self.queued, self.queue, self.block_hash
+        refs = [ref[b] for b in held]
+        if 1 not in refs:  # every block stays referenced by another request: one fewer each
+            ref.update(zip(held, [r - 1 for r in refs]))
+            return
         gen = start = self.generation
         for b in reversed(held):
             r = ref[b] - 1
@@ -423,5 +449,5 @@ class PrefixKVCache:
                 gen += 1
                 queued[b] = gen
                 queue.append((b, gen))
-        self.num_free += gen - start  # (each queued entry has its own generation)
+        self.free += gen - start  # (each queued entry has its own generation)
         self.generation = gen

@@ -413,3 +413,30 @@ def test_a_csv_hash_ids_column_drives_prefix_caching(tmp_path):
         bad.write_text("arrival_s,prompt_tokens,output_tokens,hash_ids\n0,8,2,1\n1,8,2,a b\n")
         from sim.traces import read_trace
         read_trace(bad)
+
+
+def test_request_chains_equal_block_hashes_request_by_request():
+    """The shared, sliced chains the scheduler builds are each request's own block_hashes: system
+    prompts cut short by short prompts (one id, unit = the prompt), multi-id Mooncake-style prefixes,
+    and requests with no prefix."""
+    import random
+
+    from sim.prefix_cache import block_hashes, request_chains
+
+    rng = random.Random(7)
+    prefixes, prompts = [], []
+    for _ in range(400):
+        n = rng.randint(1, 3000)
+        kind = rng.random()
+        if kind < 0.4:
+            p = (((("prefix", rng.randint(0, 2)),), min(512, n)))
+        elif kind < 0.8:
+            ids = tuple(rng.randint(0, 5) for _ in range(rng.randint(1, 6)))
+            p = (ids[: 1 + rng.randint(0, len(ids) - 1)], 512)
+        else:
+            p = None
+        prefixes.append(p)
+        prompts.append(n)
+    chains = request_chains(prefixes, prompts, 16)
+    assert chains == [block_hashes(p, rid, n, 16) for rid, (p, n) in enumerate(zip(prefixes, prompts))]
+    assert len({id(c) for c in chains}) < len(chains)  # shared, not one list per request

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import ScenarioError
 from ..kv_cache import PagedKVCache, WindowedKVCache
-from ..prefix_cache import PrefixKVCache, block_hashes
+from ..prefix_cache import PrefixKVCache, request_chains
 from ..queues import make_queue
 from ..request import RequestTable
 from ..step import Schedule, StepOutcome
@@ -97,15 +97,9 @@ def build_scheduler(e: EngineConfig, requests: RequestTable, num_blocks: int,
                             "engine.enable_prefix_caching: false")
     if caching:
         prompt = requests.prompt.tolist()
-        chains: dict = {}  # requests of one system prompt share one chain (built once, read-only)
-        hashes = []
         # (multi-turn sessions: their chains are given as they arrive, sim/sessions.py)
         shared = workload.prefix if workload.prefix is not None else [None] * len(prompt)
-        for rid, (p, n) in enumerate(zip(shared, prompt)):
-            key = (p, min(n, len(p[0]) * p[1]) // e.block_size) if p is not None else None
-            if key not in chains:
-                chains[key] = block_hashes(p, rid, n, e.block_size)
-            hashes.append(chains[key])
+        hashes = request_chains(shared, prompt, e.block_size)
         kv = PrefixKVCache(num_blocks, e.block_size, hashes, prompt)
     elif caching_on(e) and e.speculative is None:
         # Nothing shared, but vLLM still caches every request's own full blocks: a preempted
