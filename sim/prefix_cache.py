@@ -259,9 +259,11 @@ class PrefixKVCache:
             if not head[0]:
                 queue.popleft()
             return
+        queued, named, cached, first, ref = self.queued, self.block_hash, self.cached, self.first, self.ref
+        ids, evicted = self.ids, self.evicted
         while blocks:
             head = queue[0]
-            if isinstance(head, list):  # a segment of hashless blocks
+            if head.__class__ is list:  # a segment of hashless blocks
                 take = min(head[0], blocks)
                 head[0] -= take
                 blocks -= take
@@ -270,24 +272,22 @@ class PrefixKVCache:
                 continue
             queue.popleft()
             b, gen = head
-            if self.queued.get(b) != gen:
+            if queued.get(b) != gen:
                 continue  # taken by a hit since it was queued
-            del self.queued[b]
-            self._evict(b)
+            del queued[b]
+            # evicted: block b is reused for new tokens and loses its hash
+            h = named.pop(b)
+            same = cached[h]
+            del same[b]
+            if not same:
+                del cached[h]
+                del first[h]
+            elif first[h] == b:
+                first[h] = next(iter(same))
+            del ref[b]
+            ids.append(b)
+            evicted.append(h)
             blocks -= 1
-
-    def _evict(self, b: int) -> None:
-        h = self.block_hash.pop(b)
-        blocks = self.cached[h]
-        del blocks[b]
-        if not blocks:
-            del self.cached[h]
-            del self.first[h]
-        elif self.first[h] == b:
-            self.first[h] = next(iter(blocks))
-        del self.ref[b]
-        self.ids.append(b)
-        self.evicted.append(h)
 
     def _one_segment(self) -> None:
         """With no cached block waiting in the free queue (stale entries of blocks taken by hits
@@ -377,17 +377,29 @@ class PrefixKVCache:
             self._claim(rid, full, chain)
 
     def _claim(self, rid: int, full: int, chain: list) -> None:
+        """Request `rid`'s first `full` blocks hold `chain`'s hashes from now on: hashless blocks it
+        holds are given ids (the next ones `ids` would pop, in that order) and are cached."""
         held = self.held.setdefault(rid, [])
         start = self.num_cached.get(rid, 0)
-        while len(held) < full:
-            b = self.ids.pop()
-            self.ref[b] = 1
-            held.append(b)
-        for i in range(start, min(full, len(chain))):
-            b, h = held[i], chain[i]
-            self.block_hash[b] = h
-            self.cached.setdefault(h, {})[b] = None
-            self.first.setdefault(h, b)
+        need = full - len(held)
+        if need > 0:
+            ids = self.ids
+            new = ids[-need:]
+            del ids[-need:]
+            new.reverse()  # (ids.pop() order)
+            self.ref.update(dict.fromkeys(new, 1))
+            held.extend(new)
+        stop = min(full, len(chain))
+        blocks, hashes = held[start:stop], chain[start:stop]
+        self.block_hash.update(zip(blocks, hashes))
+        cached, first = self.cached, self.first
+        for b, h in zip(blocks, hashes):
+            same = cached.get(h)
+            if same is None:
+                cached[h] = {b: None}
+                first[h] = b
+            else:
+                same[b] = None
         self.num_cached[rid] = max(start, full)
 
     def free_request(self, rid: int, blocks: int, preempted: bool = False,
@@ -435,6 +447,18 @@ class PrefixKVCache:
             ref.update(zip(held, [r - 1 for r in refs]))
             return
         gen = start = self.generation
+        if refs.count(1) == len(refs) and all(map(named.__contains__, held)):
+            # nobody else holds any of them, all cached (a prompt nobody shared): all to the tail,
+            # last block first, each under its own generation
+            if not queued:
+                self._one_segment()
+            ref.update(dict.fromkeys(held, 0))
+            entries = list(zip(reversed(held), range(gen + 1, gen + 1 + len(held))))
+            queued.update(entries)
+            queue.extend(entries)
+            self.free += len(held)
+            self.generation = gen + len(held)
+            return
         for b in reversed(held):
             r = ref[b] - 1
             ref[b] = r
