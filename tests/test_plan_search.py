@@ -305,3 +305,12 @@ def test_config_search_weighs_disaggregated_units_per_gpu():
     plain = search_configs(QUICKSTART, SLO, gpus=("h100-sxm",), tps=(1,), target=30.0, options=OWN,
                            disaggregation=(None, (2, 2)))
     assert plain["chosen"]["disaggregation"] is None
+
+
+def test_every_gpu_model_preset_names_the_repository_vllm_loads():
+    """The planner's `vllm serve` line takes the preset's Hugging Face repository: every preset that
+    is not a CPU-only test model has one (a new preset without it would print its bare name)."""
+    from sim.models import CPU_PRESETS, MODEL_PRESETS
+    from sim.planning.vllm_command import HF_REPOS
+
+    assert set(HF_REPOS) == set(MODEL_PRESETS) - set(CPU_PRESETS)

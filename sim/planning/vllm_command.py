@@ -28,6 +28,9 @@ HF_REPOS = {
     "mixtral-8x7b": "mistralai/Mixtral-8x7B-Instruct-v0.1",
     "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
     "llama-3.1-70b-fp8": "nvidia/Llama-3.1-70B-Instruct-FP8",
+    "deepseek-v3": "deepseek-ai/DeepSeek-V3",
+    "gpt-oss-20b": "openai/gpt-oss-20b",
+    "gpt-oss-120b": "openai/gpt-oss-120b",
 }
 
 
