@@ -236,12 +236,13 @@ class GemmShape:
     n: int                    # output features per GPU
     k: int                    # input features per GPU
     layers: int = 1           # decoder layers running it (the LM head: 1)
-    dtype: str = "bfloat16"   # the table it is read from (GEMM_WHAT)
+    dtype: str = "bfloat16"   # the GEMM table it is read from: bfloat16 | fp8
 
 
 def linear_dtype(model: ModelSpec) -> str:
-    """The GEMM table of the model's quantised linear layers: bf16, FP8 per tensor, FP8 in blocks.
-    Other formats (int4/int8 weight-only) have no measured rows here: ValueError."""
+    """The format of the model's linear-layer weights: bf16, FP8 per tensor, FP8 in blocks
+    (GEMM_TABLE: the GEMM rows that price it; also the MLA tables' gemm_type). Other formats
+    (int4/int8 weight-only) have no measured rows here: ValueError."""
     if model.linear_weight_bytes in (None, model.dtype_bytes) and model.dtype_bytes == 2:
         return "bfloat16"
     if model.linear_weight_bytes == 1:
