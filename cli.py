@@ -1148,8 +1148,8 @@ def _calibrate_from_tables(tables: Path, model: str, gpu: str | None, tp: int, o
         try:
             doc = build_profile(KernelTables.load(tables, hw.hbm_bandwidth), spec, hw, tp,
                                 provenance=provenance)
-        except ValueError as e:  # a shape the tables cannot reach
-            raise ScenarioError(f"--from-tables {tables}: {e}") from None
+        except ValueError as e:  # a shape the tables cannot reach (most messages name the folder)
+            raise ScenarioError(f"--from-tables {tables}: {str(e).removeprefix(f'{tables}: ')}") from None
         write_profile(doc, out)
     except ScenarioError as e:
         raise _fail(str(e)) from None

@@ -385,3 +385,19 @@ def test_fp8_kv_cache_without_fp8_rows_falls_back_or_is_refused():
     with pytest.raises(ScenarioError, match=r"^scenario: cost_model: .*a100-80gb/llama-3-8b-tp1.yaml: has no FP8 "
                                             r"KV-cache attention \(its kernel tables time a bf16 KV cache only\)"):
         _kv_scenario("a100-80gb", "fp8", cost_model="measured")
+
+
+def test_from_tables_names_what_the_gpus_tables_lack_once(tmp_path):
+    """`servesim calibrate --from-tables` for a model whose kernels a GPU's tables do not hold (the
+    A100 tables have no MXFP4 fused MoE): one line naming the folder once, exit 2, no file."""
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    folder = TABLES / "a100_sxm"
+    r = CliRunner().invoke(app, ["calibrate", "--from-tables", str(folder), "--model", "gpt-oss-20b",
+                                 "--gpu", "a100-80gb", "--out", str(tmp_path / "p.yaml")])
+    assert r.exit_code == 2
+    assert r.output.strip() == (f"error: --from-tables {folder}: no MXFP4 fused-MoE "
+                                                 f"measurements for this GPU")
+    assert not (tmp_path / "p.yaml").exists()
