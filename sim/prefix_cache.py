@@ -147,12 +147,15 @@ def block_hashes(prefix, rid: int, prompt_tokens: int, block_size: int) -> list:
     return out
 
 
-def request_chains(prefixes: list, prompts: list[int], block_size: int) -> list[list]:
-    """block_hashes of every request, built once per distinct chain and shared read-only: block i's
-    hash does not depend on the prompt's length (a prompt ending inside the prefix has a slice of
-    the prefix's chain), nor, for a prefix of one id (a system prompt), on its unit's length."""
+def request_chains(prefixes: list, prompts: list[int], block_size: int) -> list[list[int]]:
+    """block_hashes of every request, each hash named by a small int (equal hashes, equal ints:
+    an int hashes and compares faster than block_hashes' nested tuples in the cache's dicts),
+    built once per distinct chain and shared read-only: block i's hash does not depend on the
+    prompt's length (a prompt ending inside the prefix has a slice of the prefix's chain), nor, for
+    a prefix of one id (a system prompt), on its unit's length."""
     longest: dict = {}  # (ids, unit; 0 for one id) -> the longest chain built yet
     sliced: dict = {}   # (that key, blocks) -> its first `blocks` hashes
+    names: dict = {}    # hash -> its int
     none: list = []
     out = []
     for rid, (p, n) in enumerate(zip(prefixes, prompts)):
@@ -166,7 +169,8 @@ def request_chains(prefixes: list, prompts: list[int], block_size: int) -> list[
         if chain is None:
             whole = longest.get(key)
             if whole is None or len(whole) < blocks:
-                whole = longest[key] = block_hashes(p, rid, len(ids) * unit, block_size)
+                whole = longest[key] = [names.setdefault(h, len(names))
+                                        for h in block_hashes(p, rid, len(ids) * unit, block_size)]
             chain = sliced[(key, blocks)] = whole if len(whole) == blocks else whole[:blocks]
         out.append(chain)
     return out
@@ -191,11 +195,6 @@ class PrefixKVCache:
     cached block out of the queue lazily: its entry is skipped when it reaches the head.
     """
 
-    @property
-    def cached_blocks(self) -> int:
-        """Blocks holding a prompt block's hash, in use or waiting in the free queue to be hit."""
-        return len(self.block_hash)
-
     def __init__(self, num_blocks: int, block_size: int, hashes: list, prompt_tokens: list,
                  reports: bool = True):
         self.num_blocks, self.block_size = num_blocks, block_size
@@ -207,10 +206,19 @@ class PrefixKVCache:
         self.queued: dict[int, int] = {}  # cached block in the queue -> generation of its live entry
         self.generation = 0
         self.ids = list(range(num_blocks - 1, -1, -1))  # ids not given to an identified block
-        self.ref: dict[int, int] = {}                   # identified block -> references
+        self.ref = [0] * num_blocks  # identified block -> references, a group (below) counting once
         self.block_hash: dict[int, object] = {}         # identified block -> its hash
+        self.cached_blocks = 0  # len(block_hash): blocks holding a prompt block's hash, in use or
+                                # waiting in the free queue to be hit (read every iteration)
         self.cached: dict[object, dict[int, None]] = {}  # hash -> its blocks, first cached first
         self.first: dict[object, int] = {}               # hash -> its first cached block (lookups)
+        self.lookups: dict[tuple, tuple] = {}  # (id(chain), blocks) -> (chain, hits), while `first` holds
+        # Requests admitted with the same hit list (a lookup's answer, shared while `first` holds)
+        # reference its blocks as one group: `ref` counts the group once, while it has holders. A
+        # block is free exactly when nothing references it, which is all `ref` is read for, so
+        # joining or leaving a group that others hold costs O(1), not a pass over the prompt.
+        self.group: dict[int, list[int]] = {}  # request -> the hit list it holds as a group
+        self.holders: dict[int, int] = {}      # id(hit list) -> requests holding it (> 0)
         self.held: dict[int, list[int]] = {}            # request -> its identified blocks, in order
         self.num_cached: dict[int, int] = {}            # request -> leading blocks with a hash
         self.own_cached: dict[int, int] = {}            # request -> own blocks cached at preemption
@@ -239,15 +247,17 @@ class PrefixKVCache:
     def allocate(self, blocks: int) -> bool:
         """Take `blocks` hashless blocks from the head of the free queue; a cached block met there
         is evicted (it loses its hash and becomes hashless)."""
-        if blocks > self.free:
+        free = self.free
+        if blocks > free:
             return False
-        self.free -= blocks
-        if blocks and self.queued:  # (else the queue is hashless blocks only: nothing to keep in
-            head = self.queue[0]    # order, _one_segment)
-            if head.__class__ is list and head[0] > blocks:  # the common case: from the head segment
-                head[0] -= blocks
-            else:
-                self._take(blocks)
+        if blocks:  # (the scheduler asks every iteration, mostly for none)
+            self.free = free - blocks
+            if self.queued:  # (else the queue is hashless blocks only: nothing to keep in order)
+                head = self.queue[0]
+                if head.__class__ is list and head[0] > blocks:  # the common case: the head segment
+                    head[0] -= blocks
+                else:
+                    self._take(blocks)
         return True
 
     def _take(self, blocks: int) -> None:
@@ -259,7 +269,7 @@ class PrefixKVCache:
             if not head[0]:
                 queue.popleft()
             return
-        queued, named, cached, first, ref = self.queued, self.block_hash, self.cached, self.first, self.ref
+        queued, named, cached, first = self.queued, self.block_hash, self.cached, self.first
         ids, evicted = self.ids, self.evicted
         while blocks:
             head = queue[0]
@@ -282,12 +292,14 @@ class PrefixKVCache:
             if not same:
                 del cached[h]
                 del first[h]
+                self.lookups.clear()
             elif first[h] == b:
                 first[h] = next(iter(same))
-            del ref[b]
-            ids.append(b)
+                self.lookups.clear()
+            ids.append(b)  # (its reference count is 0: it was free)
             evicted.append(h)
             blocks -= 1
+        self.cached_blocks = len(named)
 
     def _one_segment(self) -> None:
         """With no cached block waiting in the free queue (stale entries of blocks taken by hits
@@ -302,41 +314,59 @@ class PrefixKVCache:
             queue.clear()
             queue.append([self.free])
 
-    def _queue_hashless(self, k: int, head: bool = False) -> None:
-        """k hashless blocks join the free queue: at the tail, or (`head`) at the head."""
+    def _queue_hashless(self, tail: int, head: int = 0) -> None:
+        """`tail` hashless blocks join the free queue at its tail, then `head` more at its head."""
+        self.free += tail + head
         if not self.queued:  # hashless blocks only: just count them (_one_segment)
-            self.free += k
             return
-        end = (self.queue[0] if head else self.queue[-1]) if self.queue else None
-        if isinstance(end, list):
-            end[0] += k
-        elif head:
-            self.queue.appendleft([k])
-        else:
-            self.queue.append([k])
-        self.free += k
+        queue = self.queue
+        if tail:
+            end = queue[-1] if queue else None
+            if end.__class__ is list:
+                end[0] += tail
+            else:
+                queue.append([tail])
+        if head:
+            end = queue[0] if queue else None
+            if end.__class__ is list:
+                end[0] += head
+            else:
+                queue.appendleft([head])
 
     # prefix caching
     def cached_prefix(self, chain: list, num_tokens: int) -> list[int]:
-        hits = list(map(self.first.get, chain[: max(num_tokens - 1, 0) // self.block_size]))
+        n = max(num_tokens - 1, 0) // self.block_size
+        hits = list(map(self.first.get, chain if n >= len(chain) else chain[:n]))
         if None in hits:  # the longest prefix: up to the first block not cached
             del hits[hits.index(None):]
         return hits
 
     def lookup(self, rid: int, num_tokens: int) -> list[int]:
-        """Blocks of the longest cached prefix of request `rid` (no side effects): its shared
-        blocks, then, after a preemption, its own."""
+        """Blocks of the longest cached prefix of request `rid` (no side effects; the list is
+        read-only): its shared blocks, then, after a preemption, its own."""
         chain = self.hashes[rid]
-        own = self.own_cached.get(rid)
-        if own:
-            chain = chain + [own_hash(rid, i) for i in range(len(chain), len(chain) + own)]
-        return self.cached_prefix(chain, num_tokens) if chain else []
+        if self.own_cached:
+            own = self.own_cached.get(rid)
+            if own:
+                chain = chain + [own_hash(rid, i) for i in range(len(chain), len(chain) + own)]
+                return self.cached_prefix(chain, num_tokens)
+        if not chain:
+            return []
+        # many requests share a chain and `first` rarely changes: the answer is remembered per
+        # (chain, blocks looked up) until it does (a chain only ever grows at its end, so its
+        # first n hashes never change; the entry keeps the chain alive, so its id is not reused)
+        key = (id(chain), min(max(num_tokens - 1, 0) // self.block_size, len(chain)))
+        seen = self.lookups.get(key)
+        if seen is not None and seen[0] is chain:
+            return seen[1]
+        hits = self.cached_prefix(chain, num_tokens)
+        self.lookups[key] = (chain, hits)
+        return hits
 
     def can_take(self, hits: list[int], new_blocks: int) -> bool:
         """Would `new_blocks` fresh blocks fit beside the `hits`, once the hits that sit in the free
         queue are taken out of it (vLLM counts them as evictable computed blocks)?"""
-        ref = self.ref
-        return new_blocks <= self.free - [ref[b] for b in hits].count(0)
+        return new_blocks <= self.free - list(map(self.ref.__getitem__, hits)).count(0)
 
     def admit(self, rid: int, hits: list[int], new_blocks: int, num_tokens: int) -> bool:
         """Take the hits and `new_blocks` hashless blocks for request `rid` (False: no change)."""
@@ -345,21 +375,34 @@ class PrefixKVCache:
                 return False
             self.queried_tokens += num_tokens
             return True
-        ref = self.ref
-        refs = [ref[b] for b in hits]
-        free_hits = refs.count(0)  # hits waiting in the free queue
-        if new_blocks > self.free - free_hits:
-            return False
-        held = self.held.setdefault(rid, [])
+        held, ref = self.held.get(rid), self.ref
+        if not held and self.holders.get(id(hits)):
+            # the very hit list a running request holds as a group: all referenced, none free
+            if new_blocks > self.free:
+                return False
+            self.holders[id(hits)] += 1
+            free_hits = 0
+        else:
+            free_hits = list(map(ref.__getitem__, hits)).count(0)  # hits waiting in the free queue
+            if new_blocks > self.free - free_hits:
+                return False
+            if free_hits:
+                queued = self.queued
+                for b in hits:  # touch
+                    if not ref[b]:
+                        del queued[b]  # taken out of the free queue (its entry there goes stale)
+                    ref[b] += 1
+            else:
+                for b in hits:
+                    ref[b] += 1
+            if held:  # (blocks held already: per block only)
+                held.extend(hits)
+            else:
+                self.holders[id(hits)] = 1
         if not held:
+            self.held[rid] = list(hits)
             self.num_cached[rid] = len(hits)
-        held.extend(hits)
-        if free_hits:
-            queued = self.queued
-            for b, r in zip(hits, refs):  # touch
-                if r == 0:
-                    del queued[b]  # taken out of the free queue (its entry there goes stale)
-        ref.update(zip(hits, [r + 1 for r in refs]))
+            self.group[rid] = hits
         self.free -= free_hits
         self.allocate(new_blocks)
         self.queried_tokens += num_tokens
@@ -372,9 +415,10 @@ class PrefixKVCache:
         """Request `rid` has `computed` tokens in the cache: its full shared prompt blocks become
         cached (hashless blocks it holds are given identities for them)."""
         chain = self.hashes[rid]
-        full = min(computed // self.block_size, len(chain))
-        if full > self.num_cached.get(rid, 0):  # (else: nothing new to name)
-            self._claim(rid, full, chain)
+        if chain:
+            full = min(computed // self.block_size, len(chain))
+            if full > self.num_cached.get(rid, 0):  # (else: nothing new to name)
+                self._claim(rid, full, chain)
 
     def _claim(self, rid: int, full: int, chain: list) -> None:
         """Request `rid`'s first `full` blocks hold `chain`'s hashes from now on: hashless blocks it
@@ -387,17 +431,22 @@ class PrefixKVCache:
             new = ids[-need:]
             del ids[-need:]
             new.reverse()  # (ids.pop() order)
-            self.ref.update(dict.fromkeys(new, 1))
+            ref = self.ref
+            for b in new:
+                ref[b] = 1
             held.extend(new)
         stop = min(full, len(chain))
         blocks, hashes = held[start:stop], chain[start:stop]
         self.block_hash.update(zip(blocks, hashes))
+        self.cached_blocks = len(self.block_hash)
         cached, first = self.cached, self.first
         for b, h in zip(blocks, hashes):
             same = cached.get(h)
             if same is None:
                 cached[h] = {b: None}
                 first[h] = b
+                if self.lookups:
+                    self.lookups.clear()
             else:
                 same[b] = None
         self.num_cached[rid] = max(start, full)
@@ -410,7 +459,7 @@ class PrefixKVCache:
         resumption can hit them. Its hashless blocks (its tail) join the free queue first, then its
         identified blocks, last first, each once nobody references it (keeping its hash)."""
         chain = self.hashes[rid]
-        if preempted or chain:
+        if preempted or (chain and self.num_cached.get(rid, 0) < len(chain)):  # (else all named)
             tokens = self.prompt[rid] if computed is None else computed
             full = min(blocks, tokens // self.block_size)
             if preempted and full > len(chain):
@@ -430,43 +479,47 @@ class PrefixKVCache:
         else:
             self.num_cached.pop(rid, None)
         k = blocks - len(held)
-        # vLLM hashes every full block of a request (these are anonymous here only because nobody
-        # else can hit them): they join the tail; a partly filled block has no hash and joins the
-        # head, to be reused first (BlockPool.free_blocks). Unknown `computed`: all at the tail.
-        partial = min(k, blocks - computed // self.block_size) if computed is not None else 0
         if k:
-            if k > partial:
-                self._queue_hashless(k - partial)
-            if partial:
-                self._queue_hashless(partial, head=True)
+            # vLLM hashes every full block of a request (these are anonymous here only because
+            # nobody else can hit them): they join the tail; a partly filled block has no hash and
+            # joins the head, to be reused first (BlockPool.free_blocks). Unknown `computed`: all
+            # at the tail.
+            partial = min(k, blocks - computed // self.block_size) if computed is not None else 0
+            self._queue_hashless(k - partial, partial)
         if not held:
             return
+        hits = self.group.pop(rid, None)
+        if hits is not None:
+            left = self.holders[id(hits)] - 1
+            if left:  # the group's blocks stay referenced: only the blocks past them
+                self.holders[id(hits)] = left
+                held = held[len(hits):]
+                if not held:
+                    return
+            else:
+                del self.holders[id(hits)]
         ref, queued, queue, named = self.ref, self.queued, self.queue, self.block_hash
-        refs = [ref[b] for b in held]
-        if 1 not in refs:  # every block stays referenced by another request: one fewer each
-            ref.update(zip(held, [r - 1 for r in refs]))
+        for b in held:
+            ref[b] -= 1
+        if 0 not in map(ref.__getitem__, held):  # every block stays referenced by another request
             return
         gen = start = self.generation
-        if refs.count(1) == len(refs) and all(map(named.__contains__, held)):
+        if not any(map(ref.__getitem__, held)) and all(map(named.__contains__, held)):
             # nobody else holds any of them, all cached (a prompt nobody shared): all to the tail,
             # last block first, each under its own generation
             if not queued:
                 self._one_segment()
-            ref.update(dict.fromkeys(held, 0))
             entries = list(zip(reversed(held), range(gen + 1, gen + 1 + len(held))))
             queued.update(entries)
             queue.extend(entries)
             self.free += len(held)
             self.generation = gen + len(held)
             return
-        for b in reversed(held):
-            r = ref[b] - 1
-            ref[b] = r
-            if r == 0:
+        for b in reversed(held):  # last block first: those nobody references any more
+            if not ref[b]:
                 if b not in named:  # never cached (e.g. claimed then nothing): hashless
-                    del ref[b]
                     self.ids.append(b)
-                    self._queue_hashless(1, head=True)
+                    self._queue_hashless(0, 1)
                     continue
                 if not queued:  # the first cached block to wait: the hashless ones ahead of it
                     self._one_segment()

@@ -114,20 +114,35 @@ def test_block_pool_matches_the_reference(num_blocks, ops):
         assert real.used == sum(1 for r in real.ref if r > 0)  # blocks held are exactly those referenced
 
 
+kv_ops = st.lists(st.one_of(st.tuples(st.just("admit"), st.integers(0, 5)),
+                            st.tuples(st.just("grow"), st.integers(0, 5), st.integers(1, 3)),
+                            st.tuples(st.just("free"), st.integers(0, 5))), max_size=60)
+prompt = st.tuples(st.integers(0, 2), st.integers(0, 6), st.integers(1, 7))
+
+
 @settings(max_examples=400, deadline=None)
-@given(st.integers(4, 24),
-       st.lists(st.tuples(st.integers(0, 2), st.integers(0, 6), st.integers(1, 7)), min_size=6, max_size=6),
-       st.lists(st.one_of(st.tuples(st.just("admit"), st.integers(0, 5)),
-                          st.tuples(st.just("grow"), st.integers(0, 5), st.integers(1, 3)),
-                          st.tuples(st.just("free"), st.integers(0, 5))), max_size=60))
+@given(st.integers(4, 24), st.lists(prompt, min_size=6, max_size=6), kv_ops)
 def test_the_simulators_kv_cache_matches_the_reference(num_blocks, prompts, ops):
     """sim/prefix_cache.PrefixKVCache (run-length segments for hashless blocks, lazy hits) against
     the same reference, on everything a simulation can observe: hits, success, free blocks, the
     order of evictions and the cached hashes. Requests have fixed prompts: `shared` blocks of
     document `doc` (shared chains) and `extra` tokens more; only shared blocks carry hashes."""
+    _kv_cache_against_the_reference(num_blocks, prompts, ops)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.integers(4, 24), st.lists(prompt, min_size=3, max_size=3), kv_ops)
+def test_the_simulators_kv_cache_matches_the_reference_with_repeated_prompts(num_blocks, prompts, ops):
+    """The same, each prompt sent by two requests (rids i and i + 3): they get the same hit list,
+    held as one group (PrefixKVCache.group) while either runs."""
+    _kv_cache_against_the_reference(num_blocks, prompts + prompts, ops)
+
+
+def _kv_cache_against_the_reference(num_blocks, prompts, ops):
     from sim.prefix_cache import PrefixKVCache
 
-    chains = [[(doc, i) for i in range(shared)] for doc, shared, _ in prompts]
+    made: dict = {}  # one chain object per distinct prefix, shared as request_chains shares them
+    chains = [made.setdefault((doc, shared), [(doc, i) for i in range(shared)]) for doc, shared, _ in prompts]
     tokens = [len(c) * BS + extra for c, (_, _, extra) in zip(chains, prompts)]
     kv = PrefixKVCache(num_blocks, BS, chains, tokens)
     ref = ReferencePool(num_blocks)
@@ -158,6 +173,7 @@ def test_the_simulators_kv_cache_matches_the_reference(num_blocks, prompts, ops)
         assert sorted(map(repr, (h for h, bs in kv.cached.items() for _ in bs))) == \
             sorted(repr(h) for h, _ in ref.cache_order if h[0] != "own")
         assert kv.used == num_blocks - len(ref.free)
+        assert kv.cached_blocks == sum(map(len, kv.cached.values()))  # (kept as a count)
 
 
 def test_a_shared_prefix_hit_after_the_first_request_frees_its_blocks():
@@ -438,5 +454,9 @@ def test_request_chains_equal_block_hashes_request_by_request():
         prefixes.append(p)
         prompts.append(n)
     chains = request_chains(prefixes, prompts, 16)
-    assert chains == [block_hashes(p, rid, n, 16) for rid, (p, n) in enumerate(zip(prefixes, prompts))]
+    hashes = [block_hashes(p, rid, n, 16) for rid, (p, n) in enumerate(zip(prefixes, prompts))]
+    assert list(map(len, chains)) == list(map(len, hashes))
+    # each hash is named by one int, and each int names one hash
+    pairs = {(name, h) for chain, hs in zip(chains, hashes) for name, h in zip(chain, hs)}
+    assert len(pairs) == len({n for n, _ in pairs}) == len({h for _, h in pairs}) > 20
     assert len({id(c) for c in chains}) < len(chains)  # shared, not one list per request
