@@ -460,7 +460,7 @@ class PrefixKVCache:
         identified blocks, last first, each once nobody references it (keeping its hash)."""
         chain = self.hashes[rid]
         if preempted or (chain and self.num_cached.get(rid, 0) < len(chain)):  # (else all named)
-            tokens = self.prompt[rid] if computed is None else computed
+            tokens = int(self.prompt[rid]) if computed is None else computed
             full = min(blocks, tokens // self.block_size)
             if preempted and full > len(chain):
                 self.own_cached[rid] = full - len(chain)

@@ -1,8 +1,9 @@
 """Per-iteration records, kept compact: a row per iteration (or per fast-forwarded run of
 identical iterations), each iteration's duration, and exact time integrals of KV occupancy.
 
-Rows are buffered as tuples and packed into float64 blocks every `_CHUNK` rows, so a million-request
-run keeps a few hundred bytes per row, not Python objects.
+Rows are buffered as tuples and appended to one packed array per column (float64 times, int64
+counts) every `_CHUNK` rows, so a million-request run keeps 96 bytes per row, not Python objects,
+and hands its columns to steps.csv's frame without a copy.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from .step import Schedule, StepOutcome
 STEP_COLUMNS = ("replica", "start_s", "duration_s", "count", "num_seqs", "prefill_tokens",
                 "decode_tokens", "padded_tokens", "kv_blocks_used", "kv_blocks_total", "waiting")
 RECORDED = (*STEP_COLUMNS, "kv_blocks_cached")
+_TIMES = ("start_s", "duration_s")  # float64 columns; the others count things (int64)
 _CHUNK = 65536
 
 
@@ -23,7 +25,7 @@ class Recorder:
     def __init__(self, block_size: int):
         self.block_size = block_size
         self._rows: list[tuple] = []
-        self._packed: list[np.ndarray] = []
+        self._columns = _empty_columns()
         self.durations = array("d")   # every iteration's duration, s, in row order
         self.kv_slot_seconds = 0.0    # integral of allocated KV token slots over time
         self.kv_token_seconds = 0.0   # integral of KV tokens actually held over time
@@ -64,21 +66,28 @@ class Recorder:
 
     def _pack(self) -> None:
         if self._rows:
-            self._packed.append(np.array(self._rows, dtype=np.float64))
+            block = np.array(self._rows, dtype=np.float64)  # (counts are whole numbers < 2**53: exact)
+            for column, values in zip(self._columns, block.T):
+                column.frombytes(values.astype(np.int64 if column.typecode == "q" else np.float64).tobytes())
             self._rows = []
 
     def step_columns(self) -> dict[str, np.ndarray]:
-        """All rows, column by column (float64); the packed blocks are released as they are read."""
+        """All rows, column by column (start_s, duration_s float64; the rest int64), handed over:
+        the arrays share the recorder's buffers, which it lets go of."""
         self._pack()
-        blocks, self._packed = self._packed, []
-        if not blocks:
-            return {c: np.zeros(0) for c in RECORDED}
-        return {c: np.concatenate([b[:, i] for b in blocks]) for i, c in enumerate(RECORDED)}
+        columns, self._columns = self._columns, _empty_columns()
+        return {c: np.frombuffer(column, dtype=np.int64 if column.typecode == "q" else np.float64)
+                for c, column in zip(RECORDED, columns)}
 
-    def iteration_durations(self) -> np.ndarray:
-        return np.frombuffer(self.durations, dtype=np.float64)
+    def take_durations(self, room: int = 0) -> np.ndarray:
+        """Every iteration's duration (s, in row order), handed over: the recorder keeps none. The
+        array has `room` more slots after them (zeros) for the caller to fill (a
+        million-request run holds ~18M durations: 147 MB, which the inter-token gaps reuse)."""
+        durations, self.durations = self.durations, array("d")
+        if room:
+            durations.frombytes(bytes(8 * room))
+        return np.frombuffer(durations, dtype=np.float64)
 
-    def release_durations(self) -> None:
-        """Drop the per-iteration durations once the inter-token gaps are taken from them (a
-        million-request run holds ~18M of them: 147 MB)."""
-        self.durations = array("d")
+
+def _empty_columns() -> list[array]:
+    return [array("d" if c in _TIMES else "q") for c in RECORDED]

@@ -24,7 +24,7 @@ from .cost import CostModel
 from .errors import ScenarioError
 from .engine import Replica
 from .disaggregation import pool_utilization, start_pools
-from .metrics import distribution, inter_token_latencies, requests_frame, steps_frame, summarize
+from .metrics import InterTokenGaps, distribution, inter_token_latencies, requests_frame, steps_frame, summarize
 from .prefix_cache import PrefixKVCache
 from .recorder import Recorder
 from .request import RequestTable
@@ -42,9 +42,9 @@ class SimResult:
     # scenario.yaml's source: set when the run used the scenario's own workload (so that the
     # resolved scenario reproduces it), None when the caller passed a workload
     scenario: Scenario | None = None
-    # every inter-token gap: (gap s, count, end s), from metrics.inter_token_latencies; the planner
-    # judges an ITL target on the gaps after its warm-up
-    itl: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    # every inter-token gap: gaps s, counts, ends s (metrics.InterTokenGaps; unpacks as a tuple);
+    # the planner judges an ITL target on the gaps after its warm-up
+    itl: InterTokenGaps | None = None
 
 
 def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = None, *,
@@ -99,8 +99,7 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
     if caches:  # prefix caching simulated: tokens each request found cached (vLLM: cached tokens)
         requests["cached_tokens"] = np.sum([c.cached_tokens for c in caches], axis=0)
     m, hw = scenario.model, scenario.hardware
-    itl = inter_token_latencies(steps, recorder, req)
-    recorder.release_durations()  # (read by nothing else: memory back before the summary)
+    itl = inter_token_latencies(steps, recorder, req)  # (takes the recorder's durations)
     replicas, gpus = e.replicas, e.replicas * e.tensor_parallel_size
     if e.disaggregation is not None:
         d = e.disaggregation
@@ -221,10 +220,11 @@ def finite(value):
     return value
 
 
-# Peak memory of a run, measured: 1M chat requests peaked at 1.59 GB, 100k at 247 MB (../shared
-# SPEED_NOTES.md), so ~1.6 KB per request on top of ~100 MB for the interpreter and imports.
-BYTES_PER_REQUEST = 1600
-BASE_BYTES = 100e6
+# Peak memory of a run, measured (bench/sim_speed.py --child N, peak RSS with the outputs written,
+# issue 19's chat workload): 148 MB at 10k requests, 231 MB at 100k, 921 MB at 1M, so ~0.8 KB per
+# request on top of ~160 MB for the interpreter, imports and workload (rounded up).
+BYTES_PER_REQUEST = 800
+BASE_BYTES = 160e6
 
 
 def estimate_memory_bytes(num_requests: int) -> float:

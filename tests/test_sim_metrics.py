@@ -37,6 +37,38 @@ def test_weighted_percentiles_by_hand():
     assert np.isnan(weighted_percentiles(values, np.zeros(4), [50])).all()
 
 
+@settings(max_examples=300, deadline=None)
+@given(data=st.lists(st.tuples(st.one_of(st.sampled_from([0.0, 0.0125, 0.02, 1e-300, 7.0]),
+                                         st.floats(0, 1e3, allow_nan=False)), st.integers(0, 6)),
+                     min_size=1, max_size=60),
+       qs=st.lists(st.floats(0, 100), min_size=1, max_size=6), few=st.integers(1, 40),
+       integer_weights=st.booleans())
+def test_radix_selection_gives_the_sorts_values_exactly(data, qs, few, integer_weights):
+    """Past select_above values weighted_percentiles finds its ranks by radix selection over the
+    floats' bits: the same values, bit for bit, as the sort (ties, zeros, zero weights, a bucket
+    split down to its last bit when `_FEW` is small)."""
+    import sim.metrics as metrics
+
+    values = np.array([v for v, _ in data])
+    weights = np.array([w for _, w in data], dtype=np.int32 if integer_weights else np.float64)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(metrics, "_FEW", few)
+        got = weighted_percentiles(values, weights, qs, select_above=0)
+    np.testing.assert_array_equal(got, weighted_percentiles(values, weights, qs))
+
+
+def test_radix_selection_on_a_long_array_by_hand(monkeypatch):
+    """Two million gaps: 1,999,000 of 10 ms and 1,000 of 50 ms (weight 3 each): p50 is 10 ms,
+    p99.9 falls in the 50 ms ones (rank 0.999 x 2,001,999 = 1,999,998.0 > 1,998,999)."""
+    import sim.metrics as metrics
+
+    monkeypatch.setattr(metrics, "_CHUNK_VALUES", 1 << 16)  # many chunks
+    values = np.concatenate((np.full(1_999_000, 0.010), np.full(1_000, 0.050)))
+    weights = np.concatenate((np.ones(1_999_000), np.full(1_000, 3.0)))
+    got = weighted_percentiles(values, weights, [50, 99.9], select_above=1000)
+    np.testing.assert_array_equal(got, [0.010, 0.050])
+
+
 def test_distribution_reports_ms_and_skips_nan():
     d = distribution(np.array([0.001, np.nan, 0.003]))
     assert d["mean"] == pytest.approx(2.0)
@@ -224,3 +256,45 @@ def test_itl_resumed_token_inside_a_decode_run(ff):
             max_num_batched_tokens=2, block_size=1, num_gpu_blocks=4, fast_forward=ff, enable_prefix_caching=False)
     assert r.requests["finish_s"].tolist() == [1.0, 1.0, 2.0, 2.0, 3.0, 3.0, 6.0, 9.0]
     assert_itl(r.summary, [1, 1, 1, 3, 1])
+
+
+def test_inter_token_gaps_equal_the_direct_computation_on_random_runs(monkeypatch):
+    """metrics.inter_token_latencies compacts the recorder's durations in place, chunk by chunk,
+    and rebuilds `ends` only when asked: against the direct computation (index the decoding
+    iterations out of a copy, cumulative sums for the ends), bit for bit, with prefill-only rows,
+    runs of several iterations, chunks smaller than a run, and gaps across preemptions."""
+    import pandas as pd
+
+    import sim.metrics as metrics
+    from sim.metrics import inter_token_latencies
+
+    monkeypatch.setattr(metrics, "_CHUNK_VALUES", 7)
+    rng = np.random.default_rng(5)
+    for trial in range(60):
+        rows = int(rng.integers(1, 40))
+        count = rng.integers(1, 6, rows)
+        decode = rng.integers(0, 4, rows) * (rng.random(rows) < 0.8)
+        start = np.cumsum(rng.random(rows) * 3)
+        durations = rng.random(int(count.sum())) * 0.05
+        resumed = rng.random((int(rng.integers(0, 3)), 2))
+
+        class Recorder:
+            def take_durations(self, room=0):
+                return np.concatenate((durations, np.zeros(room)))
+
+        class Req:
+            resume_gaps = [tuple(g) for g in resumed]
+
+        steps = pd.DataFrame({"count": count, "decode_tokens": decode, "start_s": start})
+        got = inter_token_latencies(steps, Recorder(), Req())
+        decoding = np.repeat(decode > 0, count)
+        ends = np.cumsum(durations)
+        first = np.cumsum(count) - count
+        ends += np.repeat(start - (ends[first] - durations[first]), count)
+        want = (np.concatenate((durations[decoding], resumed[:, 0])),
+                np.concatenate((np.repeat(decode[decode > 0], count[decode > 0]), np.ones(len(resumed)))),
+                np.concatenate((ends[decoding], resumed[:, 1])))
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+        gaps, counts, ends_got = got  # (unpacks as the tuple the planner reads)
+        assert len(gaps) == len(counts) == len(ends_got) and got[2] is not None

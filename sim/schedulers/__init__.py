@@ -105,8 +105,9 @@ def build_scheduler(e: EngineConfig, requests: RequestTable, num_blocks: int,
         # Nothing shared, but vLLM still caches every request's own full blocks: a preempted
         # request's resumption hits what is left of them (found against real vLLM,
         # docs/validation.md). Own blocks only: no lookups before a preemption, no hit-rate columns.
-        kv = PrefixKVCache(num_blocks, e.block_size, [[]] * len(requests), requests.prompt.tolist(),
-                           reports=False)
+        # (the prompt column itself, not a list: read only for a request freed without its
+        # computed tokens, and a million-request run would hold 36 MB of ints for it)
+        kv = PrefixKVCache(num_blocks, e.block_size, [[]] * len(requests), requests.prompt, reports=False)
     else:
         kv = kv_cache_for(e, num_blocks, len(requests), layout)
     pool = None
