@@ -171,7 +171,7 @@ class InterTokenGaps:
         return iter((self.gaps, self.counts, self.ends))
 
     def __getitem__(self, i: int) -> np.ndarray:
-        return (self.gaps, self.counts)[i] if i in (0, 1, -2) else self.ends
+        return self.ends if i in (2, -1) else (self.gaps, self.counts, None)[i]
 
 
 def inter_token_latencies(steps: pd.DataFrame, recorder: Recorder, req: RequestTable) -> InterTokenGaps:

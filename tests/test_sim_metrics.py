@@ -296,5 +296,6 @@ def test_inter_token_gaps_equal_the_direct_computation_on_random_runs(monkeypatc
                 np.concatenate((ends[decoding], resumed[:, 1])))
         for g, w in zip(got, want):
             np.testing.assert_array_equal(g, w)
-        gaps, counts, ends_got = got  # (unpacks as the tuple the planner reads)
-        assert len(gaps) == len(counts) == len(ends_got) and got[2] is not None
+        gaps, counts, ends_got = got  # (unpacks, and indexes, as the tuple the planner reads)
+        assert [got[i] is x for i, x in ((-3, gaps), (-2, counts), (0, gaps), (1, counts))] == [True] * 4
+        np.testing.assert_array_equal(got[-1], ends_got)
