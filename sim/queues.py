@@ -22,29 +22,20 @@ class WaitingQueue(Protocol):
     def __len__(self) -> int: ...
 
 
-class FCFSQueue:
+class FCFSQueue(deque):
+    """Arrival order: a deque, so that `len`, asked several times an iteration, is deque's own."""
+
     new_arrivals_last = True  # an arrival never jumps a blocked head of the line
 
     def __init__(self, keys: np.ndarray | None = None):
-        self._q: deque[int] = deque()
+        super().__init__()
 
-    def push(self, rid: int) -> None:
-        self._q.append(rid)
-
-    def push_front(self, rid: int) -> None:
-        self._q.appendleft(rid)
+    push = deque.append
+    push_front = deque.appendleft
+    pop = deque.popleft  # (the head of the line, not deque's right end)
 
     def peek(self) -> int:
-        return self._q[0]
-
-    def pop(self) -> int:
-        return self._q.popleft()
-
-    def __len__(self) -> int:
-        return len(self._q)
-
-    def __iter__(self):
-        return iter(self._q)
+        return self[0]
 
 
 class KeyedQueue:

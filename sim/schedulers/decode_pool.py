@@ -32,15 +32,12 @@ class DecodePool:
         self.req, self.block_size = requests, block_size
         self.clock = 0              # decode iterations run
         self.members: dict[int, int] = {}  # member -> its position in self._ids
+        self.size = 0               # len(members), read several times an iteration
         self._ids = np.zeros(64, dtype=np.int64)  # members, first len(members) entries
         self._view: np.ndarray | None = None      # read-only view handed out since the last change
         self._stored_sum = 0        # sum over members of (computed - clock at any time)
         self.phase_count = np.zeros(block_size, dtype=np.int64)  # members opening a block at D % bs
         self._finish_heap: list[tuple[int, int]] = []  # (clock when its last token is sampled, rid)
-
-    @property
-    def size(self) -> int:
-        return len(self.members)
 
     def context_sum(self) -> int:
         """Tokens the members hold in the KV cache before this iteration's decode."""
@@ -76,6 +73,7 @@ class DecodePool:
         n = len(self.members)
         self._writable()[n] = rid
         self.members[rid] = n
+        self.size = n + 1
         self._stored_sum += stored
         self.phase_count[(-stored) % self.block_size] += 1
         heapq.heappush(self._finish_heap, (int(req.output[rid] - req.generated[rid]), rid))
@@ -85,6 +83,7 @@ class DecodePool:
         stored = int(req.computed[rid])
         ids = self._writable()
         pos, last = self.members.pop(rid), int(ids[len(self.members)])
+        self.size -= 1
         if last != rid:  # the last member fills the gap
             ids[pos] = last
             self.members[last] = pos
