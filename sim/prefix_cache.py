@@ -212,7 +212,11 @@ class PrefixKVCache:
                                 # waiting in the free queue to be hit (read every iteration)
         self.cached: dict[object, dict[int, None]] = {}  # hash -> its blocks, first cached first
         self.first: dict[object, int] = {}               # hash -> its first cached block (lookups)
-        self.lookups: dict[tuple, tuple] = {}  # (id(chain), blocks) -> (chain, hits), while `first` holds
+        # (id(chain), blocks looked up) -> (chain, hits): lookups remembered while `first` holds.
+        # One that hit every block it looked up stays right when hashes are added (only an
+        # eviction can change it); one that stopped short is forgotten then.
+        self.lookups: dict[tuple, tuple] = {}
+        self.lookups_short: dict[tuple, tuple] = {}
         # Requests admitted with the same hit list (a lookup's answer, shared while `first` holds)
         # reference its blocks as one group: `ref` counts the group once, while it has holders. A
         # block is free exactly when nothing references it, which is all `ref` is read for, so
@@ -292,10 +296,10 @@ class PrefixKVCache:
             if not same:
                 del cached[h]
                 del first[h]
-                self.lookups.clear()
+                self._forget_lookups()
             elif first[h] == b:
                 first[h] = next(iter(same))
-                self.lookups.clear()
+                self._forget_lookups()
             ids.append(b)  # (its reference count is 0: it was free)
             evicted.append(h)
             blocks -= 1
@@ -356,12 +360,17 @@ class PrefixKVCache:
         # (chain, blocks looked up) until it does (a chain only ever grows at its end, so its
         # first n hashes never change; the entry keeps the chain alive, so its id is not reused)
         key = (id(chain), min(max(num_tokens - 1, 0) // self.block_size, len(chain)))
-        seen = self.lookups.get(key)
+        seen = self.lookups.get(key) or self.lookups_short.get(key)
         if seen is not None and seen[0] is chain:
             return seen[1]
         hits = self.cached_prefix(chain, num_tokens)
-        self.lookups[key] = (chain, hits)
+        (self.lookups if len(hits) == key[1] else self.lookups_short)[key] = (chain, hits)
         return hits
+
+    def _forget_lookups(self) -> None:
+        """`first` lost or changed a hash (an eviction): no remembered lookup is sure any more."""
+        self.lookups.clear()
+        self.lookups_short.clear()
 
     def can_take(self, hits: list[int], new_blocks: int) -> bool:
         """Would `new_blocks` fresh blocks fit beside the `hits`, once the hits that sit in the free
@@ -445,8 +454,8 @@ class PrefixKVCache:
             if same is None:
                 cached[h] = {b: None}
                 first[h] = b
-                if self.lookups:
-                    self.lookups.clear()
+                if self.lookups_short:
+                    self.lookups_short.clear()
             else:
                 same[b] = None
         self.num_cached[rid] = max(start, full)

@@ -138,6 +138,30 @@ def test_the_simulators_kv_cache_matches_the_reference_with_repeated_prompts(num
     _kv_cache_against_the_reference(num_blocks, prompts + prompts, ops)
 
 
+def test_groups_lookups_and_evictions_against_the_reference():
+    """Directed sequences against the reference model: a group's last holder leaving (its blocks
+    to the free queue, last first) and the next request with the same hit list taking them back,
+    a hit through a shorter prefix of the same blocks, evictions from the queue's head, and taking
+    a hit list back when its blocks and one more do not fit (`crowded`), for 7 to 13 blocks.
+    Requests 0-2 share a 3-block prompt of document 0, request 3 its first block, 4 and 5 a
+    2-block prompt of document 1 (whose commit adds hashes: the lookup of 0-2 stays remembered)."""
+    prompts = [(0, 3, 1), (0, 3, 1), (0, 3, 1), (0, 1, 1), (1, 2, 1), (1, 2, 1)]
+    ops = [("admit", 0), ("admit", 1), ("free", 0), ("free", 1),
+           ("admit", 2), ("free", 2),
+           ("admit", 4), ("admit", 5), ("free", 4), ("free", 5),
+           ("admit", 3),
+           ("grow", 3, 3), ("grow", 3, 3),
+           ("free", 3), ("admit", 0), ("admit", 1), ("free", 0)]
+
+    def crowded(num_blocks):  # only request 1's 3 freed blocks are free when 2 asks for them + 1
+        return [("admit", 0), ("admit", 1), ("free", 0), ("free", 1), ("admit", 4),
+                ("grow", 4, num_blocks - 6), ("admit", 2), ("free", 4), ("admit", 2), ("free", 2)]
+
+    for num_blocks in range(7, 14):
+        _kv_cache_against_the_reference(num_blocks, prompts, ops)
+        _kv_cache_against_the_reference(num_blocks, prompts, crowded(num_blocks))
+
+
 def _kv_cache_against_the_reference(num_blocks, prompts, ops):
     from sim.prefix_cache import PrefixKVCache
 
