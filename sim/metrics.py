@@ -38,7 +38,7 @@ def weighted_percentiles(values: np.ndarray, weights: np.ndarray, qs, *,
     building it (a long run has tens of millions of inter-token gaps). Past `select_above` values
     (all finite and >= 0) the ranks are found by radix selection (`_values_at_ranks`), which gives
     the same values as the sort below without its n-long copies, and sooner (measured: equal at
-    100k values, 7x sooner at 1M, 20x at 18M)."""
+    100k values, 7x sooner at 1M, 21x at 18M)."""
     big = len(values) > select_above
     if big and (not np.isfinite(values).all() or np.signbit(values).any()):
         big = False  # (radix order is value order for finite non-negative floats only)
@@ -59,7 +59,7 @@ def weighted_percentiles(values: np.ndarray, weights: np.ndarray, qs, *,
     order = np.argsort(values, kind="stable")
     sorted_weights = weights[order]
     values = values[order]
-    del order
+    del order  # (a million-request run sorts ~18M gaps: one array of them less at the peak)
     ends = np.cumsum(sorted_weights)  # ends[i]: expanded index after value i
     del sorted_weights
     pos = np.asarray(qs, dtype=np.float64) / 100.0 * (ends[-1] - 1)
@@ -78,8 +78,8 @@ def _values_at_ranks(values: np.ndarray, weights: np.ndarray, ranks: np.ndarray)
     chunked passes. A non-negative float's bits, read as an unsigned int, sort as the float does,
     so the rank's value is found bits first: a weighted histogram of the top 20 bits names the
     bucket holding each rank (and its rank inside); a bucket still large is split by its next 16
-    bits, and so on; a small one is copied out and sorted. Memory: histograms and chunks, never a
-    copy of the n values."""
+    bits, and so on; a small one is copied out and sorted. Memory: histograms, chunks and, for a
+    small bucket, one n-long bool mask; never a copy of the n values."""
     bits = values.view(np.uint64)
     out = np.empty(len(ranks))
     # work: (prefix, shift, [(slot in out, rank inside the bucket)]): the bucket holds the values
