@@ -85,10 +85,15 @@ class Inbox:
         the router's arrivals at this instant come first; None when every request is already here."""
         return None if self._router is None else env.timeout(0)
 
+    def wake_at(self, retry_at: float) -> float:
+        """When an idle replica reading every request up front wakes: the next arrival or
+        `retry_at` (inf: neither comes)."""
+        return min(self.next_arrival(), retry_at)
+
     def wait(self, env, retry_at: float):
         """An event for an idle replica: the next arrival or `retry_at`; None if neither comes."""
         if self._router is None or self._next < len(self._times):
-            wake = min(self.next_arrival(), retry_at)
+            wake = self.wake_at(retry_at)
             return None if wake == np.inf else env.timeout(wake - env.now)
         if self._router.done and retry_at == np.inf:
             return None

@@ -61,6 +61,12 @@ class Runner:
         # the run in progress that `cut` may shorten: (start, durations, event, timer), else None
         self._run: tuple | None = None
 
+    def price(self, schedule: Schedule, start: float) -> tuple[np.ndarray, float]:
+        """The iterations of `schedule` that run from `start`, uncut: (their durations, the seconds
+        they take together). For a replica that runs alone (engine.Replica.run_alone)."""
+        durations = self._durations(schedule, start)
+        return durations, total(durations)
+
     def start(self, schedule: Schedule) -> simpy.Event:
         """An event for the end of the iterations of `schedule` that run now; its value is
         (their durations, the seconds they take together)."""
@@ -106,10 +112,12 @@ class Runner:
         arrival = self.inbox.next_arrival()
         probe = min(steps, _PROBE_STEPS)  # an arrival usually cuts a run long before it ends
         durations = self.cost.step_times(schedule.stats, probe)
-        ends = start + durations.cumsum()
+        ends = durations.cumsum()
+        ends += start  # (in place: the same sums as start + cumsum, one array less)
         if ends[-1] < arrival and probe < steps:
             durations = self.cost.step_times(schedule.stats, steps)
-            ends = start + durations.cumsum()
+            ends = durations.cumsum()
+            ends += start
         return durations[: int(ends.searchsorted(arrival, "left")) + 1]
 
 

@@ -19,6 +19,14 @@ STEP_COLUMNS = ("replica", "start_s", "duration_s", "count", "num_seqs", "prefil
 RECORDED = (*STEP_COLUMNS, "kv_blocks_cached")
 _TIMES = ("start_s", "duration_s")  # float64 columns; the others count things (int64)
 _CHUNK = 65536
+_RAMP = np.arange(4096, dtype=np.float64)  # 0., 1., 2., ...: iteration offsets in a run (read-only)
+_RAMP.flags.writeable = False
+
+
+def _ramp(count: int) -> np.ndarray:
+    """0., 1., ..., count - 1 (a slice of a shared array; the same values as np.arange(count),
+    so the same dot products: numpy casts an int arange to float64 before the dot anyway)."""
+    return _RAMP[:count] if count <= len(_RAMP) else np.arange(count, dtype=np.float64)
 
 
 class Recorder:
@@ -51,7 +59,7 @@ class Recorder:
             # every decode adds one token per iteration (a sliding window's run says otherwise)
             tokens = outcome.kv_token_growth
             self.kv_token_seconds += schedule.kv_tokens * total + (
-                schedule.decode_tokens * float(np.arange(count) @ durations) if tokens is None
+                schedule.decode_tokens * float(_ramp(count) @ durations) if tokens is None
                 else float(tokens[: count - 1] @ later))
             # a run's growth comes in whole blocks (paged); a constant reservation rounds up once
             self.kv_block_seconds += -(-schedule.kv_slots // bs) * total + grown_slots / bs

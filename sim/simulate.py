@@ -83,8 +83,10 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
                                     servable(e, blocks, int(workload.output_tokens.max()), layout))
             loop = ClosedLoopRouter(env, req, workload.users, schedulers, router, sessions)
             inboxes = loop.inboxes
+        alone = len(schedulers) == 1 and workload.users is None  # (an open loop's inbox: planned)
         for i, (sched, inbox) in enumerate(zip(schedulers, inboxes)):
-            Replica(env, i, sched, cost, recorder, inbox, fast_forward=fast_forward, on_iteration=tick)
+            Replica(env, i, sched, cost, recorder, inbox, fast_forward=fast_forward, on_iteration=tick,
+                    alone=alone)
     env.run()
     if progress is not None:
         progress(len(req), len(req))

@@ -88,10 +88,34 @@ def test_steps_vectorisation_matches_one_by_one(models, decodes, ctx, steps, pre
         times = model.step_times(b, steps)
         assert times.shape == (steps,)
         for j in sorted({0, min(1, steps - 1), steps // 2, steps - 1}):
-            advanced = replace(b, decode_context_sum=b.decode_context_sum + j * decodes)
+            advanced = b._replace(decode_context_sum=b.decode_context_sum + j * decodes)
             single = model.step_times(advanced, 1)
             assert single.shape == (1,)
             assert times[j] == pytest.approx(single[0], rel=1e-12), (name, j)
+
+
+def test_a_run_priced_by_one_term_is_the_max_of_both_to_the_bit():
+    """RooflineCost prices a decode run by the one attention term that is the larger throughout
+    (RooflineCost._one_term); runs whose two terms cross anywhere near them must come out as
+    fixed + max(pairs, reads) elementwise, bit for bit, whichever path they take."""
+    cost = RooflineCost(LLAMA3, H100)
+    rng = np.random.default_rng(7)
+    taken = {True: 0, False: 0}
+    for t in range(3000):
+        n, steps = int(rng.integers(1, 300)), int(rng.integers(2, 100))
+        ctx = int(rng.integers(n, 10**6))
+        last = ctx + n * (steps - 1)
+        # where the two terms cross: inside the run, just outside it, or on a whole context
+        cross = float(rng.uniform(ctx - 3 * n, last + 3 * n)) if t % 3 else float(rng.integers(ctx - n, last + n))
+        cost._s_per_pair = float(rng.lognormal(-21, 1))
+        cost._s_per_kv_token = cost._s_per_pair * cross / (cross + n)
+        b = BatchStats(num_decodes=n, decode_context_sum=ctx)
+        fixed = cost._fixed_time(b)
+        contexts = np.arange(ctx, ctx + n * steps, n, dtype=np.float64)
+        want = fixed + np.maximum(cost._s_per_pair * contexts, cost._s_per_kv_token * (contexts + n))
+        assert cost.step_times(b, steps).tobytes() == want.tobytes(), (n, ctx, steps, cross)
+        taken[cost._one_term(fixed, ctx, n, steps) is not None] += 1
+    assert min(taken.values()) > 300  # both paths were exercised
 
 
 chunks = st.lists(st.tuples(st.integers(1, 4096), st.integers(0, 8192)), max_size=4)

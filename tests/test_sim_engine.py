@@ -7,9 +7,12 @@ arriving exactly when an iteration ends is visible to the next schedule. Unit co
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 from simhelpers import make_scenario, run
 
+import sim.simulate as simulate_module
+from sim.engine import Replica
 from sim.simulate import simulate, write_outputs
 
 CHAT = {"arrival": {"process": "poisson", "rate": 5.0}, "num_requests": 300,
@@ -194,6 +197,51 @@ def test_fast_forward_equals_stepping(name):
         assert fast.summary["preemptions"] > 0  # the case exercises recompute preemption
     assert len(fast.steps) < len(stepped.steps)  # fast-forward did merge iterations
     assert_same_run(fast, stepped)
+
+
+# A replica alone in its environment keeps the clock itself (Replica.run_alone): its records must
+# be the SimPy loop's to the bit, whatever the scheduler, cache or cost model.
+ALONE_CASES = {
+    "static": dict(scheduler="static", max_num_seqs=32, num_gpu_blocks=400),
+    "continuous-preempting": dict(scheduler="continuous", max_num_seqs=64, max_num_batched_tokens=4096,
+                                  num_gpu_blocks=300),
+    "chunked-preempting-sjf": dict(scheduler="chunked", max_num_seqs=64, max_num_batched_tokens=512,
+                                   num_gpu_blocks=300, policy="sjf"),
+    "chunked-speculative": dict(scheduler="chunked", max_num_seqs=32, max_num_batched_tokens=512,
+                                speculative={"method": "ngram", "num_speculative_tokens": 3,
+                                             "acceptance_rate": 0.6}),
+    "chunked-sliding-window": dict(scheduler="chunked", max_num_seqs=32, max_num_batched_tokens=512,
+                                   num_gpu_blocks=200, model="mistral-7b"),
+}
+
+
+class _SimPyReplica(Replica):
+    """The SimPy loop (`Replica.run`) even where the replica is alone."""
+
+    def __init__(self, *args, alone=False, **kwargs):
+        super().__init__(*args, alone=False, **kwargs)
+
+
+@pytest.mark.parametrize("ff", [True, False])
+@pytest.mark.parametrize("name", list(ALONE_CASES))
+def test_a_replica_alone_keeps_the_clock_exactly_as_simpy(name, ff, monkeypatch):
+    engine = dict(ALONE_CASES[name])
+    model = engine.pop("model", "llama-3-8b")
+    # bursty arrivals with idle gaps between bursts (the replica waits, then wakes at an arrival)
+    workload = {**CHAT, "arrival": {"process": "gamma", "rate": 2.0, "cv": 3.0},
+                "prefix": {"tokens": 256, "groups": 3, "share": 0.5}}
+    if "speculative" in engine or model != "llama-3-8b":
+        workload.pop("prefix")  # (not modelled together)
+    scenario = make_scenario(cost_model="roofline", workload=workload, seed=5, model=model, **engine)
+    alone = simulate(scenario, fast_forward=ff)
+    monkeypatch.setattr(simulate_module, "Replica", _SimPyReplica)
+    stepped = simulate(scenario, fast_forward=ff)
+    assert alone.summary["completed"] == 300
+    if "preempting" in name:
+        assert alone.summary["preemptions"] > 0
+    pd.testing.assert_frame_equal(alone.steps, stepped.steps, check_exact=True)
+    pd.testing.assert_frame_equal(alone.requests, stepped.requests, check_exact=True)
+    assert json.dumps(alone.summary) == json.dumps(stepped.summary)
 
 
 # ------------------------------------------------------------------ determinism

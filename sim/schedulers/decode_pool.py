@@ -24,6 +24,10 @@ import numpy as np
 from ..request import RequestTable
 
 
+_RAMP = np.arange(1 << 14)  # 0, 1, 2, ...: iteration offsets (read-only)
+_RAMP.flags.writeable = False
+
+
 class DecodePool:
     speculative = False  # each member computes one token per iteration (sim/speculative.py: more)
     lookahead = 1        # tokens of the budget each member takes
@@ -38,6 +42,8 @@ class DecodePool:
         self._stored_sum = 0        # sum over members of (computed - clock at any time)
         self.phase_count = np.zeros(block_size, dtype=np.int64)  # members opening a block at D % bs
         self._finish_heap: list[tuple[int, int]] = []  # (clock when its last token is sampled, rid)
+        # member -> its live heap key: an entry is current iff it matches (stale ones are skipped)
+        self._finish_at: dict[int, int] = {}
 
     def context_sum(self) -> int:
         """Tokens the members hold in the KV cache before this iteration's decode."""
@@ -76,13 +82,15 @@ class DecodePool:
         self.size = n + 1
         self._stored_sum += stored
         self.phase_count[(-stored) % self.block_size] += 1
-        heapq.heappush(self._finish_heap, (int(req.output[rid] - req.generated[rid]), rid))
+        key = self._finish_at[rid] = int(req.output[rid] - req.generated[rid])
+        heapq.heappush(self._finish_heap, (key, rid))
 
     def leave(self, rid: int) -> None:
         req, clock = self.req, self.clock
         stored = int(req.computed[rid])
         ids = self._writable()
         pos, last = self.members.pop(rid), int(ids[len(self.members)])
+        del self._finish_at[rid]
         self.size -= 1
         if last != rid:  # the last member fills the gap
             ids[pos] = last
@@ -97,8 +105,8 @@ class DecodePool:
         return kv.growth(self.computed(rid), 1)
 
     def steps_to_next_finish(self) -> int:
-        heap, req = self._finish_heap, self.req
-        while heap and not self._current(*heap[0]):
+        heap, live = self._finish_heap, self._finish_at
+        while heap and live.get(heap[0][1]) != heap[0][0]:
             heapq.heappop(heap)  # a member that left (or left and came back with a new entry)
         return heap[0][0] - self.clock
 
@@ -108,23 +116,20 @@ class DecodePool:
 
     def new_blocks_at(self, first: int, count: int) -> np.ndarray:
         """Blocks the members open in each of `count` iterations, the first `first` steps ahead."""
-        clocks = np.arange(self.clock + first, self.clock + first + count)
-        return self.phase_count[clocks % self.block_size]
+        phase = (self.clock + first) % self.block_size
+        end = phase + count  # (a slice of a shared ramp: one numpy call less than arange per run)
+        return self.phase_count.take(_RAMP[phase:end] if end <= len(_RAMP) else np.arange(phase, end), mode="wrap")
 
     def advance(self, steps: int) -> list[int]:
         """Run `steps` decode iterations; members that sampled their last token leave (returned)."""
-        self.clock += steps
-        heap, done = self._finish_heap, []
-        while heap and heap[0][0] <= self.clock:
+        self.clock = clock = self.clock + steps
+        heap, live, done = self._finish_heap, self._finish_at, []
+        while heap and heap[0][0] <= clock:
             key, rid = heapq.heappop(heap)
-            if self._current(key, rid):
+            if live.get(rid) == key:  # (else a member that left, or left and came back)
                 self.leave(rid)
                 done.append(rid)
         return done
-
-    def _current(self, key: int, rid: int) -> bool:
-        """Is this heap entry the live one for a current member?"""
-        return rid in self.members and key == int(self.req.output[rid] - self.req.generated[rid])
 
 
 class WindowedDecodePool(DecodePool):

@@ -17,6 +17,8 @@ iteration the pool's decodes take one token each, then the prefilling requests' 
 """
 from __future__ import annotations
 
+from math import isnan  # (on one element: ~10x cheaper than np.isnan)
+
 import numpy as np
 
 from ..batch import BatchStats, WindowedBatchStats
@@ -244,7 +246,7 @@ class IterationLevelScheduler:
         self._preempted.append(rid)
         req.computed[rid] = 0
         req.preemptions[rid] += 1
-        if req.generated[rid] > 0 and np.isnan(req.resume_from[rid]):
+        if req.generated[rid] > 0 and isnan(req.resume_from[rid]):
             # its last token came when the previous iteration ended (if it was preempted again
             # before sampling since, the gap still starts at that older token)
             req.resume_from[rid] = now
@@ -260,9 +262,9 @@ class IterationLevelScheduler:
 
     def _first_or_resumed_token(self, rid: int, now: float) -> None:
         req = self.req
-        if np.isnan(req.first_token[rid]):
+        if isnan(req.first_token[rid]):
             req.first_token[rid] = now
-        elif not np.isnan(req.resume_from[rid]):  # the token after a recompute: a longer gap
+        elif not isnan(req.resume_from[rid]):  # the token after a recompute: a longer gap
             req.resume_gaps.append((now - req.resume_from[rid], now))
             req.resume_from[rid] = np.nan
 
@@ -293,7 +295,7 @@ class IterationLevelScheduler:
             admitted.append((rid, t))
             self.prefilling.append(rid)
             self.order[rid] = None
-            if np.isnan(req.first_scheduled[rid]):
+            if isnan(req.first_scheduled[rid]):
                 req.first_scheduled[rid] = now
             budget -= t
         return admitted
@@ -336,8 +338,8 @@ class IterationLevelScheduler:
                                            for r in self.prefilling)
             tokens = kv.groups * tokens - kv.sliding_groups * kv.block_size * behind
         else:
-            stats = BatchStats(prefill_lens=lens, prefill_contexts=contexts, num_decodes=decodes,
-                               decode_context_sum=context_sum + decodes)
+            # (positional, field order: sim/batch.py; one per event)
+            stats = BatchStats(lens, contexts, decodes, context_sum + decodes)
             max_steps = self._run_length() if decodes and not self.prefilling and not preempted else 1
         # positional: twice as fast as keywords at one schedule per event (field order: step.py)
         return Schedule(
