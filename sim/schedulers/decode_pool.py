@@ -73,16 +73,16 @@ class DecodePool:
 
     def join(self, rid: int) -> None:
         req, clock = self.req, self.clock
-        req.computed[rid] -= clock
-        req.generated[rid] -= clock
-        stored = int(req.computed[rid])
+        # (Python ints: one read and one write of each numpy scalar)
+        req.computed[rid] = stored = int(req.computed[rid]) - clock
+        req.generated[rid] = generated = int(req.generated[rid]) - clock
         n = len(self.members)
         self._writable()[n] = rid
         self.members[rid] = n
         self.size = n + 1
         self._stored_sum += stored
         self.phase_count[(-stored) % self.block_size] += 1
-        key = self._finish_at[rid] = int(req.output[rid] - req.generated[rid])
+        key = self._finish_at[rid] = int(req.output[rid]) - generated
         heapq.heappush(self._finish_heap, (key, rid))
 
     def leave(self, rid: int) -> None:
@@ -97,8 +97,8 @@ class DecodePool:
             self.members[last] = pos
         self._stored_sum -= stored
         self.phase_count[(-stored) % self.block_size] -= 1
-        req.computed[rid] += clock
-        req.generated[rid] += clock
+        req.computed[rid] = stored + clock
+        req.generated[rid] = int(req.generated[rid]) + clock
 
     def growth(self, rid: int, kv) -> int:
         """Blocks `rid` must add to decode its next token."""

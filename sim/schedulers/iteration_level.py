@@ -308,8 +308,9 @@ class IterationLevelScheduler:
     # -- the schedule ---------------------------------------------------------------------------
     def _schedule(self, chunks, preempted: bool) -> Schedule:
         req, pool, kv = self.req, self.pool, self.kv
-        chunks = [(rid, t) for rid, t in chunks if t > 0]
         prefill_tokens, ids, lens, contexts = 0, NO_IDS, NO_IDS, NO_IDS
+        if chunks:  # (most iterations have none)
+            chunks = [(rid, t) for rid, t in chunks if t > 0]
         if chunks:
             sizes = [t for _, t in chunks]
             prefill_tokens = sum(sizes)
