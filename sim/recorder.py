@@ -22,12 +22,14 @@ _TIMES = ("start_s", "duration_s")  # float64 columns; the others count things (
 _CHUNK = 16384  # rows (and their durations arrays, ~0.4 KB a run) held before packing
 _RAMP = np.arange(4096, dtype=np.float64)  # 0., 1., 2., ...: iteration offsets in a run (read-only)
 _RAMP.flags.writeable = False
+_RAMP_LEN = len(_RAMP)
 
 
 def _ramp(count: int) -> np.ndarray:
-    """0., 1., ..., count - 1 (a slice of a shared array; the same values as np.arange(count),
-    so the same dot products: numpy casts an int arange to float64 before the dot anyway)."""
-    return _RAMP[:count] if count <= len(_RAMP) else np.arange(count, dtype=np.float64)
+    """0., 1., ..., count - 1 (a slice of a shared array, inlined in `record`; the same values as
+    np.arange(count), so the same dot products: numpy casts an int arange to float64 before the
+    dot anyway)."""
+    return _RAMP[:count] if count <= _RAMP_LEN else np.arange(count, dtype=np.float64)
 
 
 class Recorder:
@@ -55,14 +57,14 @@ class Recorder:
         else:
             # (ndarray.dot: numpy's `@` on these 1-d arrays, the same BLAS call, less overhead)
             later = durations[1:]
-            growth = outcome.kv_slot_growth[: count - 1]
+            growth = outcome.kv_slot_growth  # (the scheduler's: count - 1 long, or empty)
             grown_slots = float(growth.dot(later)) if len(growth) else 0.0
             self.kv_slot_seconds += schedule.kv_slots * total + grown_slots
             # every decode adds one token per iteration (a sliding window's run says otherwise)
             tokens = outcome.kv_token_growth
             self.kv_token_seconds += schedule.kv_tokens * total + (
-                schedule.decode_tokens * float(_ramp(count).dot(durations)) if tokens is None
-                else float(tokens[: count - 1].dot(later)))
+                schedule.decode_tokens * float((_RAMP[:count] if count <= _RAMP_LEN else _ramp(count)).dot(durations))
+                if tokens is None else float(tokens.dot(later)))
             # a run's growth comes in whole blocks (paged); a constant reservation rounds up once
             self.kv_block_seconds += -(-schedule.kv_slots // bs) * total + grown_slots / bs
             self.decode_context_tokens += (count * stats.decode_context_sum

@@ -62,8 +62,10 @@ class StepOutcome(NamedTuple):
     kv_blocks_used: int         # KV blocks held during the last iteration run (before the
                                 # finished requests released theirs)
     # KV token slots added by iterations 1.. of a run, cumulative (iteration j >= 1 holds
-    # schedule.kv_slots + kv_slot_growth[j - 1]); empty when the allocation stayed constant
+    # schedule.kv_slots + kv_slot_growth[j - 1]): one per iteration after the first, or empty when
+    # the allocation stayed constant
     kv_slot_growth: np.ndarray
-    # KV tokens held in iterations 1.. of a run over what iteration 0 held, cumulative; None: every
-    # decode adds one (a sliding-window cache, which frees blocks mid-run, gives it)
+    # KV tokens held in iterations 1.. of a run over what iteration 0 held, cumulative, one per
+    # iteration after the first; None: every decode adds one (a sliding-window cache, which frees
+    # blocks mid-run, gives it)
     kv_token_growth: np.ndarray | None = None

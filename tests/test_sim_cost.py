@@ -108,7 +108,8 @@ def test_a_run_priced_by_one_term_is_the_max_of_both_to_the_bit():
         # where the two terms cross: inside the run, just outside it, or on a whole context
         cross = float(rng.uniform(ctx - 3 * n, last + 3 * n)) if t % 3 else float(rng.integers(ctx - n, last + n))
         cost._s_per_pair = float(rng.lognormal(-21, 1))
-        cost._s_per_kv_token = cost._s_per_pair * cross / (cross + n)
+        # (every 4th: reads at least twice the pairs, the usual decode, priced without the ends)
+        cost._s_per_kv_token = cost._s_per_pair * (cross / (cross + n) if t % 4 else 2 + rng.exponential(20))
         b = BatchStats(num_decodes=n, decode_context_sum=ctx)
         fixed = cost._fixed_time(b)
         contexts = np.arange(ctx, ctx + n * steps, n, dtype=np.float64)
