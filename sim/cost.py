@@ -40,6 +40,12 @@ class CostModel(Protocol):
         steps > 1 is only asked for batches without prefill chunks."""
         ...
 
+    # Optional: decode_line(stats) -> (a, b, c, n) | None, for a batch without prefill chunks:
+    # iteration j of its run takes a + b * (c + n*j) seconds (c, n whole numbers), the very floats
+    # step_times gives (a test); None where that is not so. The engine then walks a run's first
+    # iterations in Python, up to the next arrival, instead of pricing 32 with numpy
+    # (sim/fast_forward.Runner).
+
 
 def _fail(where: str, msg: str) -> ScenarioError:
     return ScenarioError(f"{where}: {msg}" if where else msg)
@@ -209,6 +215,15 @@ class RooflineCost:
             contexts = ctx + g * np.arange(steps, dtype=np.float64)
         return fixed + np.maximum(self._s_per_pair * contexts, self._s_per_kv_token * (contexts + n))
 
+    def decode_line(self, stats: BatchStats) -> tuple[float, float, int, int] | None:
+        """(fixed, s_per_kv_token, context + n, n) when the KV reads are the larger attention term
+        at any context (see _one_term): iteration j takes fixed + s_per_kv_token x (c + n + j n)."""
+        n = stats.num_decodes
+        if not n or len(stats.prefill_lens) or stats.decode_context_growth is not None \
+                or self._s_per_kv_token < 2 * self._s_per_pair:
+            return None
+        return self._fixed_time(stats), self._s_per_kv_token, stats.decode_context_sum + n, n
+
     def _one_term(self, fixed: float, ctx: int, n: int, steps: int) -> np.ndarray | None:
         """The run's durations when one attention term is the larger in every iteration (None
         otherwise): fixed + that term, the same floats as the max of both in three numpy calls
@@ -287,6 +302,14 @@ class ProfileCost:
         g = stats.decode_context_growth
         growth = p.decode_context_sum * (stats.num_decodes if g is None else g)  # seconds added per step
         return t + growth * np.arange(steps, dtype=np.float64)
+
+    def decode_line(self, stats: BatchStats) -> tuple[float, float, int, int] | None:
+        """(t, growth, 0, 1): iteration j of a decode run takes t + growth x j, as step_times."""
+        if len(stats.prefill_lens) or not stats.num_decodes:
+            return None
+        t = float(self.step_times(stats, 1)[0])
+        g = stats.decode_context_growth
+        return t, self.profile.decode_context_sum * (stats.num_decodes if g is None else g), 0, 1
 
 
 # ---- profile YAML parsing (format documented in docs/cost_models.md) ----

@@ -119,6 +119,29 @@ def test_a_run_priced_by_one_term_is_the_max_of_both_to_the_bit():
     assert min(taken.values()) > 300  # both paths were exercised
 
 
+@settings(max_examples=200, deadline=None)
+@given(decodes=st.integers(1, 512), ctx=st.integers(0, 100_000), steps=st.integers(2, 300),
+       preset=st.sampled_from([("llama-3-8b", "h100-sxm", 1), ("llama-3-70b", "a100-80gb", 4),
+                               ("llama-3-8b", "l40s", 2)]))
+def test_a_decode_line_gives_the_floats_of_step_times(decodes, ctx, steps, preset):
+    """`decode_line` (sim/cost.CostModel, optional) promises that iteration j of a decode run takes
+    a + b x (c + n j) seconds, bit for bit what step_times returns: the engine walks runs with it."""
+    model, hardware, tp = preset
+    stats = batch([], decodes=decodes, ctx_sum=decodes * ctx)
+    lines = 0
+    for cost in (RooflineCost(MODEL_PRESETS[model], HARDWARE_PRESETS[hardware], tp),
+                 ProfileCost.from_file(EXAMPLE)):
+        line = cost.decode_line(stats)
+        if line is None:
+            continue
+        a, b, c, n = line
+        walked = np.array([a + b * (c + n * j) for j in range(steps)])
+        assert walked.tobytes() == cost.step_times(stats, steps).tobytes()
+        lines += 1
+    assert lines  # (ProfileCost always has one)
+    assert RooflineCost(LLAMA3, H100).decode_line(batch([100], [0], decodes, decodes * ctx)) is None
+
+
 chunks = st.lists(st.tuples(st.integers(1, 4096), st.integers(0, 8192)), max_size=4)
 
 

@@ -5,6 +5,7 @@ admits arrivals at its next iteration boundary; same-instant arrivals are all vi
 arriving exactly when an iteration ends is visible to the next schedule. Unit cost: 1 s/iteration.
 """
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -15,6 +16,7 @@ import sim.simulate as simulate_module
 from sim.engine import Replica
 from sim.simulate import simulate, write_outputs
 
+EXAMPLE_PROFILE = Path(__file__).parent.parent / "scenarios/profiles/example-h100-llama-3-8b.yaml"
 CHAT = {"arrival": {"process": "poisson", "rate": 5.0}, "num_requests": 300,
         "prompt_tokens": {"dist": "lognormal", "mean": 400, "std": 300, "max": 2048},
         "output_tokens": {"dist": "lognormal", "mean": 150, "std": 100, "max": 1024}}
@@ -242,6 +244,32 @@ def test_a_replica_alone_keeps_the_clock_exactly_as_simpy(name, ff, monkeypatch)
     pd.testing.assert_frame_equal(alone.steps, stepped.steps, check_exact=True)
     pd.testing.assert_frame_equal(alone.requests, stepped.requests, check_exact=True)
     assert json.dumps(alone.summary) == json.dumps(stepped.summary)
+
+
+@pytest.mark.parametrize("cost_model", ["roofline", "profile"])
+@pytest.mark.parametrize("engine", [dict(scheduler="chunked", max_num_seqs=64, max_num_batched_tokens=512,
+                                         num_gpu_blocks=300),
+                                    dict(scheduler="continuous", max_num_seqs=64, max_num_batched_tokens=4096,
+                                         replicas=2, router="least_loaded")])
+def test_walking_decode_runs_in_python_changes_no_float(cost_model, engine, monkeypatch):
+    """A cost model's decode_line lets the engine walk a run's iterations in Python up to the next
+    arrival (sim/fast_forward.Runner); without it the same run is priced by numpy and cut there.
+    Arrivals at 2/s (long runs, past the 32-iteration probe) and 10/s (runs cut early)."""
+    from sim.cost import ProfileCost, RooflineCost
+    spec = {"profile": str(EXAMPLE_PROFILE)} if cost_model == "profile" else cost_model
+    for rate in (2.0, 10.0):
+        workload = {**CHAT, "arrival": {"process": "poisson", "rate": rate}}
+        scenario = make_scenario(cost_model=spec, workload=workload, seed=11, **engine)
+        walked = simulate(scenario)
+        with monkeypatch.context() as m:
+            for cls in (ProfileCost, RooflineCost):
+                m.setattr(cls, "decode_line", lambda self, stats: None)
+            priced = simulate(scenario)
+        assert walked.summary["completed"] == 300
+        pd.testing.assert_frame_equal(walked.steps, priced.steps, check_exact=True)
+        pd.testing.assert_frame_equal(walked.requests, priced.requests, check_exact=True)
+        assert json.dumps(walked.summary) == json.dumps(priced.summary)
+        assert walked.steps["count"].max() > 32  # some runs outlasted the probe
 
 
 # ------------------------------------------------------------------ determinism
