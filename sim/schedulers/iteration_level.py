@@ -28,6 +28,9 @@ from ..step import NO_IDS, Schedule, StepOutcome
 from .decode_pool import DecodePool, WindowedDecodePool
 
 
+_WALK = 24  # a decode run up to this long has its block openings counted in Python, not numpy
+
+
 class IterationLevelScheduler:
     # Facts the rest of servesim reads instead of branching on a scheduler's name:
     kv_cache = PagedKVCache      # KV memory: blocks allocated as tokens are computed
@@ -107,9 +110,14 @@ class IterationLevelScheduler:
         growth, finished = NO_IDS, []
         if schedule.decode_tokens:
             if steps > 1:  # the later iterations of a run; _run_length checked they fit
-                opened = self.pool.new_blocks_at(1, steps - 1).cumsum()
-                kv.allocate(int(opened[-1]))
-                growth = opened * kv.block_size
+                if steps <= _WALK:
+                    opened, slots = self.pool.slots_opened(steps - 1, kv.block_size)
+                    kv.allocate(opened)
+                    growth = np.array(slots, dtype=np.int64)
+                else:
+                    opened = self.pool.new_blocks_at(1, steps - 1).cumsum()
+                    kv.allocate(int(opened[-1]))
+                    growth = opened * kv.block_size
             finished = self.pool.advance(steps)
         used = kv.num_blocks - kv.free  # held in the last iteration, before the finished release theirs
         if finished:
