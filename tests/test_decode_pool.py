@@ -1,22 +1,23 @@
 """The decode pool's block-opening counts: the Python walk (`slots_opened`, `new_blocks_now`, read
 by every decode run) against the numpy arrays (`new_blocks_at`, `phase_count`) and against a
 member-by-member count, through random joins, leaves and runs."""
-from types import SimpleNamespace
-
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from simhelpers import make_workload
 
+from sim.request import RequestTable
 from sim.schedulers.decode_pool import DecodePool
 
 N = 40  # requests
 
 
-def _table(rng: np.random.Generator) -> SimpleNamespace:
-    """What the pool reads and writes of a RequestTable: tokens computed, generated, output."""
-    computed = rng.integers(1, 300, N)
-    return SimpleNamespace(computed=computed, generated=np.ones(N, dtype=np.int64),
-                           output=rng.integers(2, 400, N))
+def _table(rng: np.random.Generator) -> RequestTable:
+    """Requests with their prompts computed and one token sampled, ready to decode."""
+    req = RequestTable.from_workload(make_workload([0.0] * N, rng.integers(1, 300, N), rng.integers(2, 400, N)))
+    req.computed[:] = req.prompt
+    req.generated[:] = 1
+    return req
 
 
 def _by_member(pool: DecodePool, req, count: int) -> list[int]:

@@ -34,6 +34,7 @@ class DecodePool:
 
     def __init__(self, requests: RequestTable, block_size: int):
         self.req, self.block_size = requests, block_size
+        self._req = requests.scalars  # the same columns, one element at a time (sim/request.py)
         self.clock = 0              # decode iterations run
         self.members: dict[int, int] = {}  # member -> its position in self._ids
         self.size = 0               # len(members), read several times an iteration
@@ -70,13 +71,12 @@ class DecodePool:
         return self._ids
 
     def computed(self, rid: int) -> int:
-        return int(self.req.computed[rid]) + self.clock
+        return self._req.computed[rid] + self.clock
 
     def join(self, rid: int) -> None:
-        req, clock = self.req, self.clock
-        # (Python ints: one read and one write of each numpy scalar)
-        req.computed[rid] = stored = int(req.computed[rid]) - clock
-        req.generated[rid] = generated = int(req.generated[rid]) - clock
+        req, clock = self._req, self.clock
+        req.computed[rid] = stored = req.computed[rid] - clock
+        req.generated[rid] = generated = req.generated[rid] - clock
         n = len(self.members)
         self._writable()[n] = rid
         self.members[rid] = n
@@ -85,12 +85,12 @@ class DecodePool:
         phase = (-stored) % self.block_size
         self.phase_count[phase] += 1
         self._phases[phase] += 1
-        key = self._finish_at[rid] = int(req.output[rid]) - generated
+        key = self._finish_at[rid] = req.output[rid] - generated
         heapq.heappush(self._finish_heap, (key, rid))
 
     def leave(self, rid: int) -> None:
-        req, clock = self.req, self.clock
-        stored = int(req.computed[rid])
+        req, clock = self._req, self.clock
+        stored = req.computed[rid]
         ids = self._writable()
         pos, last = self.members.pop(rid), int(ids[len(self.members)])
         del self._finish_at[rid]
@@ -103,7 +103,7 @@ class DecodePool:
         self.phase_count[phase] -= 1
         self._phases[phase] -= 1
         req.computed[rid] = stored + clock
-        req.generated[rid] = int(req.generated[rid]) + clock
+        req.generated[rid] = req.generated[rid] + clock
 
     def growth(self, rid: int, kv) -> int:
         """Blocks `rid` must add to decode its next token."""

@@ -42,6 +42,7 @@ class IterationLevelScheduler:
     def __init__(self, requests: RequestTable, kv: PagedKVCache, queue, *, max_num_seqs: int,
                  max_num_batched_tokens: int, pool=None, reserve_full_isl: bool = True, **_unused):
         self.req, self.kv, self.waiting = requests, kv, queue
+        self._req = requests.scalars  # the same columns, one element at a time (sim/request.py)
         self.reserve_full_isl = reserve_full_isl  # vLLM's scheduler_reserve_full_isl (_admit)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -128,10 +129,10 @@ class IterationLevelScheduler:
 
     def _commit_prefills(self, schedule: Schedule, finished: list[int], now: float) -> None:
         """The iteration's prefill chunks are computed; a prompt done samples its first token."""
-        req, kv = self.req, self.kv
+        req, kv = self._req, self.kv
         slid = self._slid if self._windowed else None
         for rid, t in zip(schedule.prefill_ids.tolist(), schedule.stats.prefill_lens.tolist()):
-            before = int(req.computed[rid])
+            before = req.computed[rid]
             computed = before + t
             req.computed[rid] = computed
             kv.commit(rid, computed)  # (prefix caching: its full prompt blocks become cacheable)
@@ -179,8 +180,8 @@ class IterationLevelScheduler:
     def _prompt_done(self, rid: int, now: float) -> bool:
         """Its prompt (recompute included) is all computed: it samples a token, then finishes
         (True) or decodes. (The disaggregated prefill pool ships it instead: sim/disaggregation.py.)"""
-        req = self.req
-        generated = int(req.generated[rid]) + 1
+        req = self._req
+        generated = req.generated[rid] + 1
         req.generated[rid] = generated
         self._first_or_resumed_token(rid, now)
         if generated >= req.output[rid]:
@@ -191,12 +192,12 @@ class IterationLevelScheduler:
 
     # -- running requests -----------------------------------------------------------------------
     def _computed(self, rid: int) -> int:
-        return self.pool.computed(rid) if rid in self.pool.members else int(self.req.computed[rid])
+        return self.pool.computed(rid) if rid in self.pool.members else self._req.computed[rid]
 
     def _prefill_chunks(self, budget: int) -> list[tuple[int, int]]:
-        req, chunks = self.req, []
+        req, chunks = self._req, []
         for rid in self.prefilling:
-            t = min(int(req.prompt[rid] + req.generated[rid] - req.computed[rid]), max(budget, 0))
+            t = min(req.prompt[rid] + req.generated[rid] - req.computed[rid], max(budget, 0))
             chunks.append((rid, t))
             budget -= t
         return chunks
@@ -243,13 +244,13 @@ class IterationLevelScheduler:
         return [(rid, t) for rid, t in chunks if rid in still_running]
 
     def _preempt(self, rid: int, now: float) -> None:
-        req = self.req
+        req = self._req
         if rid in self.pool.members:
             self.pool.leave(rid)
         else:
             self.prefilling.remove(rid)
         del self.order[rid]
-        computed = int(req.computed[rid])
+        computed = req.computed[rid]
         self.kv.free_request(rid, self.kv.blocks_for(computed), preempted=True, computed=computed)
         self._preempted.append(rid)
         req.computed[rid] = 0
@@ -261,29 +262,29 @@ class IterationLevelScheduler:
         self.waiting.push_front(rid)
 
     def _finish(self, rids: list[int], now: float) -> None:
-        req, kv = self.req, self.kv
-        for rid in rids:  # a handful at a time: scalar numpy indexing beats building an index array
+        req, kv = self._req, self.kv
+        for rid in rids:  # a handful at a time: scalar indexing beats building an index array
             req.finish[rid] = now
-            computed = int(req.computed[rid])
+            computed = req.computed[rid]
             kv.free_request(rid, kv.blocks_for(computed), computed=computed)
             del self.order[rid]
 
     def _first_or_resumed_token(self, rid: int, now: float) -> None:
-        req = self.req
+        req = self._req
         if isnan(req.first_token[rid]):
             req.first_token[rid] = now
         elif not isnan(req.resume_from[rid]):  # the token after a recompute: a longer gap
-            req.resume_gaps.append((now - req.resume_from[rid], now))
+            self.req.resume_gaps.append((now - req.resume_from[rid], now))
             req.resume_from[rid] = np.nan
 
     # -- waiting requests -----------------------------------------------------------------------
     def _admit(self, now: float, budget: int) -> list[tuple[int, int]]:
-        req, kv, waiting = self.req, self.kv, self.waiting
+        req, kv, waiting = self._req, self.kv, self.waiting
         admitted = []
         while len(waiting) and len(self.order) < self.max_num_seqs and budget > 0:
             rid = waiting.peek()
-            computed = int(req.computed[rid])
-            total = int(req.prompt[rid] + req.generated[rid])
+            computed = req.computed[rid]
+            total = req.prompt[rid] + req.generated[rid]
             # prefix caching: a new or resumed request starts from its longest cached prefix
             hits = kv.lookup(rid, total) if computed == 0 else ()
             start = computed + len(hits) * kv.block_size
@@ -328,7 +329,8 @@ class IterationLevelScheduler:
         decodes, context_sum = pool.size, pool.context_sum()
         held = context_sum  # KV tokens held before this iteration's writes
         if self.prefilling:
-            held += sum(int(req.computed[rid]) for rid in self.prefilling)
+            computed = self._req.computed
+            held += sum(computed[rid] for rid in self.prefilling)
         tokens = held + decodes + prefill_tokens
         if pool.speculative and decodes:  # verification priced like prefill chunks, plus the draft
             v_lens, v_contexts, draft_seqs, draft_context = pool.batch()
