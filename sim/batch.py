@@ -5,6 +5,7 @@ The cost model never sees scheduler internals and never branches on a scheduler'
 """
 from __future__ import annotations
 
+from collections import namedtuple
 from typing import NamedTuple
 
 import numpy as np
@@ -51,23 +52,19 @@ class BatchStats(NamedTuple):
         return len(self.prefill_lens) + self.num_decodes
 
 
-class WindowedBatchStats(NamedTuple):
+class WindowedBatchStats(namedtuple("WindowedBatchStats",
+                                    (*BatchStats._fields, "decode_window_sum", "decode_capped", "decode_context_growth"),
+                                    defaults=(*BatchStats._field_defaults.values(), 0, 0, None))):
     """An iteration of a sliding-window model (sim/cost.WindowedCost reads the extra terms): the
-    fields of BatchStats, in its order, then these. (A NamedTuple cannot extend another's fields,
-    so they are repeated, and the properties are BatchStats'.)"""
-    prefill_lens: np.ndarray = _EMPTY
-    prefill_contexts: np.ndarray = _EMPTY
-    num_decodes: int = 0
-    decode_context_sum: int = 0
-    padded_tokens: int = 0
-    draft_seqs: int = 0
-    draft_context_sum: int = 0
-    # Sum over the decodes of the tokens a windowed layer attends, min(context + 1, window), and
-    # how many decodes are at the window (their term stays put as they advance).
-    decode_window_sum: int = 0
-    decode_capped: int = 0
-    decode_context_growth: float | None = None
-
+    fields of BatchStats, in its order, then
+      decode_window_sum      sum over the decodes of the tokens a windowed layer attends,
+                             min(context + 1, window)
+      decode_capped          how many decodes are at the window (their term stays put as they
+                             advance)
+      decode_context_growth  float | None: BatchStats' class attribute, a field here (WindowedCost
+                             sets it to the layer-averaged growth)
+    (A NamedTuple cannot extend another's fields: built from BatchStats' names and defaults.)"""
+    __slots__ = ()
     prefill_tokens = BatchStats.prefill_tokens
     total_tokens = BatchStats.total_tokens
     num_seqs = BatchStats.num_seqs
