@@ -52,8 +52,10 @@ class BatchStats(NamedTuple):
         return len(self.prefill_lens) + self.num_decodes
 
 
-class WindowedBatchStats(namedtuple("WindowedBatchStats",
-                                    (*BatchStats._fields, "decode_window_sum", "decode_capped", "decode_context_growth"),
+_WINDOWED = (*BatchStats._fields, "decode_window_sum", "decode_capped", "decode_context_growth")
+
+
+class WindowedBatchStats(namedtuple("WindowedBatchStats", _WINDOWED,
                                     defaults=(*BatchStats._field_defaults.values(), 0, 0, None))):
     """An iteration of a sliding-window model (sim/cost.WindowedCost reads the extra terms): the
     fields of BatchStats, in its order, then

@@ -60,7 +60,7 @@ class Replica:
         """`run` with nothing else in the environment: between two of its iterations nothing can
         happen that the replica does not do itself, so the loop keeps the clock, with SimPy's
         arithmetic (an event `delay` from now fires at now + delay), and yields once at the end.
-        The same records as `run`, to the bit (tests/test_sim_engine.py); ~3 us less an event."""
+        The same records as `run`, to the bit (tests/test_sim_engine.py); ~3 µs less an event."""
         env, scheduler, inbox, runner = self.env, self.scheduler, self.inbox, self.runner
         record, on_iteration, index = self.recorder.record, self.on_iteration, self.index
         now = env.now

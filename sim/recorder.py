@@ -26,9 +26,8 @@ _RAMP_LEN = len(_RAMP)
 
 
 def _ramp(count: int) -> np.ndarray:
-    """0., 1., ..., count - 1 (a slice of a shared array, inlined in `record`; the same values as
-    np.arange(count), so the same dot products: numpy casts an int arange to float64 before the
-    dot anyway)."""
+    """0., 1., ..., count - 1 (a slice of a shared array; the same values as np.arange(count), so
+    the same dot products: numpy casts an int arange to float64 before the dot anyway)."""
     return _RAMP[:count] if count <= _RAMP_LEN else np.arange(count, dtype=np.float64)
 
 
@@ -47,7 +46,8 @@ class Recorder:
     def record(self, replica: int, start: float, durations: np.ndarray, total: float,
                schedule: Schedule, outcome: StepOutcome) -> None:
         """One row for `durations`, the iterations of `schedule` run from `start`, which took
-        `total` seconds together (float(durations.sum()); durations[0] for one iteration)."""
+        `total` seconds together (float(durations.sum()); durations[0] for one iteration). The
+        array is kept, not copied, until the rows are packed: nobody changes it after this."""
         count, stats, bs = len(durations), schedule.stats, self.block_size
         if count == 1:  # scalar arithmetic: most rows are single iterations
             self.kv_slot_seconds += schedule.kv_slots * total
@@ -63,8 +63,8 @@ class Recorder:
             # every decode adds one token per iteration (a sliding window's run says otherwise)
             tokens = outcome.kv_token_growth
             self.kv_token_seconds += schedule.kv_tokens * total + (
-                schedule.decode_tokens * float((_RAMP[:count] if count <= _RAMP_LEN else _ramp(count)).dot(durations))
-                if tokens is None else float(tokens.dot(later)))
+                schedule.decode_tokens * float(_ramp(count).dot(durations)) if tokens is None
+                else float(tokens.dot(later)))
             # a run's growth comes in whole blocks (paged); a constant reservation rounds up once
             self.kv_block_seconds += -(-schedule.kv_slots // bs) * total + grown_slots / bs
             self.decode_context_tokens += (count * stats.decode_context_sum

@@ -14,7 +14,8 @@ N = 40  # requests
 
 def _table(rng: np.random.Generator) -> RequestTable:
     """Requests with their prompts computed and one token sampled, ready to decode."""
-    req = RequestTable.from_workload(make_workload([0.0] * N, rng.integers(1, 300, N), rng.integers(2, 400, N)))
+    workload = make_workload([0.0] * N, rng.integers(1, 300, N), rng.integers(2, 400, N))
+    req = RequestTable.from_workload(workload)
     req.computed[:] = req.prompt
     req.generated[:] = 1
     return req

@@ -133,7 +133,8 @@ class DecodePool:
         """Blocks the members open in each of `count` iterations, the first `first` steps ahead."""
         phase = (self.clock + first) % self.block_size
         end = phase + count  # (a slice of a shared ramp: one numpy call less than arange per run)
-        return self.phase_count.take(_RAMP[phase:end] if end <= len(_RAMP) else np.arange(phase, end), mode="wrap")
+        phases = _RAMP[phase:end] if end <= len(_RAMP) else np.arange(phase, end)
+        return self.phase_count.take(phases, mode="wrap")
 
     def advance(self, steps: int) -> list[int]:
         """Run `steps` decode iterations; members that sampled their last token leave (returned)."""
