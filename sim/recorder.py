@@ -9,6 +9,7 @@ array) are kept as they are until then, and packed with one concatenation.
 from __future__ import annotations
 
 from array import array
+from itertools import chain
 
 import numpy as np
 
@@ -78,7 +79,9 @@ class Recorder:
 
     def _pack(self) -> None:
         if self._rows:
-            block = np.array(self._rows, dtype=np.float64)  # (counts are whole numbers < 2**53: exact)
+            # (counts are whole numbers < 2**53: exact as float64)
+            block = np.fromiter(chain.from_iterable(self._rows), np.float64, len(self._rows) * len(RECORDED))
+            block = block.reshape(len(self._rows), len(RECORDED))
             for column, values in zip(self._columns, block.T):
                 column.frombytes(values.astype(np.int64 if column.typecode == "q" else np.float64).tobytes())
             self._rows = []
