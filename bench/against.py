@@ -1,11 +1,16 @@
 """This checkout's simulator speed against another git revision's, measured in the same run.
 
     python bench/against.py REV [--requests 5000] [--rounds 30] [--scheduler chunked]
+    python bench/against.py pure ...   # this checkout, compiled vs its own pure-Python source
 
 REV's tree is checked out into a temporary git worktree and one long-lived worker process per tree
-imports its simulator once. Each round asks both workers for the same simulation, alternating which
-goes first (the machine is shared and noisy: many short interleaved runs spread the noise over both,
-and the minimum of many is a stable estimate of the undisturbed time). A simulation is the bundled
+imports its simulator once. This checkout runs as installed: compiled by mypyc where `pip install
+-e .` built it (setup.py); REV's worktree has no extensions, so it runs as pure Python. `pure` is
+this checkout again under SERVESIM_PURE_PYTHON=1.
+
+Each round asks both workers for the same simulation, alternating which goes first (the machine is
+shared and noisy: many short interleaved runs spread the noise over both, and the minimum of many
+is a stable estimate of the undisturbed time). A simulation is the bundled
 chat scenario (Llama-3-8B, H100, roofline) with `--requests` requests; the time is the simulating
 thread's CPU time (`time.thread_time`) around `simulate()` alone. Prints min and median seconds per
 tree and their ratio (> 1: this checkout is faster).
@@ -13,6 +18,7 @@ tree and their ratio (> 1: this checkout is faster).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -32,6 +38,8 @@ sc = load_scenario({root!r} + "/scenarios/chat-llama3-8b-h100.yaml", overrides=[
     "engine.scheduler={scheduler}", "workload.num_requests={requests}",
     "engine.max_num_batched_tokens=16384"])
 w = build_workload(sc.workload, np.random.default_rng(sc.seed))
+import sim
+print("compiled" if getattr(sim, "compiled", lambda: False)() else "pure Python", flush=True)
 for _ in sys.stdin:  # one simulation per line read
     t0 = time.thread_time()
     r = simulate(sc, workload=w)
@@ -39,10 +47,11 @@ for _ in sys.stdin:  # one simulation per line read
 """
 
 
-def worker(root: Path, args) -> subprocess.Popen:
+def worker(root: Path, args, pure: bool = False) -> subprocess.Popen:
     code = WORKER.format(root=str(root), scheduler=args.scheduler, requests=args.requests)
+    env = {**os.environ, "SERVESIM_PURE_PYTHON": "1"} if pure else None
     return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, cwd=root)
+                            stdout=subprocess.PIPE, text=True, cwd=root, env=env)
 
 
 def once(proc: subprocess.Popen) -> tuple[float, int]:
@@ -54,19 +63,22 @@ def once(proc: subprocess.Popen) -> tuple[float, int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("rev", help="git revision to compare with, e.g. HEAD~3")
+    ap.add_argument("rev", help="git revision to compare with, e.g. HEAD~3; or `pure`")
     ap.add_argument("--requests", type=int, default=5_000)
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--scheduler", default="chunked")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        other = Path(tmp) / "tree"
-        subprocess.run(["git", "worktree", "add", "--detach", str(other), args.rev], cwd=ROOT,
-                       check=True, capture_output=True)
-        procs = {"this": worker(ROOT, args), args.rev: worker(other, args)}
+        pure = args.rev == "pure"
+        other = ROOT if pure else Path(tmp) / "tree"
+        if not pure:
+            subprocess.run(["git", "worktree", "add", "--detach", str(other), args.rev], cwd=ROOT,
+                           check=True, capture_output=True)
+        procs = {"this": worker(ROOT, args), args.rev: worker(other, args, pure=pure)}
         try:
             times: dict[str, list[float]] = {"this": [], args.rev: []}
             iters = {}
+            modes = {name: proc.stdout.readline().strip() for name, proc in procs.items()}
             for name, proc in procs.items():
                 once(proc)  # warm-up: first-call costs (lazy imports, caches) are not counted
             for i in range(args.rounds):
@@ -78,12 +90,13 @@ def main() -> None:
             for proc in procs.values():
                 proc.stdin.close()
                 proc.wait()
-            subprocess.run(["git", "worktree", "remove", "--force", str(other)], cwd=ROOT,
-                           check=False, capture_output=True)
+            if not pure:
+                subprocess.run(["git", "worktree", "remove", "--force", str(other)], cwd=ROOT,
+                               check=False, capture_output=True)
     print(f"\n{args.requests} requests, {args.scheduler}, simulate() CPU seconds over {args.rounds} rounds")
     for name, ts in times.items():
         print(f"  {name:<12} min {min(ts):.3f}  median {statistics.median(ts):.3f}  "
-              f"({iters[name]} iterations)")
+              f"({iters[name]} iterations, {modes[name]})")
     ratio_min = min(times[args.rev]) / min(times["this"])
     ratio_med = statistics.median(times[args.rev]) / statistics.median(times["this"])
     print(f"  speed of this checkout vs {args.rev}: {ratio_min:.3f}x (min), {ratio_med:.3f}x (median)")

@@ -36,6 +36,8 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
+import sim  # noqa: E402
+
 from sim.config import load_scenario  # noqa: E402
 from sim.simulate import simulate, write_outputs  # noqa: E402
 from sim.workload import build_workload  # noqa: E402
@@ -92,6 +94,8 @@ def main() -> None:
         peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         print(" ".join(f"{m[k][1]:.2f}" for k in ("load", "simulate", "write")), f"{peak_mb:.0f}", m["completed"])
         return
+    print("simulator:", "compiled by mypyc (setup.py)" if sim.compiled() else
+          "pure Python (SERVESIM_PURE_PYTHON=1, or `pip install -e .` did not compile it)")
     print(f"{'requests':>9}{'iters':>10}{'load s':>8}{'simulate s':>12}{'write s':>9}{'pandas s':>10}"
           f"{'write x':>9}{'total s':>9}{'req/s':>9}{'x Vidur*':>10}   (CPU s of this thread; wall in ())")
     for n in [int(x) for x in args.requests.split(",")]:
@@ -118,9 +122,10 @@ def main() -> None:
     if args.million:
         out = subprocess.run([sys.executable, __file__, "--child", "1000000"], capture_output=True,
                              text=True, check=True).stdout.split()
-        load, sim, write, peak, done = out
-        print(f"1M requests: load {load} s, simulate {sim} s, write {write} s wall; peak RSS {peak} MB; "
-              f"{done} completed")
+        load, simulate_s, write, peak, done = out
+        mode = "compiled" if sim.compiled() else "pure Python"
+        print(f"1M requests ({mode}): load {load} s, simulate {simulate_s} s, write {write} s wall; "
+              f"peak RSS {peak} MB; {done} completed")
 
 
 if __name__ == "__main__":

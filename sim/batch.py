@@ -5,7 +5,6 @@ The cost model never sees scheduler internals and never branches on a scheduler'
 """
 from __future__ import annotations
 
-from collections import namedtuple
 from typing import NamedTuple
 
 import numpy as np
@@ -32,41 +31,68 @@ class BatchStats(NamedTuple):
     # iteration, and the sum of their contexts (their verification is in prefill_lens above).
     draft_seqs: int = 0
     draft_context_sum: int = 0
-    # How much decode_context_sum grows per iteration of a run; None: num_decodes (every decode one
-    # token further). A class attribute here (not a field: one less to set per iteration); a field
-    # of WindowedBatchStats, where WindowedCost sets it to the layer-averaged growth.
-    decode_context_growth = None  # (not annotated: not a field)
+
+    @property
+    def decode_context_growth(self) -> float | None:
+        """How much decode_context_sum grows per iteration of a run; None: num_decodes (every
+        decode one token further). Not a field here (one less to set per iteration); a field of
+        WindowedBatchStats, where WindowedCost sets it to the layer-averaged growth."""
+        return None
 
     @property
     def prefill_tokens(self) -> int:
-        # a Python sum: cheaper than a numpy reduction on the few chunks of one iteration
-        return int(sum(self.prefill_lens.tolist())) if len(self.prefill_lens) else 0
+        return _prefill_tokens(self.prefill_lens)
 
     @property
     def total_tokens(self) -> int:
         """Tokens run through the model's linear layers this iteration."""
-        return self.prefill_tokens + self.num_decodes
+        return _prefill_tokens(self.prefill_lens) + self.num_decodes
 
     @property
     def num_seqs(self) -> int:
         return len(self.prefill_lens) + self.num_decodes
 
 
-_WINDOWED = (*BatchStats._fields, "decode_window_sum", "decode_capped", "decode_context_growth")
+def _prefill_tokens(prefill_lens: np.ndarray) -> int:
+    # a Python sum: cheaper than a numpy reduction on the few chunks of one iteration
+    return int(sum(prefill_lens.tolist())) if len(prefill_lens) else 0
 
 
-class WindowedBatchStats(namedtuple("WindowedBatchStats", _WINDOWED,
-                                    defaults=(*BatchStats._field_defaults.values(), 0, 0, None))):
+class WindowedBatchStats(NamedTuple):
     """An iteration of a sliding-window model (sim/cost.WindowedCost reads the extra terms): the
-    fields of BatchStats, in its order, then
+    fields of BatchStats, in its order (checked below), then
       decode_window_sum      sum over the decodes of the tokens a windowed layer attends,
                              min(context + 1, window)
       decode_capped          how many decodes are at the window (their term stays put as they
                              advance)
-      decode_context_growth  float | None: BatchStats' class attribute, a field here (WindowedCost
+      decode_context_growth  float | None: BatchStats' property, a field here (WindowedCost
                              sets it to the layer-averaged growth)
-    (A NamedTuple cannot extend another's fields: built from BatchStats' names and defaults.)"""
-    __slots__ = ()
-    prefill_tokens = BatchStats.prefill_tokens
-    total_tokens = BatchStats.total_tokens
-    num_seqs = BatchStats.num_seqs
+    (A NamedTuple cannot extend another's fields; written out so that mypy and mypyc read them.)"""
+    prefill_lens: np.ndarray = _EMPTY
+    prefill_contexts: np.ndarray = _EMPTY
+    num_decodes: int = 0
+    decode_context_sum: int = 0
+    padded_tokens: int = 0
+    draft_seqs: int = 0
+    draft_context_sum: int = 0
+    decode_window_sum: int = 0
+    decode_capped: int = 0
+    decode_context_growth: float | None = None
+
+
+    @property
+    def prefill_tokens(self) -> int:
+        return _prefill_tokens(self.prefill_lens)
+
+    @property
+    def total_tokens(self) -> int:
+        return _prefill_tokens(self.prefill_lens) + self.num_decodes
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.prefill_lens) + self.num_decodes
+
+
+# what the cost models read of BatchStats, a WindowedBatchStats has at the same place
+assert WindowedBatchStats._fields[:len(BatchStats._fields)] == BatchStats._fields
+assert WindowedBatchStats._field_defaults.items() >= BatchStats._field_defaults.items()

@@ -17,9 +17,12 @@ from __future__ import annotations
 import heapq
 from array import array
 from math import inf
-import numpy as np
+from typing import ClassVar, Protocol
 
-from .fast_forward import SCHEDULE, fire, phase_timeout
+import numpy as np
+import simpy
+
+from .fast_forward import SCHEDULE, Runner, fire, phase_timeout
 from .request import RequestTable
 from .routers import Router
 from .workload import Users
@@ -29,20 +32,37 @@ def _loads(schedulers: list, inboxes: list) -> list[int]:
     return [s.load() + box.pending() for s, box in zip(schedulers, inboxes)]
 
 
+class Source(Protocol):
+    """What delivers requests to inboxes while the simulation runs: a LiveRouter, a ClosedLoopRouter,
+    or a disaggregated decode pool's KV transfers (sim/disaggregation.KVTransfers)."""
+
+    @property
+    def done(self) -> bool: ...  # (nothing more will be delivered)
+
+    def next_time(self) -> float: ...  # (s; inf: nothing due)
+
+
+class ClosedSource(Source, Protocol):
+    """A Source told when its requests finish (closed-loop users reply; UserInbox)."""
+
+    def finished(self, rids) -> None: ...
+
+
 class Inbox:
     """Requests routed to one replica, in arrival order; `arrived(now)` hands over new ones."""
 
-    cuts_runs = False  # may a delivery cut its reader's decode run (Replica.cut)?
+    cuts_runs: ClassVar[bool] = False  # may a delivery cut its reader's decode run (Replica.cut)?
 
-    def __init__(self, times, rids, router: "LiveRouter | ClosedLoopRouter | None" = None):
+    def __init__(self, times, rids, router: Source | None = None):
         # arrival times (s) and request ids, indexed like lists: lists when a router delivers
         # live, packed arrays when every request is planned up front (make_inboxes)
         self._times, self._rids = times, rids
         self._next = 0          # first request not yet handed to the scheduler
         self._head = times[0] if len(times) else inf  # its arrival time (inf: none yet)
         self._router = router   # None: every request is already here
-        self._wakeup = None     # event an idle replica waits on while the router may still deliver
-        self.reader = None      # the Runner of the replica reading this inbox (it sets itself)
+        # event an idle replica waits on while the router may still deliver
+        self._wakeup: simpy.Event | None = None
+        self.reader: Runner | None = None  # the Runner of the replica reading this inbox (it sets itself)
 
     @property
     def routed_live(self) -> bool:
@@ -186,8 +206,9 @@ class UserInbox(Inbox):
 
     cuts_runs = True
 
-    def __init__(self, router: ClosedLoopRouter):
+    def __init__(self, router: ClosedSource):
         super().__init__([], [], router=router)
+        self._users = router  # (self._router, never None here)
 
     def deliver(self, rid: int, now: float) -> None:
         self._push(rid, now)
@@ -198,11 +219,11 @@ class UserInbox(Inbox):
 
     def settle(self, env, outcome):
         if outcome.finished:  # in request id order, which is arrival order
-            self._router.finished(sorted(outcome.finished))
+            self._users.finished(sorted(outcome.finished))
         return phase_timeout(env, 0.0, SCHEDULE)
 
     def wait(self, env, retry_at: float):
-        if self._router.done and retry_at == np.inf:
+        if self._users.done and retry_at == np.inf:
             return None
         self._wakeup = wake = env.event()
         if retry_at < np.inf:

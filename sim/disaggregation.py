@@ -251,7 +251,7 @@ def start_pools(env, scenario, req, workload, recorder, rng, on_iteration, fast_
     from .errors import ScenarioError
     from .memory import kv_bytes_per_token_per_rank
     from .routers import make_router
-    from .schedulers import SCHEDULERS, build_scheduler, check_servable, prefix_caching
+    from .schedulers import build_scheduler, check_servable, prefix_caching
 
     d = scenario.engine.disaggregation
     if workload.users is not None:
@@ -266,10 +266,8 @@ def start_pools(env, scenario, req, workload, recorder, rng, on_iteration, fast_
     def pool(sc, n, wrap):
         out = []
         for i in range(n):
-            s = build_scheduler(sc.engine, req, sc.budget.num_gpu_blocks, workload, rng)
-            # the pool's behaviour (two hooks, sim/schedulers/iteration_level.py) over the same state
-            s.__class__ = wrap(SCHEDULERS[sc.engine.scheduler])
-            out.append(s)
+            # the pool's behaviour: the scheduler's class with two hooks (sim/schedulers/iteration_level.py)
+            out.append(build_scheduler(sc.engine, req, sc.budget.num_gpu_blocks, workload, rng, wrap=wrap))
         return out
 
     prefill = pool(prefill_sc, d.prefill_replicas, prefill_only)

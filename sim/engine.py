@@ -15,12 +15,15 @@ from __future__ import annotations
 from math import inf
 from typing import Callable
 
+from mypy_extensions import mypyc_attr
+
 from .cost import CostModel
 from .fast_forward import Runner
 from .recorder import Recorder
 from .schedulers import Scheduler
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # (compiled: setup.py)
 class Replica:
     def __init__(self, env, index: int, scheduler: Scheduler, cost: CostModel, recorder: Recorder,
                  inbox, fast_forward: bool = True, on_iteration: Callable[[], None] | None = None,

@@ -115,17 +115,16 @@ class Runner:
         line = self._line(schedule.stats) if self._line is not None else None
         if line is not None:  # walk the probe in Python: the same floats, a few µs less a run
             a, b, c, n = line
-            walked, acc = [], 0.0
+            walked: list[float] = []
+            acc, cut = 0.0, False
             for j in range(probe):
                 d = a + b * (c + n * j)
                 walked.append(d)
                 acc += d  # (numpy's cumsum: a left fold)
                 if start + acc >= arrival:
+                    cut = True
                     break
-            else:
-                if probe < steps:
-                    walked = None  # no arrival in the probe: the whole run, below
-            if walked is not None:
+            if cut or probe == steps:  # (else no arrival in the probe: the whole run, below)
                 durations = np.array(walked)
                 # numpy sums fewer than 8 floats left to right, as acc; more pairwise (total)
                 return durations, acc if len(walked) < 8 else total(durations)

@@ -50,8 +50,9 @@ class PagedKVCache:
         """Blocks the admission gate asks for a whole sequence of `num_tokens` tokens."""
         return self.blocks_for(num_tokens)
 
-    def slide(self, computed_before: int, computed: int) -> None:
-        """A request's computed tokens grew: nothing falls out of a window here."""
+    def slide(self, computed_before: int, computed: int) -> int:
+        """A request's computed tokens grew: nothing falls out of a window here (blocks freed: 0)."""
+        return 0
 
     def allocate(self, blocks: int) -> bool:
         """Take `blocks` from the free list. False (and no change) if there are not that many."""

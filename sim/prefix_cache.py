@@ -242,8 +242,9 @@ class PrefixKVCache:
     def sequence_blocks(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def slide(self, computed_before: int, computed: int) -> None:
-        """(full attention: nothing leaves a window)"""
+    def slide(self, computed_before: int, computed: int) -> int:
+        """(full attention: nothing leaves a window; blocks freed: 0)"""
+        return 0
 
     def growth(self, computed: int, new_tokens: int) -> int:
         return self.blocks_for(computed + new_tokens) - self.blocks_for(computed)

@@ -62,5 +62,10 @@ class RequestTable:
             # the same memory, so the arrays see them (a float written to an int column raises
             # where numpy would truncate it). A replaced column (sim/sessions.py grows prompts in
             # a copy) replaces its view in the same namespace, so holding `scalars` is safe.
-            setattr(self.__dict__.setdefault("scalars", SimpleNamespace()), name, memoryview(value))
+            setattr(self.__dict__.setdefault("_scalars", SimpleNamespace()), name, memoryview(value))
         object.__setattr__(self, name, value)
+
+    @property
+    def scalars(self) -> SimpleNamespace:
+        """Every column as a memoryview (see __setattr__): read once, then indexed."""
+        return self.__dict__["_scalars"]

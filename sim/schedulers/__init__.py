@@ -16,7 +16,7 @@ admission and memory semantics by construction. Nothing here imports simpy.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, Callable, ClassVar, Protocol
 
 import numpy as np
 
@@ -67,12 +67,6 @@ SCHEDULERS: dict[str, type] = {
 }
 
 
-def make_scheduler(name: str, **kwargs) -> Scheduler:
-    if name not in SCHEDULERS:
-        raise ScenarioError(f"engine.scheduler: {name!r} is not one of {', '.join(SCHEDULERS)}")
-    return SCHEDULERS[name](**kwargs)
-
-
 def kv_cache_for(e: EngineConfig, num_blocks: int, num_requests: int, layout: KVLayout | None = None):
     """One replica's KV cache without prefix caching: the scheduler's kind, windowed for a
     sliding-window model's layer groups (`layout`, from its MemoryBudget) where it is paged."""
@@ -84,11 +78,12 @@ def kv_cache_for(e: EngineConfig, num_blocks: int, num_requests: int, layout: KV
 
 def build_scheduler(e: EngineConfig, requests: RequestTable, num_blocks: int,
                     workload: Workload, rng: np.random.Generator | None = None,
-                    layout: KVLayout | None = None) -> Scheduler:
+                    layout: KVLayout | None = None, wrap: Callable[[type], type] | None = None) -> Scheduler:
     """One replica's scheduler with its own KV cache of `num_blocks` blocks and waiting queue.
     `rng`: the run's seeded generator (speculative decoding draws its acceptances from it);
     `layout`: a sliding-window model's KV-cache groups (sim/config.py turned prefix caching,
-    speculative decoding and disaggregation off or away for it)."""
+    speculative decoding and disaggregation off or away for it); `wrap`: makes the class built from
+    the scheduler's (a disaggregated pool's, sim/disaggregation.py)."""
     cls = SCHEDULERS[e.scheduler]
     caching = prefix_caching(e, workload)
     if caching and e.speculative is not None:
@@ -114,12 +109,16 @@ def build_scheduler(e: EngineConfig, requests: RequestTable, num_blocks: int,
     if e.speculative is not None:
         from ..speculative import SpeculativePool
         pool = SpeculativePool(requests, kv, e.speculative, rng if rng is not None else np.random.default_rng(0))
-    return make_scheduler(e.scheduler, requests=requests, kv=kv, pool=pool,
+    return (wrap or _same)(cls)(requests=requests, kv=kv, pool=pool,
                           queue=make_queue(e.policy, requests), max_num_seqs=e.max_num_seqs,
                           max_num_batched_tokens=e.max_num_batched_tokens,
                           reserve_full_isl=e.scheduler_reserve_full_isl,
                           batch_timeout_s=e.batch_timeout_s,
                           max_output_tokens=int(workload.output_tokens.max(initial=1)))
+
+
+def _same(cls: type) -> type:
+    return cls
 
 
 def caching_on(e: EngineConfig) -> bool:

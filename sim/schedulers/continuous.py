@@ -3,9 +3,12 @@ whole prompt fits in what is left of the iteration's token budget, and is prefil
 iteration it joins, alongside the running requests' decodes."""
 from __future__ import annotations
 
+from mypy_extensions import mypyc_attr
+
 from .iteration_level import IterationLevelScheduler
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # (compiled: setup.py)
 class ContinuousScheduler(IterationLevelScheduler):
     chunks_prompts = False  # a prompt joins whole or waits
 

@@ -18,6 +18,7 @@ it has been handed out, so a schedule's view never changes and steady decode run
 from __future__ import annotations
 
 import heapq
+from typing import ClassVar
 
 import numpy as np
 
@@ -29,8 +30,10 @@ _RAMP.flags.writeable = False
 
 
 class DecodePool:
-    speculative = False  # each member computes one token per iteration (sim/speculative.py: more)
-    lookahead = 1        # tokens of the budget each member takes
+    # (ClassVar: class attributes, also when mypyc compiles the class; setup.py)
+    # each member computes one token per iteration (sim/speculative.py: more)
+    speculative: ClassVar[bool] = False
+    lookahead: ClassVar[int] = 1  # tokens of the budget each member takes
 
     def __init__(self, requests: RequestTable, block_size: int):
         self.req, self.block_size = requests, block_size

@@ -18,8 +18,10 @@ iteration the pool's decodes take one token each, then the prefilling requests' 
 from __future__ import annotations
 
 from math import isnan  # (on one element: ~10x cheaper than np.isnan)
+from typing import Any, ClassVar, cast
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 from ..batch import BatchStats, WindowedBatchStats
 from ..kv_cache import PagedKVCache
@@ -31,17 +33,22 @@ from .decode_pool import DecodePool, WindowedDecodePool
 _WALK = 24  # a decode run up to this long has its block openings counted in Python, not numpy
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # (compiled: setup.py)
 class IterationLevelScheduler:
     # Facts the rest of servesim reads instead of branching on a scheduler's name:
-    kv_cache = PagedKVCache      # KV memory: blocks allocated as tokens are computed
-    token_budget = True          # max_num_batched_tokens limits every iteration
-    chunks_prompts = True        # a prompt may be split over iterations (else: whole or nothing)
-    iteration_level = True       # requests join and leave at every iteration (the real engine's kind)
-    prefix_caching = True        # may run over sim/prefix_cache.PrefixKVCache (vLLM V1: on by default)
+    # (ClassVar: class attributes, also when mypyc compiles the class; setup.py)
+    kv_cache: ClassVar[type] = PagedKVCache  # KV memory: blocks allocated as tokens are computed
+    token_budget: ClassVar[bool] = True      # max_num_batched_tokens limits every iteration
+    chunks_prompts: ClassVar[bool] = True    # a prompt may be split over iterations (else: whole or nothing)
+    iteration_level: ClassVar[bool] = True   # requests join and leave at every iteration (the real engine's kind)
+    prefix_caching: ClassVar[bool] = True    # may run over sim/prefix_cache.PrefixKVCache (vLLM V1: on by default)
 
-    def __init__(self, requests: RequestTable, kv: PagedKVCache, queue, *, max_num_seqs: int,
+    def __init__(self, requests: RequestTable, kv, queue, *, max_num_seqs: int,
                  max_num_batched_tokens: int, pool=None, reserve_full_isl: bool = True, **_unused):
-        self.req, self.kv, self.waiting = requests, kv, queue
+        self.req, self.waiting = requests, queue
+        # a PagedKVCache, its sliding-window subclass or a PrefixKVCache: the same count API,
+        # duck-typed (the windowed one adds `layout` and its group counts)
+        self.kv: Any = kv
         self._req = requests.scalars  # the same columns, one element at a time (sim/request.py)
         self.reserve_full_isl = reserve_full_isl  # vLLM's scheduler_reserve_full_isl (_admit)
         self.max_num_seqs = max_num_seqs
@@ -341,9 +348,10 @@ class IterationLevelScheduler:
             max_steps = 1
         elif self._windowed:
             window_sum, capped = pool.window_sums()
-            stats = WindowedBatchStats(prefill_lens=lens, prefill_contexts=contexts, num_decodes=decodes,
-                                       decode_context_sum=context_sum + decodes,
-                                       decode_window_sum=window_sum, decode_capped=capped)
+            # (read as a BatchStats, whose fields it has first, by all but WindowedCost)
+            stats = cast(BatchStats, WindowedBatchStats(
+                prefill_lens=lens, prefill_contexts=contexts, num_decodes=decodes,
+                decode_context_sum=context_sum + decodes, decode_window_sum=window_sum, decode_capped=capped))
             max_steps = self._windowed_run_length() if decodes and not self.prefilling and not preempted else 1
             # token slots over every group, less the blocks freed behind windows
             behind = pool.behind_sum + sum(kv.layout.behind(int(req.computed[r]), kv.block_size)

@@ -1,0 +1,103 @@
+"""The mypyc-compiled simulator (setup.py) against its pure-Python source, the reference.
+
+Every run below is simulated twice, here with the compiled modules and in a child process under
+SERVESIM_PURE_PYTHON=1, and its requests.csv, steps.csv and summary.json must be the same bytes:
+the compiled code keeps Python's arithmetic, order of operations and numpy calls, so not one float
+may differ. The runs reach every compiled path: chunked and continuous batching with preemption
+and prefix caching, static batching, live and closed-loop routing over several replicas, multi-turn
+sessions, speculative decoding, disaggregated pools, a sliding-window model, stepping without
+fast-forward.
+
+    python tests/test_compiled.py OUT   # (the child: writes each run's files under OUT)
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+S = ROOT / "scenarios"
+
+RUNS = {
+    # chunked, prefix caching on its own blocks, a cache small enough to preempt
+    "chunked-preempting": ("chat-llama3-8b-h100.yaml", ["workload.num_requests=400", "engine.num_gpu_blocks=700"]),
+    "continuous": ("chat-continuous.yaml", ["workload.num_requests=300"]),
+    "static": ("chat-static.yaml", ["workload.num_requests=200"]),
+    "three-replicas-prefix-aware": ("chat-2x-least-loaded.yaml", [
+        "workload.num_requests=600", "engine.replicas=3", "engine.router=prefix_aware"]),
+    "closed-loop": ("closed-loop-llama3-8b-h100.yaml", []),
+    "multi-turn-preempting": ("multi-turn-chat-llama3-8b-h100.yaml", ["engine.num_gpu_blocks=600"]),
+    "speculative": ("chat-chunked.yaml", [
+        "workload.num_requests=300",
+        "engine.speculative={method: eagle, num_speculative_tokens: 3, acceptance_rate: 0.7}"]),
+    "disaggregated": ("chat-chunked.yaml", [
+        "workload.num_requests=300", "engine.disaggregation={prefill_replicas: 1, decode_replicas: 2}"]),
+    "sliding-window": ("chat-chunked.yaml", ["workload.num_requests=300", "model=mistral-7b",
+                                             "engine.num_gpu_blocks=2000"]),
+    "sjf-stepped": ("chat-chunked.yaml", ["workload.num_requests=150", "engine.policy=sjf"]),
+}
+NO_FAST_FORWARD = {"sjf-stepped"}
+
+
+def write_runs(out: Path) -> None:
+    """Simulate every run and write its files under out/NAME (both processes call this)."""
+    from sim.config import load_scenario
+    from sim.simulate import simulate, write_outputs
+
+    for name, (path, overrides) in RUNS.items():
+        scenario = load_scenario(S / path, overrides=overrides)
+        result = simulate(scenario, fast_forward=name not in NO_FAST_FORWARD)
+        write_outputs(result, out / name)
+
+
+def test_the_install_compiled_the_simulator():
+    import sim
+
+    assert sim.compiled(), (
+        "the simulator runs as pure Python: `pip install -e .` compiles it (setup.py; it needs a C "
+        "compiler), and must run again after a compiled module is edited")
+
+
+def test_compiled_and_pure_python_write_the_same_bytes(tmp_path):
+    import sim
+
+    assert sim.compiled()
+    write_runs(tmp_path / "compiled")
+    env = {**os.environ, "SERVESIM_PURE_PYTHON": "1"}
+    child = subprocess.run([sys.executable, __file__, str(tmp_path / "pure")], cwd=ROOT, env=env,
+                           capture_output=True, text=True)
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.strip() == "pure Python"
+    for name in RUNS:
+        for f in ("requests.csv", "steps.csv", "summary.json"):
+            compiled = (tmp_path / "compiled" / name / f).read_bytes()
+            assert compiled == (tmp_path / "pure" / name / f).read_bytes(), f"{name}/{f}"
+    # the paths meant to be reached were: preemption, prefix hits, runs fast-forwarded and not
+    summary = {name: json.loads((tmp_path / "compiled" / name / "summary.json").read_text()) for name in RUNS}
+    assert summary["chunked-preempting"]["preemptions"] > 0
+    assert summary["multi-turn-preempting"]["preemptions"] > 0
+    assert summary["multi-turn-preempting"]["prefix_cache_hit_rate"] > 0
+    rows = {name: (tmp_path / "compiled" / name / "steps.csv").read_text().count("\n") - 1 for name in RUNS}
+    assert rows["sjf-stepped"] == summary["sjf-stepped"]["iterations"]
+    assert rows["chunked-preempting"] < summary["chunked-preempting"]["iterations"] / 5
+
+
+def test_pure_python_mode_imports_no_extension():
+    code = ("import sys, sim, sim.simulate; "
+            "print(sorted(m for m, mod in sys.modules.items() if m.startswith('sim') "
+            "and not getattr(mod, '__file__', '.py').endswith('.py')))")
+    env = {**os.environ, "SERVESIM_PURE_PYTHON": "1"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    import sim
+
+    write_runs(Path(sys.argv[1]))
+    print("compiled" if sim.compiled() else "pure Python")
