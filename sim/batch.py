@@ -5,7 +5,8 @@ The cost model never sees scheduler internals and never branches on a scheduler'
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections import namedtuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -41,58 +42,47 @@ class BatchStats(NamedTuple):
 
     @property
     def prefill_tokens(self) -> int:
-        return _prefill_tokens(self.prefill_lens)
+        # a Python sum: cheaper than a numpy reduction on the few chunks of one iteration
+        return int(sum(self.prefill_lens.tolist())) if len(self.prefill_lens) else 0
 
     @property
     def total_tokens(self) -> int:
         """Tokens run through the model's linear layers this iteration."""
-        return _prefill_tokens(self.prefill_lens) + self.num_decodes
+        return self.prefill_tokens + self.num_decodes
 
     @property
     def num_seqs(self) -> int:
         return len(self.prefill_lens) + self.num_decodes
 
 
-def _prefill_tokens(prefill_lens: np.ndarray) -> int:
-    # a Python sum: cheaper than a numpy reduction on the few chunks of one iteration
-    return int(sum(prefill_lens.tolist())) if len(prefill_lens) else 0
+_WINDOWED = (*BatchStats._fields, "decode_window_sum", "decode_capped", "decode_context_growth")
 
 
-class WindowedBatchStats(NamedTuple):
+_make: Any = namedtuple  # (Any: mypy reads a namedtuple's fields only when they are written out)
+_WindowedFields: Any = _make("WindowedBatchStats", _WINDOWED,
+                             defaults=(*BatchStats._field_defaults.values(), 0, 0, None))
+
+
+class WindowedBatchStats(_WindowedFields):
     """An iteration of a sliding-window model (sim/cost.WindowedCost reads the extra terms): the
-    fields of BatchStats, in its order (checked below), then
+    fields of BatchStats, in its order, then
       decode_window_sum      sum over the decodes of the tokens a windowed layer attends,
                              min(context + 1, window)
       decode_capped          how many decodes are at the window (their term stays put as they
                              advance)
       decode_context_growth  float | None: BatchStats' property, a field here (WindowedCost
                              sets it to the layer-averaged growth)
-    (A NamedTuple cannot extend another's fields; written out so that mypy and mypyc read them.)"""
-    prefill_lens: np.ndarray = _EMPTY
-    prefill_contexts: np.ndarray = _EMPTY
-    num_decodes: int = 0
-    decode_context_sum: int = 0
-    padded_tokens: int = 0
-    draft_seqs: int = 0
-    draft_context_sum: int = 0
-    decode_window_sum: int = 0
-    decode_capped: int = 0
-    decode_context_growth: float | None = None
+    (A NamedTuple cannot extend another's fields: built from BatchStats' names and defaults.)"""
+    __slots__ = ()
+    prefill_tokens = BatchStats.prefill_tokens
+    total_tokens = BatchStats.total_tokens
+    num_seqs = BatchStats.num_seqs
 
 
-    @property
-    def prefill_tokens(self) -> int:
-        return _prefill_tokens(self.prefill_lens)
-
-    @property
-    def total_tokens(self) -> int:
-        return _prefill_tokens(self.prefill_lens) + self.num_decodes
-
-    @property
-    def num_seqs(self) -> int:
-        return len(self.prefill_lens) + self.num_decodes
-
-
-# what the cost models read of BatchStats, a WindowedBatchStats has at the same place
-assert WindowedBatchStats._fields[:len(BatchStats._fields)] == BatchStats._fields
-assert WindowedBatchStats._field_defaults.items() >= BatchStats._field_defaults.items()
+def windowed_stats(prefill_lens: np.ndarray, prefill_contexts: np.ndarray, num_decodes: int,
+                   decode_context_sum: int, decode_window_sum: int, decode_capped: int) -> BatchStats:
+    """A WindowedBatchStats, typed as the BatchStats whose fields it has first (what all but
+    WindowedCost read)."""
+    return WindowedBatchStats(prefill_lens=prefill_lens, prefill_contexts=prefill_contexts,
+                              num_decodes=num_decodes, decode_context_sum=decode_context_sum,
+                              decode_window_sum=decode_window_sum, decode_capped=decode_capped)

@@ -18,12 +18,12 @@ iteration the pool's decodes take one token each, then the prefilling requests' 
 from __future__ import annotations
 
 from math import isnan  # (on one element: ~10x cheaper than np.isnan)
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar
 
 import numpy as np
 from mypy_extensions import mypyc_attr
 
-from ..batch import BatchStats, WindowedBatchStats
+from ..batch import BatchStats, windowed_stats
 from ..kv_cache import PagedKVCache
 from ..request import RequestTable
 from ..step import NO_IDS, Schedule, StepOutcome
@@ -348,10 +348,7 @@ class IterationLevelScheduler:
             max_steps = 1
         elif self._windowed:
             window_sum, capped = pool.window_sums()
-            # (read as a BatchStats, whose fields it has first, by all but WindowedCost)
-            stats = cast(BatchStats, WindowedBatchStats(
-                prefill_lens=lens, prefill_contexts=contexts, num_decodes=decodes,
-                decode_context_sum=context_sum + decodes, decode_window_sum=window_sum, decode_capped=capped))
+            stats = windowed_stats(lens, contexts, decodes, context_sum + decodes, window_sum, capped)
             max_steps = self._windowed_run_length() if decodes and not self.prefilling and not preempted else 1
             # token slots over every group, less the blocks freed behind windows
             behind = pool.behind_sum + sum(kv.layout.behind(int(req.computed[r]), kv.block_size)
