@@ -18,6 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 S = ROOT / "scenarios"
 
@@ -40,6 +42,10 @@ RUNS = {
     "sjf-stepped": ("chat-chunked.yaml", ["workload.num_requests=150", "engine.policy=sjf"]),
 }
 NO_FAST_FORWARD = {"sjf-stepped"}
+
+# `SERVESIM_PURE_PYTHON=1 pytest` runs the whole suite on the source: nothing compiled to test here
+pytestmark = pytest.mark.skipif(bool(os.environ.get("SERVESIM_PURE_PYTHON")),
+                                reason="SERVESIM_PURE_PYTHON=1: the compiled simulator is not in use")
 
 
 def write_runs(out: Path) -> None:
