@@ -46,15 +46,19 @@ PROGRESS_AFTER_S = 1.0  # show a progress bar only for runs that last longer tha
 
 def _print_version(value: bool) -> None:
     if value:
+        import sim
         from sim.version import __version__
 
-        typer.echo(f"servesim {__version__}")
+        # which simulator runs: compiled at install (setup.py), or the Python source (no C
+        # compiler then, SERVESIM_PURE_PYTHON=1, or a compiled module edited since)
+        typer.echo(f"servesim {__version__} ({'compiled' if sim.compiled() else 'pure Python'})")
         raise typer.Exit()
 
 
 @app.callback()
 def main(
-    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.",
+    version: Annotated[bool, typer.Option("--version", help="Print the version, and whether the "
+                                          "simulator runs compiled, and exit.",
                                           callback=_print_version, is_eager=True)] = False,
 ) -> None:
     """[bold]servesim[/]: a discrete-event simulator and capacity planner for LLM serving

@@ -217,13 +217,16 @@ def test_failed_run_leaves_nothing_that_looks_finished(tmp_path):
 
 
 def test_version_and_output_file_modes(tmp_path):
-    """--version prints the package version; run files get open()'s mode (umask), not mkstemp's 0600."""
+    """--version prints the package version and how the simulator runs; run files get open()'s mode
+    (umask), not mkstemp's 0600."""
     import os
 
+    import sim
     from sim.version import __version__
 
     r = runner.invoke(app, ["--version"])
-    assert r.exit_code == 0 and r.stdout.strip() == f"servesim {__version__}"
+    mode = "compiled" if sim.compiled() else "pure Python"
+    assert r.exit_code == 0 and r.stdout.strip() == f"servesim {__version__} ({mode})"
     out = tmp_path / "out"
     assert runner.invoke(app, ["run", str(SCENARIOS / "toy-continuous-8.yaml"), "--out", str(out), "-q"]).exit_code == 0
     umask = os.umask(0)
