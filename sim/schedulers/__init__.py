@@ -109,16 +109,12 @@ def build_scheduler(e: EngineConfig, requests: RequestTable, num_blocks: int,
     if e.speculative is not None:
         from ..speculative import SpeculativePool
         pool = SpeculativePool(requests, kv, e.speculative, rng if rng is not None else np.random.default_rng(0))
-    return (wrap or _same)(cls)(requests=requests, kv=kv, pool=pool,
-                          queue=make_queue(e.policy, requests), max_num_seqs=e.max_num_seqs,
-                          max_num_batched_tokens=e.max_num_batched_tokens,
-                          reserve_full_isl=e.scheduler_reserve_full_isl,
-                          batch_timeout_s=e.batch_timeout_s,
-                          max_output_tokens=int(workload.output_tokens.max(initial=1)))
-
-
-def _same(cls: type) -> type:
-    return cls
+    if wrap is not None:
+        cls = wrap(cls)
+    return cls(requests=requests, kv=kv, pool=pool, queue=make_queue(e.policy, requests),
+               max_num_seqs=e.max_num_seqs, max_num_batched_tokens=e.max_num_batched_tokens,
+               reserve_full_isl=e.scheduler_reserve_full_isl, batch_timeout_s=e.batch_timeout_s,
+               max_output_tokens=int(workload.output_tokens.max(initial=1)))
 
 
 def caching_on(e: EngineConfig) -> bool:

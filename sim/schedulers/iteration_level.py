@@ -39,9 +39,9 @@ class IterationLevelScheduler:
     # (ClassVar: class attributes, also when mypyc compiles the class; setup.py)
     kv_cache: ClassVar[type] = PagedKVCache  # KV memory: blocks allocated as tokens are computed
     token_budget: ClassVar[bool] = True      # max_num_batched_tokens limits every iteration
-    chunks_prompts: ClassVar[bool] = True    # a prompt may be split over iterations (else: whole or nothing)
-    iteration_level: ClassVar[bool] = True   # requests join and leave at every iteration (the real engine's kind)
-    prefix_caching: ClassVar[bool] = True    # may run over sim/prefix_cache.PrefixKVCache (vLLM V1: on by default)
+    chunks_prompts: ClassVar[bool] = True    # a prompt may be split over iterations (else whole or none)
+    iteration_level: ClassVar[bool] = True   # requests join and leave at every iteration (vLLM's kind)
+    prefix_caching: ClassVar[bool] = True    # may run over sim/prefix_cache.PrefixKVCache (vLLM V1: on)
 
     def __init__(self, requests: RequestTable, kv, queue, *, max_num_seqs: int,
                  max_num_batched_tokens: int, pool=None, reserve_full_isl: bool = True, **_unused):
