@@ -30,14 +30,16 @@ class _SourceFirst:
         return None
 
 
-def _edited() -> str | None:
-    """A compiled module whose source is not the one its extension was built from, else None."""
-    try:
-        from ._compiled_sources import SHA256  # (written by setup.py when it compiles)
-    except ImportError:
-        return None  # nothing compiled
-    root = Path(__file__).resolve().parent.parent
-    for path, digest in SHA256.items():
+def _edited(root: Path | None = None, digests: dict[str, str] | None = None) -> str | None:
+    """A compiled module whose source is not the one its extension was built from, else None.
+    `digests`: path under `root` -> SHA-256 of the source compiled (default: setup.py's record)."""
+    if digests is None:
+        try:
+            from ._compiled_sources import SHA256 as digests  # (written by setup.py when it compiles)
+        except ImportError:
+            return None  # nothing compiled
+    root = root or Path(__file__).resolve().parent.parent
+    for path, digest in digests.items():
         source = root / path
         if not source.is_file() or hashlib.sha256(source.read_bytes()).hexdigest() != digest:
             return path

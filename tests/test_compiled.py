@@ -101,6 +101,30 @@ def test_pure_python_mode_imports_no_extension():
     assert out.stdout.strip() == "[]"
 
 
+def test_an_edited_compiled_module_is_found_by_its_digest(tmp_path):
+    import hashlib
+
+    from sim import _edited
+
+    source = tmp_path / "sim" / "engine.py"
+    source.parent.mkdir()
+    source.write_text("x = 1\n")
+    digests = {"sim/engine.py": hashlib.sha256(b"x = 1\n").hexdigest()}
+    assert _edited(tmp_path, digests) is None
+    source.write_text("x = 2\n")  # edited since the build: its extension would be stale
+    assert _edited(tmp_path, digests) == "sim/engine.py"
+    source.unlink()
+    assert _edited(tmp_path, digests) == "sim/engine.py"
+
+
+def test_the_installed_digests_match_the_sources():
+    """What made the compiled simulator run here: setup.py's record equals the sources."""
+    from sim import _edited
+    from sim._compiled_sources import SHA256
+
+    assert {"sim/engine.py", "sim/schedulers/iteration_level.py"} <= set(SHA256) and _edited() is None
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
     import sim
