@@ -24,6 +24,7 @@ HOT = [
     "sim/schedulers/decode_pool.py",
     "sim/schedulers/chunked.py",
     "sim/schedulers/continuous.py",
+    "sim/prefix_cache.py",
 ]
 DIGESTS = Path("sim/_compiled_sources.py")  # (generated, git-ignored)
 

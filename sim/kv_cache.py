@@ -28,8 +28,7 @@ class PagedKVCache:
     def for_replica(cls, num_blocks: int, block_size: int, num_requests: int) -> "PagedKVCache":
         return cls(num_blocks, block_size)  # counts blocks: no per-request state
 
-    @staticmethod
-    def slots_needed(prompt: np.ndarray, output: np.ndarray, block_size: int):
+    def slots_needed(self, prompt: np.ndarray, output: np.ndarray, block_size: int):
         """Token slots each request needs at its largest, and why (for messages)."""
         return (-(-(prompt + output - 1) // block_size) * block_size,
                 "prompt + output - 1 tokens of KV")

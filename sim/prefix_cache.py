@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Sequence
+from typing import Any
 
 
 class PrefixCache:
@@ -195,7 +196,7 @@ class PrefixKVCache:
     cached block out of the queue lazily: its entry is skipped when it reaches the head.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, hashes: list, prompt_tokens: list,
+    def __init__(self, num_blocks: int, block_size: int, hashes: list, prompt_tokens: Sequence[int],
                  reports: bool = True):
         self.num_blocks, self.block_size = num_blocks, block_size
         self.reports = reports    # False: own blocks only (nothing shared): no hit-rate outputs
@@ -325,6 +326,7 @@ class PrefixKVCache:
         if not self.queued:  # hashless blocks only: just count them (_one_segment)
             return
         queue = self.queue
+        end: Any  # (a [count] segment, an (id, generation) entry, or None)
         if tail:
             end = queue[-1] if queue else None
             if end.__class__ is list:
@@ -341,7 +343,7 @@ class PrefixKVCache:
     # prefix caching
     def cached_prefix(self, chain: list, num_tokens: int) -> list[int]:
         n = max(num_tokens - 1, 0) // self.block_size
-        hits = list(map(self.first.get, chain if n >= len(chain) else chain[:n]))
+        hits: list = list(map(self.first.get, chain if n >= len(chain) else chain[:n]))
         if None in hits:  # the longest prefix: up to the first block not cached
             del hits[hits.index(None):]
         return hits
@@ -485,7 +487,7 @@ class PrefixKVCache:
             self.free += blocks
             return
         if held is None:
-            held = ()
+            held = []
         else:
             self.num_cached.pop(rid, None)
         k = blocks - len(held)

@@ -66,7 +66,7 @@ class PrefixAware:
 
     def choose(self, rid: int, loads: list[int]) -> int:
         lightest = int(np.argmin(loads))
-        hits = [len(c.lookup(rid, c.prompt[rid])) if hasattr(c, "prompt") else 0 for c in self.caches]
+        hits = [len(c.lookup(rid, int(c.prompt[rid]))) if hasattr(c, "prompt") else 0 for c in self.caches]
         best = max(hits, default=0)
         if best == 0:
             return lightest

@@ -31,6 +31,7 @@ from .decode_pool import DecodePool, WindowedDecodePool
 
 
 _WALK = 24  # a decode run up to this long has its block openings counted in Python, not numpy
+_NO_HITS: list[int] = []  # a resumed request's lookup: none (read only; a cache keeps no empty hit list)
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # (compiled: setup.py)
@@ -294,7 +295,7 @@ class IterationLevelScheduler:
             computed = req.computed[rid]
             total = req.prompt[rid] + req.generated[rid]
             # prefix caching: a new or resumed request starts from its longest cached prefix
-            hits = kv.lookup(rid, total) if computed == 0 else ()
+            hits = kv.lookup(rid, total) if computed == 0 else _NO_HITS
             start = computed + len(hits) * kv.block_size
             t = self.admit_tokens(total - start, budget)
             held = self._held_blocks(rid, computed) + len(hits)
