@@ -25,6 +25,7 @@ HOT = [
     "sim/schedulers/chunked.py",
     "sim/schedulers/continuous.py",
     "sim/prefix_cache.py",
+    "sim/step_cost.py",
 ]
 DIGESTS = Path("sim/_compiled_sources.py")  # (generated, git-ignored)
 

@@ -4,7 +4,7 @@
 
 f is piecewise linear between knots with a non-negative slope on every segment (a "ramp" basis:
 segment k contributes slope_k x clip(tokens - knot_k, 0, knot_{k+1} - knot_k), the last segment
-unclipped so that it continues past the last knot, as sim/cost.py extrapolates). Every coefficient
+unclipped so that it continues past the last knot, as sim/step_cost.py extrapolates). Every coefficient
 is >= 0, so more work is never predicted to be cheaper; f may be convex or concave. The fit is
 least squares on relative error (each row weighted by 1 / measured time) with bounds, through
 `scipy.optimize.lsq_linear`. Predictions use sim.cost's own `StepProfile`, so the held-out error is
@@ -43,7 +43,7 @@ class StepFit:
                            num_seqs=self.num_seqs, metadata=metadata or {}, source=Path("<fit>"))
 
     def predict(self, rows: pd.DataFrame) -> np.ndarray:
-        """Seconds per iteration for rows holding FEATURES, evaluated as sim/cost.py does."""
+        """Seconds per iteration for rows holding FEATURES, evaluated as sim/step_cost.py does."""
         p = self.profile()
         curve = np.array([p.tokens_time(t) for t in rows["total_tokens"]])
         return (p.intercept + curve + p.decode_context_sum * rows["decode_context_sum"].to_numpy()

@@ -64,7 +64,7 @@ _WindowedFields: Any = _make("WindowedBatchStats", _WINDOWED,
 
 
 class WindowedBatchStats(_WindowedFields):
-    """An iteration of a sliding-window model (sim/cost.WindowedCost reads the extra terms): the
+    """An iteration of a sliding-window model (sim/step_cost.WindowedCost reads the extra terms): the
     fields of BatchStats, in its order, then
       decode_window_sum      sum over the decodes of the tokens a windowed layer attends,
                              min(context + 1, window)

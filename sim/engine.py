@@ -17,7 +17,7 @@ from typing import Callable
 
 from mypy_extensions import mypyc_attr
 
-from .cost import CostModel
+from .step_cost import CostModel
 from .fast_forward import Runner
 from .recorder import Recorder
 from .schedulers import Scheduler

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import simpy
 
-from .cost import CostModel
+from .step_cost import CostModel
 from .step import Schedule
 
 ITERATION_END = simpy.core.URGENT
@@ -58,7 +58,7 @@ class Runner:
     def __init__(self, env: simpy.Environment, cost: CostModel, inbox, fast_forward: bool = True):
         self.env, self.cost, self.inbox = env, cost, inbox
         self.fast_forward = fast_forward
-        self._line = getattr(cost, "decode_line", None)  # (optional: sim/cost.CostModel)
+        self._line = getattr(cost, "decode_line", None)  # (optional: sim/step_cost.CostModel)
         # the run in progress that `cut` may shorten: (start, durations, event, timer), else None
         self._run: tuple | None = None
 

@@ -20,7 +20,7 @@ from .cluster import ClosedLoopRouter, make_inboxes
 from .routers import make_router
 from .checks import like_open
 from .config import Scenario, resolved_yaml
-from .cost import CostModel
+from .step_cost import CostModel
 from .errors import ScenarioError
 from .engine import Replica
 from .disaggregation import pool_utilization, start_pools
