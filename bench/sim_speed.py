@@ -14,10 +14,10 @@ Times are CPU seconds of this thread (time.thread_time: the machine is shared an
 and wall seconds. Same-run baseline of the simulate phase: this simulator stepping one SimPy event
 per iteration (fast_forward=False) on --baseline-requests requests of the same workload, here.
 
-Vidur is not run here: installed from PyPI (vidur 0.0.26) on this machine kind its cold start
-(predictor training) took 33.7 min with its default grid, so its figure below is the last
-same-machine measurement, labelled: 100k of these requests in 349 s wall (median, trimmed outputs;
-../shared/SPEED_NOTES.md), i.e. 287 req/s. `--million` adds 1M requests (without the pandas
+Vidur is not run here (bench/vidur_same_run.py runs it beside servesim on these requests: its
+install and cold start took ~23 min here the first time, each 100k run ~4 min). Its figure
+below is that bench's, labelled: 100k of these requests in 238.61 s of CPU for Vidur 0.0.26's whole
+process (median of 3, 2026-11-26), i.e. 419 req/s. `--million` adds 1M requests (without the pandas
 baseline, whose text would count in its RSS).
 """
 from __future__ import annotations
@@ -43,7 +43,7 @@ from sim.config import load_scenario  # noqa: E402
 from sim.simulate import simulate, write_outputs  # noqa: E402
 from sim.workload import build_workload  # noqa: E402
 
-VIDUR_MEASURED_REQ_PER_S = 100_000 / 349.0  # same machine kind, ../shared/SPEED_NOTES.md (not this run)
+VIDUR_MEASURED_REQ_PER_S = 100_000 / 238.61  # bench/vidur_same_run.py, same machine kind, not this run
 OVERRIDES = ["engine.scheduler=chunked", "engine.max_num_seqs=128", "engine.max_num_batched_tokens=8192",
              "workload.arrival.rate=6",
              "workload.prompt_tokens={dist: lognormal, mean: 1155, std: 1100, max: 4096}",
@@ -130,8 +130,8 @@ def main() -> None:
     ff_rate = k / since(t)[0]
     print(f"simulate phase on {k} requests: fast-forward {ff_rate:.0f} req/s, stepping every "
           f"iteration {base_rate:.0f} req/s ({ff_rate / base_rate:.1f}x)")
-    print(f"* Vidur: {VIDUR_MEASURED_REQ_PER_S:.0f} req/s, measured on this machine kind, not in this run "
-          f"(../shared/SPEED_NOTES.md); the ratio compares CPU seconds here with its wall seconds there.")
+    print(f"* Vidur: {VIDUR_MEASURED_REQ_PER_S:.0f} req/s, its whole process's CPU seconds on these requests "
+          f"(bench/vidur_same_run.py on this machine kind, not this run; it measures both in one run)")
 
 
 if __name__ == "__main__":
