@@ -2,11 +2,14 @@
 
     python bench/against.py REV [--requests 5000] [--rounds 30] [--scheduler chunked]
     python bench/against.py pure ...   # this checkout, compiled vs its own pure-Python source
+    python bench/against.py REV --compiled ...   # both compiled (REV built by pip wheel, ~1 min)
 
 REV's tree is checked out into a temporary git worktree and one long-lived worker process per tree
 imports its simulator once. This checkout runs as installed: compiled by mypyc where `pip install
--e .` built it (setup.py); REV's worktree has no extensions, so it runs as pure Python. `pure` is
-this checkout again under SERVESIM_PURE_PYTHON=1.
+-e .` built it (setup.py); REV's worktree has no extensions, so it runs as pure Python, unless
+`--compiled` builds them: `pip wheel` on the worktree (setup.py's mypyc, in pip's isolated build
+environment) and its extensions unpacked into it. `pure` is this checkout again under
+SERVESIM_PURE_PYTHON=1.
 
 Each round asks both workers for the same simulation, alternating which goes first (the machine is
 shared and noisy: many short interleaved runs spread the noise over both, and the minimum of many
@@ -23,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,6 +58,17 @@ def worker(root: Path, args, pure: bool = False) -> subprocess.Popen:
                             stdout=subprocess.PIPE, text=True, cwd=root, env=env)
 
 
+def build(tree: Path, tmp: Path) -> None:
+    """REV's compiled extensions, from a wheel of its tree, unpacked where its worker imports them."""
+    print(f"building the compiled extensions of {tree.name} (pip wheel)...", flush=True)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp / "wheel"), str(tree)],
+                   check=True, capture_output=True)
+    with zipfile.ZipFile(next((tmp / "wheel").glob("*.whl"))) as wheel:
+        for name in wheel.namelist():
+            if name.endswith(".so") or name.endswith("_compiled_sources.py"):
+                wheel.extract(name, tree)
+
+
 def once(proc: subprocess.Popen) -> tuple[float, int]:
     proc.stdin.write("run\n")
     proc.stdin.flush()
@@ -67,6 +82,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=5_000)
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--scheduler", default="chunked")
+    ap.add_argument("--compiled", action="store_true", help="build REV's extensions too (pip wheel)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         pure = args.rev == "pure"
@@ -74,6 +90,8 @@ def main() -> None:
         if not pure:
             subprocess.run(["git", "worktree", "add", "--detach", str(other), args.rev], cwd=ROOT,
                            check=True, capture_output=True)
+            if args.compiled:
+                build(other, Path(tmp))
         procs = {"this": worker(ROOT, args), args.rev: worker(other, args, pure=pure)}
         try:
             times: dict[str, list[float]] = {"this": [], args.rev: []}
