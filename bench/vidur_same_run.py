@@ -251,6 +251,8 @@ def main() -> None:
     ap.add_argument("--home", type=Path, default=Path.home() / ".cache/servesim/vidur",
                     help="Vidur's virtualenv, profiles and trained predictors")
     args = ap.parse_args()
+    if args.requests < 200 or args.rounds < 1:  # (the cold start replays the first 200 requests)
+        ap.error("--requests must be at least 200 and --rounds at least 1")
     args.home.mkdir(parents=True, exist_ok=True)
     py = vidur_python(args.home)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "PYTHONHASHSEED": "0"}
