@@ -244,6 +244,25 @@ def outcome(name: str, out: Path, log: str) -> tuple[float, float, float]:
     return end, v.prefill_e2e_time.median(), v.request_e2e_time.median()
 
 
+def vidur_simulation_s(log: str) -> float:
+    """Seconds between Vidur's 'Starting simulation' and 'Simulation ended' log lines (they carry
+    whole seconds: +-1 s)."""
+    def at(event: str) -> float:
+        m = re.search(r"(\d\d):(\d\d):(\d\d) simulator\.py:\d+\] " + event, log)
+        if m is None:
+            sys.exit(f"no '{event}' line in Vidur's log")
+        h, mi, sec = map(int, m.groups())
+        return 3600 * h + 60 * mi + sec
+    return (at("Simulation ended") - at("Starting simulation")) % 86400
+
+
+def trace_of(tmp: Path, head: int) -> Path:
+    """The first `head` requests of the trace, for the cold start."""
+    path = tmp / f"trace-{head}.csv"
+    pd.read_csv(tmp / "trace.csv", nrows=head).to_csv(path, index=False)
+    return path
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=100_000)
@@ -264,7 +283,7 @@ def main() -> None:
         print(f"requests: {args.requests} ({knobs['tokens']} tokens), KV cache {knobs['num_blocks']} blocks "
               f"of {knobs['block_size']}, max_num_seqs {knobs['max_num_seqs']}, "
               f"budget {knobs['max_num_batched_tokens']}")
-        cold = timed(vidur_cmd(py, args.home, trace_of(tmp, args.requests, 200), knobs, datasets,
+        cold = timed(vidur_cmd(py, args.home, trace_of(tmp, 200), knobs, datasets,
                                tmp / "vidur-cold"), env)
         print(f"Vidur cold start (trains on the profiles, or finds them trained under {args.home}) "
               f"with 200 requests: {cold[1]:.1f} s wall, {cold[0]:.1f} s CPU", flush=True)
@@ -304,25 +323,6 @@ def main() -> None:
     print("process: the whole command (start, read, simulate, write); simulation: servesim's simulate() "
           "(thread CPU s, bench/sim_speed.py --child), Vidur's from its 'Starting simulation' to its "
           "'Simulation ended' log lines (wall s, whole seconds; one thread)")
-
-
-def vidur_simulation_s(log: str) -> float:
-    """Seconds between Vidur's 'Starting simulation' and 'Simulation ended' log lines (they carry
-    whole seconds: +-1 s)."""
-    def at(event: str) -> float:
-        m = re.search(r"(\d\d):(\d\d):(\d\d) simulator\.py:\d+\] " + event, log)
-        if m is None:
-            sys.exit(f"no '{event}' line in Vidur's log")
-        h, mi, sec = map(int, m.groups())
-        return 3600 * h + 60 * mi + sec
-    return (at("Simulation ended") - at("Starting simulation")) % 86400
-
-
-def trace_of(tmp: Path, n: int, head: int) -> Path:
-    """The first `head` requests of the trace, for the cold start."""
-    path = tmp / f"trace-{head}.csv"
-    pd.read_csv(tmp / "trace.csv", nrows=head).to_csv(path, index=False)
-    return path
 
 
 if __name__ == "__main__":

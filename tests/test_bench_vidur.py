@@ -34,7 +34,9 @@ def test_a_lone_prefill_costs_at_most_127_sequences_more(tables):
     mlp, att, cost, layers = tables
     linear = dict(zip(mlp.num_tokens, mlp["time_stats.mlp_up_proj.median"]))
     prefill = att[att.prefill_chunk_size > 0].set_index(["prefill_chunk_size", "kv_cache_size"])
-    per_seq = 5e-6 + 1.5176558601762242e-06  # CPU + logits per sequence (Llama-3-8B on an H100)
+    # per sequence: 5 us of CPU, and the logits: 2 FLOPs x vocab x hidden at 70% of the H100's
+    # 989 TFLOP/s bf16 (Llama-3-8B: 128256 x 4096)
+    per_seq = 5e-6 + 2 * 128256 * 4096 / (989e12 * 0.7)
     for p, c in [(32, 0), (512, 1024), (4096, 0), (4096, 4096), (8192, 0)]:
         vidur_s = (linear[p] + prefill.loc[(p, c), "time_stats.attn_prefill.median"]) * layers / 1e3
         want = cost.step_times(BatchStats(prefill_lens=np.array([p]), prefill_contexts=np.array([c])))[0]
