@@ -1,6 +1,8 @@
 """From the run's arrays to requests.csv, steps.csv and summary.json, vectorised."""
 from __future__ import annotations
 
+from math import fsum
+
 import numpy as np
 import pandas as pd
 
@@ -127,6 +129,16 @@ def _bucket_size(bits: np.ndarray, prefix: int, shift: int) -> int:
     return sum(int(np.count_nonzero(c >> np.uint64(shift) == np.uint64(prefix))) for c in _chunks(bits))
 
 
+def weighted_sum(values: np.ndarray, weights: np.ndarray) -> float:
+    """sum(values x weights), the same to the last bit on every machine. BLAS's dot (numpy's `@`)
+    is not: its kernel (by CPU) and its thread count (by cores, for more than 10,000 values) set
+    the order of its additions, so summary.json's means differed in their last digits from machine
+    to machine (OPENBLAS_CORETYPE=Haswell vs this EPYC's kernel), and its threads spun on the
+    other core for ~0.25 s after it (tests/test_metrics.py). numpy's pairwise sum per chunk has one
+    order, and fsum adds the chunks' sums exactly."""
+    return fsum(float(np.add.reduce(v * w)) for v, w in zip(_chunks(values), _chunks(weights)))
+
+
 def distribution(values: np.ndarray, weights: np.ndarray | None = None, scale: float = 1e3) -> dict:
     """mean and percentiles of `values` (s), reported in ms."""
     if weights is None:
@@ -135,7 +147,7 @@ def distribution(values: np.ndarray, weights: np.ndarray | None = None, scale: f
     total = weights.sum()
     if total == 0:
         return {k: None for k in ("mean", *(f"p{q}" for q in PERCENTILES))}
-    out = {"mean": float(values @ weights / total * scale)}
+    out = {"mean": float(weighted_sum(values, weights) / total * scale)}
     for q, v in zip(PERCENTILES, weighted_percentiles(values, weights, PERCENTILES)):
         out[f"p{q}"] = float(v * scale)
     return out

@@ -1,5 +1,7 @@
 """Metrics: weighted percentiles, the per-request frame, goodput, utilisation and waste, ITL — on
 hand-computed unit-cost runs (every iteration lasts 1 s)."""
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -76,6 +78,46 @@ def test_distribution_reports_ms_and_skips_nan():
     assert d["p99"] == pytest.approx(2.98)
     assert distribution(np.array([np.nan])) == {"mean": None, "p50": None, "p90": None,
                                                 "p95": None, "p99": None}
+
+
+_MEAN_OF_RANDOM_GAPS = """
+import numpy as np
+from sim.metrics import distribution
+rng = np.random.default_rng(7)
+values, weights = rng.random(300_000) * 0.05, rng.integers(1, 4, 300_000).astype(float)
+print(repr(distribution(values, weights)["mean"]))
+"""
+
+
+@pytest.mark.skipif(__import__("platform").machine() not in ("x86_64", "AMD64"),
+                    reason="OPENBLAS_CORETYPE names x86 kernels")
+def test_the_mean_is_the_same_whatever_blas_kernel_and_threads():
+    """summary.json's means once came from BLAS's dot, whose order of additions follows the CPU's
+    kernel and the thread count: the generic kernel on one thread gave another last digit than
+    this machine's on two. The mean must not depend on either, and must be the sum to rounding."""
+    import os
+    import subprocess
+    import sys
+    means = set()
+    for env in ({}, {"OPENBLAS_CORETYPE": "Prescott", "OPENBLAS_NUM_THREADS": "1"},
+                {"OPENBLAS_NUM_THREADS": "2"}):
+        out = subprocess.run([sys.executable, "-c", _MEAN_OF_RANDOM_GAPS], capture_output=True,
+                             text=True, check=True, env={**os.environ, **env})
+        means.add(out.stdout.strip())
+    assert len(means) == 1, means
+    rng = np.random.default_rng(7)
+    values, weights = rng.random(300_000) * 0.05, rng.integers(1, 4, 300_000).astype(float)
+    exact = math.fsum((values * weights).tolist()) / weights.sum() * 1e3
+    assert float(means.pop()) == pytest.approx(exact, rel=1e-14)
+
+
+def test_weighted_sum_by_hand(monkeypatch):
+    """Chunks are summed exactly: 1e16 + 1 + 1 - 1e16 is 2 (a left fold gives 0)."""
+    import sim.metrics as metrics
+
+    monkeypatch.setattr(metrics, "_CHUNK_VALUES", 1)
+    assert metrics.weighted_sum(np.array([1e16, 1.0, 1.0, -1e16]), np.ones(4)) == 2.0
+    assert metrics.weighted_sum(np.array([0.5, 0.25]), np.array([2.0, 4.0])) == 2.0
 
 
 # ------------------------------------------------------------------ per-request frame

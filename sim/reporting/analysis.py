@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import ScenarioError
-from ..metrics import REQUEST_COLUMNS
+from ..metrics import REQUEST_COLUMNS, weighted_sum
 from ..recorder import STEP_COLUMNS
 
 RUN_FILES = ("requests.csv", "steps.csv", "summary.json")
@@ -212,7 +212,7 @@ def max_itl(run: Run) -> float:
 def time_weighted_mean(steps: pd.DataFrame, column: str) -> float:
     """Mean of a steps.csv column over busy time (each row weighted by its duration)."""
     d = steps["duration_s"].to_numpy(float)
-    return float(steps[column].to_numpy(float) @ d / d.sum()) if d.sum() > 0 else 0.0
+    return float(weighted_sum(steps[column].to_numpy(float), d) / d.sum()) if d.sum() > 0 else 0.0
 
 
 def iteration_times(steps: pd.DataFrame, replica: int = 0) -> pd.DataFrame:
