@@ -13,12 +13,13 @@ iteration, since nothing else could happen between its iterations.
 from __future__ import annotations
 
 from math import inf
-from typing import Callable
+from typing import Any, Callable, Generator
 
 from mypy_extensions import mypyc_attr
 
 from .step_cost import CostModel
 from .fast_forward import Runner
+from .cluster import Inbox
 from .recorder import Recorder
 from .schedulers import Scheduler
 
@@ -26,7 +27,7 @@ from .schedulers import Scheduler
 @mypyc_attr(allow_interpreted_subclasses=True)  # (compiled: setup.py)
 class Replica:
     def __init__(self, env, index: int, scheduler: Scheduler, cost: CostModel, recorder: Recorder,
-                 inbox, fast_forward: bool = True, on_iteration: Callable[[], None] | None = None,
+                 inbox: Inbox, fast_forward: bool = True, on_iteration: Callable[[], None] | None = None,
                  alone: bool = False):
         """`alone`: no other process shares `env` (the caller knows); with every arrival in
         `inbox` up front the replica then runs `run_alone`."""
@@ -37,7 +38,7 @@ class Replica:
         inbox.reader = self.runner  # a closed loop's arrival may cut the run in progress
         self.process = env.process(self.run_alone() if alone and not inbox.routed_live else self.run())
 
-    def run(self):
+    def run(self) -> Generator[Any, Any, None]:
         env, scheduler, inbox = self.env, self.scheduler, self.inbox
         while True:
             for rid in inbox.arrived(env.now):
@@ -59,14 +60,14 @@ class Replica:
             if settle is not None:
                 yield settle  # live routing: the router's arrivals at this instant come first
 
-    def run_alone(self):
+    def run_alone(self) -> Generator[Any, Any, None]:
         """`run` with nothing else in the environment: between two of its iterations nothing can
         happen that the replica does not do itself, so the loop keeps the clock, with SimPy's
         arithmetic (an event `delay` from now fires at now + delay), and yields once at the end.
         The same records as `run`, to the bit (tests/test_sim_engine.py); ~3 µs less an event."""
         env, scheduler, inbox, runner = self.env, self.scheduler, self.inbox, self.runner
-        record, on_iteration, index = self.recorder.record, self.on_iteration, self.index
-        now = env.now
+        recorder, on_iteration, index = self.recorder, self.on_iteration, self.index
+        now: float = env.now
         while True:
             for rid in inbox.arrived(now):
                 scheduler.add(rid)
@@ -80,7 +81,7 @@ class Replica:
             durations, seconds = runner.price(schedule, now)
             start, now = now, now + seconds
             outcome = scheduler.update(schedule, len(durations), now)
-            record(index, start, durations, seconds, schedule, outcome)
+            recorder.record(index, start, durations, seconds, schedule, outcome)
             if on_iteration is not None:
                 on_iteration()
         yield env.timeout(now - env.now)  # the environment's clock ends where the replica's did

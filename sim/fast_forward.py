@@ -114,7 +114,11 @@ class Runner:
         probe = min(steps, _PROBE_STEPS)  # an arrival usually cuts a run long before it ends
         line = self._line(schedule.stats) if self._line is not None else None
         if line is not None:  # walk the probe in Python: the same floats, a few µs less a run
-            a, b, c, n = line
+            a: float
+            b: float
+            c: int
+            n: int
+            a, b, c, n = line  # (typed: compiled, the walk below is C arithmetic on doubles)
             walked: list[float] = []
             acc, cut = 0.0, False
             for j in range(probe):

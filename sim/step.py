@@ -17,11 +17,16 @@ Both are NamedTuples: immutable (assigning a field raises AttributeError) and bu
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from .batch import BatchStats
+
+# tuple.__new__(Schedule, (every field, in order)): a schedule, stats or outcome as the scheduler
+# builds one per event, ~0.1-0.15 us less than the class call, which runs namedtuple's Python-level
+# __new__ (its defaults are not applied: every field is given)
+new_tuple: Any = tuple.__new__
 
 NO_IDS = np.zeros(0, dtype=np.int64)  # read-only: every schedule without such requests shares it
 NO_IDS.flags.writeable = False

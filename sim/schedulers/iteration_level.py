@@ -26,7 +26,7 @@ from mypy_extensions import mypyc_attr
 from ..batch import BatchStats, windowed_stats
 from ..kv_cache import PagedKVCache
 from ..request import RequestTable
-from ..step import NO_IDS, Schedule, StepOutcome
+from ..step import NO_IDS, Schedule, StepOutcome, new_tuple
 from .decode_pool import DecodePool, WindowedDecodePool
 
 
@@ -134,7 +134,8 @@ class IterationLevelScheduler:
             self._finish(finished, now)
         if schedule.prefill_tokens:
             self._commit_prefills(schedule, finished, now)
-        return StepOutcome(tuple(finished), used, growth)  # finished, kv_blocks_used, kv_slot_growth
+        # finished, kv_blocks_used, kv_slot_growth, kv_token_growth (every decode one token)
+        return new_tuple(StepOutcome, (tuple(finished), used, growth, None))
 
     def _commit_prefills(self, schedule: Schedule, finished: list[int], now: float) -> None:
         """The iteration's prefill chunks are computed; a prompt done samples its first token."""
@@ -356,18 +357,18 @@ class IterationLevelScheduler:
                                            for r in self.prefilling)
             tokens = kv.groups * tokens - kv.sliding_groups * kv.block_size * behind
         else:
-            # (positional, field order: sim/batch.py; one per event)
-            stats = BatchStats(lens, contexts, decodes, context_sum + decodes)
+            # (every field, in order: sim/batch.py; one per event)
+            stats = new_tuple(BatchStats, (lens, contexts, decodes, context_sum + decodes, 0, 0, 0))
             max_steps = self._run_length() if decodes and not self.prefilling and not preempted else 1
-        # positional: twice as fast as keywords at one schedule per event (field order: step.py)
-        return Schedule(
+        # every field, in order (sim/step.py): built as a tuple, at one schedule per event
+        return new_tuple(Schedule, (
             pool.ids() if decodes else NO_IDS, ids, stats,             # decode_ids, prefill_ids, stats
             decodes + len(chunks), prefill_tokens, decodes,            # num_seqs, prefill/decode tokens
             (kv.num_blocks - kv.free) * kv.block_size, kv.num_blocks,  # kv_slots, kv_blocks_total
             tokens, len(self.waiting),                                 # kv_tokens, waiting
             max_steps, self._arrival_sensitive(),                      # max_steps, arrival_sensitive
             tuple(self._preempted) if self._preempted else (),         # preempted
-            kv.cached_blocks)                                          # kv_blocks_cached
+            kv.cached_blocks))                                         # kv_blocks_cached
 
     def _run_length(self) -> int:
         """Iterations this decode batch repeats unchanged: until a member finishes or the free
