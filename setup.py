@@ -38,6 +38,11 @@ def compiled():
     extensions = mypycify(HOT, opt_level="3")
     for ext in extensions:
         ext.optional = True  # no working C compiler: a warning, and the pure-Python modules run
+        if os.name != "nt":
+            # a * b + c stays two roundings, as in Python: a C compiler may otherwise fuse it into
+            # one FMA where the target has one (GCC does by default on arm64), and the compiled
+            # floats would differ from the source's (tests/test_compiled.py)
+            ext.extra_compile_args = [*ext.extra_compile_args, "-ffp-contract=off"]
     digests = {path: hashlib.sha256(Path(path).read_bytes()).hexdigest() for path in HOT}
     DIGESTS.write_text('"""Written by setup.py: the sources its extensions were compiled from."""\n'
                        f"SHA256 = {digests!r}\n")

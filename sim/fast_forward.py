@@ -62,9 +62,9 @@ class Runner:
         # the run in progress that `cut` may shorten: (start, durations, event, timer), else None
         self._run: tuple | None = None
 
-    def price(self, schedule: Schedule, start: float) -> tuple[np.ndarray, float]:
-        """The iterations of `schedule` that run from `start`, uncut: (their durations, the seconds
-        they take together). For a replica that runs alone (engine.Replica.run_alone)."""
+    def price(self, schedule: Schedule, start: float) -> tuple[list[float], float]:
+        """The iterations of `schedule` that run from `start`, uncut: (their durations, s, the
+        seconds they take together). For a replica that runs alone (engine.Replica.run_alone)."""
         return self._durations(schedule, start)
 
     def start(self, schedule: Schedule) -> simpy.Event:
@@ -102,14 +102,13 @@ class Runner:
         _, durations, done, _ = run
         fire(done, 0.0, ITERATION_END, (durations, total(durations)))
 
-    def _durations(self, schedule: Schedule, start: float) -> tuple[np.ndarray, float]:
-        """Durations of the iterations to run now, and their total: one, or a run of up to
-        schedule.max_steps that ends with the first iteration ending at or after the next arrival
-        (if that could matter)."""
+    def _durations(self, schedule: Schedule, start: float) -> tuple[list[float], float]:
+        """Durations of the iterations to run now (s, as floats: the recorder and the scheduler
+        read them one at a time), and their total: one, or a run of up to schedule.max_steps that
+        ends with the first iteration ending at or after the next arrival (if that could matter)."""
         steps = schedule.max_steps if self.fast_forward else 1
         if steps == 1 or not schedule.arrival_sensitive:
-            durations = self.cost.step_times(schedule.stats, steps)
-            return durations, total(durations)
+            return listed(self.cost.step_times(schedule.stats, steps))
         arrival = self.inbox.next_arrival()
         probe = min(steps, _PROBE_STEPS)  # an arrival usually cuts a run long before it ends
         line = self._line(schedule.stats) if self._line is not None else None
@@ -129,9 +128,8 @@ class Runner:
                     cut = True
                     break
             if cut or probe == steps:  # (else no arrival in the probe: the whole run, below)
-                durations = np.array(walked)
                 # numpy sums fewer than 8 floats left to right, as acc; more pairwise (total)
-                return durations, acc if len(walked) < 8 else total(durations)
+                return walked, acc if len(walked) < 8 else total(walked)
         durations = self.cost.step_times(schedule.stats, probe)
         ends = durations.cumsum()
         ends += start  # (in place: the same sums as start + cumsum, one array less)
@@ -139,13 +137,50 @@ class Runner:
             durations = self.cost.step_times(schedule.stats, steps)
             ends = durations.cumsum()
             ends += start
-        durations = durations[: int(ends.searchsorted(arrival, "left")) + 1]
-        return durations, total(durations)
+        return listed(durations[: int(ends.searchsorted(arrival, "left")) + 1])
 
 
 _sum = np.add.reduce  # what ndarray.sum calls, without its Python wrapper (the same floats)
 
 
-def total(durations: np.ndarray) -> float:
-    """Seconds the iterations take together (numpy's sum for a run, as the recorder stores it)."""
-    return float(_sum(durations)) if len(durations) > 1 else float(durations[0])
+def listed(durations: np.ndarray) -> tuple[list[float], float]:
+    """A cost model's durations as floats, and numpy's sum of them (what `total` gives)."""
+    return durations.tolist(), float(_sum(durations)) if len(durations) > 1 else float(durations[0])
+
+
+def total(durations: list[float]) -> float:
+    """Seconds the iterations take together: numpy's float64 sum (np.add.reduce) of them, to the
+    bit, without an array. numpy adds pairwise: fewer than 8 values left to right, up to 128 in
+    8 interleaved partial sums, more as the sum of two halves (the first a multiple of 8 long);
+    tests/test_sim_engine.py holds it to numpy on random runs."""
+    return durations[0] if len(durations) == 1 else _pairwise(durations, 0, len(durations))
+
+
+def _pairwise(a: list[float], lo: int, n: int) -> float:
+    if n < 8:
+        res = -0.0  # (numpy's start: a sum of -0.0s stays -0.0)
+        for i in range(lo, lo + n):
+            res += a[i]
+        return res
+    if n <= 128:
+        r0, r1, r2, r3 = a[lo], a[lo + 1], a[lo + 2], a[lo + 3]
+        r4, r5, r6, r7 = a[lo + 4], a[lo + 5], a[lo + 6], a[lo + 7]
+        i, whole = lo + 8, lo + n - n % 8
+        while i < whole:
+            r0 += a[i]
+            r1 += a[i + 1]
+            r2 += a[i + 2]
+            r3 += a[i + 3]
+            r4 += a[i + 4]
+            r5 += a[i + 5]
+            r6 += a[i + 6]
+            r7 += a[i + 7]
+            i += 8
+        res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+        while i < lo + n:
+            res += a[i]
+            i += 1
+        return res
+    half = n // 2
+    half -= half % 8
+    return _pairwise(a, lo, half) + _pairwise(a, lo + half, n - half)

@@ -3,13 +3,17 @@ identical iterations), each iteration's duration, and exact time integrals of KV
 
 Rows are buffered as tuples and appended to one packed array per column (float64 times, int64
 counts) every `_CHUNK` rows, so a million-request run keeps 96 bytes per row, not Python objects,
-and hands its columns to steps.csv's frame without a copy. Each row's durations (the cost model's
-array) are kept as they are until then, and packed with one concatenation.
+and hands its columns to steps.csv's frame without a copy. Each row's durations (the Runner's list
+of floats) are kept as they are until then, and packed in one pass.
+
+A run's KV integrals are sums over its iterations of (held x duration), added left to right here
+(`_dot`): the same floats on every machine, unlike BLAS's dot, whose order follows the CPU kernel.
 """
 from __future__ import annotations
 
 from array import array
 from itertools import chain
+from typing import Any
 
 import numpy as np
 
@@ -20,16 +24,30 @@ STEP_COLUMNS = ("replica", "start_s", "duration_s", "count", "num_seqs", "prefil
                 "decode_tokens", "padded_tokens", "kv_blocks_used", "kv_blocks_total", "waiting")
 RECORDED = (*STEP_COLUMNS, "kv_blocks_cached")
 _TIMES = ("start_s", "duration_s")  # float64 columns; the others count things (int64)
-_CHUNK = 16384  # rows (and their durations arrays, ~0.4 KB a run) held before packing
-_RAMP = np.arange(4096, dtype=np.float64)  # 0., 1., 2., ...: iteration offsets in a run (read-only)
-_RAMP.flags.writeable = False
-_RAMP_LEN = len(_RAMP)
+_CHUNK = 16384  # rows (and their durations lists, ~0.4 KB a run) held before packing
 
 
-def _ramp(count: int) -> np.ndarray:
-    """0., 1., ..., count - 1 (a slice of a shared array; the same values as np.arange(count), so
-    the same dot products: numpy casts an int arange to float64 before the dot anyway)."""
-    return _RAMP[:count] if count <= _RAMP_LEN else np.arange(count, dtype=np.float64)
+def _dot(growth: list[float], durations: list[float]) -> float:
+    """sum over j >= 1 of growth[j - 1] x durations[j], left to right (a run's iterations after
+    its first; `growth` may hold ints, whole numbers, which convert exactly)."""
+    acc = 0.0
+    for j in range(1, len(durations)):
+        acc += growth[j - 1] * durations[j]
+    return acc
+
+
+def _ramp_dot(durations: list[float]) -> float:
+    """sum over j of j x durations[j], left to right (iteration j of a run holds j tokens more
+    per decode)."""
+    acc = 0.0
+    for j in range(1, len(durations)):
+        acc += j * durations[j]
+    return acc
+
+
+def _floats(values: Any) -> list[float]:
+    """A StepOutcome's growth as a list (schedulers hand lists; an array is converted)."""
+    return values if isinstance(values, list) else np.asarray(values, dtype=np.float64).tolist()
 
 
 class Recorder:
@@ -38,17 +56,17 @@ class Recorder:
         self._rows: list[tuple] = []
         self._columns = _empty_columns()
         self.durations = array("d")   # every iteration's duration, s, in row order (packed)
-        self._pieces: list[np.ndarray] = []  # the rows' durations since the last packing
+        self._pieces: list[list[float]] = []  # the rows' durations since the last packing
         self.kv_slot_seconds = 0.0    # integral of allocated KV token slots over time
         self.kv_token_seconds = 0.0   # integral of KV tokens actually held over time
         self.kv_block_seconds = 0.0   # integral of KV blocks in use over time (blocks x s)
         self.decode_context_tokens = 0.0  # sum over iterations of decode_context_sum (KV tokens read)
 
-    def record(self, replica: int, start: float, durations: np.ndarray, total: float,
+    def record(self, replica: int, start: float, durations: list[float], total: float,
                schedule: Schedule, outcome: StepOutcome) -> None:
-        """One row for `durations`, the iterations of `schedule` run from `start`, which took
-        `total` seconds together (float(durations.sum()); durations[0] for one iteration). The
-        array is kept, not copied, until the rows are packed: nobody changes it after this."""
+        """One row for `durations` (s), the iterations of `schedule` run from `start`, which took
+        `total` seconds together (fast_forward.total; durations[0] for one iteration). The list
+        is kept, not copied, until the rows are packed: nobody changes it after this."""
         count, stats, bs = len(durations), schedule.stats, self.block_size
         if count == 1:  # scalar arithmetic: most rows are single iterations
             self.kv_slot_seconds += schedule.kv_slots * total
@@ -56,16 +74,14 @@ class Recorder:
             self.kv_block_seconds += -(-schedule.kv_slots // bs) * total
             self.decode_context_tokens += stats.decode_context_sum
         else:
-            # (ndarray.dot: numpy's `@` on these 1-d arrays, the same BLAS call, less overhead)
-            later = durations[1:]
             growth = outcome.kv_slot_growth  # (the scheduler's: count - 1 long, or empty)
-            grown_slots = float(growth.dot(later)) if len(growth) else 0.0
+            grown_slots = _dot(_floats(growth), durations) if len(growth) else 0.0
             self.kv_slot_seconds += schedule.kv_slots * total + grown_slots
             # every decode adds one token per iteration (a sliding window's run says otherwise)
             tokens = outcome.kv_token_growth
             self.kv_token_seconds += schedule.kv_tokens * total + (
-                schedule.decode_tokens * float(_ramp(count).dot(durations)) if tokens is None
-                else float(tokens.dot(later)))
+                schedule.decode_tokens * _ramp_dot(durations) if tokens is None
+                else _dot(_floats(tokens), durations))
             # a run's growth comes in whole blocks (paged); a constant reservation rounds up once
             self.kv_block_seconds += -(-schedule.kv_slots // bs) * total + grown_slots / bs
             self.decode_context_tokens += (count * stats.decode_context_sum
@@ -85,7 +101,7 @@ class Recorder:
             for column, values in zip(self._columns, block.T):
                 column.frombytes(values.astype(np.int64 if column.typecode == "q" else np.float64).tobytes())
             self._rows = []
-            self.durations.frombytes(np.concatenate(self._pieces, dtype=np.float64).tobytes())
+            self.durations.extend(chain.from_iterable(self._pieces))
             self._pieces = []
 
     def step_columns(self) -> dict[str, np.ndarray]:

@@ -68,8 +68,8 @@ class StepOutcome(NamedTuple):
                                 # finished requests released theirs)
     # KV token slots added by iterations 1.. of a run, cumulative (iteration j >= 1 holds
     # schedule.kv_slots + kv_slot_growth[j - 1]): one per iteration after the first, or empty when
-    # the allocation stayed constant (whole numbers, as int64 or float64)
-    kv_slot_growth: np.ndarray
+    # the allocation stayed constant (whole numbers: a list, or an int or float array)
+    kv_slot_growth: np.ndarray | list[int]
     # KV tokens held in iterations 1.. of a run over what iteration 0 held, cumulative, one per
     # iteration after the first; None: every decode adds one (a sliding-window cache, which frees
     # blocks mid-run, gives it)

@@ -272,6 +272,43 @@ def test_walking_decode_runs_in_python_changes_no_float(cost_model, engine, monk
         assert walked.steps["count"].max() > 32  # some runs outlasted the probe
 
 
+def test_total_is_numpys_sum_to_the_bit():
+    """fast_forward.total adds a run's durations as numpy's pairwise sum does (np.add.reduce):
+    lengths across its three regimes (< 8, up to 128, halves), values over six decades."""
+    from sim.fast_forward import listed, total
+    rng = np.random.default_rng(3)
+    lengths = [*range(1, 140), 255, 256, 257, 1000, 1031, 4096, 5000]
+    for n in lengths:
+        for _ in range(3):
+            a = rng.random(n) * 10.0 ** rng.integers(-4, 2, n)
+            assert total(a.tolist()) == float(np.add.reduce(a)), n
+            assert listed(a) == (a.tolist(), float(np.add.reduce(a)))
+    # a left fold differs from numpy's sum on some of these, so the check can fail
+    a = [0.1] * 9 + [1e-17] * 8
+    assert total(a) == float(np.add.reduce(np.array(a)))
+    assert sum(a) != total(a)
+
+
+def test_recorder_integrates_a_decode_run_by_hand():
+    """Two decodes, a run of 3 iterations of 1, 2 and 4 s, 16 slots held, 16 more from the
+    second iteration on, 10 tokens held at first (each decode adds one per iteration)."""
+    from sim.batch import BatchStats
+    from sim.recorder import Recorder
+    from sim.step import NO_IDS, Schedule, StepOutcome
+    stats = BatchStats(num_decodes=2, decode_context_sum=12)
+    schedule = Schedule(NO_IDS, NO_IDS, stats, num_seqs=2, prefill_tokens=0, decode_tokens=2,
+                        kv_slots=16, kv_blocks_total=8, kv_tokens=10, waiting=0, max_steps=3)
+    rec = Recorder(block_size=16)
+    rec.record(0, 0.0, [1.0, 2.0, 4.0], 7.0, schedule, StepOutcome((), 2, [16, 16]))
+    assert rec.kv_slot_seconds == 16 * 7 + 16 * (2 + 4)
+    assert rec.kv_token_seconds == 10 * 7 + 2 * (1 * 2 + 2 * 4)
+    assert rec.kv_block_seconds == 1 * 7 + 16 * (2 + 4) / 16
+    assert rec.decode_context_tokens == 3 * 12 + 2 * 3
+    rec.record(0, 7.0, [1.0, 1.0], 2.0, schedule, StepOutcome((), 2, np.array([32.0])))
+    assert rec.kv_slot_seconds == 16 * 7 + 16 * 6 + 16 * 2 + 32 * 1
+    assert rec.take_durations().tolist() == [1.0, 2.0, 4.0, 1.0, 1.0]
+
+
 # ------------------------------------------------------------------ determinism
 
 def _write(scenario, tmp_path, name):

@@ -120,10 +120,8 @@ class IterationLevelScheduler:
         if schedule.decode_tokens:
             if steps > 1:  # the later iterations of a run; _run_length checked they fit
                 if steps <= _WALK:
-                    opened, slots = self.pool.slots_opened(steps - 1, kv.block_size)
+                    opened, growth = self.pool.slots_opened(steps - 1, kv.block_size)
                     kv.allocate(opened)
-                    growth = np.array(slots, dtype=np.float64)  # (whole numbers; float: the
-                    # recorder's dot with the durations needs no cast)
                 else:
                     opened = self.pool.new_blocks_at(1, steps - 1).cumsum()
                     kv.allocate(int(opened[-1]))
