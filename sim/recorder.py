@@ -4,7 +4,7 @@ identical iterations), each iteration's duration, and exact time integrals of KV
 Rows are buffered as tuples and appended to one packed array per column (float64 times, int64
 counts) every `_CHUNK` rows, so a million-request run keeps 96 bytes per row, not Python objects,
 and hands its columns to steps.csv's frame without a copy. Each row's durations (the Runner's list
-of floats) are kept as they are until then, and packed in one pass.
+of floats) go straight into one packed array.
 
 A run's KV integrals are sums over its iterations of (held x duration), added left to right here
 (`_dot`): the same floats on every machine, unlike BLAS's dot, whose order follows the CPU kernel.
@@ -24,7 +24,7 @@ STEP_COLUMNS = ("replica", "start_s", "duration_s", "count", "num_seqs", "prefil
                 "decode_tokens", "padded_tokens", "kv_blocks_used", "kv_blocks_total", "waiting")
 RECORDED = (*STEP_COLUMNS, "kv_blocks_cached")
 _TIMES = ("start_s", "duration_s")  # float64 columns; the others count things (int64)
-_CHUNK = 16384  # rows (and their durations lists, ~0.4 KB a run) held before packing
+_CHUNK = 16384  # rows held before packing
 
 
 def _dot(growth: list[float], durations: list[float]) -> float:
@@ -56,7 +56,6 @@ class Recorder:
         self._rows: list[tuple] = []
         self._columns = _empty_columns()
         self.durations = array("d")   # every iteration's duration, s, in row order (packed)
-        self._pieces: list[list[float]] = []  # the rows' durations since the last packing
         self.kv_slot_seconds = 0.0    # integral of allocated KV token slots over time
         self.kv_token_seconds = 0.0   # integral of KV tokens actually held over time
         self.kv_block_seconds = 0.0   # integral of KV blocks in use over time (blocks x s)
@@ -65,8 +64,7 @@ class Recorder:
     def record(self, replica: int, start: float, durations: list[float], total: float,
                schedule: Schedule, outcome: StepOutcome) -> None:
         """One row for `durations` (s), the iterations of `schedule` run from `start`, which took
-        `total` seconds together (fast_forward.total; durations[0] for one iteration). The list
-        is kept, not copied, until the rows are packed: nobody changes it after this."""
+        `total` seconds together (fast_forward.total; durations[0] for one iteration)."""
         count, stats, bs = len(durations), schedule.stats, self.block_size
         if count == 1:  # scalar arithmetic: most rows are single iterations
             self.kv_slot_seconds += schedule.kv_slots * total
@@ -86,7 +84,7 @@ class Recorder:
             self.kv_block_seconds += -(-schedule.kv_slots // bs) * total + grown_slots / bs
             self.decode_context_tokens += (count * stats.decode_context_sum
                                            + stats.num_decodes * count * (count - 1) / 2)
-        self._pieces.append(durations)
+        self.durations.fromlist(durations)
         self._rows.append((replica, start, total, count, schedule.num_seqs, schedule.prefill_tokens,
                            schedule.decode_tokens, stats.padded_tokens, outcome.kv_blocks_used,
                            schedule.kv_blocks_total, schedule.waiting, schedule.kv_blocks_cached))
@@ -101,8 +99,6 @@ class Recorder:
             for column, values in zip(self._columns, block.T):
                 column.frombytes(values.astype(np.int64 if column.typecode == "q" else np.float64).tobytes())
             self._rows = []
-            self.durations.extend(chain.from_iterable(self._pieces))
-            self._pieces = []
 
     def step_columns(self) -> dict[str, np.ndarray]:
         """All rows, column by column (start_s, duration_s float64; the rest int64), handed over:

@@ -42,13 +42,21 @@ class DecodePool:
         self.members: dict[int, int] = {}  # member -> its position in self._ids
         self.size = 0               # len(members), read several times an iteration
         self._ids = np.zeros(64, dtype=np.int64)  # members, first len(members) entries
+        self._read_only = self._ids.view()        # the same memory, read-only: slices of it are too
+        self._read_only.setflags(write=False)
         self._view: np.ndarray | None = None      # read-only view handed out since the last change
         self._stored_sum = 0        # sum over members of (computed - clock at any time)
-        self.phase_count = np.zeros(block_size, dtype=np.int64)  # members opening a block at D % bs
-        self._phases = [0] * block_size  # the same counts as a list (read one at a time)
+        # members opening a block at clock D, by D % block_size (a list: read and counted one at a
+        # time, each join and leave; `phase_count` gives it as an array)
+        self._phases = [0] * block_size
         self._finish_heap: list[tuple[int, int]] = []  # (clock when its last token is sampled, rid)
         # member -> its live heap key: an entry is current iff it matches (stale ones are skipped)
         self._finish_at: dict[int, int] = {}
+
+    @property
+    def phase_count(self) -> np.ndarray:
+        """Members opening a block at clock D, by D % block_size, as an array."""
+        return np.array(self._phases, dtype=np.int64)
 
     def context_sum(self) -> int:
         """Tokens the members hold in the KV cache before this iteration's decode."""
@@ -58,8 +66,7 @@ class DecodePool:
         """The members, as a read-only array that later changes to the pool leave alone."""
         view = self._view
         if view is None:
-            view = self._view = self._ids[: len(self.members)]
-            view.setflags(write=False)
+            view = self._view = self._read_only[: len(self.members)]
         return view
 
     def _writable(self) -> np.ndarray:
@@ -68,9 +75,14 @@ class DecodePool:
         if n == len(self._ids):
             grown = np.zeros(2 * n + 1, dtype=np.int64)
             grown[:n] = self._ids
-            self._ids, self._view = grown, None
+            self._ids = grown
         elif self._view is not None:
-            self._ids, self._view = self._ids.copy(), None
+            self._ids = self._ids.copy()
+        else:
+            return self._ids
+        self._view = None
+        self._read_only = self._ids.view()
+        self._read_only.setflags(write=False)
         return self._ids
 
     def computed(self, rid: int) -> int:
@@ -85,9 +97,7 @@ class DecodePool:
         self.members[rid] = n
         self.size = n + 1
         self._stored_sum += stored
-        phase = (-stored) % self.block_size
-        self.phase_count[phase] += 1
-        self._phases[phase] += 1
+        self._phases[(-stored) % self.block_size] += 1
         key = self._finish_at[rid] = req.output[rid] - generated
         heapq.heappush(self._finish_heap, (key, rid))
 
@@ -102,9 +112,7 @@ class DecodePool:
             ids[pos] = last
             self.members[last] = pos
         self._stored_sum -= stored
-        phase = (-stored) % self.block_size
-        self.phase_count[phase] -= 1
-        self._phases[phase] -= 1
+        self._phases[(-stored) % self.block_size] -= 1
         req.computed[rid] = stored + clock
         req.generated[rid] = req.generated[rid] + clock
 
@@ -137,7 +145,7 @@ class DecodePool:
         phase = (self.clock + first) % self.block_size
         end = phase + count  # (a slice of a shared ramp: one numpy call less than arange per run)
         phases = _RAMP[phase:end] if end <= len(_RAMP) else np.arange(phase, end)
-        return self.phase_count.take(phases, mode="wrap")
+        return self.phase_count.take(phases, mode="wrap")  # (a long run: one array of the counts)
 
     def advance(self, steps: int) -> list[int]:
         """Run `steps` decode iterations; members that sampled their last token leave (returned)."""
@@ -205,7 +213,7 @@ class WindowedDecodePool(DecodePool):
         return uncapped + (self.size - capped) + capped * self.window, capped
 
     def new_blocks_now(self) -> int:
-        return self.groups * int(self.phase_count[self.clock % self.block_size])
+        return self.groups * self._phases[self.clock % self.block_size]
 
     def new_blocks_at(self, first: int, count: int) -> np.ndarray:
         return self.groups * super().new_blocks_at(first, count)
