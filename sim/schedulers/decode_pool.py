@@ -11,13 +11,14 @@ writes the true values back. What a decode batch needs is kept as running aggreg
   computes token position `s + D` in the iteration that starts at clock `D`, which opens a new block
   when `(s + D) % block_size == 0`, i.e. when `D % block_size == (-s) % block_size`.
 
-The members' ids live in an array (`ids()`, a read-only view that a Schedule may hold): joins append,
-leaves swap the last member into the gap, and the array is copied before any change once a view of
-it has been handed out, so a schedule's view never changes and steady decode runs copy nothing.
+The members' ids live in a packed array: joins append, leaves move the last member into the gap.
+`ids()` hands a Schedule a read-only numpy copy of it, made once per change (steady decode runs
+share one), so a schedule's ids never change after the hand-over.
 """
 from __future__ import annotations
 
 import heapq
+from array import array
 from typing import ClassVar
 
 import numpy as np
@@ -41,10 +42,8 @@ class DecodePool:
         self.clock = 0              # decode iterations run
         self.members: dict[int, int] = {}  # member -> its position in self._ids
         self.size = 0               # len(members), read several times an iteration
-        self._ids = np.zeros(64, dtype=np.int64)  # members, first len(members) entries
-        self._read_only = self._ids.view()        # the same memory, read-only: slices of it are too
-        self._read_only.setflags(write=False)
-        self._view: np.ndarray | None = None      # read-only view handed out since the last change
+        self._ids = array("q")  # the members (int64, packed: a C write per change, no numpy scalar)
+        self._view: np.ndarray | None = None  # ids() since the last change
         self._stored_sum = 0        # sum over members of (computed - clock at any time)
         # members opening a block at clock D, by D % block_size (a list: read and counted one at a
         # time, each join and leave; `phase_count` gives it as an array)
@@ -63,27 +62,12 @@ class DecodePool:
         return self._stored_sum + self.size * self.clock
 
     def ids(self) -> np.ndarray:
-        """The members, as a read-only array that later changes to the pool leave alone."""
+        """The members, as a read-only array that later changes to the pool leave alone (a copy:
+        over immutable bytes, which numpy makes read-only itself)."""
         view = self._view
         if view is None:
-            view = self._view = self._read_only[: len(self.members)]
+            view = self._view = np.frombuffer(self._ids.tobytes(), np.int64)
         return view
-
-    def _writable(self) -> np.ndarray:
-        """self._ids, copied first if a view of it is out (copy-on-write), with room for one more."""
-        n = len(self.members)
-        if n == len(self._ids):
-            grown = np.zeros(2 * n + 1, dtype=np.int64)
-            grown[:n] = self._ids
-            self._ids = grown
-        elif self._view is not None:
-            self._ids = self._ids.copy()
-        else:
-            return self._ids
-        self._view = None
-        self._read_only = self._ids.view()
-        self._read_only.setflags(write=False)
-        return self._ids
 
     def computed(self, rid: int) -> int:
         return self._req.computed[rid] + self.clock
@@ -93,7 +77,8 @@ class DecodePool:
         req.computed[rid] = stored = req.computed[rid] - clock
         req.generated[rid] = generated = req.generated[rid] - clock
         n = len(self.members)
-        self._writable()[n] = rid
+        self._ids.append(rid)
+        self._view = None
         self.members[rid] = n
         self.size = n + 1
         self._stored_sum += stored
@@ -104,12 +89,12 @@ class DecodePool:
     def leave(self, rid: int) -> None:
         req, clock = self._req, self.clock
         stored = req.computed[rid]
-        ids = self._writable()
-        pos, last = self.members.pop(rid), int(ids[len(self.members)])
+        pos, last = self.members.pop(rid), self._ids.pop()
+        self._view = None
         del self._finish_at[rid]
         self.size -= 1
         if last != rid:  # the last member fills the gap
-            ids[pos] = last
+            self._ids[pos] = last
             self.members[last] = pos
         self._stored_sum -= stored
         self._phases[(-stored) % self.block_size] -= 1
