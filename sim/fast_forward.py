@@ -109,7 +109,7 @@ class Runner:
         steps = schedule.max_steps if self.fast_forward else 1
         if steps == 1 or not schedule.arrival_sensitive:
             return listed(self.cost.step_times(schedule.stats, steps))
-        arrival = self.inbox.next_arrival()
+        arrival: float = self.inbox.next_arrival()
         probe = min(steps, _PROBE_STEPS)  # an arrival usually cuts a run long before it ends
         line = self._line(schedule.stats) if self._line is not None else None
         if line is not None:  # walk the probe in Python: the same floats, a few µs less a run

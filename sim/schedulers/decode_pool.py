@@ -70,12 +70,17 @@ class DecodePool:
         return view
 
     def computed(self, rid: int) -> int:
-        return self._req.computed[rid] + self.clock
+        stored: int = self._req.computed[rid]
+        return stored + self.clock
 
     def join(self, rid: int) -> None:
         req, clock = self._req, self.clock
-        req.computed[rid] = stored = req.computed[rid] - clock
-        req.generated[rid] = generated = req.generated[rid] - clock
+        # (typed reads: the columns are memoryviews, Any to mypyc; arithmetic on ints is native)
+        computed: int = req.computed[rid]
+        generated: int = req.generated[rid]
+        output: int = req.output[rid]
+        req.computed[rid] = stored = computed - clock
+        req.generated[rid] = generated = generated - clock
         n = len(self.members)
         self._ids.append(rid)
         self._view = None
@@ -83,12 +88,13 @@ class DecodePool:
         self.size = n + 1
         self._stored_sum += stored
         self._phases[(-stored) % self.block_size] += 1
-        key = self._finish_at[rid] = req.output[rid] - generated
+        key = self._finish_at[rid] = output - generated
         heapq.heappush(self._finish_heap, (key, rid))
 
     def leave(self, rid: int) -> None:
         req, clock = self._req, self.clock
-        stored = req.computed[rid]
+        stored: int = req.computed[rid]
+        generated: int = req.generated[rid]
         pos, last = self.members.pop(rid), self._ids.pop()
         self._view = None
         del self._finish_at[rid]
@@ -99,7 +105,7 @@ class DecodePool:
         self._stored_sum -= stored
         self._phases[(-stored) % self.block_size] -= 1
         req.computed[rid] = stored + clock
-        req.generated[rid] = req.generated[rid] + clock
+        req.generated[rid] = generated + clock
 
     def growth(self, rid: int, kv) -> int:
         """Blocks `rid` must add to decode its next token."""

@@ -60,6 +60,11 @@ class IterationLevelScheduler:
         if pool is None:
             pool = WindowedDecodePool(requests, kv) if self._windowed else DecodePool(requests, kv.block_size)
         self.pool = pool
+        # constant facts of the cache and the pool, typed (kv and pool are duck-typed: compiled,
+        # every read of theirs is a Python attribute lookup, and arithmetic on it is boxed)
+        self._block_size: int = kv.block_size
+        self._num_blocks: int = kv.num_blocks
+        self._lookahead: int = pool.lookahead
         self.prefilling: list[int] = []  # running, prompt not yet all computed; admission order
         # every running request, admission order (a dict for O(1) removal; values unused)
         self.order: dict[int, None] = {}
@@ -90,9 +95,10 @@ class IterationLevelScheduler:
             return None
         pool, kv = self.pool, self.kv
         self._preempted = []
-        budget = self.max_num_batched_tokens - pool.size * pool.lookahead  # decodes first
+        size: int = pool.size
+        budget = self.max_num_batched_tokens - size * self._lookahead  # decodes first
         chunks = self._prefill_chunks(budget) if self.prefilling else []
-        need = pool.new_blocks_now()
+        need: int = pool.new_blocks_now()
         if chunks:  # (skipping empty generators: this runs every iteration)
             need += sum(kv.growth(self._computed(rid), t) for rid, t in chunks)
         if self._windowed and need > kv.free - self._released:
@@ -120,14 +126,15 @@ class IterationLevelScheduler:
         if schedule.decode_tokens:
             if steps > 1:  # the later iterations of a run; _run_length checked they fit
                 if steps <= _WALK:
-                    opened, growth = self.pool.slots_opened(steps - 1, kv.block_size)
+                    opened, growth = self.pool.slots_opened(steps - 1, self._block_size)
                     kv.allocate(opened)
                 else:
-                    opened = self.pool.new_blocks_at(1, steps - 1).cumsum()
-                    kv.allocate(int(opened[-1]))
-                    growth = opened * kv.block_size
+                    cumulative = self.pool.new_blocks_at(1, steps - 1).cumsum()
+                    kv.allocate(int(cumulative[-1]))
+                    growth = cumulative * self._block_size
             finished = self.pool.advance(steps)
-        used = kv.num_blocks - kv.free  # held in the last iteration, before the finished release theirs
+        free: int = kv.free
+        used = self._num_blocks - free  # held in the last iteration, before the finished release theirs
         if finished:
             self._finish(finished, now)
         if schedule.prefill_tokens:
@@ -139,15 +146,19 @@ class IterationLevelScheduler:
         """The iteration's prefill chunks are computed; a prompt done samples its first token."""
         req, kv = self._req, self.kv
         slid = self._slid if self._windowed else None
-        for rid, t in zip(schedule.prefill_ids.tolist(), schedule.stats.prefill_lens.tolist()):
-            before = req.computed[rid]
+        ids: list[int] = schedule.prefill_ids.tolist()
+        lens: list[int] = schedule.stats.prefill_lens.tolist()
+        for rid, t in zip(ids, lens):
+            before: int = req.computed[rid]
             computed = before + t
             req.computed[rid] = computed
             kv.commit(rid, computed)  # (prefix caching: its full prompt blocks become cacheable)
             if slid is not None:  # (sliding window: blocks now behind it are freed)
                 slid[rid] = freed = kv.slide(before, computed)
                 self._released += freed
-            if computed < req.prompt[rid] + req.generated[rid]:
+            prompt: int = req.prompt[rid]
+            generated: int = req.generated[rid]
+            if computed < prompt + generated:
                 continue  # more of the prompt to come
             self.prefilling.remove(rid)
             if self._prompt_done(rid, now):
@@ -189,10 +200,12 @@ class IterationLevelScheduler:
         """Its prompt (recompute included) is all computed: it samples a token, then finishes
         (True) or decodes. (The disaggregated prefill pool ships it instead: sim/disaggregation.py.)"""
         req = self._req
-        generated = req.generated[rid] + 1
+        generated: int = req.generated[rid]
+        generated += 1
         req.generated[rid] = generated
         self._first_or_resumed_token(rid, now)
-        if generated >= req.output[rid]:
+        output: int = req.output[rid]
+        if generated >= output:
             self._finish([rid], now)
             return True
         self.pool.join(rid)
@@ -323,7 +336,7 @@ class IterationLevelScheduler:
         return self.kv.blocks_for(computed)
 
     # -- the schedule ---------------------------------------------------------------------------
-    def _schedule(self, chunks, preempted: bool) -> Schedule:
+    def _schedule(self, chunks: list[tuple[int, int]], preempted: bool) -> Schedule:
         req, pool, kv = self.req, self.pool, self.kv
         prefill_tokens, ids, lens, contexts = 0, NO_IDS, NO_IDS, NO_IDS
         if chunks:  # (most iterations have none)
@@ -334,7 +347,8 @@ class IterationLevelScheduler:
             ids = np.array([rid for rid, _ in chunks], dtype=np.int64)
             lens = np.array(sizes, dtype=np.int64)
             contexts = req.computed[ids]
-        decodes, context_sum = pool.size, pool.context_sum()
+        decodes: int = pool.size
+        context_sum: int = pool.context_sum()
         held = context_sum  # KV tokens held before this iteration's writes
         if self.prefilling:
             computed = self._req.computed
@@ -358,11 +372,12 @@ class IterationLevelScheduler:
             # (every field, in order: sim/batch.py; one per event)
             stats = new_tuple(BatchStats, (lens, contexts, decodes, context_sum + decodes, 0, 0, 0))
             max_steps = self._run_length() if decodes and not self.prefilling and not preempted else 1
+        free: int = kv.free
         # every field, in order (sim/step.py): built as a tuple, at one schedule per event
         return new_tuple(Schedule, (
             pool.ids() if decodes else NO_IDS, ids, stats,             # decode_ids, prefill_ids, stats
             decodes + len(chunks), prefill_tokens, decodes,            # num_seqs, prefill/decode tokens
-            (kv.num_blocks - kv.free) * kv.block_size, kv.num_blocks,  # kv_slots, kv_blocks_total
+            (self._num_blocks - free) * self._block_size, self._num_blocks,  # kv_slots, kv_blocks_total
             tokens, len(self.waiting),                                 # kv_tokens, waiting
             max_steps, self._arrival_sensitive(),                      # max_steps, arrival_sensitive
             tuple(self._preempted) if self._preempted else (),         # preempted
@@ -372,11 +387,13 @@ class IterationLevelScheduler:
         """Iterations this decode batch repeats unchanged: until a member finishes or the free
         blocks run out (block by block only when they might: a member opens at most one block
         every block_size iterations)."""
-        k = self.pool.steps_to_next_finish()
-        if k <= 1 or self.kv.free >= self.pool.size * -(-(k - 1) // self.kv.block_size):
+        k: int = self.pool.steps_to_next_finish()
+        free: int = self.kv.free
+        size: int = self.pool.size
+        if k <= 1 or free >= size * -(-(k - 1) // self._block_size):
             return max(k, 1)
         opened = self.pool.new_blocks_at(1, k - 1).cumsum()
-        return 1 + int(opened.searchsorted(self.kv.free, side="right"))
+        return 1 + int(opened.searchsorted(free, side="right"))
 
     def _windowed_run_length(self) -> int:
         """_run_length over a sliding-window cache, where the free count is not monotone: blocks
