@@ -209,7 +209,7 @@ class RealEngine:
                 self.tokens[rid].append(int(token))
         outcome = self.scheduler.update(schedule, 1, end - t0)
         took = end - t0 - start
-        self.recorder.record(0, start, np.array([took]), took, schedule, outcome)
+        self.recorder.record(0, start, [took], took, schedule, outcome)
         for rid in outcome.finished:
             self.computed.pop(rid)
             self.blocks.release(rid)

@@ -59,6 +59,7 @@ class Runner:
         self.env, self.cost, self.inbox = env, cost, inbox
         self.fast_forward = fast_forward
         self._line = getattr(cost, "decode_line", None)  # (optional: sim/step_cost.CostModel)
+        self._one = getattr(cost, "step_time", None)     # (optional, likewise)
         # the run in progress that `cut` may shorten: (start, durations, event, timer), else None
         self._run: tuple | None = None
 
@@ -107,6 +108,9 @@ class Runner:
         read them one at a time), and their total: one, or a run of up to schedule.max_steps that
         ends with the first iteration ending at or after the next arrival (if that could matter)."""
         steps = schedule.max_steps if self.fast_forward else 1
+        if steps == 1 and self._one is not None:  # (no array for one iteration)
+            one: float = self._one(schedule.stats)
+            return [one], one
         if steps == 1 or not schedule.arrival_sensitive:
             return listed(self.cost.step_times(schedule.stats, steps))
         arrival: float = self.inbox.next_arrival()

@@ -27,6 +27,8 @@ class CostModel(Protocol):
         steps > 1 is only asked for batches without prefill chunks."""
         ...
 
+    # Optional: step_time(stats) -> float, step_times(stats, 1)[0] without the array (the engine
+    # prices most single iterations so, sim/fast_forward.Runner).
     # Optional: decode_line(stats) -> (a, b, c, n) | None, for a batch without prefill chunks:
     # iteration j of its run takes a + b * (c + n*j) seconds (c, n whole numbers), the very floats
     # step_times gives (a test); None where that is not so. The engine then walks a run's first
@@ -189,16 +191,23 @@ class RooflineCost:
         return (self._overhead_s + self._overhead_per_seq_s * seqs + linear
                 + self._allreduce_fixed_s + self._allreduce_s_per_token * tokens)
 
+    def step_time(self, stats: BatchStats) -> float:
+        """One iteration: step_times(stats, 1)[0]."""
+        fixed = self._fixed_time(stats)
+        n = stats.num_decodes
+        if n == 0:
+            return fixed
+        # Decode attention reads each context token's K and V once and writes one new token each.
+        ctx = float(_context_sum(stats))
+        return fixed + max(self._s_per_pair * ctx, self._s_per_kv_token * (ctx + n))
+
     def step_times(self, stats: BatchStats, steps: int = 1) -> np.ndarray:
+        if steps == 1:
+            return np.array([self.step_time(stats)])
         fixed = self._fixed_time(stats)
         n = stats.num_decodes
         if n == 0:
             return np.full(steps, fixed)
-        # Decode attention reads each context token's K and V once and writes one new token each.
-        if steps == 1:
-            ctx = float(_context_sum(stats))
-            return np.array([fixed + max(self._s_per_pair * ctx,
-                                         self._s_per_kv_token * (ctx + n))])
         c0, g = _context_sum(stats), stats.decode_context_growth
         if g is None:  # iteration j's context sum is c0 + j*n: whole numbers, so arange is exact
             one = self._one_term(fixed, c0, n, steps)
@@ -282,7 +291,8 @@ class ProfileCost:
         from .cost import load_profile  # (the parser imports this module)
         return cls(load_profile(path, where))
 
-    def step_times(self, stats: BatchStats, steps: int = 1) -> np.ndarray:
+    def step_time(self, stats: BatchStats) -> float:
+        """One iteration: step_times(stats, 1)[0]."""
         p = self.profile
         tokens = stats.total_tokens
         tokens_time = self._tokens_time.get(tokens)
@@ -292,16 +302,20 @@ class ProfileCost:
              + p.decode_context_sum * _context_sum(stats))
         if len(stats.prefill_lens):
             t += p.prefill_attention_work * prefill_attention_work(stats)
+        return t
+
+    def step_times(self, stats: BatchStats, steps: int = 1) -> np.ndarray:
+        t = self.step_time(stats)
         if steps == 1:
             return np.array([t])
         g = stats.decode_context_growth
-        growth = p.decode_context_sum * (stats.num_decodes if g is None else g)  # seconds added per step
+        growth = self.profile.decode_context_sum * (stats.num_decodes if g is None else g)  # s per step
         return t + growth * np.arange(steps, dtype=np.float64)
 
     def decode_line(self, stats: BatchStats) -> tuple[float, float, int, int] | None:
         """(t, growth, 0, 1): iteration j of a decode run takes t + growth x j, as step_times."""
         if len(stats.prefill_lens) or not stats.num_decodes:
             return None
-        t = float(self.step_times(stats, 1)[0])
+        t = self.step_time(stats)
         g = stats.decode_context_growth
         return t, self.profile.decode_context_sum * (stats.num_decodes if g is None else g), 0, 1

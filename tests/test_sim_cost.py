@@ -142,6 +142,23 @@ def test_a_decode_line_gives_the_floats_of_step_times(decodes, ctx, steps, prese
     assert RooflineCost(LLAMA3, H100).decode_line(batch([100], [0], decodes, decodes * ctx)) is None
 
 
+@settings(max_examples=200, deadline=None)
+@given(decodes=st.integers(0, 512), ctx=st.integers(0, 100_000), steps=st.integers(2, 300),
+       chunk=st.tuples(st.integers(1, 4096), st.integers(0, 8192)))
+def test_step_time_is_the_first_of_step_times(decodes, ctx, steps, chunk):
+    """`step_time` (optional) prices one iteration without an array; the engine uses it for most
+    single iterations, so it must be step_times' first float, with or without a prefill chunk,
+    and the first of a run priced by step_times' other branches."""
+    runs = [batch([], decodes=decodes, ctx_sum=decodes * ctx)] if decodes else []
+    for cost in (RooflineCost(LLAMA3, H100), RooflineCost(MODEL_PRESETS["llama-3-70b"], H100, 4),
+                 ProfileCost.from_file(EXAMPLE)):
+        for stats in (batch([chunk[0]], [chunk[1]], decodes, decodes * ctx), *runs):
+            one = cost.step_time(stats)
+            assert isinstance(one, float) and one == cost.step_times(stats, 1)[0]
+        for stats in runs:
+            assert cost.step_time(stats) == cost.step_times(stats, steps)[0]
+
+
 chunks = st.lists(st.tuples(st.integers(1, 4096), st.integers(0, 8192)), max_size=4)
 
 
