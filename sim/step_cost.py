@@ -172,13 +172,21 @@ class RooflineCost:
             return fixed
         # Python ints, not numpy calls on a handful of chunks: every sum below is a whole number of
         # tokens far below 2**53, so float() of it equals numpy's float64 dot product exactly.
-        lens, contexts = stats.prefill_lens.tolist(), stats.prefill_contexts.tolist()
-        tokens = sum(lens)
+        lens: list[int] = stats.prefill_lens.tolist()
+        contexts = stats.prefill_contexts.tolist()  # (ints; floats behind a sliding window)
+        if len(lens) == 1:  # (most iterations: one chunk; the sums below of one term, unrolled)
+            tokens = lens[0]
+            context = contexts[0]
+            cross, square = tokens * context, tokens * tokens
+        else:
+            tokens = sum(lens)
+            context = sum(contexts)
+            cross, square = sum(map(mul, lens, contexts)), sum(map(mul, lens, lens))
         t = self._linear_time(tokens + stats.num_decodes, len(lens) + stats.num_decodes)
         # causal: sum of c x context + c (c + 1) / 2, as sums of ints (map: no Python loop)
-        pairs = float(sum(map(mul, lens, contexts))) + 0.5 * float(sum(map(mul, lens, lens)) + tokens)
+        pairs = float(cross) + 0.5 * float(square + tokens)
         # Read the cached context, write and read back the chunk's own K and V.
-        kv_tokens = float(sum(contexts)) + 2.0 * float(tokens)
+        kv_tokens = float(context) + 2.0 * float(tokens)
         return t + max(self._s_per_pair * pairs, self._s_per_kv_token * kv_tokens)
 
     def _linear_time(self, tokens: int, seqs: int) -> float:
