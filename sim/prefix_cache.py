@@ -237,7 +237,7 @@ class PrefixKVCache:
     def used(self) -> int:
         return self.num_blocks - self.free
 
-    def blocks_for(self, num_tokens):
+    def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
     def sequence_blocks(self, num_tokens: int) -> int:
