@@ -1,5 +1,5 @@
 """Build step: the simulator's hot loop compiled by mypyc (from mypy), the same Python source made
-into C extensions beside it, 1.2-1.6x faster by the machine (bench/against.py). Everything else is pyproject.toml.
+into C extensions beside it, ~1.7x faster here (bench/against.py pure). Everything else is pyproject.toml.
 
 The .py files stay the reference. Without a working C compiler the build goes on and servesim runs
 them as they are; SERVESIM_PURE_PYTHON=1 runs them where the extensions are built; a module edited

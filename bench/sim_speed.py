@@ -16,8 +16,8 @@ per iteration (fast_forward=False) on --baseline-requests requests of the same w
 
 Vidur is not run here (bench/vidur_same_run.py runs it beside servesim on these requests: its
 install and cold start took ~23 min here the first time, each 100k run ~4 min). Its figure
-below is that bench's, labelled: 100k of these requests in 238.61 s of CPU for Vidur 0.0.26's whole
-process (median of 3, 2026-11-26), i.e. 419 req/s. `--million` adds 1M requests (without the pandas
+below is that bench's, labelled: 100k of these requests in 239.31 s of CPU for Vidur 0.0.26's whole
+process (median of 3, 2026-11-26, a later run than the first), i.e. 418 req/s. `--million` adds 1M requests (without the pandas
 baseline, whose text would count in its RSS).
 """
 from __future__ import annotations
@@ -43,7 +43,7 @@ from sim.config import load_scenario  # noqa: E402
 from sim.simulate import simulate, write_outputs  # noqa: E402
 from sim.workload import build_workload  # noqa: E402
 
-VIDUR_MEASURED_REQ_PER_S = 100_000 / 238.61  # bench/vidur_same_run.py, same machine kind, not this run
+VIDUR_MEASURED_REQ_PER_S = 100_000 / 239.31  # bench/vidur_same_run.py, same machine kind, not this run
 OVERRIDES = ["engine.scheduler=chunked", "engine.max_num_seqs=128", "engine.max_num_batched_tokens=8192",
              "workload.arrival.rate=6",
              "workload.prompt_tokens={dist: lognormal, mean: 1155, std: 1100, max: 4096}",
