@@ -1055,7 +1055,7 @@ def calibrate_cmd(
              "torch on cpu]", show_default=False)] = None,
     from_tables: Annotated[Path | None, typer.Option(
         "--from-tables", help="Build the profile from published kernel timings instead of timing "
-                              "a GPU: a tables folder, e.g. [bold]calibrate/tables/h100_sxm[/] "
+                              "a GPU: a tables folder, e.g. [bold]sim/tables/h100_sxm[/] "
                               "(no torch needed). --model may then be a preset or a HF "
                               "config.json.", metavar="DIR", show_default=False)] = None,
     gpu: Annotated[str | None, typer.Option(
@@ -1067,11 +1067,23 @@ def calibrate_cmd(
                             "recorded (its output folder or real/; e.g. real vLLM runs). "
                             "Repeatable: several workloads cover more batch shapes.",
         metavar="DIR", show_default=False)] = None,
+    from_bench: Annotated[list[Path] | None, typer.Option(
+        "--from-bench", help="Fit the engine overheads (request handling, per-iteration host and "
+                             "sync time, scheduling lag) to [bold]vllm bench serve --save-result "
+                             "--save-detailed[/] results of your server: --model, --gpu, --tp and "
+                             "--set engine.KEY=VALUE describe it. Repeatable (several loads).",
+        metavar="JSON", show_default=False)] = None,
+    sets: Annotated[list[str] | None, typer.Option(
+        "--set", help="With --from-bench: a scenario key of your server's engine, e.g. "
+                      "engine.max_num_seqs=128 (repeatable).", metavar="KEY=VALUE", show_default=False)] = None,
 ) -> None:
     """Time a real model step over a grid of batch shapes, fit the step-cost model and write a
     [bold]profile YAML[/] (for [bold]cost_model: {profile: FILE}[/]) plus the raw CSV; or, with
-    [bold]--from-tables[/], compose it from published kernel timings. See docs/calibration.md
-    and docs/cost_models.md."""
+    [bold]--from-tables[/], compose it from published kernel timings; or, with
+    [bold]--from-bench[/], fit the engine overheads on top of them to your own server's
+    benchmarks. See docs/calibration.md and docs/cost_models.md."""
+    if from_bench:
+        return _calibrate_from_bench(from_bench, model, gpu, tp, tuple(sets or ()), out)
     if from_tables is not None:
         return _calibrate_from_tables(from_tables, model, gpu, tp, out)
     if from_runs:
@@ -1118,6 +1130,76 @@ def _calibrate_from_runs(runs: list[Path], model: str, out: Path) -> None:
                f"max {meta['heldout_max_error']:.1%})")
 
 
+def _calibrate_from_bench(benches: list[Path], model: str, gpu: str | None, tp: int,
+                          sets: tuple[str, ...], out: Path) -> None:
+    from sim.checks import _int, check_input_file
+    from sim.errors import ScenarioError
+    from sim.hardware import HARDWARE_PRESETS
+    from sim.models import MODEL_PRESETS
+
+    try:
+        _int(tp, "--tp", lo=1)
+        if gpu not in HARDWARE_PRESETS:
+            raise ScenarioError(f"--gpu: {gpu!r} is not one of {', '.join(HARDWARE_PRESETS)} "
+                                f"(the GPU the benchmarks ran on)")
+        if model in MODEL_PRESETS:
+            model_value = model
+        elif Path(model).is_file():
+            model_value = {"hf_config": str(Path(model).resolve())}
+        else:
+            raise ScenarioError(f"--model: {model!r} is neither a preset ({', '.join(MODEL_PRESETS)}) "
+                                f"nor a HF config.json path")
+        bad = [s for s in sets if not s.startswith("engine.")]
+        if bad:
+            raise ScenarioError(f"--set {bad[0]}: only engine.KEY=VALUE describes the server here")
+        for b in benches:
+            check_input_file(b, "trace", str(b))
+        from calibrate.measured import write_profile
+        from calibrate.overheads import FIT_METRICS, error_band, fit_bench, grid_points
+
+        with _Progress("fitting overheads", "grid points") as progress:
+            n, total = [0], len(grid_points())
+
+            def tick(line: str) -> None:
+                n[0] += 1
+                progress(n[0], total)
+            result = fit_bench(benches, model_value, gpu, tp, sets, progress=tick)
+        doc = _bench_profile(result, benches, gpu, tp, error_band)
+        write_profile(doc, out)
+    except ScenarioError as e:
+        raise _fail(str(e)) from None
+    except OSError as e:
+        raise _fail(f"{e.filename or ''}: {e.strerror or e}".lstrip(": ")) from None
+    label = {"ttft_p50_ms": "TTFT p50", "tpot_mean_ms": "TPOT mean", "e2e_p50_s": "E2E p50"}
+    for before, after in zip(result["before"], result["after"]):
+        cells = "; ".join(f"{label[k]} {after.real[k]:.4g} real, error {before.error[k]:+.1%} -> {after.error[k]:+.1%}"
+                          for k in FIT_METRICS)
+        typer.echo(f"{before.name}: {cells}")
+    p = result["params"]
+    typer.echo("fitted: " + ", ".join(f"{k} {v}" for k, v in p.items()))
+    typer.echo(f"profile: {out} (use it as cost_model: {{profile: {out}}}; the plan's error band is "
+               f"the error above, on the runs it was fitted on)")
+
+
+def _bench_profile(result: dict, benches: list[Path], gpu: str, tp: int, error_band) -> dict:
+    """The v2 profile of the calibrated model x GPU x TP with the fitted overheads and the fit's
+    error on the user's runs (the planner's band)."""
+    import yaml
+
+    from sim.composer import SYSTEMS, TABLES, KernelTables, build_profile
+
+    sc = result["scenario"]
+    tables = TABLES / SYSTEMS[gpu]
+    doc = build_profile(KernelTables.load(tables, sc.hardware.hbm_bandwidth), sc.model, sc.hardware, tp,
+                        provenance=yaml.safe_load((tables / "provenance.yaml").read_text()))
+    doc["model"]["engine_overheads"] = dict(result["params"])
+    meta = doc["metadata"]
+    meta["serving_error"] = error_band(result["after"], "fitted to your server's benchmarks (in-sample)")
+    meta["calibrated_on"] = [str(b) for b in benches]
+    meta["notes"].append("engine overheads fitted by servesim calibrate --from-bench to the runs in calibrated_on")
+    return doc
+
+
 def _calibrate_from_tables(tables: Path, model: str, gpu: str | None, tp: int, out: Path) -> None:
     from sim.checks import _int
     from sim.errors import ScenarioError
@@ -1144,8 +1226,9 @@ def _calibrate_from_tables(tables: Path, model: str, gpu: str | None, tp: int, o
                                 f"{spec.num_attention_heads} attention heads")
         import yaml
 
-        from calibrate.composer import KernelTables
-        from calibrate.measured import build_profile, write_profile
+        from sim.composer import KernelTables
+        from calibrate.measured import write_profile
+        from sim.composer import build_profile
 
         hw = HARDWARE_PRESETS[gpu]
         provenance = yaml.safe_load((tables / "provenance.yaml").read_text())

@@ -3,6 +3,7 @@
     python bench/against.py REV [--requests 5000] [--rounds 30] [--scheduler chunked]
     python bench/against.py pure ...   # this checkout, compiled vs its own pure-Python source
     python bench/against.py REV --compiled ...   # both compiled (REV built by pip wheel, ~1 min)
+    python bench/against.py REV --set cost_model=measured ...   # another cost model (both trees)
 
 REV's tree is checked out into a temporary git worktree and one long-lived worker process per tree
 imports its simulator once. This checkout runs as installed: compiled by mypyc where `pip install
@@ -40,7 +41,7 @@ from sim.simulate import simulate
 from sim.workload import build_workload
 sc = load_scenario({root!r} + "/scenarios/chat-llama3-8b-h100.yaml", overrides=[
     "engine.scheduler={scheduler}", "workload.num_requests={requests}",
-    "engine.max_num_batched_tokens=16384"])
+    "engine.max_num_batched_tokens=16384", *{sets!r}])
 w = build_workload(sc.workload, np.random.default_rng(sc.seed))
 import sim
 print("compiled" if getattr(sim, "compiled", lambda: False)() else "pure Python", flush=True)
@@ -52,7 +53,7 @@ for _ in sys.stdin:  # one simulation per line read
 
 
 def worker(root: Path, args, pure: bool = False) -> subprocess.Popen:
-    code = WORKER.format(root=str(root), scheduler=args.scheduler, requests=args.requests)
+    code = WORKER.format(root=str(root), scheduler=args.scheduler, requests=args.requests, sets=list(args.set))
     env = {**os.environ, "SERVESIM_PURE_PYTHON": "1"} if pure else None
     return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True, cwd=root, env=env)
@@ -83,6 +84,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--scheduler", default="chunked")
     ap.add_argument("--compiled", action="store_true", help="build REV's extensions too (pip wheel)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a scenario override for both trees, e.g. cost_model=measured (repeatable)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         pure = args.rev == "pure"
@@ -111,7 +114,8 @@ def main() -> None:
             if not pure:
                 subprocess.run(["git", "worktree", "remove", "--force", str(other)], cwd=ROOT,
                                check=False, capture_output=True)
-    print(f"\n{args.requests} requests, {args.scheduler}, simulate() CPU seconds over {args.rounds} rounds")
+    sets = f", {' '.join(args.set)}" if args.set else ""
+    print(f"\n{args.requests} requests, {args.scheduler}{sets}, simulate() CPU seconds over {args.rounds} rounds")
     for name, ts in times.items():
         print(f"  {name:<12} min {min(ts):.3f}  median {statistics.median(ts):.3f}  "
               f"({iters[name]} iterations, {modes[name]})")

@@ -1,26 +1,26 @@
 """Import the kernel timings servesim needs from NVIDIA AIConfigurator's published measurements.
 
     pip download --no-deps aiconfigurator-core==0.12.0 -d /tmp/aic
-    python -m calibrate.aic_import /tmp/aic/aiconfigurator_core-0.12.0-*.whl [--out calibrate/tables]
+    python -m calibrate.aic_import /tmp/aic/aiconfigurator_core-0.12.0-*.whl [--out sim/tables]
 
 The wheel (or a folder it was unpacked into) ships parquet tables of kernels timed on real GPUs with
 vLLM's kernels (Apache-2.0). This script downloads nothing and imports nothing from the package: it
-reads the parquet files with pandas + pyarrow and writes, per GPU, compact CSVs of only the rows
-servesim's model presets can reach (every tensor-parallel size that splits their heads), plus
+reads the parquet files with pandas + pyarrow and writes, per GPU, compact CSVs of the rows
+servesim composes step costs from (any Llama-style or MoE model, not only the presets), plus
 `provenance.yaml`: package and version, the wheel's and each source parquet's sha256 and in-wheel
 path, the device string, the vLLM version and kernel, the licence, and each CSV's sha256. Latencies
 stay in milliseconds, as measured; no value is changed.
 
-Rows kept (calibrate/composer.py decides which measured rows stand in for each shape):
-  gemm.csv                  bf16 GEMMs: every m, at the measured n and k around each bf16 GEMM
-                            of the presets (layers, routers, LM heads)
+Rows kept (sim/composer.py decides which measured rows stand in for each shape):
+  gemm.csv                  bf16 GEMMs: the whole measured m x n x k grid
   context_attention.csv     prefill attention (batch x length), bf16 and (where measured) FP8 KV
-                            cache, the presets' head_dims (128; 64 for gpt-oss), no window
+                            cache, every heads x kv-heads combination at head_dim 64, 128, 256,
+                            no window
   generation_attention.csv  decode attention (batch x KV length = isl + step), same filters
   allreduce.csv             vLLM custom all-reduce, bf16, 2/4/8 GPUs, CUDA-graph and eager
-  gemm_fp8.csv              FP8 GEMMs (per-tensor scales, vLLM's CUTLASS kernel) around the FP8
-                            presets' layer shapes, block-scaled ones included (GPUs with FP8
-                            tensor cores; calibrate/composer.py says why)
+  gemm_fp8.csv              FP8 GEMMs (per-tensor scales, vLLM's CUTLASS kernel), the whole grid
+                            (GPUs with FP8 tensor cores; block-scaled layers read these rows,
+                            sim/composer.py says why)
   moe.csv                   vLLM's fused MoE layer, bf16, balanced routing, experts split by TP
                             (no expert parallelism), at the MoE presets' shapes; from the newest
                             vLLM version measuring all of them (GPUs without any: no moe.csv)
@@ -47,9 +47,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from calibrate.composer import (MOE_COLUMNS, MOE_TABLES, attention_sources, bracket, gemm_shapes,
-                                mla_gemm_type, moe_dtype, moe_key)
-from sim.memory import kv_heads_per_rank
+from sim.composer import MOE_COLUMNS, MOE_TABLES, mla_gemm_type, moe_dtype, moe_key
 from sim.models import CPU_PRESETS, MODEL_PRESETS
 
 PACKAGE = "aiconfigurator-core"
@@ -57,6 +55,8 @@ DATA = "aiconfigurator_core/systems/data"
 TP_SIZES = (1, 2, 4, 8)
 # the KV-cache dtypes imported (the tables' names): engine.kv_cache_dtype auto (bf16 models), fp8
 KV_CACHE_DTYPES = ("bfloat16", "fp8")
+# attention head sizes imported (every Llama-style model servesim reads has one of these)
+HEAD_DIMS = (64, 128, 256)
 # servesim hardware preset -> (AIConfigurator system folder, attention kernels vLLM uses there by
 # default: FlashAttention 3 on Hopper, 2 on Ampere and Ada, FlashInfer's TRT-LLM kernels on
 # Blackwell), as (prefill kernel, decode kernel)
@@ -67,7 +67,7 @@ GPUS = {
     "l40s": ("l40s", ("vllm_flash_attn_fa2", "vllm_flash_attn_fa2")),
     "b200": ("b200_sxm", ("vllm_flashinfer_trtllmprefill", "vllm_flashinfer_trtllmdecode")),
 }
-OUT = Path(__file__).resolve().parent / "tables"
+OUT = Path(__file__).resolve().parents[1] / "sim" / "tables"
 
 
 class Source:
@@ -127,38 +127,20 @@ def _reachable_shapes():
 
 
 def _gemm_rows(frame: pd.DataFrame, dtype: str = "bfloat16") -> pd.DataFrame:
-    """The rows of one GEMM table (bf16, fp8) around the presets' GEMMs read from it."""
+    """Every row of one GEMM table (bf16, fp8): the whole measured m x n x k grid, so that any
+    model's layers (not only the presets') are bracketed by measured points (sim/composer.py)."""
     frame = frame[frame["gemm_dtype"] == dtype]
-    ns, ks = sorted(frame["n"].unique().tolist()), sorted(frame["k"].unique().tolist())
-    keep = set()
-    for model, tp in _reachable_shapes():
-        for s in gemm_shapes(model, tp):
-            if s.dtype != dtype:
-                continue
-            parts = -(-s.n // ns[-1])
-            for n in bracket(ns, s.n / parts):
-                for k in bracket(ks, s.k):
-                    keep.add((n, k))
-    rows = frame[[(n, k) in keep for n, k in zip(frame["n"], frame["k"])]]
-    return rows[["m", "n", "k", "latency", "kernel_source"]]
+    return frame[["m", "n", "k", "latency", "kernel_source"]]
 
 
 def _attention_rows(frame: pd.DataFrame, kernel: str, length: str) -> pd.DataFrame:
-    frame = frame[(frame["kernel_source"] == kernel) & frame["kv_cache_dtype"].isin(KV_CACHE_DTYPES)]
+    """Every (heads, kv heads) combination measured at the head sizes of Llama-style models (64,
+    128, 256 where measured), bf16 and FP8 KV, no window: what any such model's heads per GPU are
+    composed from (sim/composer.attention_sources)."""
+    frame = frame[(frame["kernel_source"] == kernel) & frame["kv_cache_dtype"].isin(KV_CACHE_DTYPES)
+                  & frame["head_dim"].isin(HEAD_DIMS)]
     if "window_size" in frame:
         frame = frame[frame["window_size"] == 0]
-    keep = set()
-    for model, tp in _reachable_shapes():
-        if model.mla is not None:
-            continue
-        same = frame[frame["head_dim"] == model.head_dim]
-        combos = set(zip(same["num_heads"], same["num_key_value_heads"]))
-        q, kv = model.num_attention_heads // tp, kv_heads_per_rank(model, tp)
-        try:
-            keep |= {(model.head_dim, h, k) for h, k, _ in attention_sources(q, kv, combos)}
-        except ValueError:  # not measured on this GPU: the composer says so, the roofline prices it
-            pass
-    frame = frame[[c in keep for c in zip(frame["head_dim"], frame["num_heads"], frame["num_key_value_heads"])]]
     out = frame.rename(columns={"num_key_value_heads": "num_kv_heads"})
     if length == "kv_len":  # decode: the KV length is isl + step
         out = out.assign(kv_len=out["isl"] + out["step"])

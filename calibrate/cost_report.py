@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from calibrate.composer import KernelTables, StepComposer
-from calibrate.measured import SYSTEMS, TABLES
+from sim.composer import KernelTables, StepComposer
+from sim.composer import SYSTEMS, TABLES
 from sim.batch import BatchStats
 from sim.cost import RooflineCost
 from sim.hardware import HARDWARE_PRESETS

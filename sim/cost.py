@@ -24,6 +24,7 @@ from . import measured
 from .errors import ScenarioError
 from .hardware import HardwareSpec
 from .models import ModelSpec
+from .overheads import OVERHEAD_KEYS, EngineOverheads, default_overheads, parse_overheads, serving_error_band
 # the per-iteration models, importable from here as before (the contract above names them)
 from .step_cost import (CostModel, ProfileCost, RooflineCost, ScaledCost, StepProfile, UnitCost,
                         WindowedCost, prefill_attention_work)
@@ -174,35 +175,41 @@ def _profile_options(options: Any, where: str, hardware: HardwareSpec, tp: int, 
         raise ScenarioError(f"{profile.source}: metadata.tensor_parallel_size is {fitted_tp} "
                             f"but the scenario runs tensor_parallel_size={tp}; "
                             f"use a profile fitted at that size")
-    return {"profile": profile}
+    out: dict = {"profile": profile}
+    if isinstance(profile, measured.TableProfile):  # kernel time: the engine's overheads on top
+        out["overheads"] = profile.overheads or default_overheads()
+    return out
 
 
-_MEASURED_KWARGS = ("cpu_overhead_s", "cpu_overhead_per_seq_s")
+_MEASURED_KWARGS = ("cpu_overhead_s", "cpu_overhead_per_seq_s", *OVERHEAD_KEYS)
 
 
 def _measured_options(options: Any, where: str, hardware: HardwareSpec, tp: int, model=None) -> dict:
-    """The shipped profile of the scenario's model x GPU x TP (sim/profiles/), read now, and the
-    scenario's CPU-overhead tuning."""
+    """The step profile of the scenario's model x GPU x TP, read or composed now, and the
+    scenario's engine-overhead tuning (sim/overheads.py; defaults fitted to real vLLM). The
+    profile: the shipped one (sim/profiles/) of a preset model, else composed from the GPU's
+    kernel tables (sim/tables/) for any model the composer covers (a config.json's)."""
     options = _section(options, f"{where}.measured", lambda path: path, _MEASURED_KWARGS)
-    kwargs = {k: _num(v, f"{where}.measured.{k}", 0, cap=MAX_STEP_SECONDS) for k, v in options.items()}
+    kwargs = {k: _num(v, f"{where}.measured.{k}", 0, cap=MAX_STEP_SECONDS) if k != "async_scheduling" else v
+              for k, v in options.items()}
+    overheads = parse_overheads(kwargs, default_overheads(), f"{where}.measured")
     from .hardware import HARDWARE_PRESETS
     from .models import MODEL_PRESETS
 
+    if HARDWARE_PRESETS.get(hardware.name) != hardware:
+        raise _fail(where, f"measured: kernel tables exist for preset GPUs only, and "
+                           f"{hardware.name!r} is not one (or differs from it); use roofline")
     # a model read from a config.json is its preset's when every field but the name agrees
     # (tests/fixtures/hf_configs/ Mixtral-8x7B is mixtral-8x7b)
-    name = next((n for n, m in MODEL_PRESETS.items() if m == replace(model, name=n)), model.name)
-    for spec, key, presets, what in ((model, name, MODEL_PRESETS, "model"),
-                                     (hardware, hardware.name, HARDWARE_PRESETS, "GPU")):
-        if presets.get(key) != replace(spec, name=key):
-            raise _fail(where, f"measured: profiles are shipped for preset {what}s only, and "
-                               f"{spec.name!r} is not one (or differs from it); use roofline, or "
-                               f"build a profile with servesim calibrate --from-tables")
-    path = measured.shipped_profile(name, hardware.name, tp)
-    if path is None:
-        raise _fail(where, f"measured: no shipped profile for {model.name} on {hardware.name} at "
-                           f"tensor_parallel_size={tp} ({shipped_summary()}); use roofline, or "
-                           f"build one with servesim calibrate --from-tables")
-    return {"profile": load_profile(path, f"{where}.measured"), **kwargs}
+    name = next((n for n, m in MODEL_PRESETS.items() if m == replace(model, name=n)), None)
+    path = measured.shipped_profile(name, hardware.name, tp) if name is not None else None
+    if path is not None:
+        profile = load_profile(path, f"{where}.measured")
+    else:
+        from .composer import composed_profile
+        profile = composed_profile(model, hardware, tp, where)
+    return {"profile": profile, **{k: v for k, v in kwargs.items() if k not in OVERHEAD_KEYS},
+            "overheads": overheads}
 
 
 def shipped_summary() -> str:
@@ -215,7 +222,8 @@ def _build_profile(kw, m, hw, tp):
     profile = kw["profile"]
     if isinstance(profile, measured.TableProfile):
         return measured.TableProfileCost(profile, kw.get("cpu_overhead_s"),
-                                         kw.get("cpu_overhead_per_seq_s"), kw.get("kv_cache_dtype", "auto"))
+                                         kw.get("cpu_overhead_per_seq_s"), kw.get("kv_cache_dtype", "auto"),
+                                         kw.get("overheads"), tp)
     return ProfileCost(profile)
 
 
@@ -240,7 +248,7 @@ COST_MODELS: dict[str, CostModelKind] = {
                               "the shipped profile from published kernel timings of the "
                               "scenario's model, GPU and TP (the default where one exists)"),
 }
-_ALLOWED = ("measured, {measured: {cpu_overhead_s: S}}, roofline, {roofline: {constant: value}}, "
+_ALLOWED = ("measured, {measured: {frontend_s: S, host_per_iteration_s: S, ...}}, roofline, {roofline: {constant: value}}, "
             "{profile: PATH}, unit")
 
 
@@ -257,6 +265,12 @@ class CostModelSpec:
     def profile(self) -> StepProfile | None:
         return self.options.get("profile")
 
+    @property
+    def overheads(self) -> EngineOverheads | None:
+        """The engine overheads on top of a measured profile's kernel time (None: the model's
+        step times are whole iterations already: roofline, unit, fitted v1 profiles)."""
+        return self.options.get("overheads")
+
     def build(self, model: ModelSpec, hardware: HardwareSpec, tensor_parallel_size: int,
               kv_cache_dtype: str = "auto") -> CostModel:
         """The model for one simulation; `kv_cache_dtype` (the engine's) prices KV reads where the
@@ -269,9 +283,9 @@ class CostModelSpec:
 
     def as_yaml(self) -> Any:
         """The spec as a scenario writes it (profile paths absolute)."""
-        tuning = {k: v for k, v in self.options.items() if k != "profile"}
-        if self.name == "measured":
-            return {"measured": tuning} if tuning else "measured"
+        tuning = {k: v for k, v in self.options.items() if k not in ("profile", "overheads")}
+        if self.name == "measured":  # the overheads in force, written out: the run repeats whatever
+            return {"measured": {**tuning, **self.overheads.as_dict()}}  # the defaults become
         if self.profile is not None:
             return {"profile": str(self.profile.source)}
         return {self.name: tuning} if tuning else self.name
@@ -287,12 +301,35 @@ class CostModelSpec:
                        heldout_mape=meta.get("heldout_mape"))
             if "source" in meta:
                 out["source"] = meta["source"]
-        tuning = {k: v for k, v in self.options.items() if k != "profile"}
+        tuning = {k: v for k, v in self.options.items() if k not in ("profile", "overheads")}
         if tuning:
             out["options"] = tuning
+        if self.overheads is not None:
+            out["engine_overheads"] = self.overheads.as_dict()
+        out["error_band"] = self.error_band()
         if self.scale != 1.0:
             out["scale"] = self.scale
         return out
+
+    def error_band(self) -> dict | None:
+        """How far real iterations were from this model's, measured against real serving: step-time
+        factors `slower` (>= 1) and `faster` (<= 1) that bracket the real step (10th and 90th
+        percentile of the held-out error), and their `basis`; None where the model was never
+        checked against a real server (the roofline, unit, a profile without such a check).
+
+        A kernel-table (v2) profile's own interpolation error (`heldout_mape`: the profile against
+        the tables it was tabulated from) says nothing about real serving and is not used here."""
+        profile = self.profile
+        if isinstance(profile, measured.TableProfile):
+            if profile.metadata.get("serving_error") is not None:  # calibrate --from-bench: the user's server
+                return profile.metadata["serving_error"]
+            # the default overheads carry their held-out error; a profile's own, never checked, none
+            return serving_error_band() if profile.overheads is None else None
+        mape = profile.metadata.get("heldout_mape") if profile is not None else None
+        if mape:  # a v1 profile fitted to timed iterations of a real engine: its held-out error
+            return {"slower": 1 + mape, "faster": max(0.0, 1 - mape),
+                    "basis": f"the profile's held-out MAPE ({mape:.1%}) against the engine it was fitted on"}
+        return None
 
 
 def describe(provenance: dict | None) -> str:
@@ -338,12 +375,13 @@ def default_cost_model(model: ModelSpec, hardware: HardwareSpec, tensor_parallel
     try:
         return check_kv_cache_dtype(parse_cost_model("measured", model, hardware, tensor_parallel_size, where),
                                     kv_cache_dtype, where)
-    except ScenarioError:
+    except ScenarioError as e:
         spec = parse_cost_model("roofline", model, hardware, tensor_parallel_size, where)
         fp8 = " with an FP8 KV cache" if kv_cache_dtype != "auto" else ""
+        why = str(e).removeprefix(f"{where}: " if where else "").removeprefix("measured: ")
         return CostModelSpec("roofline", spec.options, notice=(
             f"step costs are estimated (roofline), not measured: no measured profile for "
-            f"{model.name} on {hardware.name} at tensor_parallel_size={tensor_parallel_size}{fp8}"))
+            f"{model.name} on {hardware.name} at tensor_parallel_size={tensor_parallel_size}{fp8} ({why})"))
 
 
 def check_kv_cache_dtype(spec: CostModelSpec, kv_cache_dtype: str, where: str = "") -> CostModelSpec:

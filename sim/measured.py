@@ -1,7 +1,7 @@
 """Measured step costs: `servesim-step-profile/v2` files (table-lookup terms) and the shipped ones.
 
 A v2 profile is one model x GPU x tensor-parallel size, tabulated by calibrate/measured.py from
-kernel timings measured on that GPU (calibrate/tables/, imported from NVIDIA AIConfigurator). An
+kernel timings measured on that GPU (sim/tables/, imported from NVIDIA AIConfigurator). An
 iteration with T scheduled tokens, S sequences, n decodes with context sum C, and b prefill chunks
 whose causal (query, key) pairs sum to P costs, in seconds:
 
@@ -32,12 +32,13 @@ import yaml
 
 from .batch import BatchStats
 from .errors import ScenarioError
+from .overheads import EngineOverheads, overheads_from_mapping
 
 FORMAT = "servesim-step-profile/v2"
 PROFILES = Path(__file__).resolve().parent / "profiles"
 _META_KEYS = ("device", "model", "dtype", "tensor_parallel_size", "measured", "source",
               "heldout_mape", "heldout_max_error", "heldout_shapes", "notes", "extrapolated",
-              "tables", "hardware", "kv_cache_dtypes")
+              "tables", "hardware", "kv_cache_dtypes", "serving_error", "calibrated_on")
 
 
 def _fail(where: str, msg: str) -> ScenarioError:
@@ -132,6 +133,9 @@ class TableProfile:
     source: Path
     sha256: str = ""
     fp8_kv_cache: tuple[Grid, Grid] | None = None  # (decode, prefill) with an FP8 KV cache
+    # the engine overheads on top of the kernel time, where the profile carries its own (fitted to
+    # the user's server: calibrate --from-bench); None: the fitted defaults (sim/overheads.py)
+    overheads: EngineOverheads | None = None
 
     def attention(self, kv_cache_dtype: str = "auto") -> tuple[Grid, Grid]:
         """(decode, prefill) attention grids for the engine's KV-cache dtype (fp8, fp8_e4m3 and
@@ -158,8 +162,19 @@ def load_table_profile(path: Path, doc: dict, data: bytes) -> TableProfile:
     tp = meta["tensor_parallel_size"]
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise _fail(f"{where}: metadata.tensor_parallel_size", f"must be a positive integer, got {tp!r}")
+    band = meta.get("serving_error")
+    if band is not None:  # calibrate --from-bench: the error against the user's server (the plan's band)
+        ok = (isinstance(band, dict) and set(band) == {"slower", "faster", "basis"}
+              and all(isinstance(band[k], (int, float)) and not isinstance(band[k], bool) for k in ("slower", "faster"))
+              and 1 <= band["slower"] < 10 and 0 < band["faster"] <= 1 and isinstance(band["basis"], str))
+        if not ok:
+            raise _fail(f"{where}: metadata.serving_error", "must be a mapping of slower (>= 1), faster "
+                                                             "(in (0, 1]) and basis (text)")
     keys = ("tokens", "sequences", "decode_attention", "prefill_attention", "cpu_overhead")
-    m = _mapping(doc["model"], f"{where}: model", keys + (("fp8_kv_cache",) if "fp8_kv_cache" in doc["model"] else ()))
+    optional = tuple(k for k in ("fp8_kv_cache", "engine_overheads") if isinstance(doc["model"], dict) and k in doc["model"])
+    m = _mapping(doc["model"], f"{where}: model", keys + optional)
+    overheads = (overheads_from_mapping(m["engine_overheads"], f"{where}: model.engine_overheads")
+                 if "engine_overheads" in m else None)
     fp8 = None
     if "fp8_kv_cache" in m:
         f = _mapping(m["fp8_kv_cache"], f"{where}: model.fp8_kv_cache", ("decode_attention", "prefill_attention"))
@@ -176,7 +191,7 @@ def load_table_profile(path: Path, doc: dict, data: bytes) -> TableProfile:
         prefill_attention=Grid.parse(m["prefill_attention"], f"{where}: model.prefill_attention",
                                      "chunks", "length"),
         cpu_per_iteration=float(per_it), cpu_per_sequence=float(per_seq), metadata=meta,
-        source=path, sha256=hashlib.sha256(data).hexdigest(), fp8_kv_cache=fp8)
+        source=path, sha256=hashlib.sha256(data).hexdigest(), fp8_kv_cache=fp8, overheads=overheads)
 
 
 def prefill_equivalent(lens: list[int], contexts: list[int]) -> tuple[int, float]:
@@ -189,14 +204,18 @@ def prefill_equivalent(lens: list[int], contexts: list[int]) -> tuple[int, float
 class TableProfileCost:
     """The step-cost model of a v2 profile; `cpu_overhead_s` / `cpu_overhead_per_seq_s` replace the
     profile's CPU term when given (a scenario's tuning); `kv_cache_dtype` (the engine's) picks the
-    attention grids."""
+    attention grids; `overheads` (sim/overheads.py) turns the kernel time g of an iteration into
+    max(g, host) + per-iteration adders, at `tensor_parallel_size`."""
 
     def __init__(self, profile: TableProfile, cpu_overhead_s: float | None = None,
-                 cpu_overhead_per_seq_s: float | None = None, kv_cache_dtype: str = "auto"):
+                 cpu_overhead_per_seq_s: float | None = None, kv_cache_dtype: str = "auto",
+                 overheads: EngineOverheads | None = None, tensor_parallel_size: int = 1):
         self.profile = p = profile
         self._decode, self._prefill = p.attention(kv_cache_dtype)
         self._cpu = p.cpu_per_iteration if cpu_overhead_s is None else cpu_overhead_s
         self._cpu_seq = p.cpu_per_sequence if cpu_overhead_per_seq_s is None else cpu_overhead_per_seq_s
+        self._floor, self._adder = (0.0, 0.0) if overheads is None else \
+            overheads.step_floor_and_adder(tensor_parallel_size)
         self._tokens: dict[int, float] = {}     # T -> tokens(T), cached: T repeats a lot
         self._sequences: dict[int, float] = {}  # S -> sequences(S)
 
@@ -210,6 +229,12 @@ class TableProfileCost:
         return self._cpu + self._cpu_seq * seqs + t + s
 
     def step_times(self, stats: BatchStats, steps: int = 1) -> np.ndarray:
+        times = self._gpu_times(stats, steps)
+        if self._floor:
+            times = np.maximum(times, self._floor)
+        return times + self._adder if self._adder else times
+
+    def _gpu_times(self, stats: BatchStats, steps: int) -> np.ndarray:
         n = stats.num_decodes
         chunks = len(stats.prefill_lens)
         t = self._fixed(stats.total_tokens, chunks + n)

@@ -54,6 +54,8 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
     `workload` replaces the scenario's (tests, planners); fast_forward=False steps every iteration;
     `cost` replaces the scenario's cost model (validation's replay of measured iterations)."""
     own_workload = workload is None
+    # the engine's overheads on request times (sim/overheads.py), with the scenario's own cost model
+    overheads = scenario.cost_model.overheads if cost is None else None
     rng = np.random.default_rng(scenario.seed)  # the run's one generator: the workload, then acceptances
     if own_workload:
         workload = build_workload(scenario.workload, rng)
@@ -92,6 +94,11 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
         progress(len(req), len(req))
     caches = [s.kv for s in schedulers if isinstance(s.kv, PrefixKVCache) and s.kv.reports]
     steps = steps_frame(recorder, cached=bool(caches))  # prefix caching: cached blocks over time
+    if overheads is not None and overheads.on_requests:  # request handling, scheduling lag
+        overheads.apply(req.arrival, req.prompt, req.first_scheduled, req.first_token, req.finish,
+                        req.replica, (steps["replica"].to_numpy(), steps["start_s"].to_numpy(),
+                                      steps["duration_s"].to_numpy(), steps["count"].to_numpy()),
+                        np.frombuffer(recorder.durations, dtype=np.float64))
     requests = requests_frame(req)
     if workload.users is not None:
         requests["user"] = loop.user  # who sent each request (closed loop only)

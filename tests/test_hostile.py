@@ -248,11 +248,11 @@ OTHER_CASES = {
     "run scenario /dev/zero": lambda t: ["run", "/dev/zero", "--out", str(t / "out")],
     "calibrate --from-tables missing": lambda t: ["calibrate", "--from-tables", str(t / "nope"), "--model",
                                                   "llama-3-8b", "--gpu", "h100-sxm", "--out", str(t / "p.yaml")],
-    "calibrate --from-tables tp 3": lambda t: ["calibrate", "--from-tables", str(ROOT / "calibrate/tables/h100_sxm"),
+    "calibrate --from-tables tp 3": lambda t: ["calibrate", "--from-tables", str(ROOT / "sim/tables/h100_sxm"),
                                                "--model", "llama-3-8b", "--gpu", "h100-sxm", "--tp", "3",
                                                "--out", str(t / "p.yaml")],
     "calibrate --from-tables config /dev/zero": lambda t: [
-        "calibrate", "--from-tables", str(ROOT / "calibrate/tables/h100_sxm"), "--model", "/dev/zero",
+        "calibrate", "--from-tables", str(ROOT / "sim/tables/h100_sxm"), "--model", "/dev/zero",
         "--gpu", "h100-sxm", "--out", str(t / "p.yaml")],
 }
 

@@ -105,10 +105,13 @@ def headline(r: dict) -> list[tuple[str, str]]:
                      f"{rec['replicas']} ({_seeds(cl['point'])} seeds meet the SLO){check}"))
     if "band" in r:
         b = r["band"]
-        side = lambda k: load(b[k]["answer"]) if b[k]["answer"] is not None else "none"  # noqa: E731
-        rows.append(("cost-model error band", f"{side('steps_slower')} if steps cost {b['heldout_mape']:.1%} more, "
-                                              f"{side('steps_faster')} if {b['heldout_mape']:.1%} less (the "
-                                              "profile's held-out MAPE)"))
+        if "steps_slower" not in b:
+            rows.append(("cost-model error band", b["note"]))
+        else:
+            side = lambda k: load(b[k]["answer"]) if b[k]["answer"] is not None else "none"  # noqa: E731
+            rows.append(("cost-model error band",
+                         f"{side('steps_slower')} if real steps take {b['slower'] - 1:+.1%} against the "
+                         f"simulated ones, {side('steps_faster')} if {b['faster'] - 1:+.1%} ({b['basis']})"))
     u = r.get("utilisation") or {}
     if u:
         busy = u.get("busy_fraction_at_sustained")

@@ -159,8 +159,9 @@ def plan(path: str | Path, slo: SLOConfig, *, overrides: Iterable[str] = (), tar
         raise ScenarioError(f"{flag[target_unit]}: {path} is {kind}; use {flag[knob.unit]}")
     if not 0 < headroom <= 1:
         raise ScenarioError(f"--headroom: {headroom:g} is not in (0, 1] (0.8: plan for 80% of the sustained load)")
-    mape = (sc.cost_model.provenance().get("heldout_mape") or 0.0) if band else 0.0
-    banded = mape >= options.resolution / 2
+    error_band = sc.cost_model.error_band() if band else None
+    # a band that cannot move the answer a grid step is not simulated
+    banded = error_band is not None and max(error_band["slower"] - 1, 1 - error_band["faster"]) >= options.resolution / 2
     phases = Phases(ev, progress, ["locating the boundary"] + ([] if ev.deterministic else ["confirming the answer"])
                     + ["engine settings", "confirming the chosen setting"] + (["cost-error band"] if banded else [])
                     + (["sizing the cluster"] if target is not None else []))
@@ -201,14 +202,16 @@ def plan(path: str | Path, slo: SLOConfig, *, overrides: Iterable[str] = (), tar
         tp = sc.engine.tensor_parallel_size
         price = sc.hardware.usd_per_hour if gpu_hour_usd is None else gpu_hour_usd
         extra = engine_overrides(sc.engine, chosen)
-        if mape and mape < options.resolution / 2:  # cannot move the answer a grid step: no simulation
-            out["band"] = {"heldout_mape": mape, "steps_slower": {"answer": best["answer"]},
-                           "steps_faster": {"answer": best["answer"]},
-                           "note": f"MAPE {mape:.2%} is under half the grid step ({options.resolution:.0%}): "
-                                   "the same answer either way, not simulated"}
-        elif mape:
+        if band and error_band is None:
+            out["band"] = {"note": f"none: {describe_unchecked(sc.cost_model)}"}
+        elif error_band is not None and not banded:  # cannot move the answer a grid step
+            out["band"] = {**error_band, "steps_slower": {"cost_scale": error_band["slower"], "answer": best["answer"]},
+                           "steps_faster": {"cost_scale": error_band["faster"], "answer": best["answer"]},
+                           "note": f"under half the grid step ({options.resolution:.0%}): the same answer "
+                                   "either way, not simulated"}
+        elif error_band is not None:
             phases.start("cost-error band")
-            out["band"] = cost_band(ev, knob, extra, best, mape)
+            out["band"] = cost_band(ev, knob, extra, best, error_band)
             steps["band"] = ev.simulations - sum(steps.values())
         planned = best["answer"] * headroom
         if target is not None:
@@ -230,12 +233,13 @@ def plan(path: str | Path, slo: SLOConfig, *, overrides: Iterable[str] = (), tar
     return out
 
 
-def cost_band(ev: Evaluator, knob: Knob, extra: tuple[str, ...], best: dict, mape: float) -> dict:
-    """The sustained load if every step cost `mape` more, and `mape` less: the cost model's measured
-    error (a profile's held-out MAPE) carried into the answer. Each side is its own confirmed search,
-    started from the answer scaled by the same factor."""
-    out = {"heldout_mape": mape}
-    for side, scale in (("steps_slower", 1 + mape), ("steps_faster", 1 - mape)):
+def cost_band(ev: Evaluator, knob: Knob, extra: tuple[str, ...], best: dict, error_band: dict) -> dict:
+    """The sustained load if every step took `error_band["slower"]` times as long, and
+    `error_band["faster"]` times: the cost model's error against real serving carried into the
+    answer. Each side is its own confirmed search, started from the answer scaled by the same
+    factor."""
+    out = dict(error_band)
+    for side, scale in (("steps_slower", error_band["slower"]), ("steps_faster", error_band["faster"])):
         scaled = ev.scaled(scale)
         if ev.progress is not None:
             scaled.progress = lambda n: ev.progress(ev.simulations + n)
@@ -244,6 +248,15 @@ def cost_band(ev: Evaluator, knob: Knob, extra: tuple[str, ...], best: dict, map
                      "simulations": scaled.simulations}
         ev.cache.update({("band", scale, *k): v for k, v in scaled.cache.items()})  # counted as the plan's
     return out
+
+
+def describe_unchecked(spec) -> str:
+    """Why a cost model has no error band: it was never checked against a real server."""
+    if spec.name == "roofline":
+        return "the roofline estimate was never checked against a real server"
+    if spec.name == "unit":
+        return "the unit cost model counts iterations"
+    return "this profile was never checked against a real server (no held-out error)"
 
 
 def utilisation(best: dict, headroom: float, target: float | None, replicas: int, knob: Knob) -> dict:

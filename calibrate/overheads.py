@@ -1,0 +1,219 @@
+"""Fit vLLM's engine overheads (sim/overheads.py) to measured serving runs, by simulating them.
+
+Used by `bench/fidelity.py --fit` (the published H100 runs: the shipped defaults) and by
+`servesim calibrate --from-bench` (a user's own `vllm bench serve` results). A run is a `Case`: its
+measured metrics and a way to simulate it with given overheads. The fit simulates every case at
+every point of GRID (the per-iteration terms change the engine's dynamics, so each needs its own
+simulation), and solves `frontend_s` on each point without simulating (it shifts TTFT and E2E by a
+constant). The loss is the mean |error| of mean TPOT, median E2E and median TTFT over the cases the
+real server sustained, plus 1 per case mis-classified (simulated overloaded while the real server
+kept up, or the reverse): no gain in error is worth that. Ties go to the first grid point, the
+smallest overheads.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+SATURATED_TTFT_S = 1.0  # a run whose median TTFT reaches this did not keep up (real and simulated)
+# The grid searched (seconds). host_per_iteration_s hides under GPU work: only runs whose iterations
+# are shorter than it can tell it apart from 0.
+GRID = {"async_scheduling": (False, True), "host_per_iteration_s": (0.0, 8e-3),
+        "per_iteration_s": (0.0, 0.25e-3, 0.5e-3, 0.75e-3, 1e-3),
+        "tp_sync_per_iteration_s": (0.0, 0.25e-3, 0.5e-3, 1e-3)}
+FRONTEND_GRID = np.round(np.arange(0.0, 20.0001e-3, 0.1e-3), 7)  # frontend_s candidates, s
+FIT_METRICS = ("tpot_mean_ms", "e2e_p50_s", "ttft_p50_ms")  # their mean |error| is minimised
+
+
+@dataclass
+class Result:
+    """One run, measured (`real`) and simulated (`sim`): ttft_p50_ms, tpot_mean_ms, tpot_p50_ms,
+    e2e_p50_s, e2e_p90_s. `info` names it: at least "stage" (its name) and "model"."""
+    info: dict
+    real: dict
+    sim: dict
+    real_overloaded: bool
+    sim_overloaded: bool
+    wall_s: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return self.info["stage"]
+
+    @property
+    def error(self) -> dict:
+        return {k: (self.sim[k] - self.real[k]) / self.real[k] for k in self.real}
+
+
+def sim_metrics(requests) -> dict:
+    """The five metrics from a run's requests frame (requests.csv)."""
+    tpot = requests["tpot_s"].dropna()
+    return {"ttft_p50_ms": 1e3 * float(requests["ttft_s"].median()), "tpot_mean_ms": 1e3 * float(tpot.mean()),
+            "tpot_p50_ms": 1e3 * float(tpot.median()), "e2e_p50_s": float(requests["e2e_s"].median()),
+            "e2e_p90_s": float(requests["e2e_s"].quantile(0.9))}
+
+
+def with_frontend(r: Result, f: float) -> dict:
+    """The run's simulated metrics with `f` seconds more request handling (TTFT and E2E)."""
+    sim = dict(r.sim)
+    sim["ttft_p50_ms"] += 1e3 * f
+    sim["e2e_p50_s"] += f
+    sim["e2e_p90_s"] += f
+    return sim
+
+
+def loss(results: list[Result], f: float) -> float:
+    errs, wrong = [], 0
+    for r in results:
+        wrong += r.sim_overloaded != r.real_overloaded
+        if r.real_overloaded:
+            continue
+        sim = with_frontend(r, f)
+        errs += [abs(sim[k] - r.real[k]) / r.real[k] for k in FIT_METRICS]
+    return (float(np.mean(errs)) if errs else 0.0) + wrong
+
+
+def best_frontend(results: list[Result]) -> tuple[float, float]:
+    losses = [loss(results, f) for f in FRONTEND_GRID]
+    i = int(np.argmin(losses))
+    return float(FRONTEND_GRID[i]), losses[i]
+
+
+def grid_points(grid: dict | None = None) -> list[dict]:
+    grid = grid or GRID
+    keys = list(grid)
+    return [dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys))]
+
+
+def point_key(params: dict) -> str:
+    return json.dumps({k: params[k] for k in GRID if k in params}, sort_keys=True)
+
+
+@dataclass
+class Fit:
+    per_point: list[tuple[dict, list[Result]]] = field(default_factory=list)
+
+    def best(self, keep: Callable[[Result], bool] = lambda r: True) -> tuple[dict, float]:
+        """The grid point and frontend minimising the loss over the results `keep` selects."""
+        best = None
+        for point, results in self.per_point:
+            f, value = best_frontend([r for r in results if keep(r)])
+            if best is None or value < best[1] - 1e-12:
+                best = ({**point, "frontend_s": f, "frontend_per_prompt_token_s": 0.0}, value)
+        return best
+
+    def results(self, params: dict) -> list[Result]:
+        """Every run as simulated with `params` (its grid point; its frontend added)."""
+        index = {point_key(p): res for p, res in self.per_point}
+        f = params["frontend_s"]
+        return [Result(r.info, r.real, with_frontend(r, f), r.real_overloaded, r.sim_overloaded, r.wall_s)
+                for r in index[point_key(params)]]
+
+
+def simulate_grid(simulate_point: Callable[[dict], list[Result]],
+                  progress: Callable[[str], None] | None = None, grid: dict | None = None) -> Fit:
+    """simulate_point(measured options) -> every run's Result, at each point of `grid` (default
+    GRID; its keys a subset of GRID's) with frontend 0."""
+    fit = Fit()
+    points = grid_points(grid)
+    t0 = time.time()
+    for i, point in enumerate(points):
+        fit.per_point.append((point, simulate_point({**point, "frontend_s": 0.0,
+                                                     "frontend_per_prompt_token_s": 0.0})))
+        if progress is not None:
+            done = time.time() - t0
+            progress(f"  grid point {i + 1}/{len(points)} {json.dumps(point)}: {done:.0f} s, "
+                     f"ETA {done / (i + 1) * (len(points) - i - 1):.0f} s")
+    return fit
+
+
+def step_time_error(results: list[Result]) -> dict:
+    """The 10th and 90th percentile of the signed mean-TPOT error over the sustained runs: the
+    planner's error band (sim/overheads.serving_error_band)."""
+    errs = [r.error["tpot_mean_ms"] for r in results if not r.real_overloaded]
+    return {"p10": round(float(np.percentile(errs, 10)), 4), "p90": round(float(np.percentile(errs, 90)), 4),
+            "stages": len(errs)}
+
+
+def error_band(results: list[Result], basis: str) -> dict:
+    """step_time_error as step-time factors (real = simulated / (1 + error))."""
+    e = step_time_error(results)
+    return {"slower": round(1 / (1 + e["p10"]), 4), "faster": round(1 / (1 + e["p90"]), 4),
+            "basis": f"{basis}: TPOT error {e['p10']:+.1%} to {e['p90']:+.1%} (10th-90th percentile, "
+                     f"{e['stages']} runs)"}
+
+
+# ----------------------------------------------------------------------------- your own server
+
+def bench_metrics(doc: dict) -> dict:
+    """A `vllm bench serve --save-result` document's measured metrics, in Result's keys (those it
+    has: its aggregate keys, else its per-request lists)."""
+    from sim.reporting.compare import _measured
+    pick = {"ttft_p50_ms": ("ttft", "median", 1.0), "tpot_mean_ms": ("tpot", "mean", 1.0),
+            "tpot_p50_ms": ("tpot", "median", 1.0), "e2e_p50_s": ("e2el", "median", 1e-3)}
+    out = {}
+    for key, (metric, stat, scale) in pick.items():
+        value = _measured(doc, metric, stat)
+        if value is not None and value > 0:
+            out[key] = value * scale
+    return out
+
+
+def bench_scenario(bench: Path, model, gpu: str, tp: int, measured: dict | None) -> dict:
+    """The scenario that replays one benchmark's requests on the engine being calibrated."""
+    return {"name": "calibrate-" + "".join(c if c.isalnum() or c in "._-" else "-" for c in bench.stem)[:60],
+            "seed": 0, "model": model, "hardware": gpu,
+            "cost_model": {"measured": dict(measured)} if measured is not None else None,
+            "engine": {"scheduler": "chunked", "tensor_parallel_size": tp},
+            "workload": {"trace": str(bench.resolve()), "format": "vllm_bench"}}
+
+
+def fit_bench(benches: list[Path], model, gpu: str, tp: int, overrides: tuple[str, ...] = (),
+              grid: dict | None = None, progress: Callable[[str], None] | None = None) -> dict:
+    """Fit the engine overheads to `vllm bench serve` results of one server (model, GPU, TP and
+    the engine settings in `overrides`, e.g. engine.max_num_seqs=128): each result's requests are
+    replayed (its start_times, or its request_rate) at every grid point. Returns the fitted
+    parameters and per-run results before (the shipped defaults) and after, and the scenario
+    of the first run (to build the profile from). ScenarioError for unusable inputs."""
+    from sim.config import scenario_from_dict
+    from sim.errors import ScenarioError
+    from sim.reporting.compare import measured_doc
+    from sim.simulate import simulate
+
+    real = []
+    for b in benches:
+        m = bench_metrics(measured_doc(b))
+        missing = [k for k in FIT_METRICS if k not in m]
+        if missing:
+            raise ScenarioError(f"{b}: no measured {', '.join(missing)} (expected vllm bench serve "
+                                f"--save-result output with its median_ttft_ms, mean_tpot_ms, median_e2el_ms)")
+        real.append(m)
+
+    def run(measured: dict | None) -> list[Result]:
+        out = []
+        for b, m in zip(benches, real):
+            sc = scenario_from_dict(bench_scenario(b, model, gpu, tp, measured), base_dir=b.resolve().parent,
+                                    overrides=overrides)
+            t0 = time.perf_counter()
+            sim = sim_metrics(simulate(sc).requests)
+            out.append(Result({"stage": b.name, "model": sc.model.name}, m, sim,
+                              m["ttft_p50_ms"] >= 1e3 * SATURATED_TTFT_S,
+                              sim["ttft_p50_ms"] >= 1e3 * SATURATED_TTFT_S, time.perf_counter() - t0))
+        return out
+
+    before = run(None)
+    first = scenario_from_dict(bench_scenario(benches[0], model, gpu, tp, None),
+                               base_dir=benches[0].resolve().parent, overrides=overrides)
+    if first.cost_model.name != "measured":
+        raise ScenarioError(f"{first.model.name} on {gpu} at TP {tp}: {first.cost_model.notice}; "
+                            "--from-bench fits the overheads on top of measured kernel times")
+    fit = simulate_grid(run, progress, grid)
+    params, value = fit.best()
+    return {"params": params, "loss": value, "before": before, "after": fit.results(params),
+            "scenario": first}
