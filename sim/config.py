@@ -140,7 +140,10 @@ class Scenario:
         draft = None
         if spec.draft_model is not None:  # the draft's own cost: measured where shipped, else roofline
             m = models.MODEL_PRESETS[spec.draft_model]
-            draft = cost.default_cost_model(m, self.hardware, tp).build(m, self.hardware, tp)
+            drafted = cost.default_cost_model(m, self.hardware, tp)
+            if drafted.overheads is not None:  # the draft runs inside the target's iteration: its kernel
+                drafted = dataclasses.replace(drafted, options={**drafted.options, "overheads": None})  # time only
+            draft = drafted.build(m, self.hardware, tp)
         return SpeculativeCost(target, spec, draft, self.model.num_layers)
 
 

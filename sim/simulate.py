@@ -7,7 +7,9 @@ import math
 import os
 import signal
 import tempfile
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -189,16 +191,39 @@ def write_outputs(result: SimResult, out_dir: Path) -> None:
             like_open(fd)
             with os.fdopen(fd, "wb") as f:
                 write(f)
-        held = {signal.SIGINT, signal.SIGTERM}
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
-        try:
+        with signals_held():
             for name, tmp in temps:
                 os.replace(tmp, out_dir / name)
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
     finally:
         for _, tmp in temps:
             tmp.unlink(missing_ok=True)
+
+
+@contextmanager
+def signals_held():
+    """SIGINT and SIGTERM wait until the block is done, then act as they would have. In the main
+    thread a Python handler records them: blocking them with pthread_sigmask there is not enough,
+    since a process-directed signal goes to any thread that does not block it (pyarrow's and
+    OpenBLAS's workers), whose C handler still raises in the main thread at the next bytecode (a
+    SIGTERM then landed between two renames of a run's files under load). Elsewhere (signal
+    handlers belong to the main thread) the calling thread's mask."""
+    held = (signal.SIGINT, signal.SIGTERM)
+    if threading.current_thread() is not threading.main_thread():
+        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+        try:
+            yield
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        return
+    caught: list[int] = []
+    old = {sig: signal.signal(sig, lambda signum, frame: caught.append(signum)) for sig in held}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():  # (None: a handler not set from Python; the default)
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        if caught:
+            signal.raise_signal(caught[0])
 
 
 def write_csv(frame: pd.DataFrame, f, rows: int = 1 << 18) -> None:

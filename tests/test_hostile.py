@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import resource
+import os
 import signal
 import subprocess
 import sys
@@ -455,6 +456,35 @@ def test_fuzz_trace_readers(tmp_path, source, data):
             return
     assert (table["prompt_tokens"] >= 1).all() and (table["output_tokens"] >= 1).all()
     assert (table["arrival_s"] >= 0).all()
+
+
+def test_signals_wait_for_the_renames_and_then_act_even_from_another_thread():
+    """A SIGTERM sent while a run's files are renamed into place acts after the last rename, also
+    when another thread of the process takes it (as pyarrow's and OpenBLAS's workers may)."""
+    import threading
+
+    from sim.simulate import signals_held
+    seen: list[str] = []
+    old = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append("handled"))
+    go, done = threading.Event(), threading.Event()
+
+    def worker():  # started before the renames, like a pool's thread: SIGTERM not blocked in it
+        go.wait()
+        signal.pthread_kill(threading.get_ident(), signal.SIGTERM)  # the C handler runs here
+        done.set()
+    t = threading.Thread(target=worker)
+    t.start()
+    try:
+        with signals_held():
+            go.set()
+            done.wait()
+            for _ in range(10000):  # bytecodes run: an unheld Python handler would have run by now
+                pass
+            seen.append("renamed")
+        assert seen == ["renamed", "handled"]
+    finally:
+        t.join()
+        signal.signal(signal.SIGTERM, old)
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])

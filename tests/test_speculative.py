@@ -120,3 +120,21 @@ def test_a_draft_model_is_priced_with_its_own_cost_model():
     stats = BatchStats(prefill_lens=np.full(4, 4), prefill_contexts=np.full(4, 100), draft_seqs=4,
                        draft_context_sum=400)
     assert sc.cost().step_times(stats)[0] > make_scenario(cost_model="roofline").cost().step_times(stats)[0]
+
+
+def test_a_measured_draft_is_priced_by_its_kernel_time_alone():
+    """The draft runs inside the target's iteration: the engine overheads (per-iteration terms,
+    host floor) count once, on the target, not again for the draft."""
+    from sim.batch import BatchStats as Stats
+    from sim.cost import default_cost_model
+    from sim.hardware import HARDWARE_PRESETS
+    from sim.models import MODEL_PRESETS
+    sc = make_scenario(cost_model=None, scheduler="chunked",
+                       speculative=spec(0.7, method="draft", draft_model="llama-2-7b"))
+    assert sc.cost_model.overheads.per_iteration_s > 0  # the fitted default adds per iteration
+    draft = sc.cost().draft_cost
+    bare = default_cost_model(MODEL_PRESETS["llama-2-7b"], HARDWARE_PRESETS["h100-sxm"], 1)
+    stats = Stats(num_decodes=4, decode_context_sum=400)
+    assert draft.step_times(stats)[0] == pytest.approx(
+        bare.build(MODEL_PRESETS["llama-2-7b"], HARDWARE_PRESETS["h100-sxm"], 1).step_times(stats)[0]
+        - bare.overheads.per_iteration_s, rel=1e-12)
