@@ -407,14 +407,12 @@ def sweep_table(rows: Any, keys: list[str]) -> Any:
 # ---- plan, capacity (issue 4: owned by the planner engineer) ----
 
 def _write_json(doc: dict, path: Path) -> None:
-    """`doc` as strict JSON at `path`, written to a temporary name first (no half-written file)."""
+    """`doc` as strict JSON at `path`, through servesim's one safe writer (sim/files.py)."""
     import json
-    import os
 
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(doc, allow_nan=False, separators=(",", ":")) + "\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    from sim.files import write_file
+
+    write_file(path, json.dumps(doc, allow_nan=False, separators=(",", ":")) + "\n")
 
 
 @app.command(short_help="A vllm bench serve result beside a servesim run: percentiles, errors, a plot.")

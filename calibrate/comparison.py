@@ -10,6 +10,7 @@ import pandas as pd
 
 from .engine import EngineResult
 from .real_run import RealRun, write_real
+from sim.files import save_figure, write_file
 
 STATS = ("mean", "p50", "p90", "p99")
 LATENCIES = (("ttft_ms", "ttft_s"), ("tpot_ms", "tpot_s"), ("e2e_ms", "e2e_s"))
@@ -159,7 +160,7 @@ def plot(v: Validation, path: Path) -> None:
     scenario = f": {meta['scenario']}, {len(v.real.requests)} requests" if meta.get("scenario") else ""
     fig.suptitle(f"{what} vs simulator{scenario} (CDF per request)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
 
 
@@ -174,14 +175,14 @@ def write(v: Validation, out_dir: Path) -> list[Path]:
     (out_dir / "comparison.md").unlink(missing_ok=True)
     if v.real_run is None:  # a Validation built by hand: the two run files only
         (out_dir / "real").mkdir(exist_ok=True)
-        v.real.requests.to_csv(out_dir / "real" / "requests.csv", index=False)
-        v.real.steps.to_csv(out_dir / "real" / "steps.csv", index=False)
+        write_file(out_dir / "real" / "requests.csv", v.real.requests.to_csv(index=False))
+        write_file(out_dir / "real" / "steps.csv", v.real.steps.to_csv(index=False))
     else:
         loaded = v.real_run.meta.get("loaded_from")
         if not loaded or Path(loaded).resolve() != (out_dir / "real").resolve():
             write_real(v.real_run, out_dir)
     write_outputs(v.sim, out_dir / "sim")
-    v.comparison.to_csv(out_dir / "comparison.csv", index=False, float_format="%.6g")
+    write_file(out_dir / "comparison.csv", v.comparison.to_csv(index=False, float_format="%.6g"))
     plot(v, out_dir / "comparison.png")
-    (out_dir / "comparison.md").write_text(markdown(v))
+    write_file(out_dir / "comparison.md", markdown(v))
     return [out_dir / "comparison.md", out_dir / "comparison.csv", out_dir / "comparison.png"]

@@ -21,6 +21,7 @@ import pandas as pd
 import yaml
 
 from sim.cost import PROFILE_FORMAT, StepProfile
+from sim.files import write_file
 
 FEATURES = ("total_tokens", "decode_context_sum", "prefill_attention_work", "num_seqs")
 KNOT_CANDIDATES = (0, 8, 32, 128, 512, 2048, 8192, 32768, 131072)
@@ -146,7 +147,4 @@ def profile_document(fit: StepFit, metadata: dict) -> dict:
 def write_profile(path: Path, fit: StepFit, metadata: dict) -> None:
     """Write the profile YAML (read back by sim.cost.load_profile)."""
     text = yaml.safe_dump(profile_document(fit, metadata), sort_keys=False, width=100)
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")  # written whole, then renamed: never half a profile
-    tmp.write_text(text)
-    tmp.replace(path)
+    write_file(path, text)  # written whole, then renamed: never half a profile (sim/files.py)

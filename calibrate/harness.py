@@ -25,6 +25,7 @@ from .fit import fit_step_model, heldout_error, relative_errors, write_profile
 from .grid import GRIDS, Shape, estimate_seconds, grid_shapes, parts_shapes
 from .model import ATTENTION_BACKENDS, ModelStep
 from .timing import PARTS, measure
+from sim.files import probe_writable, write_file
 
 # repeats: shuffled rounds; burst: timed steps per shape and round, after one left-out step
 DEFAULTS = {"cuda": {"grid": "full", "warmup": 3, "repeats": 6, "burst": 3},
@@ -117,7 +118,7 @@ def calibrate(model: str, device: str, out: Path, *, grid: str | None = None,
     meta = _metadata(spec, step, grid, shapes, parts, rows, repeats, burst, warmup, seed, csv_path,
                      mape, worst, skipped)
     out.unlink(missing_ok=True)  # never an old profile beside the new measurements
-    rows.to_csv(csv_path, index=False, float_format="%.6g")
+    write_file(csv_path, rows.to_csv(index=False, float_format="%.6g"))
     write_profile(out, fit, meta)  # last: a profile on disk means a complete calibration
     wall = time.perf_counter() - start
     return {"profile": out, "csv": csv_path, "shapes": len(shapes), "skipped": skipped,
@@ -143,9 +144,7 @@ def _check_writable(out: Path) -> None:
                                f"go next to it, with .csv)")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        probe = out.parent / f".{out.name}.probe"
-        probe.write_text("")
-        probe.unlink()
+        probe_writable(out.parent)
     except OSError as exc:
         raise CalibrationError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
 

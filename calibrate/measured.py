@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import yaml
+from sim.files import write_file
 
 from sim.composer import SYSTEMS, TABLES, KernelTables, _round, build_profile
 from sim.hardware import HARDWARE_PRESETS, HardwareSpec
@@ -29,7 +30,7 @@ from sim.models import CPU_PRESETS, MODEL_PRESETS, ModelSpec
 
 def write_profile(doc: dict, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(_round(doc), sort_keys=False, width=120))
+    write_file(path, yaml.safe_dump(_round(doc), sort_keys=False, width=120))
 
 
 def fits(model: ModelSpec, hw: HardwareSpec, tp: int) -> bool:

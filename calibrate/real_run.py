@@ -21,6 +21,7 @@ from sim.errors import ScenarioError
 from sim.workload import Workload, build_workload
 
 from .engine import EngineResult, num_blocks
+from sim.files import write_file
 
 REAL_RUN_FORMAT = "servesim-real-run/v1"
 # real/: the simulator's three run files (so `servesim plot` reads it), the engine's per-iteration
@@ -46,21 +47,21 @@ def write_real(real: RealRun, out_dir: Path) -> Path:
     d.mkdir(parents=True, exist_ok=True)
     (d / "run.json").unlink(missing_ok=True)
     r, w = real.result, real.workload
-    r.requests.to_csv(d / "requests.csv", index=False)
-    r.steps.to_csv(d / "steps.csv", index=False)
-    (d / "summary.json").write_text(json.dumps(r.summary, indent=2) + "\n")
-    pd.DataFrame({
+    write_file(d / "requests.csv", r.requests.to_csv(index=False))
+    write_file(d / "steps.csv", r.steps.to_csv(index=False))
+    write_file(d / "summary.json", json.dumps(r.summary, indent=2) + "\n")
+    write_file(d / "iterations.csv", pd.DataFrame({
         "iteration": np.arange(len(r.stats)), "step_s": r.step_s,
         "num_decodes": [s.num_decodes for s in r.stats],
         "decode_context_sum": [s.decode_context_sum for s in r.stats],
         "prefill_lens": [" ".join(map(str, s.prefill_lens.tolist())) for s in r.stats],
         "prefill_contexts": [" ".join(map(str, s.prefill_contexts.tolist())) for s in r.stats],
-    }).to_csv(d / "iterations.csv", index=False)
-    pd.DataFrame({"request_id": np.arange(len(w)), "arrival_s": w.arrival_s,
-                  "prompt_tokens": w.prompt_tokens, "output_tokens": w.output_tokens,
-                  "priority": w.priority}).to_csv(d / "workload.csv", index=False)
+    }).to_csv(index=False))
+    write_file(d / "workload.csv", pd.DataFrame({
+        "request_id": np.arange(len(w)), "arrival_s": w.arrival_s, "prompt_tokens": w.prompt_tokens,
+        "output_tokens": w.output_tokens, "priority": w.priority}).to_csv(index=False))
     meta = {k: v for k, v in real.meta.items() if k not in ("loaded_from", "warnings")}
-    (d / "run.json").write_text(json.dumps(meta, indent=2) + "\n")
+    write_file(d / "run.json", json.dumps(meta, indent=2) + "\n")
     return d
 
 

@@ -42,6 +42,7 @@ from .engine import (
 from .harness import use_device
 from .comparison import Validation, compare, full_compare, write  # noqa: F401  (for callers)
 from .real_run import REAL_FILES, REAL_RUN_FORMAT, RealRun, load_real, write_real  # noqa: F401
+from sim.files import probe_writable
 
 CLOCKS = ("wall", "cpu")
 ENGINES = ("servesim", "vllm")  # --engine: our engine (calibrate/engine.py) or real vLLM
@@ -83,9 +84,7 @@ def check_out_dir(out_dir: Path) -> None:
     created = [d for d in (out_dir, *out_dir.parents) if not d.exists()]
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        probe = out_dir / ".write-probe"
-        probe.write_text("")
-        probe.unlink()
+        probe_writable(out_dir)
     except OSError as exc:
         raise ScenarioError(f"--out {out_dir}: cannot write there ({exc.strerror or exc})") from None
     finally:  # leave no empty folder behind: results create it again

@@ -16,7 +16,9 @@ request's client-side times carry
                   streaming the token back: work of the API-server process, not of the GPU)
     TTFT, E2E  += one iteration, when `async_scheduling` and the request arrived while the
                   iteration before its first one was running: that iteration's successor was
-                  already scheduled without it, so it joins one iteration later
+                  already scheduled without it, so it joins one iteration later (priced as the
+                  iteration it arrived during: the one scheduled without it is of that make-up,
+                  while its own first iteration also holds its prefill chunk)
 
 The frontend and the scheduling lag shift a request's first and last token alike, so TPOT and ITL
 are unchanged; they are applied to the request times after the engine simulation (the engine
@@ -79,13 +81,12 @@ class EngineOverheads:
 def scheduling_lag(arrival: np.ndarray, first_scheduled: np.ndarray, replica: np.ndarray,
                    steps: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
                    durations: np.ndarray) -> np.ndarray:
-    """Per request: the length of its first iteration if it arrived while the iteration before
-    that one was running (so that, scheduled one iteration ahead, it would have joined one
-    iteration later), else 0. A request's first iteration always starts a row of steps.csv (an
-    arrival cuts a fast-forwarded run)."""
+    """Per request: if it arrived while the iteration before its first one was running (so that,
+    scheduled one iteration ahead, it would have joined one iteration later), the length of that
+    iteration, else 0. A request's first iteration always starts a row of steps.csv (an arrival
+    cuts a fast-forwarded run), so the iteration before it is the last of the row before."""
     rep, start, total, count = steps
     first = np.concatenate(([0], np.cumsum(count)[:-1])).astype(np.int64)  # row -> its first iteration
-    first_len = durations[first]
     last_len = durations[first + count - 1]
     end = start + total
     lag = np.zeros(len(arrival))
@@ -106,7 +107,7 @@ def scheduling_lag(arrival: np.ndarray, first_scheduled: np.ndarray, replica: np
         busy = has_prev & np.isclose(end[p], first_scheduled[mine], rtol=0, atol=1e-12)
         arrived_mid = arrival[mine] > end[p] - last_len[p]
         hit = busy & arrived_mid
-        lag[mine[hit]] = first_len[rows[j[hit]]]
+        lag[mine[hit]] = last_len[p[hit]]
     return lag
 
 

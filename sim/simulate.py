@@ -20,10 +20,10 @@ import simpy
 
 from .cluster import ClosedLoopRouter, make_inboxes
 from .routers import make_router
-from .checks import like_open
 from .config import Scenario, resolved_yaml
 from .step_cost import CostModel
 from .errors import ScenarioError
+from .files import give_mode
 from .engine import Replica
 from .disaggregation import pool_utilization, start_pools
 from .metrics import InterTokenGaps, distribution, inter_token_latencies, requests_frame, steps_frame, summarize
@@ -188,7 +188,7 @@ def write_outputs(result: SimResult, out_dir: Path) -> None:
         for name, write in writers:
             fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{name}.")
             temps.append((name, Path(tmp)))
-            like_open(fd)
+            give_mode(fd, out_dir / name)
             with os.fdopen(fd, "wb") as f:
                 write(f)
         with signals_held():

@@ -41,9 +41,9 @@ def test_scheduling_lag_by_hand():
     lag = scheduling_lag(arrival, first_scheduled, np.zeros(7, dtype=np.int64), steps, durations)
     assert lag.tolist() == [
         0.0,   # arrived to an idle engine: scheduled at once
-        1.5,   # arrived during [0, 1): iteration [1, 2.5) was already scheduled; joins after it
+        1.0,   # arrived during [0, 1): [1, 2.5) was already scheduled; one iteration like [0, 1) late
         0.0,   # waited since 0 (no room): the scheduler saw it before [1, 2.5) started
-        0.5,   # arrived during [1, 2.5), first scheduled at 2.5: one iteration late, the run's first
+        1.5,   # arrived during [1, 2.5), first scheduled at 2.5: one iteration like [1, 2.5) late
         0.0,   # first scheduled after an idle gap: the engine was idle when it was taken
         0.0,   # arrived at 6.0 with the engine idle
         0.0,   # never scheduled (nan)
@@ -78,18 +78,18 @@ def test_frontend_time_shifts_ttft_and_e2e_and_not_tpot():
     assert fe["queue_s"].tolist() == base["queue_s"].tolist()  # the engine itself is not delayed
 
 
-def test_async_scheduling_adds_the_first_iteration_to_a_request_that_arrived_mid_iteration():
-    # request 0 alone at t = 0 (idle engine: no lag); request 1 arrives 1 ms into its iterations
+def test_async_scheduling_adds_an_iteration_to_a_request_that_arrived_mid_iteration():
+    # request 0 alone at t = 0 (idle engine: no lag); request 1 arrives 1 ms into request 0's
+    # prefill iteration, which it then waits one more iteration like for
     w = make_workload([0.0, 0.001], [64, 64], [50, 50])
     base = simulate(scenario(NONE), workload=w)
     lagged = simulate(scenario({**NONE, "async_scheduling": True}), workload=w)
     r0, r1 = base.requests, lagged.requests
-    steps = base.steps
-    joined = steps.index[steps["start_s"] == r0["first_token_s"][0]]  # request 1 joins then
-    first_len = steps.loc[joined, "duration_s"].iloc[0] / steps.loc[joined, "count"].iloc[0]
+    first = base.steps.iloc[0]  # request 0's prefill, [0, d): request 1 arrived during it
+    assert first["start_s"] == 0.0 and first["count"] == 1 and r0["queue_s"][1] == pytest.approx(first["duration_s"] - 0.001)
     assert r1["ttft_s"][0] == r0["ttft_s"][0]
-    assert r1["ttft_s"][1] - r0["ttft_s"][1] == pytest.approx(first_len, rel=1e-12)
-    assert r1["e2e_s"][1] - r0["e2e_s"][1] == pytest.approx(first_len, rel=1e-12)
+    assert r1["ttft_s"][1] - r0["ttft_s"][1] == pytest.approx(first["duration_s"], rel=1e-12)
+    assert r1["e2e_s"][1] - r0["e2e_s"][1] == pytest.approx(first["duration_s"], rel=1e-12)
 
 
 def test_the_defaults_are_the_fitted_ones_and_summary_json_states_them():

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..cost import describe
 from ..schedulers import SCHEDULERS
+from ..files import save_figure, write_file
 
 LATENCY_PNG = "latency_vs_load.png"
 TRADEOFF_PNG = "load_vs_engine.png"
@@ -144,9 +145,9 @@ def write_report(r: dict, out_dir: str | Path) -> list[Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "plan.json", out / "plan.md"]
-    paths[0].write_text(json.dumps(r, indent=2) + "\n")
+    write_file(paths[0], json.dumps(r, indent=2) + "\n")
     plots = _plots(r, out)
-    paths[1].write_text(markdown(r, [p.name for p in plots]))
+    write_file(paths[1], markdown(r, [p.name for p in plots]))
     return paths + plots
 
 
@@ -286,7 +287,7 @@ def _finish(fig, ax_list, title: str, path: Path, legend_loc: str = "best") -> P
         ax.legend(fontsize=7, loc=legend_loc)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
     return path
 

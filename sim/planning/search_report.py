@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+from ..files import save_figure, write_file
 from pathlib import Path
 from typing import Any
 
@@ -67,9 +68,9 @@ def write_search_report(r: dict, out_dir: str | Path) -> list[Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "search.json", out / "search.md"]
-    paths[0].write_text(json.dumps(r, indent=2) + "\n")
+    write_file(paths[0], json.dumps(r, indent=2) + "\n")
     plot = pareto_plot(r, out / PARETO_PNG)
-    paths[1].write_text(markdown(r, plot))
+    write_file(paths[1], markdown(r, plot))
     return paths + ([plot] if plot else [])
 
 
@@ -168,6 +169,6 @@ def pareto_plot(r: dict, path: Path) -> Path | None:
     ax.legend(fontsize=8, loc="best")
     ax.set_title(f"{r['scenario']} ({r['model']}): cost vs latency, {r['slo_label']}", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
     return path

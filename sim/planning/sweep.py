@@ -21,17 +21,17 @@ import itertools
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import yaml
 
-from ..checks import _int, check_out_dir, like_open
+from ..checks import _int, check_out_dir
 from ..config import Scenario, load_scenario
 from ..errors import ScenarioError
 from .parallel import run_parallel
+from ..files import write_file
 
 RESULTS = "results.csv"  # run_id, scenario, scenario_sha256, <grid keys>, repeat, seed, error, metrics
 
@@ -251,11 +251,13 @@ class ResultsTable:
         row = {k: _cell(v) for k, v in row.items()}
         new = [k for k in row if k not in self.columns]
         self.rows.append(row)
-        if new or not self.path.exists():
+        if new or not self.path.exists() or self.path.is_symlink():  # (a planted link: replaced)
             self.columns += new
             self._rewrite()
             return
-        with open(self.path, "a", encoding="utf-8", newline="") as f:
+        # appended in place, never through a link (O_NOFOLLOW)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+        with os.fdopen(fd, "a", encoding="utf-8", newline="") as f:
             f.write(self._lines([row]))
             f.flush()
             os.fsync(f.fileno())
@@ -269,7 +271,7 @@ class ResultsTable:
         return buf.getvalue()
 
     def _rewrite(self) -> None:
-        _atomic_write(self.path, self._lines(self.rows, header=True))
+        write_file(self.path, self._lines(self.rows, header=True))
 
 
 def _cell(v: Any) -> str:
@@ -278,18 +280,4 @@ def _cell(v: Any) -> str:
 
 def _write_json(path: Path, obj: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(path, json.dumps(obj, indent=2) + "\n")
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        like_open(fd)
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_file(path, json.dumps(obj, indent=2) + "\n")

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from .analysis import Run
+from ..files import save_figure
 
 METRICS = ("ttft", "tpot", "itl", "e2el")
 STATS = (("mean", "mean"), ("median", "p50"), ("p99", "p99"))  # vLLM's name, summary.json's
@@ -127,6 +128,6 @@ def compare_plot(table: pd.DataFrame, run: Run, path: str | Path) -> Path:
     ax.set_title(f"{run.summary.get('scenario')} ({rec.get('model')}, {rec.get('hardware')}, {cost}): "
                  "measured vs simulated", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
     return Path(path)

@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 from ..errors import ScenarioError
+from ..files import write_file
 
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;
@@ -101,8 +102,4 @@ def write_report(folder: str | Path) -> Path:
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>\n" + "\n".join(body)
             + f"\n<p><small>{html.escape(str(folder))}</small></p></body></html>\n")
-    path = folder / "report.html"
-    tmp_path = folder / ".report.html.tmp"
-    tmp_path.write_text(page)
-    tmp_path.replace(path)
-    return path
+    return write_file(folder / "report.html", page)

@@ -29,6 +29,7 @@ from .analysis import (
     slot_utilization_from_slots,
 )
 from ..errors import ScenarioError
+from ..files import save_figure
 
 MAX_TIMELINE_REQUESTS = 300   # requests drawn in a slot timeline before it is cut (title says so)
 LABELLED_REQUESTS = 40        # up to this many drawn requests, bars carry their request id
@@ -317,7 +318,7 @@ def save_plots(run_dir: str | Path, compare: Sequence[str | Path] = (), out: str
     written = []
     for name, fig in figures.items():
         path = out / f"{name}.png"
-        fig.savefig(path, dpi=110)
+        save_figure(fig, path, dpi=110)
         written.append(path)
     return written
 
@@ -405,7 +406,7 @@ def save_folder_plots(folder: str | Path, out: str | Path | None = None, x: str 
             title = describe(Run(title, None, None, json.loads(first.read_text())))
         fig = sweep_plot(rows, x, y or "ttft_ms.p99", hue, title)
         path = out / f"sweep_{(y or 'ttft_ms.p99').replace('.', '_')}.png"
-        fig.savefig(path, dpi=110)
+        save_figure(fig, path, dpi=110)
         return [path]
     if (folder / "plan.json").is_file():
         from ..planning.plan_report import _plots

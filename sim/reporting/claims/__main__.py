@@ -6,6 +6,7 @@ from pathlib import Path
 
 from . import __doc__ as AUDIT_DOC
 from . import render, run_all
+from ...files import write_file
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -13,7 +14,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=Path("docs/claims.md"), help="markdown file to write")
     p.add_argument("--short", action="store_true", help="fewer requests and sweep points")
     args = p.parse_args(argv)
-    args.out.write_text(render(run_all(args.short), args.short))
+    write_file(args.out, render(run_all(args.short), args.short))
     print(args.out)
 
 

@@ -1,0 +1,77 @@
+"""Every file servesim writes goes through `write_file` (figures through `save_figure`).
+
+A run, plan or sweep folder may be shared, and may hold what someone else put there: a link named
+like an output (`plan.json`, `plots/latency_cdf.png`) pointing at a file of the user's, or a link
+named like a temporary. So a file is written
+
+* to a temporary created exclusively beside it (`tempfile.mkstemp`: a random name, O_EXCL, never
+  an existing file or link),
+* with the mode of the file it replaces when that is a regular file (read with lstat: a link's
+  target is never read), else the mode the user's umask gives a new file,
+* then renamed over the target (`os.replace` replaces a link itself; it never writes through it),
+* and on any failure (a full disk, an interruption) the temporary is removed and the target is
+  left as it was.
+"""
+from __future__ import annotations
+
+import io
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+from .checks import like_open
+
+
+def target_mode(path: Path) -> int | None:
+    """The permission bits of `path` if it is a regular file (not following a link), else None."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return stat.S_IMODE(st.st_mode) if stat.S_ISREG(st.st_mode) else None
+
+
+def give_mode(fd: int, path: Path) -> None:
+    """A temporary (`fd`) that will replace `path` gets its mode: the replaced regular file's, else
+    the one the umask gives a new file."""
+    mode = target_mode(path)
+    if mode is None:
+        like_open(fd)
+    else:
+        os.fchmod(fd, mode)
+
+
+def probe_writable(folder: Path) -> None:
+    """OSError unless a file can be created in `folder` (an exclusive temporary, removed at once:
+    never a name someone may have planted a link at)."""
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".probe.")
+    os.close(fd)
+    os.unlink(tmp)
+
+
+def write_file(path: str | Path, data: bytes | str) -> Path:
+    """Write `data` (text is UTF-8) to `path` safely (module docstring); returns the path."""
+    path = Path(path)
+    payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        give_mode(fd, path)
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def save_figure(fig, path: str | Path, **savefig) -> Path:
+    """A matplotlib figure written through write_file (rendered in memory first), PNG by the
+    path's suffix as savefig would pick it."""
+    path = Path(path)
+    buf = io.BytesIO()
+    fig.savefig(buf, format=path.suffix.lstrip(".") or "png", **savefig)
+    return write_file(path, buf.getvalue())

@@ -1,0 +1,119 @@
+"""servesim's one safe writer (sim/files.py): never through a planted link, exclusive temporaries,
+the replaced file's mode kept, nothing left behind on failure; and the commands that write files
+(report, export, compare, plot, sweep's results table, run) use it."""
+import json
+import os
+import stat
+from pathlib import Path
+
+import matplotlib
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from cli import app
+from sim.files import save_figure, write_file
+from sim.planning.sweep import ResultsTable
+
+matplotlib.use("Agg")
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIO = {"name": "f", "model": "llama-3-8b", "hardware": "h100-sxm", "cost_model": "roofline",
+            "workload": {"arrival": {"process": "poisson", "rate": 5}, "num_requests": 12,
+                         "prompt_tokens": {"dist": "fixed", "value": 64},
+                         "output_tokens": {"dist": "fixed", "value": 8}}}
+
+
+def victim(tmp_path: Path) -> Path:
+    """A file of the user's, outside the output folder, mode 600."""
+    v = tmp_path / "elsewhere" / "mine.txt"
+    v.parent.mkdir()
+    v.write_text("my data\n")
+    v.chmod(0o600)
+    return v
+
+
+def untouched(v: Path) -> bool:
+    return v.read_text() == "my data\n" and stat.S_IMODE(v.stat().st_mode) == 0o600
+
+
+def mode(p: Path) -> int:
+    return stat.S_IMODE(os.lstat(p).st_mode)
+
+
+def test_a_planted_link_is_replaced_not_written_through(tmp_path):
+    v = victim(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "plan.json").symlink_to(v)
+    write_file(out / "plan.json", "{}\n")
+    assert untouched(v)
+    assert not (out / "plan.json").is_symlink() and (out / "plan.json").read_text() == "{}\n"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert mode(out / "plan.json") == 0o666 & ~umask  # a new file's mode, not the link target's
+
+
+def test_the_replaced_files_mode_is_kept_and_a_failure_leaves_nothing(tmp_path, monkeypatch):
+    target = tmp_path / "summary.json"
+    target.write_text("old\n")
+    target.chmod(0o600)
+    write_file(target, b"new\n")
+    assert target.read_text() == "new\n" and mode(target) == 0o600
+
+    def broken(*a):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(os, "replace", broken)
+    with pytest.raises(OSError):
+        write_file(target, "newer\n")
+    assert target.read_text() == "new\n" and sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]
+
+
+def test_a_figure_goes_through_the_writer(tmp_path):
+    import matplotlib.pyplot as plt
+    v = victim(tmp_path)
+    (tmp_path / "fig.png").symlink_to(v)
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [0, 1])
+    save_figure(fig, tmp_path / "fig.png", dpi=50)
+    plt.close(fig)
+    assert untouched(v) and (tmp_path / "fig.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_sweep_results_table_never_appends_through_a_link(tmp_path):
+    v = victim(tmp_path)
+    table = ResultsTable(tmp_path / "results.csv")
+    table.append({"run_id": "a", "x": "1"})
+    (tmp_path / "results.csv").unlink()
+    (tmp_path / "results.csv").symlink_to(v)  # planted between two appends
+    table.append({"run_id": "b", "x": "2"})
+    assert untouched(v)
+    assert (tmp_path / "results.csv").read_text() == "run_id,x\na,1\nb,2\n"
+
+
+def test_commands_write_through_no_planted_link(tmp_path):
+    """A shared run folder with links planted at the names report, export, compare and plot write
+    (and at the temporaries they used to write): the user's file is untouched."""
+    runner = CliRunner()
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(SCENARIO))
+    run = tmp_path / "run"
+    r = runner.invoke(app, ["run", str(tmp_path / "s.yaml"), "--out", str(run), "-q"])
+    assert r.exit_code == 0, r.output
+    v = victim(tmp_path)
+    (run / "plots").mkdir()
+    for name in ("report.html", ".report.html.tmp", "trace.json", ".trace.json.tmp", "vllm_bench.json",
+                 ".vllm_bench.json.tmp", "compare.json", ".compare.json.tmp", "compare.png",
+                 "plots/latency_cdf.png"):
+        (run / name).symlink_to(v)
+    bench = tmp_path / "bench.json"
+    r = runner.invoke(app, ["export", str(run), "--to", "vllm-bench", "--out", str(bench)])
+    assert r.exit_code == 0, r.output
+    for args in (["report", str(run)], ["export", str(run), "--to", "chrome-trace"],
+                 ["export", str(run), "--to", "vllm-bench"], ["compare", str(bench), str(run)],
+                 ["plot", str(run)]):
+        r = runner.invoke(app, args)
+        assert r.exit_code == 0, (args, r.output)
+        assert untouched(v), args
+    for name in ("report.html", "trace.json", "vllm_bench.json", "compare.json", "compare.png",
+                 "plots/latency_cdf.png"):
+        assert not (run / name).is_symlink(), name
+    assert json.loads((run / "compare.json").read_text())["run"] == str(run)
