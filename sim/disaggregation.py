@@ -103,7 +103,9 @@ def parse_disaggregation(v: Any, where, engine_raw: dict, parse_engine) -> Disag
     link = m.get("link", "nvlink")
     if isinstance(link, dict):
         _section(link, "link", lambda k: at(f"link.{k}"), ("bandwidth_gbps", "latency_us"))
-        bandwidth = _num(link.get("bandwidth_gbps"), at("link.bandwidth_gbps"), 0, open_lo=True, cap=1e6) * 1e9 / 8
+        # at least 1 Mbit/s and at most 1,000 s of latency: a transfer must end within the clock's
+        # bound (1e-300 Gbit/s made every late request's latencies 0)
+        bandwidth = _num(link.get("bandwidth_gbps"), at("link.bandwidth_gbps"), 1e-3, cap=1e6) * 1e9 / 8
         latency = _num(link.get("latency_us", 0.0), at("link.latency_us"), 0, cap=1e9) * 1e-6
         name = "custom"
     elif link in LINKS:

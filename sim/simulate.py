@@ -60,7 +60,12 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
     overheads = scenario.cost_model.overheads if cost is None else None
     rng = np.random.default_rng(scenario.seed)  # the run's one generator: the workload, then acceptances
     if own_workload:
-        workload = build_workload(scenario.workload, rng)
+        try:
+            workload = build_workload(scenario.workload, rng)
+        except ScenarioError as e:  # (a bound on the workload's own times: name the scenario file)
+            if not str(e).startswith("workload"):
+                raise
+            raise ScenarioError(f"{_where(scenario)}{e}") from None
     e, where = scenario.engine, _where(scenario)
     blocks, layout = scenario.budget.num_gpu_blocks, scenario.budget.layout
     check_servable(workload, e, blocks, where, layout)

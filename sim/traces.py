@@ -16,6 +16,7 @@ the file and, for a bad value, its line (1-based as an editor counts; a CSV head
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -198,10 +199,18 @@ def _read_bench(path: Path, name: str) -> pd.DataFrame:
         table = _table(arrival, df, ("start_times", *VLLM_BENCH), lines, name)
     else:
         rate = doc.get("request_rate")
-        if not isinstance(rate, (int, float)) and rate not in ("inf", "Infinity"):
+        if isinstance(rate, bool) or (not isinstance(rate, (int, float)) and rate not in ("inf", "Infinity")):
             raise ScenarioError(f"{name}: has no start_times and no request_rate to draw arrivals from")
+        rate = float(rate)
+        # (inf: all at once, as vllm bench serve sends them; else a rate whose gaps the clock resolves)
+        if math.isnan(rate) or not (rate == math.inf or 1e-6 <= rate <= 1e6):
+            raise ScenarioError(f"{name}: request_rate {rate:g} is not inf or a rate in [1e-06, 1e+06] req/s")
+        burst = doc.get("burstiness", 1.0)
+        burst = 1.0 if burst is None else burst
+        if isinstance(burst, bool) or not isinstance(burst, (int, float)) or not 1e-3 <= burst <= 1e3:
+            raise ScenarioError(f"{name}: burstiness {burst!r} is not a number in [0.001, 1000] (1: Poisson)")
         table = _table(np.full(n, np.nan), df, ("start_times", *VLLM_BENCH), lines, name)
-        table.attrs.update(request_rate=float(rate), burstiness=float(doc.get("burstiness") or 1.0))
+        table.attrs.update(request_rate=rate, burstiness=float(burst))
     for key in ("ttfts", "itls", "errors"):  # measured per request: kept for servesim compare
         if isinstance(doc.get(key), list) and len(doc[key]) == n:
             table.attrs[key] = doc[key]

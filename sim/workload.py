@@ -236,7 +236,19 @@ def build_workload(cfg: WorkloadConfig, rng: np.random.Generator) -> Workload:
         loop = cfg.arrival
         turns = loop.turns.sample(rng, len(prompt)) if loop.turns is not None else None  # (last again)
         users = Users(users.start_s / cfg.time_scale, users.think_s / cfg.time_scale, turns, loop.max_context)
-    return Workload(arrival_s=arrival / cfg.time_scale, prompt_tokens=prompt,
+    arrival = arrival / cfg.time_scale
+    # the times the simulation will use, after time_scale: past MAX_SECONDS a float64 clock no
+    # longer resolves a step (its spacing at 1e15 s is 0.125 s), and late requests came out with
+    # latencies of 0
+    for what, values in (("arrival times", arrival),
+                         ("closed-loop start and think times", np.concatenate((users.start_s, users.think_s))
+                          if users is not None else np.zeros(0))):
+        finite = values[np.isfinite(values)]
+        if len(finite) and float(finite.max()) > MAX_SECONDS:
+            raise ScenarioError(f"workload.time_scale: {what} reach {float(finite.max()):.3g} s (time_scale "
+                                f"{cfg.time_scale:g}), past servesim's {MAX_SECONDS:g} s bound; raise "
+                                f"time_scale or use fewer requests")
+    return Workload(arrival_s=arrival, prompt_tokens=prompt,
                     output_tokens=output, priority=priority, users=users, prefix=prefix)
 
 

@@ -138,6 +138,8 @@ SCENARIO_CASES = {
     "overhead_s -1": with_(cost_model={"roofline": {"overhead_s": -1}}),
     "cpu_overhead_s 1e9": with_(cost_model={"measured": {"cpu_overhead_s": 1e9}}),
     "slo ttft 1e308": with_(slo={"ttft_ms": 1e308}),
+    "link bandwidth 1e-300": with_(engine__disaggregation={"prefill_replicas": 1, "decode_replicas": 1,
+                                                           "link": {"bandwidth_gbps": 1e-300}}),
     "slo percentile nan": with_(slo={"ttft_ms": 5, "percentile": float("nan")}),
     "name with path traversal": with_(name="../../etc"),
     "name unicode": with_(name="ünïcødé"),
@@ -196,6 +198,17 @@ TRACE_CASES = {
         "2023-11-16 18:15:47.00+05:00,10,5\n2023-11-16 18:15:48.00,10,5\n"),
     "BOM, CRLF, unsorted (fine)": _trace_case(
         "\ufeffarrival_s,prompt_tokens,output_tokens\r\n1.5,30,4\r\n0.5,20,3\r\n", ok=True),
+    # bounds on the times the simulation uses, after time_scale (each within its own bound before)
+    "time_scale 1e-6 of a 1e4 s trace": lambda tmp: (
+        with_(workload={**trace(tmp, "arrival_s,prompt_tokens,output_tokens\n0,5,5\n10000,5,5\n"),
+                        "time_scale": 1e-6}), False),
+    **{f"vllm bench {what}": (lambda doc: lambda tmp: (with_(workload=trace(
+        tmp, json.dumps({"input_lens": [5, 6], "output_lens": [3, 3], **doc}), "b.json")), False))(doc)
+       for what, doc in (("request_rate 0", {"request_rate": 0}), ("request_rate -3", {"request_rate": -3}),
+                         ("request_rate 1e300", {"request_rate": 1e300}),
+                         ("request_rate true", {"request_rate": True}),
+                         ("burstiness text", {"request_rate": 2, "burstiness": "lots"}),
+                         ("burstiness -1", {"request_rate": 2, "burstiness": -1}))},
 }
 
 
