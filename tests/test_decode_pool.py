@@ -57,3 +57,17 @@ def test_the_walked_openings_equal_numpy_and_a_count_by_member(seed, block_size,
             assert slots == (cumulative * block_size).tolist()
             assert opened == int(cumulative[-1]) == _by_member(pool, req, count)[-1]
             assert cumulative.tolist() == _by_member(pool, req, count)
+
+
+def test_new_blocks_at_over_a_long_run_equals_a_count_by_member():
+    """Past the take() path (runs ending beyond _WRAP_TAKE_MAX steps of a phase: numpy's "wrap"
+    reduced each index by repeated subtraction, quadratic in the run), the counts repeated: the
+    same as a member-by-member count."""
+    from sim.schedulers.decode_pool import _WRAP_TAKE_MAX
+    req = _table(np.random.default_rng(7))
+    pool = DecodePool(req, 16)
+    for rid in range(0, N, 3):
+        pool.join(rid)
+    pool.advance(5)
+    count = _WRAP_TAKE_MAX + 1000
+    assert pool.new_blocks_at(1, count).cumsum().tolist() == _by_member(pool, req, count)

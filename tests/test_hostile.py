@@ -519,3 +519,36 @@ def test_a_signal_mid_run_writes_nothing_and_keeps_the_earlier_run(tmp_path, sig
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: interrupted"), stderr
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # untouched, no temporaries
+
+
+def _peak_rss_kb(argv) -> tuple[int, float, str]:
+    """A CLI run in a child process: its exit code, peak RSS (KB, from wait4) and wall seconds."""
+    code = "import sys; from cli import main_entry; sys.argv = ['servesim'] + sys.argv[1:]; main_entry()"
+    t0 = time.monotonic()
+    p = subprocess.Popen([sys.executable, "-c", code, *argv], cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    _, status, usage = os.wait4(p.pid, 0)
+    err = p.stderr.read()
+    return os.waitstatus_to_exitcode(status), usage.ru_maxrss, err + f" ({time.monotonic() - t0:.1f} s)"
+
+
+def test_one_very_long_request_finishes_in_seconds(tmp_path):
+    """10M output tokens (the stated limit) on a tiny model: a long decode run's block counts were
+    taken with numpy's take(mode="wrap"), quadratic in the run's length (3M tokens: 105 s)."""
+    sc = scenario_file(tmp_path, with_(model="tiny", engine={"scheduler": "chunked"},
+                                       workload__num_requests=1, workload__output_tokens={"dist": "fixed",
+                                                                                          "value": 10_000_000}))
+    t0 = time.monotonic()
+    code, _, err = _peak_rss_kb(["run", str(sc), "--out", str(tmp_path / "out"), "-q"])
+    assert code == 0, err
+    assert time.monotonic() - t0 < 60, err
+
+
+def test_a_tiny_model_on_a_big_gpu_does_not_allocate_per_block(tmp_path):
+    """A 125M-parameter model on an H100 has ~19M KV blocks; prefix caching kept a list entry and a
+    count per block (30 requests peaked at 921 MB). Now its bookkeeping grows with blocks in use."""
+    sc = scenario_file(tmp_path, with_(model="tiny", engine={"scheduler": "chunked", "enable_prefix_caching": True},
+                                       workload__num_requests=30))
+    code, peak_kb, err = _peak_rss_kb(["run", str(sc), "--out", str(tmp_path / "out"), "-q"])
+    assert code == 0, err
+    assert peak_kb < 400_000, (peak_kb, err)

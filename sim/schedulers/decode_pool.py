@@ -26,7 +26,8 @@ import numpy as np
 from ..request import RequestTable
 
 
-_RAMP = np.arange(1 << 14)  # 0, 1, 2, ...: iteration offsets (read-only)
+_WRAP_TAKE_MAX = 1024  # runs ending within this many steps of a phase take counts by "wrap"
+_RAMP = np.arange(_WRAP_TAKE_MAX)  # 0, 1, 2, ...: iteration offsets (read-only)
 _RAMP.flags.writeable = False
 
 
@@ -134,9 +135,12 @@ class DecodePool:
     def new_blocks_at(self, first: int, count: int) -> np.ndarray:
         """Blocks the members open in each of `count` iterations, the first `first` steps ahead."""
         phase = (self.clock + first) % self.block_size
-        end = phase + count  # (a slice of a shared ramp: one numpy call less than arange per run)
-        phases = _RAMP[phase:end] if end <= len(_RAMP) else np.arange(phase, end)
-        return self.phase_count.take(phases, mode="wrap")  # (a long run: one array of the counts)
+        end = phase + count
+        if end <= _WRAP_TAKE_MAX:  # (a slice of a shared ramp: one numpy call less than arange per run)
+            return self.phase_count.take(_RAMP[phase:end], mode="wrap")
+        # a long run: the counts repeated (take's "wrap" reduces each index by repeated
+        # subtraction, so over a 10M-token decode it was quadratic: 105 s at 3M tokens)
+        return np.tile(self.phase_count, -(-end // self.block_size))[phase:end]
 
     def advance(self, steps: int) -> list[int]:
         """Run `steps` decode iterations; members that sampled their last token leave (returned)."""
