@@ -127,8 +127,10 @@ def main_entry() -> None:
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
-    # Plain echo, not rich: rich would wrap long messages and interpret [brackets] as markup.
-    typer.echo(f"error: {message}", err=True)
+    # Plain echo, not rich: rich would wrap long messages and interpret [brackets] as markup. One
+    # line, and a file name's escape bytes or newlines shown escaped, never sent to the terminal raw.
+    shown = "".join(c if ord(c) >= 32 and ord(c) != 127 else repr(c)[1:-1] for c in str(message))
+    typer.echo(f"error: {shown}", err=True)
     return typer.Exit(code)
 
 
@@ -263,7 +265,7 @@ def summary_table(name: str, s: dict) -> Any:
     # the unit cost model makes every iteration last 1.0: times count iterations, not seconds
     unit = ((s.get("run") or {}).get("cost_model") or {}).get("name") == "unit"
     sec, ms = ("iter", "iterations") if unit else ("s", "ms")
-    run = Table(title=f"servesim run: {name}", show_header=False, title_justify="left")
+    run = Table(title=_esc(f"servesim run: {name}"), show_header=False, title_justify="left")
     run.add_column("metric")
     run.add_column("value", justify="right")
     for label, key, digits in (("completed requests", "completed", 0), (f"duration ({sec if unit else 's'})", "duration_s", 2),
@@ -387,15 +389,15 @@ def sweep_table(rows: Any, keys: list[str]) -> Any:
     runs_per_point = points.size().max() if len(rows) else 1
     title = f"servesim sweep: {' x '.join(keys)}" + (f" (means of {runs_per_point} seeds)"
                                                     if runs_per_point > 1 else "")
-    t = Table(title=title, title_justify="left", header_style="bold")
+    t = Table(title=_esc(title), title_justify="left", header_style="bold")
     short = [k.rsplit(".", 1)[-1] for k in keys]  # max_num_seqs, rate: the title has the full keys
     for key, name in zip(keys, short):
-        t.add_column(name if short.count(name) == 1 else key, no_wrap=True)
+        t.add_column(_esc(name if short.count(name) == 1 else key), no_wrap=True)
     for label, _ in metrics:
         t.add_column(label, justify="right")
     refused = []
     for params, g in points:
-        params = tuple(map(str, params if isinstance(params, tuple) else (params,)))
+        params = tuple(_esc(p) for p in (params if isinstance(params, tuple) else (params,)))
         t.add_row(*params, *(_fmt(float(g[col].mean()) if g[col].notna().any() else None,
                                   1 if "tok" in label else 2) for label, col in metrics))
         if g["error"].ne("").any():
@@ -452,7 +454,7 @@ def compare(
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"measured ({bench.name}) vs simulated ({run_dir})", title_justify="left")
+    t = Table(title=_esc(f"measured ({bench.name}) vs simulated ({run_dir})"), title_justify="left")
     for c in ("metric", "statistic", "measured", "simulated", "error"):
         t.add_column(c, justify="left" if c in ("metric", "statistic") else "right")
     for row in table.itertuples(index=False):
@@ -576,15 +578,27 @@ def _split_list(text: str | None) -> list[tuple[int, int] | None]:
     return out
 
 
+def _esc(value: object) -> str:
+    """User text (model, GPU, scenario and folder names, paths, --set values) for a rich table:
+    markup brackets escaped (a name holding "[/]" crashed capacity, sweep, plan and compare) and
+    control characters shown as escapes, never sent to the terminal raw."""
+    from rich.markup import escape
+
+    text = str(value)
+    if any(ord(c) < 32 and c not in "\n\t" or ord(c) == 127 for c in text):
+        text = "".join(c if (ord(c) >= 32 and ord(c) != 127) or c in "\n\t" else repr(c)[1:-1] for c in text)
+    return escape(text)
+
+
 def _print_rows(title: str, rows: list[tuple[str, str]]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=title, show_header=False, title_justify="left")
+    t = Table(title=_esc(title), show_header=False, title_justify="left")
     t.add_column("")
     t.add_column("", overflow="fold")
-    for label, value in rows:
-        t.add_row(label, value)
+    for label, value in rows:  # (values carry names, paths and commands: user text, never markup)
+        t.add_row(_esc(label), _esc(value))
     Console().print(t)
 
 
@@ -844,12 +858,12 @@ def capacity(
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"servesim capacity: {m.name} on {hw.name}, tensor_parallel_size {b.tensor_parallel_size}",
+    t = Table(title=_esc(f"servesim capacity: {m.name} on {hw.name}, tensor_parallel_size {b.tensor_parallel_size}"),
               title_justify="left", show_header=False)
     t.add_column("")
     t.add_column("", justify="right")
     for _, label, value, shown in rows:
-        t.add_row(label, shown)
+        t.add_row(_esc(label), _esc(shown))
     Console().print(t)
 
 
@@ -1430,7 +1444,7 @@ def _validate_vllm(scenario: Path, V, *, profile, device, out, clock, seed, set_
 def _comparison_table(name: str, result: Any) -> Any:
     from rich.table import Table
 
-    t = Table(title=f"servesim validate: {name}", caption="error = (simulated - real) / real; "
+    t = Table(title=_esc(f"servesim validate: {name}"), caption="error = (simulated - real) / real; "
               "latencies in ms", title_justify="left", caption_justify="left", header_style="bold")
     from calibrate.comparison import verdict
 

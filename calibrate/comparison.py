@@ -10,7 +10,7 @@ import pandas as pd
 
 from .engine import EngineResult
 from .real_run import RealRun, write_real
-from sim.files import save_figure, write_file
+from sim.files import plain_text, save_figure, write_file
 
 STATS = ("mean", "p50", "p90", "p99")
 LATENCIES = (("ttft_ms", "ttft_s"), ("tpot_ms", "tpot_s"), ("e2e_ms", "e2e_s"))
@@ -138,6 +138,7 @@ def markdown(v: Validation) -> str:
     return "\n".join(lines) + "\n"
 
 
+@plain_text
 def plot(v: Validation, path: Path) -> None:
     """CDFs of TTFT, TPOT and E2E, real vs simulated."""
     import matplotlib

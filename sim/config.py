@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from . import cost, hardware, memory, models, workload
-from .checks import (MAX_BLOCKS, MAX_COUNT, MAX_SECONDS, MAX_TOKENS, Where, _check_keys, _choice,
+from .checks import (MAX_BLOCKS, MAX_COUNT, MAX_REPLICAS, MAX_SECONDS, MAX_TOKENS, Where, _check_keys, _choice,
                      _bool, _existing_path, _int, _num, _or, _section, _show, load_yaml, read_text)
 from .routers import ROUTERS
 from .cost import CostModelSpec
@@ -381,7 +381,7 @@ def _parse_engine(v: Any, w: Where) -> EngineConfig:
                                                         cap=MAX_BLOCKS),
         tensor_parallel_size=_int(get("tensor_parallel_size"), at("tensor_parallel_size"), lo=1,
                                   cap=MAX_COUNT),
-        replicas=_int(get("replicas"), at("replicas"), lo=1, cap=MAX_COUNT),
+        replicas=_int(get("replicas"), at("replicas"), lo=1, cap=MAX_REPLICAS),
         # router (replicas > 1) and batch_timeout_s (static) are accepted and ignored where they do
         # not apply, so that a sweep over replicas or schedulers can start from any scenario.
         router=_choice(get("router"), at("router"), ROUTERS),

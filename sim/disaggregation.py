@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from .checks import _int, _num, _section
+from .checks import MAX_REPLICAS, _int, _num, _section
 
 # name -> (bytes/s per GPU, latency s). Nominal link rates, one direction:
 LINKS = {
@@ -115,8 +115,8 @@ def parse_disaggregation(v: Any, where, engine_raw: dict, parse_engine) -> Disag
         raise ScenarioError(f"{at('link')}: {link!r} is not one of {', '.join(LINKS)} or "
                             "{bandwidth_gbps: G, latency_us: U}")
     return DisaggregationConfig(
-        _int(m.get("prefill_replicas"), at("prefill_replicas"), lo=1, hi=10_000),
-        _int(m.get("decode_replicas"), at("decode_replicas"), lo=1, hi=10_000),
+        _int(m.get("prefill_replicas"), at("prefill_replicas"), lo=1, hi=MAX_REPLICAS),
+        _int(m.get("decode_replicas"), at("decode_replicas"), lo=1, hi=MAX_REPLICAS),
         pools["prefill"], pools["decode"], name, bandwidth, latency, dict(m),
         hardware.get("prefill"), hardware.get("decode"))
 

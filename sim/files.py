@@ -14,13 +14,17 @@ named like a temporary. So a file is written
 """
 from __future__ import annotations
 
+import functools
 import io
 import os
 import stat
 import tempfile
 from pathlib import Path
+from typing import Any, Callable, TypeVar
 
 from .checks import like_open
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def target_mode(path: Path) -> int | None:
@@ -66,6 +70,18 @@ def write_file(path: str | Path, data: bytes | str) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def plain_text(draw: F) -> F:
+    """A function that draws figures, run with matplotlib's math text off: the figures carry user
+    text (scenario, model and folder names such as runs_$MODEL_$RATE) that must show as written
+    ("$\\foo$" crashed plot, report, compare and plan). None of servesim's own labels use math."""
+    @functools.wraps(draw)
+    def wrapped(*args, **kwargs):
+        import matplotlib
+        with matplotlib.rc_context({"text.parse_math": False}):
+            return draw(*args, **kwargs)
+    return wrapped  # type: ignore[return-value]
 
 
 def save_figure(fig, path: str | Path, **savefig) -> Path:

@@ -117,3 +117,26 @@ def test_commands_write_through_no_planted_link(tmp_path):
                  "plots/latency_cdf.png"):
         assert not (run / name).is_symlink(), name
     assert json.loads((run / "compare.json").read_text())["run"] == str(run)
+
+
+def test_user_text_is_data_in_tables_figures_and_error_lines(tmp_path):
+    """A model named with rich markup and matplotlib math text, in a folder named like an unexpanded
+    shell variable: capacity, run, plot, report and compare show it as written."""
+    runner = CliRunner()
+    raw = {**SCENARIO, "model": {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+                                 "intermediate_size": 128, "vocab_size": 256, "name": "[/]$\\foo$ [bold"},
+           "hardware": {"name": "gpu[/]x", "memory_bytes": 8e10, "hbm_bandwidth": 3e12, "bf16_flops": 1e15}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
+    run = tmp_path / "runs_$MODEL_$RATE"
+    r = runner.invoke(app, ["capacity", "--scenario", str(tmp_path / "s.yaml")])
+    assert r.exit_code == 0 and "[/]$\\foo$ [bold on gpu[/]x" in r.output, r.output
+    for args in (["run", str(tmp_path / "s.yaml"), "--out", str(run)], ["plot", str(run)], ["report", str(run)],
+                 ["export", str(run), "--to", "vllm-bench", "--out", str(tmp_path / "b.json")],
+                 ["compare", str(tmp_path / "b.json"), str(run)]):
+        r = runner.invoke(app, args)
+        assert r.exit_code == 0, (args, r.output)
+    assert (run / "plots" / "latency_cdf.png").read_bytes()[:4] == b"\x89PNG"
+    # an error line shows a file name's escape bytes escaped, on one line
+    r = runner.invoke(app, ["run", str(tmp_path / "no\x1b[31mpe\nx.yaml")])
+    assert r.exit_code == 2 and "\x1b" not in r.stderr and "\\x1b[31mpe\\nx.yaml" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

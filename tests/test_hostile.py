@@ -122,6 +122,7 @@ SCENARIO_CASES = {
     "max_num_seqs 1e20": with_(engine__max_num_seqs=10**20),
     "max_num_batched_tokens 1e15": with_(engine__max_num_batched_tokens=10**15),
     "replicas 1e7": with_(engine__replicas=10**7),
+    "replicas 1e6": with_(engine__replicas=10**6),
     "tensor_parallel_size 1e7": with_(engine__tensor_parallel_size=10**7),
     "block_size 0": with_(engine__block_size=0),
     "batch_timeout_s 1e300": with_(engine__batch_timeout_s=1e300),
@@ -198,6 +199,8 @@ TRACE_CASES = {
         "2023-11-16 18:15:47.00+05:00,10,5\n2023-11-16 18:15:48.00,10,5\n"),
     "BOM, CRLF, unsorted (fine)": _trace_case(
         "\ufeffarrival_s,prompt_tokens,output_tokens\r\n1.5,30,4\r\n0.5,20,3\r\n", ok=True),
+    "5000-digit int in a Mooncake trace": _trace_case(
+        '{"timestamp": 0, "input_length": ' + "9" * 5000 + ', "output_length": 5}\n', "t.jsonl"),
     # bounds on the times the simulation uses, after time_scale (each within its own bound before)
     "time_scale 1e-6 of a 1e4 s trace": lambda tmp: (
         with_(workload={**trace(tmp, "arrival_s,prompt_tokens,output_tokens\n0,5,5\n10000,5,5\n"),
@@ -246,6 +249,7 @@ OTHER_CASES = {
     "sweep grid alias": lambda t: _sweep(t, "--grid", "engine.max_num_seqs=*a"),
     "sweep --workers 0": lambda t: _sweep(t, "--grid", "engine.max_num_seqs=8", "--workers", "0"),
     "sweep --set 5000 digits": lambda t: _sweep(t, "--grid", "engine.max_num_seqs=8", "--set", "seed=" + "9" * 5000),
+    "sweep --grid 5000 digits": lambda t: _sweep(t, "--grid", "engine.max_num_seqs=" + "9" * 5000),
     "plan --slo inf": lambda t: ["plan", str(scenario_file(t, QUICK)), "--slo", "ttft_ms=inf", "--out", str(t / "out")],
     "plan --slo 5000 digits": lambda t: ["plan", str(scenario_file(t, QUICK)), "--slo", "ttft_ms=" + "9" * 5000,
                                          "--out", str(t / "out")],
@@ -318,15 +322,33 @@ def _damaged(tmp: Path, what: str) -> Path:
         (run / "requests.csv").write_bytes(b"\x00\x01\x02" * 100)
     elif what == "summary is a list":
         (run / "summary.json").write_text("[1, 2]")
+    elif what in ("header-only requests.csv", "header-only steps.csv"):
+        name = what.split()[1]
+        (run / name).write_text((run / name).read_text().splitlines()[0] + "\n")
+    elif what == "text in requests.csv":
+        (run / "requests.csv").write_text("hello world\n")
+    elif what == "a string where a number belongs":
+        lines = (run / "requests.csv").read_text().splitlines()
+        cells = lines[2].split(",")
+        cells[6] = "abc"
+        lines[2] = ",".join(cells)
+        (run / "requests.csv").write_text("\n".join(lines) + "\n")
     return run
 
 
-@pytest.mark.parametrize("what", ["truncated summary", "no steps.csv", "binary requests.csv",
-                                  "summary is a list"])
-def test_plot_refuses_a_damaged_run_folder(tmp_path, what):
+DAMAGED = ["truncated summary", "no steps.csv", "binary requests.csv", "summary is a list",
+           "header-only requests.csv", "header-only steps.csv", "text in requests.csv",
+           "a string where a number belongs"]
+
+
+@pytest.mark.parametrize("command", ["plot", "report", "export"])
+@pytest.mark.parametrize("what", DAMAGED)
+def test_a_damaged_run_folder_is_one_error_line(tmp_path, what, command):
     run = _damaged(tmp_path, what)
+    args = {"plot": ["plot", str(run), "--out", str(tmp_path / "out")], "report": ["report", str(run)],
+            "export": ["export", str(run), "--to", "vllm-bench", "--out", str(tmp_path / "out" / "b.json")]}
     with time_limit(TIMEOUT_S):
-        r = _invoke_entry(["plot", str(run), "--out", str(tmp_path / "out")])
+        r = _invoke_entry(args[command])
     assert_clean(r, tmp_path / "out", ok=False)
 
 

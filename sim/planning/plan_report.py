@@ -13,7 +13,7 @@ from typing import Any
 
 from ..cost import describe
 from ..schedulers import SCHEDULERS
-from ..files import save_figure, write_file
+from ..files import plain_text, save_figure, write_file
 
 LATENCY_PNG = "latency_vs_load.png"
 TRADEOFF_PNG = "load_vs_engine.png"
@@ -292,6 +292,7 @@ def _finish(fig, ax_list, title: str, path: Path, legend_loc: str = "best") -> P
     return path
 
 
+@plain_text
 def _plots(r: dict, out: Path) -> list[Path]:
     import matplotlib
 

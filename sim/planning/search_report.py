@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import json
-from ..files import save_figure, write_file
+from ..files import plain_text, save_figure, write_file
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +126,7 @@ def markdown(r: dict, plot: Path | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+@plain_text
 def pareto_plot(r: dict, path: Path) -> Path | None:
     """Cost vs p99 TTFT at the sustained load, one point per candidate within the limits that meets
     the SLO (filled: confirmed, hollow: coarse; bigger: more GPUs per replica), the frontier of

@@ -72,10 +72,11 @@ def parse_grid(items: Iterable[str]) -> dict[str, list]:
             raise ScenarioError(f"--grid {key}: empty list of values; expected --grid {key}=V1,V2,...")
         try:
             values = yaml.safe_load(f"[{text}]")
-        except yaml.YAMLError:
+        except (yaml.YAMLError, ValueError, RecursionError):  # (ValueError: an int of 4300+ digits)
             values = None
         if not isinstance(values, list) or text.startswith(",") or text.endswith(","):
-            raise ScenarioError(f"--grid {key}: {text!r} is not a comma-separated list of YAML values "
+            shown = repr(text) if len(text) <= 80 else f"{text[:40]!r}... ({len(text)} characters)"
+            raise ScenarioError(f"--grid {key}: {shown} is not a comma-separated list of YAML values "
                                 "(empty values are not allowed)")
         texts = [yaml_text(v) for v in values]
         dup = next((t for i, t in enumerate(texts) if t in texts[:i]), None)

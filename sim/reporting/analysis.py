@@ -82,6 +82,18 @@ def load_run(path: str | Path, name: str | None = None) -> Run:
         lacking = [c for c in columns if c not in df.columns]
         if lacking:
             raise ScenarioError(f"{path / file}: missing column(s) {', '.join(lacking)}")
+        if df.empty:  # a run has at least one request and one iteration
+            raise ScenarioError(f"{path / file}: a header and no rows; not a complete run")
+        for c in columns:  # every column of a run's CSV is numeric (NaN where a time never came)
+            if df[c].dtype.kind not in "biuf":
+                values = pd.to_numeric(df[c], errors="coerce")
+                bad = values.isna() & df[c].notna()
+                if bad.any():
+                    row = int(np.flatnonzero(bad.to_numpy())[0])
+                    cell = str(df[c].iloc[row])
+                    shown = cell if len(cell) <= 40 else cell[:40] + "..."
+                    raise ScenarioError(f"{path / file}: column {c}, row {row + 2}: {shown!r} is not a number")
+                df[c] = values
         frames[file] = df
     try:
         summary = json.loads((path / "summary.json").read_text())

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from .analysis import Run
-from ..files import save_figure
+from ..files import plain_text, save_figure
 
 METRICS = ("ttft", "tpot", "itl", "e2el")
 STATS = (("mean", "mean"), ("median", "p50"), ("p99", "p99"))  # vLLM's name, summary.json's
@@ -101,6 +101,7 @@ def compare(doc: dict, run: Run) -> pd.DataFrame:
     return table
 
 
+@plain_text
 def compare_plot(table: pd.DataFrame, run: Run, path: str | Path) -> Path:
     """Measured and simulated side by side per latency metric and statistic, log scale, each pair
     labelled with its error."""

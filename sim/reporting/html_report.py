@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 import tempfile
 from pathlib import Path
 
 from ..errors import ScenarioError
 from ..files import write_file
+from ..checks import json_object
+from .analysis import load_run
 
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;
@@ -68,7 +69,7 @@ def write_report(folder: str | Path) -> Path:
     body: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         if (folder / "summary.json").is_file():
-            s = json.loads((folder / "summary.json").read_text())
+            s = load_run(folder).summary  # (a damaged folder: one error naming the file)
             title = f"servesim run: {s.get('scenario')}"
             body += ["<h2>Summary</h2>", _table(_run_rows(s))]
             figures = save_plots(folder, out=tmp)
@@ -86,7 +87,10 @@ def write_report(folder: str | Path) -> Path:
             # a plan, or a configuration search: (its files' stem, title, headline rows)
             stem, kind, rows_of = (("plan", "plan", headline) if (folder / "plan.json").is_file()
                                    else ("search", "configuration search", search_headline))
-            r = json.loads((folder / f"{stem}.json").read_text())
+            path = folder / f"{stem}.json"
+            r = json_object(path.read_text(encoding="utf-8", errors="replace"), str(path), f"a {kind}")
+            if "scenario" not in r:
+                raise ScenarioError(f"{path}: not a servesim {kind} (no scenario key)")
             title = f"servesim {kind}: {r['scenario']}"
             body += ["<h2>Answer</h2>", _table(rows_of(r))]
             if (folder / f"{stem}.md").is_file():

@@ -29,7 +29,7 @@ from .analysis import (
     slot_utilization_from_slots,
 )
 from ..errors import ScenarioError
-from ..files import save_figure
+from ..files import plain_text, save_figure
 
 MAX_TIMELINE_REQUESTS = 300   # requests drawn in a slot timeline before it is cut (title says so)
 LABELLED_REQUESTS = 40        # up to this many drawn requests, bars carry their request id
@@ -294,6 +294,7 @@ def _labels(paths: Sequence[Path], runs: Sequence[Run]) -> None:
         r.name = p.name if names.count(p.name) == 1 else str(p)
 
 
+@plain_text
 def save_plots(run_dir: str | Path, compare: Sequence[str | Path] = (), out: str | Path | None = None,
                max_requests: int = MAX_TIMELINE_REQUESTS, window_s: tuple[float, float] | None = None) -> list[Path]:
     """Write the standard PNGs of `run_dir` (and, with `compare`, the side-by-side ones) into `out`
@@ -331,6 +332,7 @@ def sweep_columns(rows) -> list[str]:
     return cols[cols.index("scenario_sha256") + 1: cols.index("repeat")]
 
 
+@plain_text
 def sweep_plot(rows, x: str | None = None, y: str = "ttft_ms.p99", hue: str | None = None,
                title: str = "sweep") -> Figure:
     """`y` against the grid key `x`, one line per value of the grid key `hue` (default: the other
@@ -384,6 +386,7 @@ def sweep_plot(rows, x: str | None = None, y: str = "ttft_ms.p99", hue: str | No
     return fig
 
 
+@plain_text
 def save_folder_plots(folder: str | Path, out: str | Path | None = None, x: str | None = None,
                       y: str | None = None, hue: str | None = None) -> list[Path]:
     """The figures of a sweep folder (results.csv: `y` vs `x` per `hue`), a plan folder (plan.json:
