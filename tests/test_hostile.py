@@ -543,15 +543,19 @@ def test_a_signal_mid_run_writes_nothing_and_keeps_the_earlier_run(tmp_path, sig
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # untouched, no temporaries
 
 
-def _peak_rss_kb(argv) -> tuple[int, float, str]:
-    """A CLI run in a child process: its exit code, peak RSS (KB, from wait4) and wall seconds."""
-    code = "import sys; from cli import main_entry; sys.argv = ['servesim'] + sys.argv[1:]; main_entry()"
-    t0 = time.monotonic()
-    p = subprocess.Popen([sys.executable, "-c", code, *argv], cwd=ROOT, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-    _, status, usage = os.wait4(p.pid, 0)
-    err = p.stderr.read()
-    return os.waitstatus_to_exitcode(status), usage.ru_maxrss, err + f" ({time.monotonic() - t0:.1f} s)"
+def _peak_rss_kb(argv, tmp: Path) -> tuple[int, int, str]:
+    """A CLI run in a child process: its exit code, its own peak RSS (KB: VmHWM, read by the child
+    at exit; wait4's ru_maxrss would carry the forking test process's peak across exec) and its
+    stderr."""
+    hwm = tmp / "hwm.txt"
+    code = ("import atexit, sys\n"
+            "def hwm():\n"
+            "    line = next(x for x in open('/proc/self/status') if x.startswith('VmHWM'))\n"
+            f"    open({str(hwm)!r}, 'w').write(line.split()[1])\n"
+            "atexit.register(hwm)\n"
+            "from cli import main_entry; sys.argv = ['servesim'] + sys.argv[1:]; main_entry()")
+    p = subprocess.run([sys.executable, "-c", code, *argv], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return p.returncode, int(hwm.read_text()) if hwm.exists() else -1, p.stderr
 
 
 def test_one_very_long_request_finishes_in_seconds(tmp_path):
@@ -561,7 +565,7 @@ def test_one_very_long_request_finishes_in_seconds(tmp_path):
                                        workload__num_requests=1, workload__output_tokens={"dist": "fixed",
                                                                                           "value": 10_000_000}))
     t0 = time.monotonic()
-    code, _, err = _peak_rss_kb(["run", str(sc), "--out", str(tmp_path / "out"), "-q"])
+    code, _, err = _peak_rss_kb(["run", str(sc), "--out", str(tmp_path / "out"), "-q"], tmp_path)
     assert code == 0, err
     assert time.monotonic() - t0 < 60, err
 
@@ -571,6 +575,6 @@ def test_a_tiny_model_on_a_big_gpu_does_not_allocate_per_block(tmp_path):
     count per block (30 requests peaked at 921 MB). Now its bookkeeping grows with blocks in use."""
     sc = scenario_file(tmp_path, with_(model="tiny", engine={"scheduler": "chunked", "enable_prefix_caching": True},
                                        workload__num_requests=30))
-    code, peak_kb, err = _peak_rss_kb(["run", str(sc), "--out", str(tmp_path / "out"), "-q"])
+    code, peak_kb, err = _peak_rss_kb(["run", str(sc), "--out", str(tmp_path / "out"), "-q"], tmp_path)
     assert code == 0, err
     assert peak_kb < 400_000, (peak_kb, err)
