@@ -226,8 +226,11 @@ def resolved_mapping(scenario: Scenario) -> dict:
 
 
 def resolved_yaml(scenario: Scenario) -> str:
-    where = f" from {scenario.source}" if scenario.source else ""
-    sets = "".join(f" --set {o}" for o in scenario.overrides)
+    def shown(text: object) -> str:  # one comment line: a newline or control byte in a path or
+        # --set text would otherwise end the comment and break the file it describes
+        return "".join(c if ord(c) >= 32 and ord(c) != 127 else repr(c)[1:-1] for c in str(text))
+    where = f" from {shown(scenario.source)}" if scenario.source else ""
+    sets = "".join(f" --set {shown(o)}" for o in scenario.overrides)
     header = (f"# The resolved scenario of this run{where}{sets}, seed {scenario.seed}.\n"
               "# Presets are expanded and paths absolute: `servesim run scenario.yaml` repeats "
               "the run.\n")

@@ -14,11 +14,13 @@ named like a temporary. So a file is written
 """
 from __future__ import annotations
 
+import fcntl
 import functools
 import io
 import os
 import stat
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
@@ -91,3 +93,38 @@ def save_figure(fig, path: str | Path, **savefig) -> Path:
     buf = io.BytesIO()
     fig.savefig(buf, format=path.suffix.lstrip(".") or "png", **savefig)
     return write_file(path, buf.getvalue())
+
+
+@contextmanager
+def folder_lock(folder: Path, what: str):
+    """Hold `folder`'s writer lock (an flock on folder/.servesim.lock, opened without following a
+    link) for the block; a second holder, in this or any process, is refused at once with one
+    ScenarioError naming the folder and the holder's pid. The lock goes with the process, even
+    killed."""
+    from .errors import ScenarioError
+    path = Path(folder) / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666 & ~_umask())
+    except OSError as e:
+        raise ScenarioError(f"--out {folder}: cannot open its lock file {LOCK_NAME} "
+                            f"({e.strerror or e}; a link there is refused)") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            raise ScenarioError(f"--out {folder}: another {what} is writing to it (process {holder}); "
+                                f"wait for it to finish or use another --out") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # (releases the flock)
+
+
+LOCK_NAME = ".servesim.lock"
+
+
+def _umask() -> int:
+    from .checks import _UMASK
+    return _UMASK

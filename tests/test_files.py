@@ -140,3 +140,25 @@ def test_user_text_is_data_in_tables_figures_and_error_lines(tmp_path):
     r = runner.invoke(app, ["run", str(tmp_path / "no\x1b[31mpe\nx.yaml")])
     assert r.exit_code == 2 and "\x1b" not in r.stderr and "\\x1b[31mpe\\nx.yaml" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_second_writer_of_a_sweep_folder_is_refused(tmp_path):
+    """Two sweeps into one folder lost half the points or duplicated rows, exit 0: the folder now
+    has one writer, and a second is refused with one line naming the holder."""
+    from sim.files import folder_lock
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(SCENARIO))
+    out = tmp_path / "sweep"
+    out.mkdir()
+    args = ["sweep", str(tmp_path / "s.yaml"), "--grid", "engine.max_num_seqs=4,8", "--out", str(out), "-q"]
+    with folder_lock(out, "sweep"):  # another writer holds it (the lock is per open file, even here)
+        r = CliRunner().invoke(app, args)
+    assert r.exit_code == 2 and f"process {os.getpid()}" in r.stderr and "another sweep" in r.stderr
+    assert not (out / "results.csv").exists()
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    assert len((out / "results.csv").read_text().splitlines()) == 3
+    (out / ".servesim.lock").unlink()
+    (out / ".servesim.lock").symlink_to(victim(tmp_path))  # a planted lock link is not followed
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 2 and "lock file" in r.stderr
+    assert untouched(tmp_path / "elsewhere" / "mine.txt")

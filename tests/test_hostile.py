@@ -578,3 +578,20 @@ def test_a_tiny_model_on_a_big_gpu_does_not_allocate_per_block(tmp_path):
     code, peak_kb, err = _peak_rss_kb(["run", str(sc), "--out", str(tmp_path / "out"), "-q"], tmp_path)
     assert code == 0, err
     assert peak_kb < 400_000, (peak_kb, err)
+
+
+def test_the_resolved_scenario_repeats_the_run_whatever_its_path_and_set_text_hold(tmp_path):
+    """scenario.yaml's header names the source path and the --set strings: a newline in either
+    ended the comment and broke the file that promises to repeat the run."""
+    folder = tmp_path / "new\nline"
+    folder.mkdir()
+    src = scenario_file(folder, QUICK)
+    out = tmp_path / "out"
+    r = CliRunner().invoke(app, ["run", str(src), "--set", "slo={ttft_ms: 500}\n", "--out", str(out), "-q"])
+    assert r.exit_code == 0, r.output
+    text = (out / "scenario.yaml").read_text()
+    assert [line for line in text.splitlines() if line.startswith("#")] == text.splitlines()[:2]
+    again = tmp_path / "again"
+    r = CliRunner().invoke(app, ["run", str(out / "scenario.yaml"), "--out", str(again), "-q"])
+    assert r.exit_code == 0, r.output
+    assert (again / "requests.csv").read_bytes() == (out / "requests.csv").read_bytes()

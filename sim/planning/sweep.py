@@ -31,7 +31,7 @@ from ..checks import _int, check_out_dir
 from ..config import Scenario, load_scenario
 from ..errors import ScenarioError
 from .parallel import run_parallel
-from ..files import write_file
+from ..files import folder_lock, write_file
 
 RESULTS = "results.csv"  # run_id, scenario, scenario_sha256, <grid keys>, repeat, seed, error, metrics
 
@@ -163,33 +163,34 @@ def run_sweep(scenario: str | Path, grid: Mapping[str, list], out_dir: str | Pat
     name = base.name  # the file's, even if --grid name=... renames runs
     sha = hashlib.sha256(Path(scenario).read_bytes()).hexdigest()[:12]
     out_dir.mkdir(parents=True, exist_ok=True)
-    table = ResultsTable(out_dir / RESULTS)
-    stale = next((r for r in table.rows
-                  if r.get("scenario") == name and r.get("scenario_sha256") != sha), None)
-    if stale is not None:
-        raise ScenarioError(f"--out {out_dir}: {RESULTS} holds runs of another version of scenario "
-                            f"{name!r} (scenario_sha256 {stale['scenario_sha256']}, {scenario} is now "
-                            f"{sha}); use a new --out")
-    done = {r["run_id"] for r in table.rows}
-    todo = [r for r in runs if r.run_id not in done]
-    if progress is not None:
-        progress(len(runs) - len(todo), len(runs))
-    results = run_parallel(_simulate, [(r.scenario,) for r in todo], workers=workers, cluster=cluster)
-    for n, (i, summary) in enumerate(results if todo else (), 1):
-        run = todo[i]
-        if "error" not in summary:
-            _write_json(out_dir / "runs" / run.run_id / "summary.json", summary)
-        row = {"run_id": run.run_id, "scenario": name, "scenario_sha256": sha,
-               **{k: yaml_text(v) for k, v in run.params.items()},
-               "repeat": run.repeat, "seed": run.scenario.seed, "error": summary.pop("error", "")}
-        summary.pop("scenario", None)
-        table.append({**row, **flatten(summary)})
+    with folder_lock(out_dir, "sweep"):  # one writer per folder: a second sweep into it is refused
+        table = ResultsTable(out_dir / RESULTS)
+        stale = next((r for r in table.rows
+                      if r.get("scenario") == name and r.get("scenario_sha256") != sha), None)
+        if stale is not None:
+            raise ScenarioError(f"--out {out_dir}: {RESULTS} holds runs of another version of scenario "
+                                f"{name!r} (scenario_sha256 {stale['scenario_sha256']}, {scenario} is now "
+                                f"{sha}); use a new --out")
+        done = {r["run_id"] for r in table.rows}
+        todo = [r for r in runs if r.run_id not in done]
         if progress is not None:
-            progress(len(runs) - len(todo) + n, len(runs))
-    rows = read_results(table.path)
-    order = {r.run_id: i for i, r in enumerate(runs)}
-    rows = rows[rows["run_id"].isin(order)].sort_values("run_id", key=lambda s: s.map(order))
-    return SweepResult(table.path, rows.reset_index(drop=True), len(todo), len(runs) - len(todo))
+            progress(len(runs) - len(todo), len(runs))
+        results = run_parallel(_simulate, [(r.scenario,) for r in todo], workers=workers, cluster=cluster)
+        for n, (i, summary) in enumerate(results if todo else (), 1):
+            run = todo[i]
+            if "error" not in summary:
+                _write_json(out_dir / "runs" / run.run_id / "summary.json", summary)
+            row = {"run_id": run.run_id, "scenario": name, "scenario_sha256": sha,
+                   **{k: yaml_text(v) for k, v in run.params.items()},
+                   "repeat": run.repeat, "seed": run.scenario.seed, "error": summary.pop("error", "")}
+            summary.pop("scenario", None)
+            table.append({**row, **flatten(summary)})
+            if progress is not None:
+                progress(len(runs) - len(todo) + n, len(runs))
+        rows = read_results(table.path)
+        order = {r.run_id: i for i, r in enumerate(runs)}
+        rows = rows[rows["run_id"].isin(order)].sort_values("run_id", key=lambda s: s.map(order))
+        return SweepResult(table.path, rows.reset_index(drop=True), len(todo), len(runs) - len(todo))
 
 
 def _simulate(sc: Scenario) -> dict:
