@@ -595,3 +595,24 @@ def test_the_resolved_scenario_repeats_the_run_whatever_its_path_and_set_text_ho
     r = CliRunner().invoke(app, ["run", str(out / "scenario.yaml"), "--out", str(again), "-q"])
     assert r.exit_code == 0, r.output
     assert (again / "requests.csv").read_bytes() == (out / "requests.csv").read_bytes()
+
+
+@pytest.mark.parametrize("command", ["plot", "report", "sweep"])
+def test_an_edited_sweep_table_is_one_error_line(tmp_path, command):
+    """A results.csv whose metric holds text (edited by hand, or damaged): sweep's resume table,
+    plot and report named the cell instead of a pandas TypeError."""
+    sc = scenario_file(tmp_path, QUICK)
+    out = tmp_path / "sweep"
+    r = CliRunner().invoke(app, ["sweep", str(sc), "--grid", "engine.max_num_seqs=4,8", "--out", str(out), "-q"])
+    assert r.exit_code == 0, r.output
+    rows = (out / "results.csv").read_text().splitlines()
+    col = rows[0].split(",").index("ttft_ms.p99")
+    cells = rows[1].split(",")
+    cells[col] = "oops"
+    rows[1] = ",".join(cells)
+    (out / "results.csv").write_text("\n".join(rows) + "\n")
+    args = {"plot": ["plot", str(out)], "report": ["report", str(out)],
+            "sweep": ["sweep", str(sc), "--grid", "engine.max_num_seqs=4,8", "--out", str(out)]}[command]
+    r = _invoke_entry(args)
+    assert_clean(r, None, ok=False)
+    assert "results.csv: column ttft_ms.p99, row 2: 'oops' is not a number" in r.stderr

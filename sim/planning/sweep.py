@@ -219,10 +219,30 @@ def read_results(path: str | Path):
     import pandas as pd
 
     exact = {"float_precision": "round_trip"} if int(pd.__version__.split(".")[0]) < 3 else {}  # 3: default
-    rows = pd.read_csv(path, dtype={"run_id": str, "scenario": str, "scenario_sha256": str, "error": str},
-                       keep_default_na=False, na_values=["", "nan"], **exact)  # a grid value `null` stays
+    try:
+        rows = pd.read_csv(path, dtype={"run_id": str, "scenario": str, "scenario_sha256": str, "error": str},
+                           keep_default_na=False, na_values=["", "nan"], **exact)  # a grid value `null` stays
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as e:
+        raise ScenarioError(f"{path}: unreadable sweep results ({str(e).splitlines()[0][:120]})") from None
+    if "error" not in rows or "run_id" not in rows:
+        raise ScenarioError(f"{path}: not a sweep results table (no run_id and error columns)")
     rows["error"] = rows["error"].fillna("")
+    for c in rows.columns:  # the metrics the tables and plots average: numbers, or empty
+        if c.startswith(NUMERIC_RESULTS) and rows[c].dtype.kind not in "biuf":
+            values = pd.to_numeric(rows[c], errors="coerce")
+            bad = values.isna() & rows[c].notna()
+            if bad.any():
+                i = int(bad.to_numpy().nonzero()[0][0])
+                cell = str(rows[c].iloc[i])
+                raise ScenarioError(f"{path}: column {c}, row {i + 2}: {cell[:40]!r} is not a number")
+            rows[c] = values
     return rows
+
+
+# results.csv columns (prefixes) that hold numbers: summary.json's metrics, flattened
+NUMERIC_RESULTS = ("ttft_ms.", "tpot_ms.", "itl_ms.", "e2el_ms.", "queue_ms.", "request_throughput",
+                   "output_throughput", "total_token_throughput", "goodput.", "completed", "duration_s",
+                   "iterations", "preemptions", "repeat", "seed", "kv_", "mbu", "mfu")
 
 
 class ResultsTable:

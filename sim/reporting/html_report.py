@@ -61,8 +61,6 @@ def _run_rows(s: dict) -> list[tuple[str, str]]:
 def write_report(folder: str | Path) -> Path:
     """folder/report.html for a run (summary.json), sweep (results.csv), plan (plan.json) or
     configuration search (search.json) folder."""
-    import pandas as pd
-
     from .plots import save_folder_plots, save_plots
 
     folder = Path(folder)
@@ -74,7 +72,8 @@ def write_report(folder: str | Path) -> Path:
             body += ["<h2>Summary</h2>", _table(_run_rows(s))]
             figures = save_plots(folder, out=tmp)
         elif (folder / "results.csv").is_file():
-            rows = pd.read_csv(folder / "results.csv")
+            from ..planning.sweep import read_results  # (numbers checked: one error naming a bad cell)
+            rows = read_results(folder / "results.csv")
             title = f"servesim sweep: {rows['scenario'].iloc[0] if len(rows) else folder.name}"
             keys = list(rows.columns[rows.columns.get_loc("scenario_sha256") + 1: rows.columns.get_loc("repeat")])
             cols = [c for c in (*keys, "repeat", "error", "request_throughput", "ttft_ms.p99", "tpot_ms.p99",

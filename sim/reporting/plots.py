@@ -393,13 +393,12 @@ def save_folder_plots(folder: str | Path, out: str | Path | None = None, x: str 
     latency vs load and the engine curve) or a configuration search (search.json: cost vs latency)."""
     import json
 
-    import pandas as pd
-
     folder = Path(folder)
     out = Path(out) if out is not None else folder
     out.mkdir(parents=True, exist_ok=True)
     if (folder / "results.csv").is_file():
-        rows = pd.read_csv(folder / "results.csv")
+        from ..planning.sweep import read_results  # (numbers checked: one error naming a bad cell)
+        rows = read_results(folder / "results.csv")
         if not len(rows):
             raise ScenarioError(f"{folder}/results.csv: no runs yet")
         title = str(rows["scenario"].iloc[0])
