@@ -99,9 +99,28 @@ def read_trace(path: Path, fmt: str | None = None, columns: dict | None = None,
 # vLLM's log line: "INFO 11-24 06:48:39 [file.py:65] message" (its default format; a custom
 # format that keeps "LEVEL MM-DD HH:MM:SS[.fff]" before the message reads too), then the
 # request logger's two lines (--enable-log-requests; the first only at DEBUG level)
-_LOG_TIME = r"(?:DEBUG|INFO|WARNING)\s+(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d(?:[.,]\d+)?)\b.*?"
-_LOG_DETAILS = re.compile(_LOG_TIME + r"Request (\S+) details: .*?prompt_token_ids: (\[[^\]]*\]|None)")
-_LOG_RECEIVED = re.compile(_LOG_TIME + r"Received request (\S+): params: \w*Params\(.*?max_tokens=(\d+|None)")
+# Read in steps, each a linear scan (one regex with two lazy `.*?` backtracked cubically on a long
+# line of repeated fragments: 13 KB took 0.7 s, a 120 KB line minutes): the first time stamp, then
+# the first marker after it, then the first field after that.
+_LOG_TIME = re.compile(r"(?:DEBUG|INFO|WARNING)\s+(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d(?:[.,]\d+)?)\b")
+_LOG_DETAILS = (re.compile(r"Request (\S+) details: "), "prompt_token_ids: ", re.compile(r"\[[^\]]*\]|None"))
+_LOG_RECEIVED = (re.compile(r"Received request (\S+): params: \w*Params\("), "max_tokens=", re.compile(r"\d+|None"))
+
+
+def _log_fields(line: str, parts) -> tuple[str, ...] | None:
+    """(month, day, h, m, s, request id, field) of a request-logger line, or None."""
+    marker, key, value = parts
+    time = _LOG_TIME.search(line)
+    if time is None:
+        return None
+    found = marker.search(line, time.end())
+    if found is None:
+        return None
+    at = line.find(key, found.end())
+    if at < 0:
+        return None
+    field = value.match(line, at + len(key))
+    return None if field is None else (*time.groups(), found[1], field[0])
 
 
 def _is_vllm_log(path: Path) -> bool:
@@ -129,17 +148,20 @@ def _read_vllm_log(path: Path, name: str) -> pd.DataFrame:
     rows = []  # (line, request id, month, day, h, m, s, max_tokens)
     for line_no, line in enumerate(text.splitlines(), start=1):
         if "Request " in line and " details: " in line:
-            found = _LOG_DETAILS.search(line)
+            found = _log_fields(line, _LOG_DETAILS)
             if found:
-                ids = found[7]
+                ids = found[6]
                 if ids == "None":
-                    raise ScenarioError(f"{name}:{line_no}: request {found[6]} has prompt_token_ids None; "
+                    raise ScenarioError(f"{name}:{line_no}: request {found[5]} has prompt_token_ids None; "
                                         "its prompt length is not in the log")
-                prompts[found[6]] = ids.count(",") + 1 if ids.strip("[] ") else 0
+                prompts[found[5]] = ids.count(",") + 1 if ids.strip("[] ") else 0
         elif "Received request " in line:
-            found = _LOG_RECEIVED.search(line)
+            found = _log_fields(line, _LOG_RECEIVED)
             if found:
-                rows.append((line_no, found[6], *found.groups()[:5], found[7]))
+                if found[6] != "None" and len(found[6]) > len(str(MAX_TOKENS)):
+                    raise ScenarioError(f"{name}:{line_no}: max_tokens of {len(found[6])} digits is more "
+                                        f"than {MAX_TOKENS:,} tokens")
+                rows.append((line_no, found[5], *found[:5], found[6]))
     if not rows:
         raise ScenarioError(f"{name}: no 'Received request' lines (start vllm serve with --enable-log-requests)")
     year, last_month, times, prompt, output, lines = 2000, 0, [], [], [], []

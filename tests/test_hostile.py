@@ -199,6 +199,13 @@ TRACE_CASES = {
         "2023-11-16 18:15:47.00+05:00,10,5\n2023-11-16 18:15:48.00,10,5\n"),
     "BOM, CRLF, unsorted (fine)": _trace_case(
         "\ufeffarrival_s,prompt_tokens,output_tokens\r\n1.5,30,4\r\n0.5,20,3\r\n", ok=True),
+    # a vLLM log line of repeated logger fragments (no max_tokens): one regex with two lazy `.*?`
+    # took minutes on it; and a max_tokens of 5000 digits
+    "vLLM log: 120 KB line of fragments": _trace_case(
+        "INFO 11-24 06:48:39 Received request r: params: SamplingParams(" * 1900 + "\n", "v.log"),
+    "vLLM log: 5000-digit max_tokens": _trace_case(
+        "INFO 11-24 06:48:39 Received request r: params: SamplingParams(n=1, max_tokens=" + "9" * 5000 + ")\n",
+        "v.log"),
     "5000-digit int in a Mooncake trace": _trace_case(
         '{"timestamp": 0, "input_length": ' + "9" * 5000 + ', "output_length": 5}\n', "t.jsonl"),
     # bounds on the times the simulation uses, after time_scale (each within its own bound before)
