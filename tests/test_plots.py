@@ -286,6 +286,13 @@ def test_plot_a_sweep_folder(tmp_path):
     assert [t.get_text() for t in ax.get_xticklabels()] == ["4", "16"]  # the grid's own values
     written = save_folder_plots(tmp_path / "sw", y="tpot_ms.p50")
     assert [p.name for p in written] == ["sweep_tpot_ms_p50.png"]
+    # the table as the folder's reader gives it (an error-free run's error is "", not NaN): the
+    # same lines (an empty figure, with a legend warning, when only NaN counted as no error)
+    from sim.planning.sweep import read_results
+    same = sweep_plot(read_results(tmp_path / "sw" / "results.csv"), x="workload.arrival.rate",
+                      y="ttft_ms.p99", hue="engine.max_num_seqs")
+    assert sorted(ln.get_label() for ln in same.axes[0].get_lines() if ln.get_linestyle() == "-") == \
+        ["engine.max_num_seqs = 64", "engine.max_num_seqs = 8"]
     result = CliRunner().invoke(app, ["plot", str(tmp_path / "sw"), "--x", "engine.block_size"])
     assert result.exit_code == 2 and "--x: 'engine.block_size' is not a column of the sweep" in result.output
 

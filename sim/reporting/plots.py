@@ -347,7 +347,8 @@ def sweep_plot(rows, x: str | None = None, y: str = "ttft_ms.p99", hue: str | No
         if col not in rows.columns:
             allowed = ", ".join(keys) if flag != "--y" else "a metric column of results.csv, e.g. ttft_ms.p99"
             raise ScenarioError(f"{flag}: {col!r} is not a column of the sweep; allowed: {allowed}")
-    ok = rows[rows["error"].isna()] if "error" in rows else rows
+    # runs without an error: NaN as pandas reads the table, "" as read_results gives it
+    ok = rows[rows["error"].isna() | rows["error"].astype(str).eq("")] if "error" in rows else rows
     fig = Figure(figsize=(9, 5.2), layout="constrained")
     ax = fig.add_subplot()
     groups = ok.groupby(hue) if hue else [(None, ok)]
