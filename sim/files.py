@@ -90,9 +90,23 @@ def save_figure(fig, path: str | Path, **savefig) -> Path:
     """A matplotlib figure written through write_file (rendered in memory first), PNG by the
     path's suffix as savefig would pick it."""
     path = Path(path)
+    _plain_log_ticks(fig)
     buf = io.BytesIO()
     fig.savefig(buf, format=path.suffix.lstrip(".") or "png", **savefig)
     return write_file(path, buf.getvalue())
+
+
+def _plain_log_ticks(fig) -> None:
+    """Log axes labelled in plain numbers (100, 200, 500, 1000): matplotlib's default log
+    formatters write math text ($\\mathdefault{10^{3}}$), which figures drawn with math text off
+    (plain_text) would show as written, and whose minor labels read "4x10^2". LogFormatter labels
+    the same ticks (minor ones where the axis spans few decades) as plain numbers."""
+    from matplotlib.ticker import LogFormatter
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            if axis.get_scale() == "log":
+                axis.set_major_formatter(LogFormatter())
+                axis.set_minor_formatter(LogFormatter(minor_thresholds=(2, 0.5)))
 
 
 @contextmanager

@@ -162,3 +162,26 @@ def test_a_second_writer_of_a_sweep_folder_is_refused(tmp_path):
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 2 and "lock file" in r.stderr
     assert untouched(tmp_path / "elsewhere" / "mine.txt")
+
+
+def test_log_axes_are_labelled_in_plain_numbers():
+    """Figures are drawn with math text off (user names as written), so the log axes' labels must
+    not be math text: 100, 200, ... not $\\mathdefault{10^{2}}$ shown as written."""
+    import matplotlib.pyplot as plt
+
+    from sim.files import plain_text
+
+    @plain_text
+    def draw(path):
+        fig, ax = plt.subplots()
+        ax.plot([1, 2], [90, 450])
+        ax.set_yscale("log")
+        save_figure(fig, path, dpi=50)
+        labels = [t.get_text() for t in ax.get_yticklabels(which="both") if t.get_text()]
+        plt.close(fig)
+        return labels
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        labels = draw(Path(d) / "f.png")
+    assert labels and all("$" not in t and float(t) > 0 for t in labels), labels
+    assert "100" in labels and "200" in labels
