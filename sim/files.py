@@ -101,11 +101,15 @@ def _plain_log_ticks(fig) -> None:
     formatters write math text ($\\mathdefault{10^{3}}$), which figures drawn with math text off
     (plain_text) would show as written, and whose minor labels read "4x10^2". LogFormatter labels
     the same ticks (minor ones where the axis spans few decades) as plain numbers."""
-    from matplotlib.ticker import LogFormatter
+    from matplotlib.ticker import LogFormatter, LogFormatterMathtext
     for ax in fig.axes:
         for axis in (ax.xaxis, ax.yaxis):
-            if axis.get_scale() == "log":
+            if axis.get_scale() != "log":
+                continue
+            # (only matplotlib's own math-text formatters: ticks a plot labelled itself stay)
+            if isinstance(axis.get_major_formatter(), LogFormatterMathtext):
                 axis.set_major_formatter(LogFormatter())
+            if isinstance(axis.get_minor_formatter(), LogFormatterMathtext):
                 axis.set_minor_formatter(LogFormatter(minor_thresholds=(2, 0.5)))
 
 
