@@ -282,6 +282,15 @@ def like_open(fd: int) -> None:
     os.fchmod(fd, 0o666 & ~_UMASK)
 
 
+def read_json_object(path: Path, what: str) -> dict:
+    """The JSON object in the file `path` (json_object's checks; an unreadable file is one error)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ScenarioError(f"{path}: cannot read {what} ({getattr(e, 'strerror', None) or type(e).__name__})") from None
+    return json_object(text, str(path), what)
+
+
 def json_object(text: str, where: str, what: str, expected: str = "a JSON object") -> dict:
     """`text` parsed as one JSON object; errors name `where` (a file, or file:line) and `what`
     (e.g. "a config.json")."""

@@ -332,6 +332,8 @@ def _damaged(tmp: Path, what: str) -> Path:
     elif what in ("header-only requests.csv", "header-only steps.csv"):
         name = what.split()[1]
         (run / name).write_text((run / name).read_text().splitlines()[0] + "\n")
+    elif what == "summary nested 100k deep":
+        (run / "summary.json").write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}")
     elif what == "text in requests.csv":
         (run / "requests.csv").write_text("hello world\n")
     elif what == "a string where a number belongs":
@@ -345,7 +347,7 @@ def _damaged(tmp: Path, what: str) -> Path:
 
 DAMAGED = ["truncated summary", "no steps.csv", "binary requests.csv", "summary is a list",
            "header-only requests.csv", "header-only steps.csv", "text in requests.csv",
-           "a string where a number belongs"]
+           "a string where a number belongs", "summary nested 100k deep"]
 
 
 @pytest.mark.parametrize("command", ["plot", "report", "export"])

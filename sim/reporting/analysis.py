@@ -7,7 +7,6 @@ A `Run` is one `servesim run` output (requests.csv, steps.csv, summary.json), re
 from __future__ import annotations
 
 import heapq
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Hashable, Iterable, Mapping, Sequence
@@ -15,6 +14,7 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from ..checks import read_json_object
 from ..errors import ScenarioError
 from ..metrics import REQUEST_COLUMNS, weighted_sum
 from ..recorder import STEP_COLUMNS
@@ -95,12 +95,7 @@ def load_run(path: str | Path, name: str | None = None) -> Run:
                     raise ScenarioError(f"{path / file}: column {c}, row {row + 2}: {shown!r} is not a number")
                 df[c] = values
         frames[file] = df
-    try:
-        summary = json.loads((path / "summary.json").read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ScenarioError(f"{path / 'summary.json'}: invalid JSON ({e})") from None
-    if not isinstance(summary, dict):
-        raise ScenarioError(f"{path / 'summary.json'}: expected a JSON object")
+    summary = read_json_object(path / "summary.json", "a run summary")
     return Run(name or path.name, frames["requests.csv"], frames["steps.csv"], summary)
 
 

@@ -51,8 +51,9 @@ def measured_doc(path: Path) -> dict:
     if text.lstrip().startswith("{"):
         try:
             doc = json.loads(text)
-        except ValueError:
-            raise ScenarioError(f"{path}: not valid JSON (expected vllm bench serve --save-result output)") from None
+        except (ValueError, RecursionError):
+            raise ScenarioError(f"{path}: not valid JSON, or nested too deeply (expected vllm bench serve "
+                                "--save-result output)") from None
         if not isinstance(doc, dict) or not any(k.endswith("_ttft_ms") or k == "ttfts" for k in doc):
             raise ScenarioError(f"{path}: no measured latencies (mean_ttft_ms, ... or ttfts); expected vllm "
                                 "bench serve --save-result output")

@@ -28,6 +28,7 @@ from .analysis import (
     slot_assignment,
     slot_utilization_from_slots,
 )
+from ..checks import read_json_object
 from ..errors import ScenarioError
 from ..files import plain_text, save_figure
 
@@ -392,8 +393,6 @@ def save_folder_plots(folder: str | Path, out: str | Path | None = None, x: str 
                       y: str | None = None, hue: str | None = None) -> list[Path]:
     """The figures of a sweep folder (results.csv: `y` vs `x` per `hue`), a plan folder (plan.json:
     latency vs load and the engine curve) or a configuration search (search.json: cost vs latency)."""
-    import json
-
     folder = Path(folder)
     out = Path(out) if out is not None else folder
     out.mkdir(parents=True, exist_ok=True)
@@ -406,17 +405,17 @@ def save_folder_plots(folder: str | Path, out: str | Path | None = None, x: str 
         first = next((folder / "runs" / str(r) / "summary.json" for r in rows["run_id"]
                       if (folder / "runs" / str(r) / "summary.json").is_file()), None)
         if first is not None:
-            title = describe(Run(title, None, None, json.loads(first.read_text())))
+            title = describe(Run(title, None, None, read_json_object(first, "a run summary")))
         fig = sweep_plot(rows, x, y or "ttft_ms.p99", hue, title)
         path = out / f"sweep_{(y or 'ttft_ms.p99').replace('.', '_')}.png"
         save_figure(fig, path, dpi=110)
         return [path]
     if (folder / "plan.json").is_file():
         from ..planning.plan_report import _plots
-        return _plots(json.loads((folder / "plan.json").read_text()), out)
+        return _plots(read_json_object(folder / "plan.json", "a plan"), out)
     if (folder / "search.json").is_file():
         from ..planning.search_report import PARETO_PNG, pareto_plot
-        path = pareto_plot(json.loads((folder / "search.json").read_text()), out / PARETO_PNG)
+        path = pareto_plot(read_json_object(folder / "search.json", "a configuration search"), out / PARETO_PNG)
         return [path] if path else []
     raise ScenarioError(f"{folder}: not a run, sweep, plan or search folder (no summary.json, results.csv, "
                         "plan.json or search.json)")
