@@ -177,8 +177,30 @@ def _profile_options(options: Any, where: str, hardware: HardwareSpec, tp: int, 
                             f"use a profile fitted at that size")
     out: dict = {"profile": profile}
     if isinstance(profile, measured.TableProfile):  # kernel time: the engine's overheads on top
+        _check_profile_matches(profile, model, hardware)
         out["overheads"] = profile.overheads or default_overheads()
     return out
+
+
+def _check_profile_matches(profile, model, hardware: HardwareSpec) -> None:
+    """A kernel-table (v2) profile prices one model on one GPU: another model's or GPU's is refused,
+    naming both (an H100 profile pricing an H200 in a GPU search, or a Qwen profile a Llama run,
+    went through silently). A model is the profile's when its name is, or when it is the preset of
+    that name field for field (a config.json read under another name)."""
+    from .hardware import HARDWARE_PRESETS
+    from .models import MODEL_PRESETS
+    meta = profile.metadata
+    gpu = meta.get("hardware")
+    if gpu is not None and gpu != hardware.name and HARDWARE_PRESETS.get(gpu) != hardware:
+        raise ScenarioError(f"{profile.source}: a profile of {gpu} kernel timings, but the scenario runs "
+                            f"on {hardware.name}; compose one for {hardware.name} (servesim calibrate "
+                            f"--from-tables) or use cost_model: measured")
+    name = meta.get("model")
+    preset = MODEL_PRESETS.get(name) if isinstance(name, str) else None
+    same = model is None or name == model.name or (preset is not None and replace(preset, name=model.name) == model)
+    if not same:
+        raise ScenarioError(f"{profile.source}: a profile of {name}, but the scenario's model is {model.name}; "
+                            f"use that model's profile, or cost_model: measured (composed for any model)")
 
 
 _MEASURED_KWARGS = ("cpu_overhead_s", "cpu_overhead_per_seq_s", *OVERHEAD_KEYS)

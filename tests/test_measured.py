@@ -484,3 +484,21 @@ def test_a_model_that_is_not_a_preset_is_composed_from_the_tables_at_load_time(t
                                                         "hbm_bandwidth": 2e12, "bf16_flops": 5e14,
                                                         "interconnect_bandwidth": 4e11}})
     assert custom.cost_model.name == "roofline" and "not measured" in custom.cost_model.notice
+
+
+def test_a_kernel_table_profile_of_another_model_or_gpu_is_refused(tmp_path):
+    """An H100 profile pricing an H200 run, or a Llama profile a Qwen run, went through silently;
+    both are refused naming the two. The same model read from its config.json under another name
+    is the profile's model."""
+    h100 = PROFILES / "h100-sxm" / "llama-3-8b-tp1.yaml"
+    base = {"workload": {"arrival": {"process": "burst"}, "num_requests": 1,
+                         "prompt_tokens": {"dist": "fixed", "value": 8}, "output_tokens": {"dist": "fixed", "value": 2}},
+            "cost_model": {"profile": str(h100)}}
+    with pytest.raises(ScenarioError, match="a profile of h100-sxm kernel timings, but the scenario runs on h200"):
+        scenario_from_dict({**base, "model": "llama-3-8b", "hardware": "h200"})
+    with pytest.raises(ScenarioError, match="a profile of llama-3-8b, but the scenario's model is qwen2.5-7b"):
+        scenario_from_dict({**base, "model": "qwen2.5-7b", "hardware": "h100-sxm"})
+    cfg = tmp_path / "config.json"
+    cfg.write_text((Path(__file__).parent / "fixtures/hf_configs/meta-llama--Meta-Llama-3.1-8B.json").read_text())
+    sc = scenario_from_dict({**base, "model": {"hf_config": str(cfg), "name": "my-llama"}, "hardware": "h100-sxm"})
+    assert sc.model.name == "my-llama" and sc.cost_model.profile.source == h100
