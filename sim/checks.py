@@ -287,7 +287,8 @@ def read_json_object(path: Path, what: str) -> dict:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise ScenarioError(f"{path}: cannot read {what} ({getattr(e, 'strerror', None) or type(e).__name__})") from None
+        why = getattr(e, "strerror", None) or type(e).__name__
+        raise ScenarioError(f"{path}: cannot read {what} ({why})") from None
     return json_object(text, str(path), what)
 
 

@@ -270,7 +270,8 @@ COST_MODELS: dict[str, CostModelKind] = {
                               "the shipped profile from published kernel timings of the "
                               "scenario's model, GPU and TP (the default where one exists)"),
 }
-_ALLOWED = ("measured, {measured: {frontend_s: S, host_per_iteration_s: S, ...}}, roofline, {roofline: {constant: value}}, "
+_ALLOWED = ("measured, {measured: {frontend_s: S, host_per_iteration_s: S, ...}}, roofline, "
+            "{roofline: {constant: value}}, "
             "{profile: PATH}, unit")
 
 

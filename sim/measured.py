@@ -171,7 +171,8 @@ def load_table_profile(path: Path, doc: dict, data: bytes) -> TableProfile:
             raise _fail(f"{where}: metadata.serving_error", "must be a mapping of slower (>= 1), faster "
                                                              "(in (0, 1]) and basis (text)")
     keys = ("tokens", "sequences", "decode_attention", "prefill_attention", "cpu_overhead")
-    optional = tuple(k for k in ("fp8_kv_cache", "engine_overheads") if isinstance(doc["model"], dict) and k in doc["model"])
+    optional = tuple(k for k in ("fp8_kv_cache", "engine_overheads")
+                     if isinstance(doc["model"], dict) and k in doc["model"])
     m = _mapping(doc["model"], f"{where}: model", keys + optional)
     overheads = (overheads_from_mapping(m["engine_overheads"], f"{where}: model.engine_overheads")
                  if "engine_overheads" in m else None)

@@ -161,7 +161,8 @@ def plan(path: str | Path, slo: SLOConfig, *, overrides: Iterable[str] = (), tar
         raise ScenarioError(f"--headroom: {headroom:g} is not in (0, 1] (0.8: plan for 80% of the sustained load)")
     error_band = sc.cost_model.error_band() if band else None
     # a band that cannot move the answer a grid step is not simulated
-    banded = error_band is not None and max(error_band["slower"] - 1, 1 - error_band["faster"]) >= options.resolution / 2
+    banded = (error_band is not None
+              and max(error_band["slower"] - 1, 1 - error_band["faster"]) >= options.resolution / 2)
     phases = Phases(ev, progress, ["locating the boundary"] + ([] if ev.deterministic else ["confirming the answer"])
                     + ["engine settings", "confirming the chosen setting"] + (["cost-error band"] if banded else [])
                     + (["sizing the cluster"] if target is not None else []))
