@@ -1167,7 +1167,7 @@ def _calibrate_from_bench(benches: list[Path], model: str, gpu: str | None, tp: 
         for b in benches:
             check_input_file(b, "trace", str(b))
         from calibrate.measured import write_profile
-        from calibrate.overheads import FIT_METRICS, error_band, fit_bench, grid_points
+        from calibrate.overheads import FIT_METRICS, bench_profile, fit_bench, grid_points
 
         with _Progress("fitting overheads", "grid points") as progress:
             n, total = [0], len(grid_points())
@@ -1176,8 +1176,7 @@ def _calibrate_from_bench(benches: list[Path], model: str, gpu: str | None, tp: 
                 n[0] += 1
                 progress(n[0], total)
             result = fit_bench(benches, model_value, gpu, tp, sets, progress=tick)
-        doc = _bench_profile(result, benches, gpu, tp, error_band)
-        write_profile(doc, out)
+        write_profile(bench_profile(result, benches), out)
     except ScenarioError as e:
         raise _fail(str(e)) from None
     except OSError as e:
@@ -1191,25 +1190,6 @@ def _calibrate_from_bench(benches: list[Path], model: str, gpu: str | None, tp: 
     typer.echo("fitted: " + ", ".join(f"{k} {v}" for k, v in p.items()))
     typer.echo(f"profile: {out} (use it as cost_model: {{profile: {out}}}; the plan's error band is "
                f"the error above, on the runs it was fitted on)")
-
-
-def _bench_profile(result: dict, benches: list[Path], gpu: str, tp: int, error_band) -> dict:
-    """The v2 profile of the calibrated model x GPU x TP with the fitted overheads and the fit's
-    error on the user's runs (the planner's band)."""
-    import yaml
-
-    from sim.composer import SYSTEMS, TABLES, KernelTables, build_profile
-
-    sc = result["scenario"]
-    tables = TABLES / SYSTEMS[gpu]
-    doc = build_profile(KernelTables.load(tables, sc.hardware.hbm_bandwidth), sc.model, sc.hardware, tp,
-                        provenance=yaml.safe_load((tables / "provenance.yaml").read_text()))
-    doc["model"]["engine_overheads"] = dict(result["params"])
-    meta = doc["metadata"]
-    meta["serving_error"] = error_band(result["after"], "fitted to your server's benchmarks (in-sample)")
-    meta["calibrated_on"] = [str(b) for b in benches]
-    meta["notes"].append("engine overheads fitted by servesim calibrate --from-bench to the runs in calibrated_on")
-    return doc
 
 
 def _calibrate_from_tables(tables: Path, model: str, gpu: str | None, tp: int, out: Path) -> None:

@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -145,7 +146,7 @@ def _one(args):
 
 def simulate_stages(runs: dict, stages: list[dict], measured: dict | None, folder: Path,
                     jobs: int = 1, pool=None) -> list[Result]:
-    """Every stage, in the order given (biggest first across `jobs` processes)."""
+    """Every stage's Result, in the order given (on `pool`, or across `jobs` processes)."""
     work = [(runs, s, measured, str(folder)) for s in stages]
     if pool is None and jobs <= 1:
         return [_one(w) for w in work]
@@ -200,13 +201,8 @@ def parse_set(items: list[str]) -> dict:
         key, _, value = item.partition("=")
         if not key or not value:
             raise SystemExit(f"error: --set {item!r}: expected KEY=VALUE")
-        out[key] = yaml_value(value)
+        out[key] = yaml.safe_load(value)
     return out
-
-
-def yaml_value(text: str):
-    import yaml
-    return yaml.safe_load(text)
 
 
 def run_fit(runs: dict, stages: list[dict], folder: Path, jobs: int, progress=print) -> dict:
@@ -229,7 +225,8 @@ def run_fit(runs: dict, stages: list[dict], folder: Path, jobs: int, progress=pr
 
 def write_defaults(fitted: dict, runs: dict, path: Path) -> None:
     """The fitted overheads as sim/overheads.py's defaults file, with where they came from."""
-    import yaml
+    from sim.files import write_file
+    from sim.overheads import OVERHEAD_KEYS
     fit_s, held_s = summarise(fitted["fit"]), summarise(fitted["heldout"])
     rnd = lambda m: {k: round(v, 4) for k, v in m.items()}  # noqa: E731
     doc = {
@@ -238,9 +235,7 @@ def write_defaults(fitted: dict, runs: dict, path: Path) -> None:
                   f"{runs['repository']} at {runs['commit'][:7]} (bench/data/vllm_h100_training.json), "
                   "the stages the real server sustained. Held-out: each model's stages predicted with "
                   "the overheads fitted on the other models' (leave one model out)."),
-        "overheads": {k: fitted["params"][k] for k in ("host_per_iteration_s", "per_iteration_s",
-                                                        "tp_sync_per_iteration_s", "frontend_s",
-                                                        "frontend_per_prompt_token_s", "async_scheduling")},
+        "overheads": {k: fitted["params"][k] for k in OVERHEAD_KEYS},
         "fit": {"stages": fit_s["sustained"], "median_abs_error": rnd(fit_s["median_abs_error"]),
                 "grid": {k: list(v) for k, v in GRID.items()},
                 "frontend_grid_s": [float(FRONTEND_GRID[0]), float(FRONTEND_GRID[-1]), 1e-4]},
@@ -248,7 +243,7 @@ def write_defaults(fitted: dict, runs: dict, path: Path) -> None:
                                 "step_time_error": step_time_error(fitted["heldout"]),
                                 "fitted_without": fitted["per_model"]},
     }
-    path.write_text(yaml.safe_dump(doc, sort_keys=False, width=100))
+    write_file(path, yaml.safe_dump(doc, sort_keys=False, width=100))
 
 
 def main(argv: list[str] | None = None) -> int:

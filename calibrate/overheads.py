@@ -217,3 +217,19 @@ def fit_bench(benches: list[Path], model, gpu: str, tp: int, overrides: tuple[st
     params, value = fit.best()
     return {"params": params, "loss": value, "before": before, "after": fit.results(params),
             "scenario": first}
+
+
+def bench_profile(result: dict, benches: list[Path]) -> dict:
+    """fit_bench's result as a v2 profile of the calibrated model x GPU x TP: the fitted overheads
+    (`model.engine_overheads`), the fit's error on the user's runs (`metadata.serving_error`, the
+    planner's band) and the runs it was fitted on."""
+    from sim.composer import compose_document
+
+    sc = result["scenario"]
+    doc = compose_document(sc.model, sc.hardware, sc.engine.tensor_parallel_size)
+    doc["model"]["engine_overheads"] = dict(result["params"])
+    meta = doc["metadata"]
+    meta["serving_error"] = error_band(result["after"], "fitted to your server's benchmarks (in-sample)")
+    meta["calibrated_on"] = [str(b) for b in benches]
+    meta["notes"].append("engine overheads fitted by servesim calibrate --from-bench to the runs in calibrated_on")
+    return doc

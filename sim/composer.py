@@ -19,7 +19,7 @@ pass over every scheduled token):
              + 2 all-reduces of T x hidden (TP > 1)                             measured (all-reduce)
              + norms, activation, residuals, rope                               modelled: bytes / HBM ]
     + GEMM(S, lm_head)                                                          measured (gemm)
-    + CPU/framework overhead: per iteration + per sequence                      cited default, tunable
+    (kernel time only: the engine's overheads on top are sim/overheads.py's)
 
 Each GEMM and the fused experts come from the table of the weights' format: bf16 (gemm.csv), FP8
 (gemm_fp8.csv), and the fused-MoE table of the experts' format (moe.csv bf16, moe_fp8_block.csv for
@@ -32,23 +32,21 @@ outside the CUDA graphs vLLM runs decode in, not GPU work. Where the GPU bounds 
 two agree within 10% (0.252 vs 0.230 ms at m = 4,096; 0.460 vs 0.464 at m = 8,192).
 
 Interpolation is piecewise-linear between measured points (in m, n and k for GEMMs; in batch and
-length for attention, in message size for all-reduces), so at a measured point the composer returns
-the measured value exactly and between points it never leaves the measured bracket. More work never
-costs less: where a larger shape was measured faster than a smaller one (kernel selection, noise),
+length for attention, in message size for all-reduces). More work never costs less: where a larger shape was measured faster than a smaller one (kernel selection, noise),
 the points are replaced by their least-squares monotone fit along each axis (tokens, batch, length,
 message size: isotonic regression, `isotonic`), which pools the out-of-order points into their mean;
-how many measured points that moved is counted in `notes`. (The upper envelope used before, each
+so at a point measured in order the composer returns the measured value. How many measured points
+the fit moved is counted in `notes`. (The upper envelope used before, each
 time at least every time before it, carried one slow outlier to every larger shape: on H100 the
 8192 x 8192 GEMM measured 0.046-0.048 ms from m = 8 to 96, and an outlier of 0.054 ms at m = 4 set
 all of them to 0.054, 15% more, which over-priced every decode iteration.) Nothing is
 extrapolated silently: past the largest measured value of an axis the last measured point is scaled
 in proportion to the work (a GEMM with n beyond the table is split into equal in-table GEMMs; longer
 contexts and larger batches scale the last point by the ratio of work) and every such use is counted
-in `extrapolated`, which calibrate/measured.py writes into the profile's metadata.
+in `extrapolated`, which `build_profile` writes into the profile's metadata.
 
 Which measured rows stand in for a shape the tables do not list (attention heads per GPU, GEMM n and
-k) is decided by `attention_sources` and `bracket`, which calibrate/aic_import.py also uses to pick
-the rows it ships.
+k) is decided by `attention_sources` and `bracket`.
 """
 from __future__ import annotations
 
@@ -231,7 +229,7 @@ class _Grid:
         rows = {va: _Curve(g[b].to_numpy(), g[z].to_numpy()) for va, g in frame.groupby(a)}
         xs = np.array(sorted(frame[b].unique().tolist()), dtype=np.float64)
         dense = np.array([[rows[va](x, Counter(), "") for x in xs] for va in self.a])
-        dense = np.column_stack([isotonic(col) for col in dense.T]) if len(self.a) > 1 else dense
+        dense = np.column_stack([isotonic(col) for col in dense.T])
         dense = np.maximum.accumulate(np.maximum.accumulate(dense, axis=1), axis=0)
         self.curves = {va: _Curve(xs, dense[i]) for i, va in enumerate(self.a)}
         # measured points the monotone fits moved
@@ -715,11 +713,17 @@ def _round(v):
     return v
 
 
-@lru_cache(maxsize=32)
-def _composed(model: ModelSpec, hardware: HardwareSpec, tp: int):
+def compose_document(model: ModelSpec, hardware: HardwareSpec, tp: int) -> dict:
+    """The v2 profile document of `model` on a preset GPU with tables (SYSTEMS), from its shipped
+    tables and their provenance. ValueError where the tables cannot price the model."""
     tables = KernelTables.load(TABLES / SYSTEMS[hardware.name], hardware.hbm_bandwidth)
     provenance = yaml.safe_load((tables.folder / "provenance.yaml").read_text())
-    doc = build_profile(tables, model, hardware, tp, provenance=provenance)
+    return build_profile(tables, model, hardware, tp, provenance=provenance)
+
+
+@lru_cache(maxsize=32)
+def _composed(model: ModelSpec, hardware: HardwareSpec, tp: int):
+    doc = compose_document(model, hardware, tp)
     doc["metadata"]["notes"].insert(0, "composed when the scenario was loaded: the model is not a "
                                        "preset with a shipped profile")
     data = yaml.safe_dump(doc, sort_keys=False).encode()

@@ -32,7 +32,7 @@ from .step_cost import (CostModel, ProfileCost, RooflineCost, ScaledCost, StepPr
 __all__ = ["COST_MODELS", "CostModel", "CostModelKind", "CostModelSpec", "PROFILE_FORMAT", "ProfileCost",
            "RooflineCost", "ScaledCost", "StepProfile", "UnitCost", "WindowedCost", "check_kv_cache_dtype",
            "default_cost_model", "describe", "load_profile", "make_cost_model", "parse_cost_model",
-           "prefill_attention_work", "shipped_summary"]
+           "prefill_attention_work"]
 
 PROFILE_FORMAT = "servesim-step-profile/v1"
 
@@ -232,12 +232,6 @@ def _measured_options(options: Any, where: str, hardware: HardwareSpec, tp: int,
         profile = composed_profile(model, hardware, tp, where)
     return {"profile": profile, **{k: v for k, v in kwargs.items() if k not in OVERHEAD_KEYS},
             "overheads": overheads}
-
-
-def shipped_summary() -> str:
-    index = measured.shipped_index()
-    return "; ".join(f"{hw}: " + ", ".join(f"{m} tp{'/'.join(map(str, tps))}" for m, tps in models.items())
-                     for hw, models in index.items()) or "none shipped"
 
 
 def _build_profile(kw, m, hw, tp):

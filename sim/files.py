@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from .checks import like_open
+from .errors import ScenarioError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -119,10 +120,9 @@ def folder_lock(folder: Path, what: str):
     link) for the block; a second holder, in this or any process, is refused at once with one
     ScenarioError naming the folder and the holder's pid. The lock goes with the process, even
     killed."""
-    from .errors import ScenarioError
     path = Path(folder) / LOCK_NAME
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666 & ~_umask())
+    try:  # (0o666 less the umask, as open() gives a new file)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
     except OSError as e:
         raise ScenarioError(f"--out {folder}: cannot open its lock file {LOCK_NAME} "
                             f"({e.strerror or e}; a link there is refused)") from None
@@ -141,8 +141,3 @@ def folder_lock(folder: Path, what: str):
 
 
 LOCK_NAME = ".servesim.lock"
-
-
-def _umask() -> int:
-    from .checks import _UMASK
-    return _UMASK

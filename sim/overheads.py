@@ -30,7 +30,7 @@ vLLM serving on H100 (bench/fidelity.py --fit), the roofline and fitted (v1) pro
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -112,17 +112,12 @@ def scheduling_lag(arrival: np.ndarray, first_scheduled: np.ndarray, replica: np
 
 
 def parse_overheads(options: dict, defaults: EngineOverheads, where: str) -> EngineOverheads:
-    """`defaults` with the scenario's `cost_model.measured` overhead keys applied (checked)."""
-    values = {}
-    for f in fields(EngineOverheads):
-        if f.name not in options:
-            continue
-        v = options[f.name]
-        if f.name == "async_scheduling":
-            if not isinstance(v, bool):
-                raise ScenarioError(f"{where}.{f.name}: must be true or false, got {v!r}")
-        values[f.name] = v
-    return EngineOverheads(**{**asdict(defaults), **values})
+    """`defaults` with the scenario's `cost_model.measured` overhead keys applied (numbers checked
+    by the caller; async_scheduling here)."""
+    given = {f.name: options[f.name] for f in fields(EngineOverheads) if f.name in options}
+    if "async_scheduling" in given and not isinstance(given["async_scheduling"], bool):
+        raise ScenarioError(f"{where}.async_scheduling: must be true or false, got {given['async_scheduling']!r}")
+    return replace(defaults, **given)
 
 
 OVERHEAD_KEYS = tuple(f.name for f in fields(EngineOverheads))
@@ -134,10 +129,13 @@ DEFAULTS_FILE = Path(__file__).resolve().parent / "profiles" / "vllm_v1_overhead
 
 
 @lru_cache(maxsize=1)
+def _defaults_doc() -> dict:
+    return yaml.safe_load(DEFAULTS_FILE.read_text())
+
+
 def default_overheads() -> EngineOverheads:
     """The fitted defaults (DEFAULTS_FILE's `overheads`)."""
-    doc = yaml.safe_load(DEFAULTS_FILE.read_text())
-    return overheads_from_mapping(doc["overheads"], str(DEFAULTS_FILE))
+    return overheads_from_mapping(_defaults_doc()["overheads"], str(DEFAULTS_FILE))
 
 
 def overheads_from_mapping(values, where: str) -> EngineOverheads:
@@ -155,14 +153,12 @@ def overheads_from_mapping(values, where: str) -> EngineOverheads:
     return EngineOverheads(**out)
 
 
-@lru_cache(maxsize=1)
 def serving_error_band() -> dict | None:
     """The error band of kernel-table step costs with the default overheads, from the fit's
     held-out (leave-one-model-out) step-time error against real vLLM: the factors that make the
     simulated step the real one at the 10th and 90th percentile of that error
     (real = simulated / (1 + error))."""
-    doc = yaml.safe_load(DEFAULTS_FILE.read_text())
-    err = (doc.get("leave_one_model_out") or {}).get("step_time_error")
+    err = (_defaults_doc().get("leave_one_model_out") or {}).get("step_time_error")
     if not err:
         return None
     return {"slower": 1 / (1 + err["p10"]), "faster": 1 / (1 + err["p90"]),
