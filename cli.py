@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 import typer.core
 
+
 class _HelpWithPlugins(typer.core.TyperGroup):
     """`servesim --help` ends with the plug-in names, read from their registries when the help is
     shown (importing them at start-up would slow every command)."""
@@ -23,10 +24,10 @@ class _HelpWithPlugins(typer.core.TyperGroup):
 
 
 def plugin_names() -> str:
-    from sim.cost import COST_MODELS
-    from sim.queues import POLICIES
-    from sim.routers import ROUTERS
+    from sim.cost.registry import COST_MODELS
+    from sim.runtime.routers import ROUTERS
     from sim.schedulers import SCHEDULERS
+    from sim.schedulers.queues import POLICIES
 
     rows = (("engine.scheduler", SCHEDULERS), ("engine.router", ROUTERS), ("engine.policy", POLICIES),
             ("cost_model", COST_MODELS))
@@ -81,11 +82,11 @@ def _on_sigterm(signum, frame) -> None:
 
 
 def _warnings_as_lines() -> None:
-    """servesim's own warnings (sim/errors.ServesimWarning) as one `warning: ...` line on stderr,
+    """servesim's own warnings (sim/config/errors.ServesimWarning) as one `warning: ...` line on stderr,
     once each, without Python's file and line."""
     import warnings
 
-    from sim.errors import ServesimWarning
+    from sim.config.errors import ServesimWarning
 
     shown = warnings.showwarning
 
@@ -157,9 +158,9 @@ def run(
 ) -> None:
     """Simulate one scenario and write [bold]requests.csv[/], [bold]steps.csv[/],
     [bold]scenario.yaml[/] and [bold]summary.json[/] to the output directory."""
-    from sim.config import load_scenario
-    from sim.checks import check_out_dir
-    from sim.errors import ScenarioError
+    from sim.config.checks import check_out_dir
+    from sim.config.errors import ScenarioError
+    from sim.config.scenario import load_scenario
 
     try:
         sc = load_scenario(scenario, overrides=set_ or (), seed=seed)
@@ -184,14 +185,16 @@ def run(
     except OSError as e:  # e.g. the output directory is not writable
         raise _fail(f"{e.filename or ''}: {e.strerror or e}".lstrip(": "), code=1) from None
     except KeyboardInterrupt:
-        raise _fail(f"interrupted; nothing was written to {out if out is not None else 'runs/<name>'} (an earlier run there is untouched)", code=130) from None
+        where = out if out is not None else "runs/<name>"
+        raise _fail(f"interrupted; nothing was written to {where} (an earlier run there is untouched)",
+                    code=130) from None
     if sc.cost_model.notice:  # the default fell back to an estimate: say so, once
         typer.echo(f"note: {sc.cost_model.notice}", err=True)
     if not quiet:
         from rich.console import Console
 
         Console().print(summary_table(sc.name, result.summary))
-        from sim.cost import describe
+        from sim.cost.registry import describe
 
         typer.echo(f"step costs: {describe(result.summary['run']['cost_model'])}")
     typer.echo(str(out_dir) if quiet else
@@ -231,8 +234,14 @@ class _Progress:
 
     def _start(self, done: int, total: int | None) -> Any:
         from rich.console import Console
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                                   TimeRemainingColumn)
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
         if total is None:
             columns = (TextColumn(f"{self.label}: {{task.completed}} {self.unit}"), TimeElapsedColumn())
@@ -268,7 +277,8 @@ def summary_table(name: str, s: dict) -> Any:
     run = Table(title=_esc(f"servesim run: {name}"), show_header=False, title_justify="left")
     run.add_column("metric")
     run.add_column("value", justify="right")
-    for label, key, digits in (("completed requests", "completed", 0), (f"duration ({sec if unit else 's'})", "duration_s", 2),
+    for label, key, digits in (("completed requests", "completed", 0),
+                               (f"duration ({sec if unit else 's'})", "duration_s", 2),
                                ("iterations", "iterations", 0), (f"requests/{sec}", "request_throughput", 2),
                                (f"output tokens/{sec}", "output_throughput", 1),
                                (f"total tokens/{sec}", "total_token_throughput", 1),
@@ -347,9 +357,9 @@ def sweep(
     """Simulate every combination of [bold]--grid[/] values and append one row per run (its parameters
     and every summary metric) to [bold]DIR/results.csv[/] as it finishes. Interrupted? Rerun the
     same command: finished runs are skipped."""
-    from sim.config import load_scenario
-    from sim.checks import check_out_dir
-    from sim.errors import ScenarioError
+    from sim.config.checks import check_out_dir
+    from sim.config.errors import ScenarioError
+    from sim.config.scenario import load_scenario
     from sim.planning.sweep import parse_grid, run_sweep
 
     try:
@@ -431,8 +441,8 @@ def compare(
     simulated ones, with the error of each (simulated / measured - 1)."""
     import json
 
-    from sim.checks import check_input_file
-    from sim.errors import ScenarioError
+    from sim.config.checks import check_input_file
+    from sim.config.errors import ScenarioError
     from sim.reporting.analysis import load_run
     from sim.reporting.compare import compare as make_table
     from sim.reporting.compare import compare_plot, measured_doc
@@ -466,11 +476,12 @@ def compare(
 
 @app.command(short_help="One self-contained HTML page for a run, sweep or plan folder.")
 def report(
-    folder: Annotated[Path, typer.Argument(help="A folder written by servesim run, sweep or plan.", show_default=False)],
+    folder: Annotated[Path, typer.Argument(help="A folder written by servesim run, sweep or plan.",
+                                           show_default=False)],
 ) -> None:
     """Write FOLDER/report.html: the summary table, the figures (embedded) and the scenario, one
     file to share."""
-    from sim.errors import ScenarioError
+    from sim.config.errors import ScenarioError
     from sim.reporting.html_report import write_report
 
     try:
@@ -498,7 +509,7 @@ def export(
         help="chrome-trace: request tracks drawn (the first N by id).", metavar="N")] = 5000,
 ) -> None:
     """Write a run in another tool's format."""
-    from sim.errors import ScenarioError
+    from sim.config.errors import ScenarioError
     from sim.reporting.analysis import load_run
     from sim.reporting.export import chrome_trace, vllm_bench
 
@@ -524,7 +535,7 @@ def _int_list(flag: str, text: str | None) -> tuple[int, ...] | None:
     """'64,128,256' -> (64, 128, 256); None when not given; a bad item is one line naming the flag."""
     if text is None:
         return None
-    from sim.errors import ScenarioError
+    from sim.config.errors import ScenarioError
 
     out = []
     for item in text.split(","):
@@ -540,7 +551,7 @@ def _spec_list(text: str | None) -> list[dict | None]:
     each setting's scenario loads: engine.speculative's rules)."""
     if text is None:
         return []
-    from sim.errors import ScenarioError
+    from sim.config.errors import ScenarioError
 
     out: list[dict | None] = []
     for item in (x.strip() for x in text.split(",")):
@@ -563,7 +574,7 @@ def _split_list(text: str | None) -> list[tuple[int, int] | None]:
     """'off,1:3,2:2' -> [None, (1, 3), (2, 2)]."""
     if text is None:
         return []
-    from sim.errors import ScenarioError
+    from sim.config.errors import ScenarioError
 
     out: list[tuple[int, int] | None] = []
     for item in (x.strip() for x in text.split(",")):
@@ -691,9 +702,9 @@ def plan(
     goodput, the replicas (simulated with the router) for a target load, and the cost. Writes
     [bold]plan.md[/], [bold]plan.json[/] and plots. A trace replay is searched over its
     workload.time_scale and reported in requests/s (time_scale x its native rate)."""
-    from sim.config import load_scenario
-    from sim.checks import check_out_dir
-    from sim.errors import ScenarioError
+    from sim.config.checks import check_out_dir
+    from sim.config.errors import ScenarioError
+    from sim.config.scenario import load_scenario
     from sim.planning.evaluator import PlanOptions
     from sim.planning.plan_report import headline, write_report
     from sim.planning.planner import plan as make_plan
@@ -709,7 +720,7 @@ def plan(
             if v is not None and not 0 < v < math.inf:
                 rule = "an integer >= 1" if isinstance(v, int) else "a finite number > 0"
                 raise ScenarioError(f"{flag}: {v} is not {rule}")
-        from sim.checks import MAX_COUNT, MAX_RATE
+        from sim.config.checks import MAX_COUNT, MAX_RATE
 
         for flag, v, cap in (("--target-rate", target_rate, MAX_RATE), ("--target-users", target_users, MAX_COUNT)):
             if v is not None and v > cap:  # said before any search runs
@@ -794,7 +805,8 @@ def capacity(
     gpu: Annotated[str | None, typer.Option(help="A hardware preset, e.g. h100-sxm.", metavar="NAME",
                                             show_default=False)] = None,
     tp: Annotated[int | None, typer.Option(
-        "--tp", help="Tensor-parallel size (GPUs per replica). \\[default: 1]", metavar="N", show_default=False)] = None,
+        "--tp", help="Tensor-parallel size (GPUs per replica). \\[default: 1]", metavar="N",
+        show_default=False)] = None,
     seq_len: Annotated[int, typer.Option(help="Tokens per sequence (prompt + output) for the "
                                               "concurrent-sequences row.", metavar="N")] = 4096,
     gpu_memory_utilization: Annotated[float | None, typer.Option(
@@ -813,11 +825,11 @@ def capacity(
     per token and per block, KV blocks, and how many sequences of [bold]--seq-len[/] fit at once."""
     import json
 
-    from sim import hardware as hw_presets
-    from sim import models as model_presets
-    from sim.config import load_scenario
-    from sim.errors import ScenarioError
-    from sim.memory import kv_budget
+    from sim.config.errors import ScenarioError
+    from sim.config.scenario import load_scenario
+    from sim.presets import hardware as hw_presets
+    from sim.presets import models as model_presets
+    from sim.presets.memory import kv_budget
 
     try:
         if scenario is not None:
@@ -840,7 +852,7 @@ def capacity(
             flag = "--model" if m is None else "--gpu"
             names = model_presets.MODEL_PRESETS if m is None else hw_presets.HARDWARE_PRESETS
             raise ScenarioError(f"{flag}: missing (or give --scenario FILE); presets: " + ", ".join(sorted(names)))
-        from sim.checks import MAX_TOKENS, _int
+        from sim.config.checks import MAX_TOKENS, _int
 
         _int(seq_len, "--seq-len", lo=1, cap=MAX_TOKENS)
         _check_capacity_options(m, tp, gpu_memory_utilization, block_size, max_num_batched_tokens)
@@ -862,16 +874,16 @@ def capacity(
               title_justify="left", show_header=False)
     t.add_column("")
     t.add_column("", justify="right")
-    for _, label, value, shown in rows:
+    for _, label, _value, shown in rows:
         t.add_row(_esc(label), _esc(shown))
     Console().print(t)
 
 
 def _check_capacity_options(m: Any, tp: int | None, util: float | None, block: int | None,
                             tokens: int | None) -> None:
-    """The options given, by the scenario rules (sim/config.py), in errors that name the option."""
-    from sim.config import MAX_BLOCK_SIZE
-    from sim.errors import ScenarioError
+    """The options given, by the scenario rules (sim/config/scenario.py), in errors that name the option."""
+    from sim.config.errors import ScenarioError
+    from sim.config.scenario import MAX_BLOCK_SIZE
 
     heads = m.num_attention_heads
     if tp is not None and (tp < 1 or heads % tp):
@@ -892,7 +904,7 @@ def _or_default(value: Any, default: Any) -> Any:
 
 
 def _capacity_model(name: str, model_presets: Any) -> Any:
-    from sim.errors import ScenarioError
+    from sim.config.errors import ScenarioError
 
     if name in model_presets.MODEL_PRESETS:
         return model_presets.MODEL_PRESETS[name]
@@ -934,7 +946,7 @@ def capacity_rows(model: str, gpu: str, b: Any, seq_len: int, spec: Any = None,
 
 def _architecture_rows(m: Any, tp: int, kv_cache_dtype: str, gb) -> list[tuple[str, str, Any, str]]:
     """What the weights and the KV bytes per token are made of (MoE experts, MLA latent, fp8)."""
-    from sim.memory import KV_CACHE_DTYPES
+    from sim.presets.memory import KV_CACHE_DTYPES
 
     rows = [("num_params", "parameters (all)", m.num_params, f"{m.num_params / 1e9:,.2f} B"),
             ("active_params", "parameters one token multiplies", m.matmul_params,
@@ -1002,8 +1014,8 @@ def plot(
     time, TTFT/TPOT/E2E CDFs with the SLO; with [bold]--compare[/], throughput and latency side by
     side. A sweep folder: a metric against a grid key, one line per another; a plan or search
     folder: its plots again."""
-    from sim.checks import check_out_dir
-    from sim.errors import ScenarioError
+    from sim.config.checks import check_out_dir
+    from sim.config.errors import ScenarioError
     from sim.reporting.plots import save_folder_plots, save_plots
 
     try:
@@ -1126,7 +1138,7 @@ def calibrate_cmd(
 
 
 def _calibrate_from_runs(runs: list[Path], model: str, out: Path) -> None:
-    from sim.errors import ScenarioError
+    from sim.config.errors import ScenarioError
 
     try:
         from calibrate.fit import write_profile
@@ -1144,10 +1156,10 @@ def _calibrate_from_runs(runs: list[Path], model: str, out: Path) -> None:
 
 def _calibrate_from_bench(benches: list[Path], model: str, gpu: str | None, tp: int,
                           sets: tuple[str, ...], out: Path) -> None:
-    from sim.checks import _int, check_input_file
-    from sim.errors import ScenarioError
-    from sim.hardware import HARDWARE_PRESETS
-    from sim.models import MODEL_PRESETS
+    from sim.config.checks import _int, check_input_file
+    from sim.config.errors import ScenarioError
+    from sim.presets.hardware import HARDWARE_PRESETS
+    from sim.presets.models import MODEL_PRESETS
 
     try:
         _int(tp, "--tp", lo=1)
@@ -1193,10 +1205,10 @@ def _calibrate_from_bench(benches: list[Path], model: str, gpu: str | None, tp: 
 
 
 def _calibrate_from_tables(tables: Path, model: str, gpu: str | None, tp: int, out: Path) -> None:
-    from sim.checks import _int
-    from sim.errors import ScenarioError
-    from sim.hardware import HARDWARE_PRESETS
-    from sim.models import MODEL_PRESETS, model_from_hf_config
+    from sim.config.checks import _int
+    from sim.config.errors import ScenarioError
+    from sim.presets.hardware import HARDWARE_PRESETS
+    from sim.presets.models import MODEL_PRESETS, model_from_hf_config
 
     try:
         _int(tp, "--tp", lo=1)
@@ -1218,9 +1230,8 @@ def _calibrate_from_tables(tables: Path, model: str, gpu: str | None, tp: int, o
                                 f"{spec.num_attention_heads} attention heads")
         import yaml
 
-        from sim.composer import KernelTables
         from calibrate.measured import write_profile
-        from sim.composer import build_profile
+        from sim.cost.composer import KernelTables, build_profile
 
         hw = HARDWARE_PRESETS[gpu]
         provenance = yaml.safe_load((tables / "provenance.yaml").read_text())
@@ -1294,8 +1305,8 @@ def validate_cmd(
         import torch
     except ImportError:
         raise _fail("validate needs torch: pip install -e '.[gpu]'") from None
-    from sim.config import load_scenario
-    from sim.errors import ScenarioError
+    from sim.config.errors import ScenarioError
+    from sim.config.scenario import load_scenario
 
     try:
         from calibrate import validate as V
@@ -1380,8 +1391,8 @@ def _validate_vllm(scenario: Path, V, *, profile, device, out, clock, seed, set_
     from rich.console import Console
 
     from calibrate import vllm_engine
-    from sim.config import load_scenario
-    from sim.errors import ScenarioError
+    from sim.config.errors import ScenarioError
+    from sim.config.scenario import load_scenario
 
     if device not in (None, "cpu"):
         raise ScenarioError(f"--device {device}: --engine vllm runs vLLM's CPU backend only")

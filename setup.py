@@ -16,16 +16,16 @@ from setuptools import setup
 # The modules of one simulated iteration (docs/simulator.md): each must pass mypy (pyproject's
 # [tool.mypy]), since mypyc enforces their annotations at run time.
 HOT = [
-    "sim/engine.py",
-    "sim/fast_forward.py",
-    "sim/recorder.py",
-    "sim/cluster.py",
+    "sim/runtime/engine.py",
+    "sim/runtime/fast_forward.py",
+    "sim/runtime/recorder.py",
+    "sim/runtime/cluster.py",
     "sim/schedulers/iteration_level.py",
     "sim/schedulers/decode_pool.py",
     "sim/schedulers/chunked.py",
     "sim/schedulers/continuous.py",
-    "sim/prefix_cache.py",
-    "sim/step_cost.py",
+    "sim/kv/prefix_cache.py",
+    "sim/cost/step_cost.py",
 ]
 DIGESTS = Path("sim/_compiled_sources.py")  # (generated, git-ignored)
 

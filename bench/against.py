@@ -36,9 +36,9 @@ WORKER = """
 import sys, time
 sys.path.insert(0, {root!r})
 import numpy as np
-from sim.config import load_scenario
+from sim.config.scenario import load_scenario
 from sim.simulate import simulate
-from sim.workload import build_workload
+from sim.workload.generators import build_workload
 sc = load_scenario({root!r} + "/scenarios/chat-llama3-8b-h100.yaml", overrides=[
     "engine.scheduler={scheduler}", "workload.num_requests={requests}",
     "engine.max_num_batched_tokens=16384", *{sets!r}])
@@ -100,7 +100,7 @@ def main() -> None:
             times: dict[str, list[float]] = {"this": [], args.rev: []}
             iters = {}
             modes = {name: proc.stdout.readline().strip() for name, proc in procs.items()}
-            for name, proc in procs.items():
+            for proc in procs.values():
                 once(proc)  # warm-up: first-call costs (lazy imports, caches) are not counted
             for i in range(args.rounds):
                 order = list(procs.items())

@@ -22,7 +22,7 @@ data forces; docs/validation.md):
 * A stage is overloaded when its median TTFT is >= 1 s (real: 24-68 ms sustained, 91-112 s not).
 
 Error is (sim - real) / real; the summary is the median |error| over the stages the real server
-sustained. `--fit` searches the overhead parameters (sim/overheads.py) on these stages by
+sustained. `--fit` searches the overhead parameters (sim/cost/overheads.py) on these stages by
 simulating them, and, for each model, refits without that model's stages and reports the error on
 them: the held-out figure is the honest one.
 """
@@ -45,8 +45,16 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from calibrate.overheads import (FRONTEND_GRID, GRID, SATURATED_TTFT_S, Result,  # noqa: E402
-                                 grid_points, sim_metrics, simulate_grid, step_time_error)
+from calibrate.overheads import (  # noqa: E402
+    FRONTEND_GRID,
+    GRID,
+    SATURATED_TTFT_S,
+    Result,
+    grid_points,
+    sim_metrics,
+    simulate_grid,
+    step_time_error,
+)
 
 DATA = ROOT / "bench" / "data" / "vllm_h100_training.json"
 PREFIX_ID_TOKENS = 16  # tokens per prefix id in the trace (one vLLM block): repeats hit in full
@@ -89,7 +97,7 @@ def write_trace(stage: dict, path: Path, seed: int = 0) -> None:
 
 def model_value(runs: dict, key: str, folder: Path):
     """A preset where servesim has one of that name, else the checkpoint's config.json numbers."""
-    from sim.models import MODEL_PRESETS
+    from sim.presets.models import MODEL_PRESETS
     if key in MODEL_PRESETS:
         return key
     cfg = dict(runs["models"][key])
@@ -124,7 +132,7 @@ def real_overloaded(stage: dict) -> bool:
 
 def simulate_stage(runs: dict, stage: dict, measured: dict, folder: Path) -> Result:
     """One stage simulated with `measured` as the cost model's options (None: the default)."""
-    from sim.config import scenario_from_dict
+    from sim.config.scenario import scenario_from_dict
     from sim.simulate import simulate
     folder.mkdir(parents=True, exist_ok=True)
     trace = folder / f"{stage['stage']}.jsonl"
@@ -224,13 +232,13 @@ def run_fit(runs: dict, stages: list[dict], folder: Path, jobs: int, progress=pr
 
 
 def write_defaults(fitted: dict, runs: dict, path: Path) -> None:
-    """The fitted overheads as sim/overheads.py's defaults file, with where they came from."""
+    """The fitted overheads as sim/cost/overheads.py's defaults file, with where they came from."""
+    from sim.cost.overheads import OVERHEAD_KEYS
     from sim.files import write_file
-    from sim.overheads import OVERHEAD_KEYS
     fit_s, held_s = summarise(fitted["fit"]), summarise(fitted["heldout"])
     rnd = lambda m: {k: round(v, 4) for k, v in m.items()}  # noqa: E731
     doc = {
-        "about": ("vLLM V1's engine overheads on top of kernel-table step costs (sim/overheads.py), "
+        "about": ("vLLM V1's engine overheads on top of kernel-table step costs (sim/cost/overheads.py), "
                   "fitted by `python bench/fidelity.py --fit --write` to real vLLM serving on H100 SXM: "
                   f"{runs['repository']} at {runs['commit'][:7]} (bench/data/vllm_h100_training.json), "
                   "the stages the real server sustained. Held-out: each model's stages predicted with "
@@ -282,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  without {model}: {json.dumps(p)}")
             print("held out: " + summary_line(summarise(fitted["heldout"])))
             if args.write:
-                from sim.overheads import DEFAULTS_FILE
+                from sim.cost.overheads import DEFAULTS_FILE
                 write_defaults(fitted, runs, DEFAULTS_FILE)
                 print(f"wrote {DEFAULTS_FILE.relative_to(ROOT)}")
             return 0

@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sim.config import SLOConfig  # noqa: E402
+from sim.config.scenario import SLOConfig  # noqa: E402
 from sim.planning.config_search import search_configs  # noqa: E402
 from sim.planning.evaluator import Evaluator, PlanOptions  # noqa: E402
 from sim.planning.load_search import load_knob, max_load  # noqa: E402

@@ -17,7 +17,8 @@ per iteration (fast_forward=False) on --baseline-requests requests of the same w
 Vidur is not run here (bench/vidur_same_run.py runs it beside servesim on these requests: its
 install and cold start took ~23 min here the first time, each 100k run ~4 min). Its figure
 below is that bench's, labelled: 100k of these requests in 239.31 s of CPU for Vidur 0.0.26's whole
-process (median of 3, 2026-11-26, a later run than the first), i.e. 418 req/s. `--million` adds 1M requests (without the pandas
+process (median of 3, 2026-11-26, a later run than the first), i.e. 418 req/s. `--million` adds 1M requests
+(without the pandas
 baseline, whose text would count in its RSS).
 """
 from __future__ import annotations
@@ -38,10 +39,9 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 import sim  # noqa: E402
-
-from sim.config import load_scenario  # noqa: E402
+from sim.config.scenario import load_scenario  # noqa: E402
 from sim.simulate import simulate, write_outputs  # noqa: E402
-from sim.workload import build_workload  # noqa: E402
+from sim.workload.generators import build_workload  # noqa: E402
 
 VIDUR_MEASURED_REQ_PER_S = 100_000 / 239.31  # bench/vidur_same_run.py, same machine kind, not this run
 OVERRIDES = ["engine.scheduler=chunked", "engine.max_num_seqs=128", "engine.max_num_batched_tokens=8192",
@@ -62,7 +62,8 @@ def since(start) -> tuple[float, float]:
 
 def measure(n: int, pandas_baseline: bool = True) -> dict:
     t = clocks()
-    sc = load_scenario(ROOT / "scenarios/chat-llama3-8b-h100.yaml", overrides=[*OVERRIDES, f"workload.num_requests={n}"])
+    sc = load_scenario(ROOT / "scenarios/chat-llama3-8b-h100.yaml",
+                       overrides=[*OVERRIDES, f"workload.num_requests={n}"])
     w = build_workload(sc.workload, np.random.default_rng(sc.seed))
     out = {"load": since(t)}
     t = clocks()
@@ -120,7 +121,8 @@ def main() -> None:
               f"{baseline}{total:>9.2f}{rate:>9.0f}{rate / VIDUR_MEASURED_REQ_PER_S:>10.1f}{m['rss_mb']:>8.0f}"
               f"   (wall {wall:.2f} s; {m['completed']} completed)")
     k = args.baseline_requests
-    sc = load_scenario(ROOT / "scenarios/chat-llama3-8b-h100.yaml", overrides=[*OVERRIDES, f"workload.num_requests={k}"])
+    sc = load_scenario(ROOT / "scenarios/chat-llama3-8b-h100.yaml",
+                       overrides=[*OVERRIDES, f"workload.num_requests={k}"])
     w = build_workload(sc.workload, np.random.default_rng(sc.seed))
     t = clocks()
     simulate(sc, workload=w, fast_forward=False)

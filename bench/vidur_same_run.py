@@ -55,9 +55,10 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from bench.sim_speed import OVERRIDES  # noqa: E402
-from sim.batch import BatchStats  # noqa: E402
-from sim.config import load_scenario  # noqa: E402
-from sim.workload import build_workload  # noqa: E402
+from sim.build import cost_model
+from sim.config.scenario import load_scenario  # noqa: E402
+from sim.cost.batch import BatchStats  # noqa: E402
+from sim.workload.generators import build_workload  # noqa: E402
 
 VIDUR = "vidur==0.0.26"
 SCENARIO = ROOT / "scenarios/chat-llama3-8b-h100.yaml"
@@ -122,7 +123,7 @@ def profiles(tp: int = 1) -> tuple[pd.DataFrame, pd.DataFrame]:
     min(T, 128) sequences, exact for decode batches and for a loaded mixed batch (128 sequences),
     up to 127 x 6.5 us = 0.8 ms over the roofline for a lone prefill (steps of 10-60 ms)."""
     sc = scenario(10)
-    cost, m = sc.cost(), sc.model
+    cost, m = cost_model(sc), sc.model
     layers = m.num_layers
     ms = 1e3 / layers
 

@@ -11,7 +11,7 @@ servesim composes step costs from (any Llama-style or MoE model, not only the pr
 path, the device string, the vLLM version and kernel, the licence, and each CSV's sha256. Latencies
 stay in milliseconds, as measured; no value is changed.
 
-Rows kept (sim/composer.py decides which measured rows stand in for each shape):
+Rows kept (sim/cost/composer.py decides which measured rows stand in for each shape):
   gemm.csv                  bf16 GEMMs: the whole measured m x n x k grid
   context_attention.csv     prefill attention (batch x length), bf16 and (where measured) FP8 KV
                             cache, every heads x kv-heads combination at head_dim 64, 128, 256,
@@ -20,7 +20,7 @@ Rows kept (sim/composer.py decides which measured rows stand in for each shape):
   allreduce.csv             vLLM custom all-reduce, bf16, 2/4/8 GPUs, CUDA-graph and eager
   gemm_fp8.csv              FP8 GEMMs (per-tensor scales, vLLM's CUTLASS kernel), the whole grid
                             (GPUs with FP8 tensor cores; block-scaled layers read these rows,
-                            sim/composer.py says why)
+                            sim/cost/composer.py says why)
   moe.csv                   vLLM's fused MoE layer, bf16, balanced routing, experts split by TP
                             (no expert parallelism), at the MoE presets' shapes; from the newest
                             vLLM version measuring all of them (GPUs without any: no moe.csv)
@@ -47,8 +47,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from sim.composer import MOE_COLUMNS, MOE_TABLES, mla_gemm_type, moe_dtype, moe_key
-from sim.models import CPU_PRESETS, MODEL_PRESETS
+from sim.cost.composer import MOE_COLUMNS, MOE_TABLES, SYSTEMS, mla_gemm_type, moe_dtype, moe_key
+from sim.presets.models import CPU_PRESETS, MODEL_PRESETS
 
 PACKAGE = "aiconfigurator-core"
 DATA = "aiconfigurator_core/systems/data"
@@ -57,16 +57,17 @@ TP_SIZES = (1, 2, 4, 8)
 KV_CACHE_DTYPES = ("bfloat16", "fp8")
 # attention head sizes imported (every Llama-style model servesim reads has one of these)
 HEAD_DIMS = (64, 128, 256)
-# servesim hardware preset -> (AIConfigurator system folder, attention kernels vLLM uses there by
-# default: FlashAttention 3 on Hopper, 2 on Ampere and Ada, FlashInfer's TRT-LLM kernels on
-# Blackwell), as (prefill kernel, decode kernel)
-GPUS = {
-    "h100-sxm": ("h100_sxm", ("vllm_flash_attn_fa3", "vllm_flash_attn_fa3")),
-    "h200": ("h200_sxm", ("vllm_flash_attn_fa3", "vllm_flash_attn_fa3")),
-    "a100-80gb": ("a100_sxm", ("vllm_flash_attn", "vllm_flash_attn")),
-    "l40s": ("l40s", ("vllm_flash_attn_fa2", "vllm_flash_attn_fa2")),
-    "b200": ("b200_sxm", ("vllm_flashinfer_trtllmprefill", "vllm_flashinfer_trtllmdecode")),
+# servesim hardware preset -> the attention kernels vLLM uses there by default (FlashAttention 3 on
+# Hopper, 2 on Ampere and Ada, FlashInfer's TRT-LLM kernels on Blackwell), as (prefill kernel,
+# decode kernel); the AIConfigurator system folder is the tables' own name (sim/cost/composer.SYSTEMS)
+ATTENTION_KERNELS = {
+    "h100-sxm": ("vllm_flash_attn_fa3", "vllm_flash_attn_fa3"),
+    "h200": ("vllm_flash_attn_fa3", "vllm_flash_attn_fa3"),
+    "a100-80gb": ("vllm_flash_attn", "vllm_flash_attn"),
+    "l40s": ("vllm_flash_attn_fa2", "vllm_flash_attn_fa2"),
+    "b200": ("vllm_flashinfer_trtllmprefill", "vllm_flashinfer_trtllmdecode"),
 }
+GPUS = {gpu: (SYSTEMS[gpu], kernels) for gpu, kernels in ATTENTION_KERNELS.items()}  # preset -> (folder, kernels)
 OUT = Path(__file__).resolve().parents[1] / "sim" / "tables"
 
 
@@ -128,7 +129,7 @@ def _reachable_shapes():
 
 def _gemm_rows(frame: pd.DataFrame, dtype: str = "bfloat16") -> pd.DataFrame:
     """Every row of one GEMM table (bf16, fp8): the whole measured m x n x k grid, so that any
-    model's layers (not only the presets') are bracketed by measured points (sim/composer.py)."""
+    model's layers (not only the presets') are bracketed by measured points (sim/cost/composer.py)."""
     frame = frame[frame["gemm_dtype"] == dtype]
     return frame[["m", "n", "k", "latency", "kernel_source"]]
 
@@ -136,7 +137,7 @@ def _gemm_rows(frame: pd.DataFrame, dtype: str = "bfloat16") -> pd.DataFrame:
 def _attention_rows(frame: pd.DataFrame, kernel: str, length: str) -> pd.DataFrame:
     """Every (heads, kv heads) combination measured at the head sizes of Llama-style models (64,
     128, 256 where measured), bf16 and FP8 KV, no window: what any such model's heads per GPU are
-    composed from (sim/composer.attention_sources)."""
+    composed from (sim/cost/composer.attention_sources)."""
     frame = frame[(frame["kernel_source"] == kernel) & frame["kv_cache_dtype"].isin(KV_CACHE_DTYPES)
                   & frame["head_dim"].isin(HEAD_DIMS)]
     if "window_size" in frame:

@@ -8,9 +8,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from sim.files import plain_text, save_figure, write_file
+
 from .engine import EngineResult
 from .real_run import RealRun, write_real
-from sim.files import plain_text, save_figure, write_file
 
 STATS = ("mean", "p50", "p90", "p99")
 LATENCIES = (("ttft_ms", "ttft_s"), ("tpot_ms", "tpot_s"), ("e2e_ms", "e2e_s"))

@@ -8,7 +8,7 @@ over a real model step.
 
 "Same semantics" holds by construction: admission, token budget, preemption by recompute and the
 request/metrics bookkeeping are the simulator's code; only the iteration's duration is measured
-instead of predicted. The engine reads only the `Schedule` and `StepOutcome` (sim/step.py), never
+instead of predicted. The engine reads only the `Schedule` and `StepOutcome` (sim/schedulers/step.py), never
 the scheduler's internals: like vLLM's model runner it keeps its own per-request state (tokens
 computed so far, dropped on preemption or finish). The scheduler's KV manager counts blocks;
 `BlockTables` keeps the physical block ids the model needs on top of it, and every iteration checks
@@ -34,14 +34,15 @@ from typing import Protocol
 import numpy as np
 import pandas as pd
 
-from sim.config import Scenario
-from sim.errors import ScenarioError
-from sim.metrics import inter_token_latencies, requests_frame, steps_frame, summarize
-from sim.recorder import Recorder
-from sim.request import RequestTable
-from sim.schedulers import SCHEDULERS, build_scheduler, check_servable
-from sim.step import Schedule
-from sim.workload import Workload
+from sim.build import build_scheduler, check_servable
+from sim.config.errors import ScenarioError
+from sim.config.scenario import Scenario
+from sim.runtime.metrics import inter_token_latencies, requests_frame, steps_frame, summarize
+from sim.runtime.recorder import Recorder
+from sim.schedulers import SCHEDULERS
+from sim.schedulers.step import Schedule
+from sim.workload.generators import Workload
+from sim.workload.request import RequestTable
 
 from .model import SeqChunk
 
@@ -54,13 +55,13 @@ class Step(Protocol):
 
 @dataclass
 class EngineResult:
-    requests: pd.DataFrame   # requests.csv schema (sim.metrics.requests_frame)
+    requests: pd.DataFrame   # requests.csv schema (sim.runtime.metrics.requests_frame)
     steps: pd.DataFrame      # steps.csv schema, one row per iteration (count is always 1)
     step_s: np.ndarray       # per iteration: seconds inside step.run (the rest is engine overhead)
     stats: list              # per iteration: the BatchStats the simulator's cost model would price
     tokens: list[list[int]]  # per request: prompt ids followed by the generated ids
     duration_s: float        # engine start to the end, on the engine's clock
-    summary: dict | None = None  # summary.json, computed by sim.metrics as `servesim run` does
+    summary: dict | None = None  # summary.json, computed by sim.runtime.metrics as `servesim run` does
     schedules: list | None = None  # per iteration: the Schedule it ran (None: read from a log)
 
 

@@ -4,10 +4,10 @@
 
 f is piecewise linear between knots with a non-negative slope on every segment (a "ramp" basis:
 segment k contributes slope_k x clip(tokens - knot_k, 0, knot_{k+1} - knot_k), the last segment
-unclipped so that it continues past the last knot, as sim/step_cost.py extrapolates). Every coefficient
+unclipped so that it continues past the last knot, as sim/cost/step_cost.py extrapolates). Every coefficient
 is >= 0, so more work is never predicted to be cheaper; f may be convex or concave. The fit is
 least squares on relative error (each row weighted by 1 / measured time) with bounds, through
-`scipy.optimize.lsq_linear`. Predictions use sim.cost's own `StepProfile`, so the held-out error is
+`scipy.optimize.lsq_linear`. Predictions use sim.cost.registry's own `StepProfile`, so the held-out error is
 the error the simulator will make on those shapes.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from sim.cost import PROFILE_FORMAT, StepProfile
+from sim.cost.registry import PROFILE_FORMAT, StepProfile
 from sim.files import write_file
 
 FEATURES = ("total_tokens", "decode_context_sum", "prefill_attention_work", "num_seqs")
@@ -34,7 +34,7 @@ class StepFit:
     seconds: np.ndarray              # f at each knot (seconds[0] = 0: the constant is `intercept`)
     intercept: float                 # s per iteration
     decode_context_sum: float        # s per decode context token
-    prefill_attention_work: float    # s per unit of sim.cost.prefill_attention_work
+    prefill_attention_work: float    # s per unit of sim.cost.registry.prefill_attention_work
     num_seqs: float                  # s per sequence
 
     def profile(self, metadata: dict | None = None) -> StepProfile:
@@ -44,7 +44,7 @@ class StepFit:
                            num_seqs=self.num_seqs, metadata=metadata or {}, source=Path("<fit>"))
 
     def predict(self, rows: pd.DataFrame) -> np.ndarray:
-        """Seconds per iteration for rows holding FEATURES, evaluated as sim/step_cost.py does."""
+        """Seconds per iteration for rows holding FEATURES, evaluated as sim/cost/step_cost.py does."""
         p = self.profile()
         curve = np.array([p.tokens_time(t) for t in rows["total_tokens"]])
         return (p.intercept + curve + p.decode_context_sum * rows["decode_context_sum"].to_numpy()
@@ -145,6 +145,6 @@ def profile_document(fit: StepFit, metadata: dict) -> dict:
 
 
 def write_profile(path: Path, fit: StepFit, metadata: dict) -> None:
-    """Write the profile YAML (read back by sim.cost.load_profile)."""
+    """Write the profile YAML (read back by sim.cost.registry.load_profile)."""
     text = yaml.safe_dump(profile_document(fit, metadata), sort_keys=False, width=100)
     write_file(path, text)  # written whole, then renamed: never half a profile (sim/files.py)

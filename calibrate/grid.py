@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.models import ModelSpec
+from sim.presets.models import ModelSpec
 
 from .model import blocks_needed
 
@@ -118,9 +118,9 @@ def parts_shapes(grid: dict) -> list[Shape]:
 def estimate_seconds(model: ModelSpec, shapes: list[Shape], runs_per_shape: int) -> float:
     """Rough GPU time of a calibration: the roofline model of an H100 (with its 2 ms per-step
     overhead) for every warm-up and timed step. Compilation and model set-up come on top."""
-    from sim.batch import BatchStats
-    from sim.cost import RooflineCost
-    from sim.hardware import HARDWARE_PRESETS
+    from sim.cost.batch import BatchStats
+    from sim.cost.registry import RooflineCost
+    from sim.presets.hardware import HARDWARE_PRESETS
 
     cost = RooflineCost(model, HARDWARE_PRESETS["h100-sxm"])
     total = 0.0

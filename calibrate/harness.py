@@ -19,13 +19,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sim.models import ModelSpec
+from sim.files import probe_writable, write_file
+from sim.presets.models import ModelSpec
 
 from .fit import fit_step_model, heldout_error, relative_errors, write_profile
 from .grid import GRIDS, Shape, estimate_seconds, grid_shapes, parts_shapes
 from .model import ATTENTION_BACKENDS, ModelStep
 from .timing import PARTS, measure
-from sim.files import probe_writable, write_file
 
 # repeats: shuffled rounds; burst: timed steps per shape and round, after one left-out step
 DEFAULTS = {"cuda": {"grid": "full", "warmup": 3, "repeats": 6, "burst": 3},
@@ -52,7 +52,7 @@ def calibrate(model: str, device: str, out: Path, *, grid: str | None = None,
     to it (`out` with suffix .csv). Returns a summary (paths, shapes, wall time, held-out error)."""
     import torch
 
-    from sim.models import MODEL_PRESETS
+    from sim.presets.models import MODEL_PRESETS
 
     start = time.perf_counter()
     if model not in MODEL_PRESETS:

@@ -4,8 +4,8 @@
     servesim calibrate --from-tables sim/tables/h100_sxm --model llama-3-8b --gpu h100-sxm \
         --tp 1 --out my.yaml                         # one profile, any preset or HF-config model
 
-The composer (sim/composer.py) prices an iteration from the tables and tabulates it (`build_profile`)
-into a `servesim-step-profile/v2` file (sim/measured.py) on the tables' own grids: the GEMMs'
+The composer (sim/cost/composer.py) prices an iteration from the tables and tabulates it (`build_profile`)
+into a `servesim-step-profile/v2` file (sim/cost/measured.py) on the tables' own grids: the GEMMs'
 measured m values for the token and sequence curves (plus the all-reduce table's message sizes and
 the CUDA-graph cut), the decode table's batch x KV-length grid and the prefill table's batch x
 length grid. Then it checks the profile against the composer on held-out iteration shapes drawn the
@@ -19,13 +19,13 @@ import sys
 from pathlib import Path
 
 import yaml
-from sim.files import write_file
 
-from sim.composer import SYSTEMS, TABLES, KernelTables, _round, build_profile
-from sim.hardware import HARDWARE_PRESETS, HardwareSpec
-from sim.measured import PROFILES
-from sim.memory import kv_budget
-from sim.models import CPU_PRESETS, MODEL_PRESETS, ModelSpec
+from sim.cost.composer import SYSTEMS, TABLES, KernelTables, _round, build_profile
+from sim.cost.measured import PROFILES
+from sim.files import write_file
+from sim.presets.hardware import HARDWARE_PRESETS, HardwareSpec
+from sim.presets.memory import kv_budget
+from sim.presets.models import CPU_PRESETS, MODEL_PRESETS, ModelSpec
 
 
 def write_profile(doc: dict, path: Path) -> None:

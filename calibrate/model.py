@@ -6,7 +6,7 @@ CONTRACT (owned by the calibration engineer; calibrate/engine.py codes against i
         .run(chunks, timer=None) -> list[int | None]   greedy next token per chunk (None unless
                                                        sample); returns after the device is done
         .logits(chunks, timer=None) -> Tensor [len(chunks), vocab]   float32, chunk order
-    batch_stats(chunks) -> sim.batch.BatchStats          what the simulator would charge for
+    batch_stats(chunks) -> sim.cost.batch.BatchStats          what the simulator would charge for
     synthetic_chunks(prefill_lens, prefill_contexts, decode_contexts, ...) -> list[SeqChunk]
 
 One `run` is one ragged, unpadded batch: prefill chunks (possibly after earlier context) and decodes
@@ -32,8 +32,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from sim.batch import BatchStats
-from sim.models import ModelSpec
+from sim.cost.batch import BatchStats
+from sim.presets.models import ModelSpec
 
 ROPE_THETA = 10000.0  # Llama-2's; Llama-3 uses 500000. Costs the same; only the values differ.
 NORM_EPS = 1e-5

@@ -1,4 +1,4 @@
-"""Fit vLLM's engine overheads (sim/overheads.py) to measured serving runs, by simulating them.
+"""Fit vLLM's engine overheads (sim/cost/overheads.py) to measured serving runs, by simulating them.
 
 Used by `bench/fidelity.py --fit` (the published H100 runs: the shipped defaults) and by
 `servesim calibrate --from-bench` (a user's own `vllm bench serve` results). A run is a `Case`: its
@@ -15,9 +15,9 @@ from __future__ import annotations
 import itertools
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -135,7 +135,7 @@ def simulate_grid(simulate_point: Callable[[dict], list[Result]],
 
 def step_time_error(results: list[Result]) -> dict:
     """The 10th and 90th percentile of the signed mean-TPOT error over the sustained runs: the
-    planner's error band (sim/overheads.serving_error_band)."""
+    planner's error band (sim/cost/overheads.serving_error_band)."""
     errs = [r.error["tpot_mean_ms"] for r in results if not r.real_overloaded]
     return {"p10": round(float(np.percentile(errs, 10)), 4), "p90": round(float(np.percentile(errs, 90)), 4),
             "stages": len(errs)}
@@ -181,8 +181,8 @@ def fit_bench(benches: list[Path], model, gpu: str, tp: int, overrides: tuple[st
     replayed (its start_times, or its request_rate) at every grid point. Returns the fitted
     parameters and per-run results before (the shipped defaults) and after, and the scenario
     of the first run (to build the profile from). ScenarioError for unusable inputs."""
-    from sim.config import scenario_from_dict
-    from sim.errors import ScenarioError
+    from sim.config.errors import ScenarioError
+    from sim.config.scenario import scenario_from_dict
     from sim.reporting.compare import measured_doc
     from sim.simulate import simulate
 
@@ -223,7 +223,7 @@ def bench_profile(result: dict, benches: list[Path]) -> dict:
     """fit_bench's result as a v2 profile of the calibrated model x GPU x TP: the fitted overheads
     (`model.engine_overheads`), the fit's error on the user's runs (`metadata.serving_error`, the
     planner's band) and the runs it was fitted on."""
-    from sim.composer import compose_document
+    from sim.cost.composer import compose_document
 
     sc = result["scenario"]
     doc = compose_document(sc.model, sc.hardware, sc.engine.tensor_parallel_size)

@@ -16,12 +16,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sim.config import EngineConfig, Scenario
-from sim.errors import ScenarioError
-from sim.workload import Workload, build_workload
+from sim.config.errors import ScenarioError
+from sim.config.scenario import EngineConfig, Scenario
+from sim.files import write_file
+from sim.workload.generators import Workload, build_workload
 
 from .engine import EngineResult, num_blocks
-from sim.files import write_file
 
 REAL_RUN_FORMAT = "servesim-real-run/v1"
 # real/: the simulator's three run files (so `servesim plot` reads it), the engine's per-iteration
@@ -73,7 +73,7 @@ def read_iterations(d: Path) -> pd.DataFrame:
 
 def batch_stats(it: pd.DataFrame) -> list:
     """The BatchStats of each row of iterations.csv (what the cost model prices)."""
-    from sim.batch import BatchStats
+    from sim.cost.batch import BatchStats
 
     def ints(text: str) -> np.ndarray:
         return np.array([int(x) for x in str(text).split()], dtype=np.int64)

@@ -23,7 +23,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from sim.cost import prefill_attention_work
+from sim.cost.registry import prefill_attention_work
 
 from .grid import Shape
 from .model import ModelStep, batch_stats, synthetic_chunks

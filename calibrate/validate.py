@@ -26,23 +26,23 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.config import Scenario
-from sim.cost import ProfileCost, load_profile
-from sim.errors import ScenarioError
-from sim.workload import Workload, build_workload
+from sim.config.errors import ScenarioError
+from sim.config.scenario import Scenario
+from sim.cost.registry import ProfileCost, load_profile
+from sim.files import probe_writable
+from sim.workload.generators import Workload, build_workload
 
+from .comparison import Validation, compare, full_compare, write  # noqa: F401  (for callers)
 from .engine import (
     EngineResult,
-    without_prefix_caching,
     check_engine_scenario,
     check_workload,
     num_blocks,
     run_engine,
+    without_prefix_caching,
 )
 from .harness import use_device
-from .comparison import Validation, compare, full_compare, write  # noqa: F401  (for callers)
 from .real_run import REAL_FILES, REAL_RUN_FORMAT, RealRun, load_real, write_real  # noqa: F401
-from sim.files import probe_writable
 
 CLOCKS = ("wall", "cpu")
 ENGINES = ("servesim", "vllm")  # --engine: our engine (calibrate/engine.py) or real vLLM
@@ -170,18 +170,6 @@ def validate(scenario: Scenario, profile: Path, *, device: str = "cpu", clock: s
     return compare_real(scenario, prof, real, sim=sim, warmup_fraction=warmup_fraction)
 
 
-def validate_vllm(scenario: Scenario, *, out_dir: Path, profile: Path | None = None,
-                  venv: Path | None = None, clock: str = "cpu",
-                  progress: Callable[[int, int], None] | None = None,
-                  warmup_fraction: float = 0.1) -> Validation:
-    """`--engine vllm`: the scenario's requests through real vLLM (calibrate/vllm_engine.py), then
-    the simulator on the same requests, priced by `profile` or by a profile fitted on vLLM's own
-    iterations (written to out_dir/profile.yaml)."""
-    real = run_vllm_real(scenario, venv=venv, clock=clock, progress=progress, out_dir=out_dir)
-    return compare_vllm(scenario, real, out_dir=out_dir, profile=profile,
-                        warmup_fraction=warmup_fraction)
-
-
 def run_vllm_real(scenario: Scenario, *, out_dir: Path, venv: Path | None = None, clock: str = "cpu",
                   progress: Callable[[int, int], None] | None = None,
                   workload: Workload | None = None) -> RealRun:
@@ -268,9 +256,8 @@ def run_real(scenario: Scenario, *, device: str = "cpu", clock: str | None = Non
 
 def simulate_half(scenario: Scenario, prof, workload: Workload):
     """The simulator on `workload` with the profile as its cost model (imports simpy)."""
+    from sim.cost.registry import CostModelSpec
     from sim.simulate import simulate
-
-    from sim.cost import CostModelSpec
 
     return simulate(dataclasses.replace(scenario, cost_model=CostModelSpec("profile", {"profile": prof})),
                     workload=workload)

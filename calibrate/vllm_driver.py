@@ -11,7 +11,7 @@ JOB.json: {"model_dir": config.json's folder (weights are vLLM's `dummy` load: r
                       enable_chunked_prefill, enable_prefix_caching, max_model_len, dtype},
            "requests": [[arrival_s, prompt_tokens, output_tokens], ...] (sorted by arrival),
            "seed": int, "clock": "cpu" | "wall", "vocab_size": int,
-           "prefix": null or per request null | [[unit ids...], unit tokens] (sim/workload.py)}
+           "prefix": null or per request null | [[unit ids...], unit tokens] (sim/workload/generators.py)}
 OUT.json:  {"requests": [{"arrival_s", "added_s", "token_s": [...], "preemptions"}],
             "iterations": [{"start_s", "returned_s", "end_s", "model_s",
                             "scheduled": [[i, tokens, context]],
@@ -236,7 +236,8 @@ def run(job: dict) -> dict:
     import torch
     import vllm
 
-    meta = {"vllm": vllm.__version__, "wall_s": time.perf_counter() - t_build, "torch": torch.__version__, "build_s": build_s,
+    meta = {"vllm": vllm.__version__, "wall_s": time.perf_counter() - t_build, "torch": torch.__version__,
+            "build_s": build_s,
             "clock": job["clock"], "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
             "torch_threads": torch.get_num_threads()}
     return {"requests": out, "iterations": iterations, "meta": meta}

@@ -30,18 +30,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sim.batch import BatchStats
-from sim.config import Scenario
-from sim.cost import prefill_attention_work
-from sim.errors import ScenarioError
-from sim.metrics import REQUEST_COLUMNS, distribution
-from sim.recorder import STEP_COLUMNS
-from sim.workload import Workload
+from sim.config.errors import ScenarioError
+from sim.config.scenario import Scenario
+from sim.cost.batch import BatchStats
+from sim.cost.registry import prefill_attention_work
+from sim.runtime.metrics import REQUEST_COLUMNS, distribution
+from sim.runtime.recorder import STEP_COLUMNS
+from sim.workload.generators import Workload
 
 from .engine import EngineResult, check_engine_scenario, check_workload, num_blocks
 from .real_run import REAL_RUN_FORMAT, RealRun, batch_stats, read_iterations
 
-VLLM_VERSION = "0.32.0"
 ROOT = Path(__file__).resolve().parent.parent
 DRIVER = Path(__file__).resolve().parent / "vllm_driver.py"
 SETUP = Path(__file__).resolve().parent / "vllm_setup.sh"

@@ -35,7 +35,7 @@ def _edited(root: Path | None = None, digests: dict[str, str] | None = None) -> 
     `digests`: path under `root` -> SHA-256 of the source compiled (default: setup.py's record)."""
     if digests is None:
         try:
-            from ._compiled_sources import SHA256 as digests  # (written by setup.py when it compiles)
+            from sim._compiled_sources import SHA256 as digests  # (written by setup.py when it compiles)
         except ImportError:
             return None  # nothing compiled
     root = root or Path(__file__).resolve().parent.parent
@@ -62,6 +62,10 @@ _choose()
 
 
 def compiled() -> bool:
-    """Does this process run the mypyc-compiled simulator (else the pure-Python source)?"""
-    from . import engine
-    return not engine.__file__.endswith(".py")
+    """Does this process run the mypyc-compiled simulator (else the pure-Python source)? Asked of
+    the import system, which finds the engine's module without running it (`servesim --version`
+    then imports neither numpy nor pandas)."""
+    from importlib.util import find_spec
+
+    spec = find_spec("sim.runtime.engine")
+    return spec is not None and spec.origin is not None and not spec.origin.endswith(".py")

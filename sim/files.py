@@ -20,12 +20,13 @@ import io
 import os
 import stat
 import tempfile
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
-from .checks import like_open
-from .errors import ScenarioError
+from sim.config.checks import like_open
+from sim.config.errors import ScenarioError
 
 F = TypeVar("F", bound=Callable[..., Any])
 

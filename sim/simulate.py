@@ -9,31 +9,34 @@ import signal
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pandas as pd
 import simpy
 
-from .cluster import ClosedLoopRouter, make_inboxes
-from .routers import make_router
-from .config import Scenario, resolved_yaml
-from .step_cost import CostModel
-from .errors import ScenarioError
-from .files import give_mode
-from .engine import Replica
-from .disaggregation import pool_utilization, start_pools
-from .metrics import InterTokenGaps, distribution, inter_token_latencies, requests_frame, steps_frame, summarize
-from .prefix_cache import PrefixKVCache
-from .recorder import Recorder
-from .request import RequestTable
-from .schedulers import build_scheduler, check_servable, servable
-from .sessions import Sessions
-from .version import __version__
-from .workload import Workload, build_workload
+from sim.build import build_replicas, check_servable, cost_model
+from sim.config.errors import ScenarioError
+from sim.config.scenario import Scenario, resolved_yaml
+from sim.cost.step_cost import CostModel
+from sim.files import give_mode
+from sim.kv.prefix_cache import PrefixKVCache
+from sim.runtime.disaggregation import pool_utilization
+from sim.runtime.metrics import (
+    InterTokenGaps,
+    distribution,
+    inter_token_latencies,
+    requests_frame,
+    steps_frame,
+    summarize,
+)
+from sim.runtime.recorder import Recorder
+from sim.version import __version__
+from sim.workload.generators import Workload, build_workload
+from sim.workload.request import RequestTable
 
 
 @dataclass
@@ -56,7 +59,7 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
     `workload` replaces the scenario's (tests, planners); fast_forward=False steps every iteration;
     `cost` replaces the scenario's cost model (validation's replay of measured iterations)."""
     own_workload = workload is None
-    # the engine's overheads on request times (sim/overheads.py), with the scenario's own cost model
+    # the engine's overheads on request times (sim/cost/overheads.py), with the scenario's own cost model
     overheads = scenario.cost_model.overheads if cost is None else None
     rng = np.random.default_rng(scenario.seed)  # the run's one generator: the workload, then acceptances
     if own_workload:
@@ -69,33 +72,13 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
     e, where = scenario.engine, _where(scenario)
     blocks, layout = scenario.budget.num_gpu_blocks, scenario.budget.layout
     check_servable(workload, e, blocks, where, layout)
-    cost = cost if cost is not None else scenario.cost()
+    cost = cost if cost is not None else cost_model(scenario)
     req = RequestTable.from_workload(workload)
     env = simpy.Environment()
     recorder = Recorder(e.block_size)
     tick = _progress_ticker(req, progress)
-    transfers = None
-    if e.disaggregation is not None:  # prefill and decode pools, KV shipped between them
-        schedulers, transfers = start_pools(env, scenario, req, workload, recorder, rng, tick, fast_forward)
-    else:
-        schedulers = [build_scheduler(e, req, blocks, workload, rng, layout) for _ in range(e.replicas)]
-        router = make_router(e.router, e.replicas)
-        if hasattr(router, "attach"):  # a rule that reads the replicas' KV caches (prefix_aware)
-            router.attach([s.kv for s in schedulers])
-        if workload.users is None:
-            inboxes = make_inboxes(router, env, req.arrival, schedulers, req.replica)
-        else:  # closed loop: arrivals are filled in as users' requests finish
-            sessions = None
-            if workload.users.turns is not None:  # multi-turn: prompts grow turn by turn
-                shared = [s.kv for s in schedulers if isinstance(s.kv, PrefixKVCache) and s.kv.reports]
-                sessions = Sessions(req, workload.users, workload.prefix, shared, e.block_size,
-                                    servable(e, blocks, int(workload.output_tokens.max()), layout))
-            loop = ClosedLoopRouter(env, req, workload.users, schedulers, router, sessions)
-            inboxes = loop.inboxes
-        alone = len(schedulers) == 1 and workload.users is None  # (an open loop's inbox: planned)
-        for i, (sched, inbox) in enumerate(zip(schedulers, inboxes)):
-            Replica(env, i, sched, cost, recorder, inbox, fast_forward=fast_forward, on_iteration=tick,
-                    alone=alone)
+    built = build_replicas(env, scenario, req, workload, cost, recorder, rng, tick, fast_forward)
+    schedulers, transfers, loop = built.schedulers, built.transfers, built.loop
     env.run()
     if progress is not None:
         progress(len(req), len(req))

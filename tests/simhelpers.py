@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.config import Scenario, scenario_from_dict
+from sim.config.scenario import Scenario, scenario_from_dict
 from sim.simulate import SimResult, simulate
-from sim.workload import Workload
+from sim.workload.generators import Workload
 
 # The scenario needs a workload section to validate; tests replace it with an explicit Workload.
 _PLACEHOLDER_WORKLOAD = {"arrival": {"process": "burst"}, "num_requests": 1,

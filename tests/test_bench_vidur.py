@@ -10,14 +10,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import vidur_same_run as bench  # noqa: E402
-from sim.batch import BatchStats  # noqa: E402
+from sim.build import cost_model
+from sim.cost.batch import BatchStats  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def tables():
     mlp, att = bench.profiles()
     sc = bench.scenario(10)
-    return mlp, att, sc.cost(), sc.model.num_layers
+    return mlp, att, cost_model(sc), sc.model.num_layers
 
 
 def test_decode_batches_price_back_to_the_roofline_step(tables):

@@ -18,14 +18,14 @@ import torch
 import torch.nn.functional as F
 from typer.testing import CliRunner
 
-from calibrate.fit import StepFit, choose_knots, fit_step_model, heldout_error, write_profile
 from calibrate import timing
+from calibrate.fit import StepFit, choose_knots, fit_step_model, heldout_error, write_profile
 from calibrate.grid import GRIDS, Shape, grid_shapes, parts_shapes
 from calibrate.model import ModelStep, SeqChunk, batch_stats, synthetic_chunks
 from cli import app
-from sim.cost import ProfileCost, load_profile, prefill_attention_work
-from sim.errors import ScenarioError
-from sim.models import MODEL_PRESETS, ModelSpec
+from sim.config.errors import ScenarioError
+from sim.cost.registry import ProfileCost, load_profile, prefill_attention_work
+from sim.presets.models import MODEL_PRESETS, ModelSpec
 
 torch.set_num_threads(1)
 REPO = Path(__file__).parents[1]
@@ -152,7 +152,7 @@ def test_triton_backend_matches_torch_backend_under_the_interpreter():
     script = """
 import torch
 from calibrate.model import ModelStep, synthetic_chunks
-from sim.models import MODEL_PRESETS, ModelSpec
+from sim.presets.models import MODEL_PRESETS, ModelSpec
 m = MODEL_PRESETS["tiny"]
 chunks = synthetic_chunks([5, 20, 1], [0, 7, 0], [3, 30, 17, 1], vocab_size=m.vocab_size,
                           block_size=16, num_blocks=40, seed=5)

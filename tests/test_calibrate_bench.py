@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from calibrate.overheads import FIT_METRICS, fit_bench
 from cli import app
-from sim.config import scenario_from_dict
+from sim.config.scenario import scenario_from_dict
 from sim.reporting.analysis import load_run
 from sim.reporting.export import vllm_bench
 from sim.simulate import simulate, write_outputs

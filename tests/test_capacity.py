@@ -5,13 +5,13 @@ import json
 from pathlib import Path
 
 import pytest
-from simhelpers import assert_one_line_error
 from typer.testing import CliRunner
 
 from cli import app
-from sim.hardware import HARDWARE_PRESETS
-from sim.memory import kv_budget
-from sim.models import MODEL_PRESETS
+from sim.presets.hardware import HARDWARE_PRESETS
+from sim.presets.memory import kv_budget
+from sim.presets.models import MODEL_PRESETS
+from simhelpers import assert_one_line_error
 
 REPO = Path(__file__).parents[1]
 runner = CliRunner()

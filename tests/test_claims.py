@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from sim.presets.models import MODEL_PRESETS
 from sim.reporting import claims
-from sim.models import MODEL_PRESETS
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "claims.md"
 

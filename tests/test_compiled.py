@@ -50,7 +50,7 @@ pytestmark = pytest.mark.skipif(bool(os.environ.get("SERVESIM_PURE_PYTHON")),
 
 def write_runs(out: Path) -> None:
     """Simulate every run and write its files under out/NAME (both processes call this)."""
-    from sim.config import load_scenario
+    from sim.config.scenario import load_scenario
     from sim.simulate import simulate, write_outputs
 
     for name, (path, overrides) in RUNS.items():
@@ -106,15 +106,15 @@ def test_an_edited_compiled_module_is_found_by_its_digest(tmp_path):
 
     from sim import _edited
 
-    source = tmp_path / "sim" / "engine.py"
-    source.parent.mkdir()
+    source = tmp_path / "sim" / "runtime" / "engine.py"
+    source.parent.mkdir(parents=True)
     source.write_text("x = 1\n")
-    digests = {"sim/engine.py": hashlib.sha256(b"x = 1\n").hexdigest()}
+    digests = {"sim/runtime/engine.py": hashlib.sha256(b"x = 1\n").hexdigest()}
     assert _edited(tmp_path, digests) is None
     source.write_text("x = 2\n")  # edited since the build: its extension would be stale
-    assert _edited(tmp_path, digests) == "sim/engine.py"
+    assert _edited(tmp_path, digests) == "sim/runtime/engine.py"
     source.unlink()
-    assert _edited(tmp_path, digests) == "sim/engine.py"
+    assert _edited(tmp_path, digests) == "sim/runtime/engine.py"
 
 
 def test_the_installed_digests_match_the_sources():
@@ -122,7 +122,7 @@ def test_the_installed_digests_match_the_sources():
     from sim import _edited
     from sim._compiled_sources import SHA256
 
-    assert {"sim/engine.py", "sim/schedulers/iteration_level.py", "sim/step_cost.py"} <= set(SHA256) \
+    assert {"sim/runtime/engine.py", "sim/schedulers/iteration_level.py", "sim/cost/step_cost.py"} <= set(SHA256) \
         and _edited() is None
 
 

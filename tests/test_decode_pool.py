@@ -4,10 +4,10 @@ member-by-member count, through random joins, leaves and runs."""
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from simhelpers import make_workload
 
-from sim.request import RequestTable
 from sim.schedulers.decode_pool import DecodePool
+from sim.workload.request import RequestTable
+from simhelpers import make_workload
 
 N = 40  # requests
 

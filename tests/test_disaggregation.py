@@ -1,13 +1,13 @@
-"""Disaggregated prefill/decode (sim/disaggregation.py): hand-computed timelines with the unit cost
+"""Disaggregated prefill/decode (sim/runtime/disaggregation.py): hand-computed timelines with the unit cost
 model, the transfer formula, decode-side admission waiting for blocks, invariants, config errors."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from simhelpers import make_scenario, run
 
-from sim.errors import ScenarioError
-from sim.hardware import HARDWARE_PRESETS
+from sim.config.errors import ScenarioError
+from sim.presets.hardware import HARDWARE_PRESETS
+from simhelpers import make_scenario, run
 
 KV_BYTES = 32 * 8 * 128 * 2 * 2  # llama-3-8b: layers x KV heads x head dim x (K, V) x bf16 = 131072 B/token
 # a link on which 100 tokens of KV take 0.25 s + 0.25 s latency: 13,107,200 B / 0.25 s
@@ -92,7 +92,7 @@ def test_bad_disaggregation_is_one_clear_error(engine, says):
 
 
 def test_a_pool_on_another_gpu_gets_that_gpus_budget_and_costs():
-    from sim.disaggregation import pool_scenarios
+    from sim.build import pool_scenarios
 
     sc = make_scenario(cost_model="roofline", scheduler="chunked",
                        disaggregation=disagg(link="nvlink", decode={"hardware": "h200"}))

@@ -11,9 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from cli import app
-from sim.errors import ScenarioError
-from sim.memory import kv_bytes_per_token_per_rank
-from sim.models import model_from_hf_config
+from sim.config.errors import ScenarioError
+from sim.presets.memory import kv_bytes_per_token_per_rank
+from sim.presets.models import model_from_hf_config
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "hf_configs"
 
@@ -163,7 +163,7 @@ def test_mixtral_does_not_fit_one_h100(tmp_path):
 def test_expert_parallel_puts_whole_experts_on_gpus():
     """Mixtral: 8 experts of 3 x 4096 x 14336 per layer x 32 layers; over 3 GPUs the busiest holds
     ceil(8/3) = 3 whole experts, over 2 GPUs exactly half: the same as tensor parallelism."""
-    from sim.memory import weights_per_gpu
+    from sim.presets.memory import weights_per_gpu
 
     m = model_from_hf_config(FIXTURES / "mistralai--Mixtral-8x7B-v0.1.json")
     routed_bytes = 32 * 8 * 3 * 4096 * 14336 * 2
@@ -175,8 +175,8 @@ def test_expert_parallel_puts_whole_experts_on_gpus():
 def test_roofline_reads_the_experts_a_batch_touches_by_hand():
     """One token routed to 2 of 8 Mixtral experts reads, per MoE layer, 1 - (1 - 2/8)^1 = 1/4 of
     the routed weights in expectation; 64 tokens read 1 - (3/4)^64 of them (all but ~1e-8)."""
-    from sim.cost import RooflineCost
-    from sim.hardware import HARDWARE_PRESETS
+    from sim.cost.registry import RooflineCost
+    from sim.presets.hardware import HARDWARE_PRESETS
 
     m = model_from_hf_config(FIXTURES / "mistralai--Mixtral-8x7B-v0.1.json")
     hw = HARDWARE_PRESETS["h100-sxm"]
@@ -191,8 +191,8 @@ def test_roofline_reads_the_experts_a_batch_touches_by_hand():
 
 
 def test_fp8_weights_use_the_fp8_peak_and_mla_attention_prices_the_latent():
-    from sim.cost import RooflineCost
-    from sim.hardware import HARDWARE_PRESETS
+    from sim.cost.registry import RooflineCost
+    from sim.presets.hardware import HARDWARE_PRESETS
 
     m = model_from_hf_config(FIXTURES / "deepseek-ai--DeepSeek-V3.json")
     hw = HARDWARE_PRESETS["h200"]
@@ -216,7 +216,7 @@ def test_moe_and_fp8_configs_are_their_presets_and_get_measured_costs(tmp_path, 
     MLA-module or FP8 GEMM tables."""
     from dataclasses import replace
 
-    from sim.models import MODEL_PRESETS
+    from sim.presets.models import MODEL_PRESETS
 
     assert replace(model_from_hf_config(FIXTURES / config), name=preset) == MODEL_PRESETS[preset]
     out = tmp_path / "o"
@@ -249,7 +249,7 @@ def test_modelopt_fp8_checkpoint_reads_its_hf_quant_config(tmp_path):
 
 
 def test_weight_block_size_is_for_fp8_weights_only(tmp_path):
-    from sim.models import model_from_fields
+    from sim.presets.models import model_from_fields
 
     base = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128,
             "vocab_size": 256}

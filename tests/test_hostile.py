@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from cli import app
-from sim.config import load_scenario
-from sim.errors import ScenarioError
-from sim.traces import read_trace
+from sim.config.errors import ScenarioError
+from sim.config.scenario import load_scenario
+from sim.workload.traces import read_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = {"name": "h", "model": "llama-3-8b", "hardware": "h100-sxm", "cost_model": "roofline",
@@ -212,7 +212,7 @@ TRACE_CASES = {
         with_(workload={**trace(tmp, "arrival_s,prompt_tokens,output_tokens\n0,5,5\n10000,5,5\n"),
                         "time_scale": 1e-6}), False),
     **{f"vllm bench {what}": (lambda doc: lambda tmp: (with_(workload=trace(
-        tmp, json.dumps({"input_lens": [5, 6], "output_lens": [3, 3], **doc}), "b.json")), False))(doc)
+        tmp, json.dumps({"input_lens": [5, 6], "output_lens": [3, 3], **doc}), "b.json")), False))(doc)  # noqa: B023
        for what, doc in (("request_rate 0", {"request_rate": 0}), ("request_rate -3", {"request_rate": -3}),
                          ("request_rate 1e300", {"request_rate": 1e300}),
                          ("request_rate true", {"request_rate": True}),

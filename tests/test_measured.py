@@ -10,18 +10,30 @@ import pandas as pd
 import pytest
 import yaml
 
-from sim.composer import KernelTables, StepComposer, attention_sources, bracket
 from calibrate.measured import SYSTEMS, TABLES
-from sim.composer import build_profile, heldout_shapes, _round
-from sim.batch import BatchStats
-from sim.config import scenario_from_dict
-from sim.errors import ScenarioError
-from sim.hardware import HARDWARE_PRESETS
-from sim.measured import PROFILES, TableProfileCost, load_table_profile, read_yaml, shipped_index
-from sim.models import MODEL_PRESETS
+from sim.build import cost_model
+from sim.config.errors import ScenarioError
+from sim.config.scenario import scenario_from_dict
+from sim.cost.batch import BatchStats
+from sim.cost.composer import (
+    KernelTables,
+    StepComposer,
+    _round,
+    attention_sources,
+    bracket,
+    build_profile,
+    heldout_shapes,
+)
+from sim.cost.measured import PROFILES, TableProfileCost, load_table_profile, shipped_index
+from sim.presets.hardware import HARDWARE_PRESETS
+from sim.presets.models import MODEL_PRESETS
 from sim.simulate import simulate
-
 from simhelpers import make_workload
+
+
+def read_yaml(path: Path) -> tuple[dict, bytes]:
+    data = path.read_bytes()
+    return yaml.safe_load(data.decode("utf-8")), data
 
 LLAMA3 = MODEL_PRESETS["llama-3-8b"]
 H100 = HARDWARE_PRESETS["h100-sxm"]
@@ -33,7 +45,7 @@ def h100():
 
 
 def _isotonic(y) -> np.ndarray:
-    """scipy's least-squares monotone fit: the reference for the composer's own (sim/composer.py)."""
+    """scipy's least-squares monotone fit: the reference for the composer's own (sim/cost/composer.py)."""
     from scipy.optimize import isotonic_regression
     return isotonic_regression(np.asarray(y, dtype=float)).x
 
@@ -54,7 +66,7 @@ def _reference_grid(frame: pd.DataFrame, a: str, b: str) -> pd.DataFrame:
 
 
 def test_the_monotone_fit_is_scipys_isotonic_regression():
-    from sim.composer import isotonic
+    from sim.cost.composer import isotonic
     rng = np.random.default_rng(0)
     for n in (1, 2, 7, 74, 300):
         y = np.cumsum(rng.normal(0.1, 1.0, n))
@@ -252,7 +264,7 @@ def test_the_default_cost_model_is_measured_where_a_profile_is_shipped():
     stats = BatchStats(num_decodes=8, decode_context_sum=8000)
     # the profile's own CPU term is 0 (kernel time only); the tuning adds 1 ms to every iteration
     assert sc.cost_model.profile.cpu_per_iteration == 0.0
-    assert (tuned.cost().step_times(stats)[0] - sc.cost().step_times(stats)[0]
+    assert (cost_model(tuned).step_times(stats)[0] - cost_model(sc).step_times(stats)[0]
             == pytest.approx(0.001))
 
 
@@ -300,7 +312,7 @@ def test_moe_layers_are_the_fused_moe_measurements():
 def test_no_moe_table_means_no_moe_profile():
     """The A100 tables carry no fused-MoE measurements: no profile is composed, and a scenario
     falls back to the roofline with its notice."""
-    from sim.cost import default_cost_model
+    from sim.cost.registry import default_cost_model
 
     hw = HARDWARE_PRESETS["a100-80gb"]
     tables = KernelTables.load(TABLES / "a100_sxm", hw.hbm_bandwidth)
@@ -421,8 +433,8 @@ def test_fp8_kv_cache_reads_the_profiles_fp8_attention():
     b, c = 64.0, 4096.0  # on the decode grid
     assert b in dec.a.tolist() and c in dec.rows[0].x.tolist()
     stats = BatchStats(num_decodes=64, decode_context_sum=64 * 4096)
-    fixed = auto.cost().step_times(stats)[0] - profile.decode_attention(b, c)
-    assert fp8.cost().step_times(stats)[0] == pytest.approx(fixed + dec(b, c), rel=1e-12)
+    fixed = cost_model(auto).step_times(stats)[0] - profile.decode_attention(b, c)
+    assert cost_model(fp8).step_times(stats)[0] == pytest.approx(fixed + dec(b, c), rel=1e-12)
     assert dec(b, c) != profile.decode_attention(b, c)
 
 

@@ -1,4 +1,4 @@
-"""vLLM V1's engine overheads on top of kernel-table step costs (sim/overheads.py): the step rule
+"""vLLM V1's engine overheads on top of kernel-table step costs (sim/cost/overheads.py): the step rule
 max(gpu, host) + adders, the request-side frontend time and the asynchronous-scheduling lag, the
 scenario keys, and what summary.json and the planner say about them. Numbers by hand."""
 from pathlib import Path
@@ -6,10 +6,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim.batch import BatchStats
-from sim.config import scenario_from_dict
-from sim.errors import ScenarioError
-from sim.overheads import EngineOverheads, default_overheads, scheduling_lag
+from sim.build import cost_model
+from sim.config.errors import ScenarioError
+from sim.config.scenario import scenario_from_dict
+from sim.cost.batch import BatchStats
+from sim.cost.overheads import EngineOverheads, default_overheads, scheduling_lag
 from sim.simulate import simulate
 from simhelpers import make_workload
 
@@ -52,17 +53,17 @@ def test_scheduling_lag_by_hand():
 
 def test_a_host_floor_and_adders_on_the_kernel_time():
     stats = BatchStats(num_decodes=8, decode_context_sum=8 * 1000)
-    gpu = scenario(NONE).cost().step_times(stats)[0]  # ~7 ms of kernel time for Llama-3-8B
-    hidden = scenario({**NONE, "host_per_iteration_s": gpu / 2}).cost().step_times(stats)[0]
-    floor = scenario({**NONE, "host_per_iteration_s": 0.02}).cost().step_times(stats)[0]
-    added = scenario({**NONE, "per_iteration_s": 0.001, "tp_sync_per_iteration_s": 0.002}).cost()
+    gpu = cost_model(scenario(NONE)).step_times(stats)[0]  # ~7 ms of kernel time for Llama-3-8B
+    hidden = cost_model(scenario({**NONE, "host_per_iteration_s": gpu / 2})).step_times(stats)[0]
+    floor = cost_model(scenario({**NONE, "host_per_iteration_s": 0.02})).step_times(stats)[0]
+    added = cost_model(scenario({**NONE, "per_iteration_s": 0.001, "tp_sync_per_iteration_s": 0.002}))
     assert hidden == gpu                       # host time shorter than the GPU's: hidden
     assert floor == pytest.approx(0.02)        # longer: the iteration waits for the host
     assert added.step_times(stats)[0] == pytest.approx(gpu + 0.001)  # TP 1: no TP sync
-    tp2 = scenario({**NONE, "tp_sync_per_iteration_s": 0.002}, tp=2).cost()
-    tp2_none = scenario(NONE, tp=2).cost()
+    tp2 = cost_model(scenario({**NONE, "tp_sync_per_iteration_s": 0.002}, tp=2))
+    tp2_none = cost_model(scenario(NONE, tp=2))
     assert tp2.step_times(stats)[0] == pytest.approx(tp2_none.step_times(stats)[0] + 0.002)
-    run = scenario({**NONE, "host_per_iteration_s": 0.02, "per_iteration_s": 0.001}).cost().step_times(stats, 4)
+    run = cost_model(scenario({**NONE, "host_per_iteration_s": 0.02, "per_iteration_s": 0.001})).step_times(stats, 4)
     assert run.tolist() == pytest.approx([0.021] * 4)
 
 

@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli import app
-from sim.config import SLOConfig, load_scenario
+from sim.config.scenario import SLOConfig, load_scenario
 from sim.planning.config_search import search_configs
 from sim.planning.evaluator import Evaluator, PlanOptions
 from sim.planning.load_search import load_knob, max_load
@@ -329,7 +329,7 @@ def test_config_search_weighs_disaggregated_units_per_gpu():
 def test_every_gpu_model_preset_names_the_repository_vllm_loads():
     """The planner's `vllm serve` line takes the preset's Hugging Face repository: every preset that
     is not a CPU-only test model has one (a new preset without it would print its bare name)."""
-    from sim.models import CPU_PRESETS, MODEL_PRESETS
     from sim.planning.vllm_command import HF_REPOS
+    from sim.presets.models import CPU_PRESETS, MODEL_PRESETS
 
     assert set(HF_REPOS) == set(MODEL_PRESETS) - set(CPU_PRESETS)

@@ -15,23 +15,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from simhelpers import assert_one_line_error
 from typer.testing import CliRunner
 
 from cli import app
+from sim.config.errors import ScenarioError
+from sim.config.scenario import SLOConfig, load_scenario
 from sim.planning import planner
-from sim.config import SLOConfig, load_scenario
 from sim.planning.engine_curve import engine_curve
-from sim.errors import ScenarioError
 from sim.planning.evaluator import Evaluator, PlanOptions, deterministic
 from sim.planning.load_search import Knob, load_knob, max_load
-from sim.metrics import goodput
 from sim.planning.plan_report import headline, write_report
 from sim.planning.planner import size_cluster
-from sim.simulate import simulate
 from sim.planning.slo import Z_ONE_SIDED_90, parse_slo, wilson
-from sim.traces import read_trace
-from sim.workload import build_workload
+from sim.runtime.metrics import goodput
+from sim.simulate import simulate
+from sim.workload.generators import build_workload
+from sim.workload.traces import read_trace
+from simhelpers import assert_one_line_error
 
 REPO = Path(__file__).parents[1]
 QUICKSTART = REPO / "scenarios" / "quickstart.yaml"

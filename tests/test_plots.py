@@ -10,6 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cli import app
+from sim.config.errors import ScenarioError
+from sim.config.scenario import load_scenario
 from sim.reporting.analysis import (
     Run,
     iteration_of,
@@ -18,11 +20,9 @@ from sim.reporting.analysis import (
     slot_assignment,
     slot_utilization_from_slots,
 )
-from sim.config import load_scenario
-from sim.errors import ScenarioError
 from sim.reporting.plots import batch_kv, compare_bars, latency_cdfs, save_plots, slot_timeline
 from sim.simulate import simulate, write_outputs
-from sim.workload import Workload, build_workload
+from sim.workload.generators import Workload, build_workload
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY_OUTPUTS = [444, 480, 91, 315, 573, 547, 464, 360]

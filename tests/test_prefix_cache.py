@@ -1,11 +1,11 @@
-"""sim/prefix_cache.py against a deliberately plain reference model of vLLM V1's block pool (lists
+"""sim/kv/prefix_cache.py against a deliberately plain reference model of vLLM V1's block pool (lists
 and linear scans), on random operation sequences; plus hand-worked cases."""
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.prefix_cache import PrefixCache
+from block_pool import PrefixCache
 
 BS = 4  # tokens per block
 
@@ -123,7 +123,7 @@ prompt = st.tuples(st.integers(0, 2), st.integers(0, 6), st.integers(1, 7))
 @settings(max_examples=400, deadline=None)
 @given(st.integers(4, 24), st.lists(prompt, min_size=6, max_size=6), kv_ops)
 def test_the_simulators_kv_cache_matches_the_reference(num_blocks, prompts, ops):
-    """sim/prefix_cache.PrefixKVCache (run-length segments for hashless blocks, lazy hits) against
+    """sim/kv/prefix_cache.PrefixKVCache (run-length segments for hashless blocks, lazy hits) against
     the same reference, on everything a simulation can observe: hits, success, free blocks, the
     order of evictions and the cached hashes. Requests have fixed prompts: `shared` blocks of
     document `doc` (shared chains) and `extra` tokens more; only shared blocks carry hashes."""
@@ -163,7 +163,7 @@ def test_groups_lookups_and_evictions_against_the_reference():
 
 
 def _kv_cache_against_the_reference(num_blocks, prompts, ops):
-    from sim.prefix_cache import PrefixKVCache
+    from sim.kv.prefix_cache import PrefixKVCache
 
     made: dict = {}  # one chain object per distinct prefix, shared as request_chains shares them
     chains = [made.setdefault((doc, shared), [(doc, i) for i in range(shared)]) for doc, shared, _ in prompts]
@@ -276,12 +276,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim.config import scenario_from_dict
-from sim.errors import ScenarioError
+from sim.config.errors import ScenarioError
+from sim.config.scenario import scenario_from_dict
 from sim.simulate import simulate
-from sim.traces import read_trace
-from sim.workload import Workload
-
+from sim.workload.generators import Workload
+from sim.workload.traces import read_trace
 from simhelpers import make_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -414,7 +413,7 @@ def test_prefix_aware_routing_by_hand():
 def test_prefix_aware_gives_way_to_load():
     """The rule, with stand-in caches: replica 0 holds 3 blocks of the request's prefix, replica 1
     none. It wins while its load is at most 2 x the lightest + 1, and loses beyond."""
-    from sim.routers import PrefixAware
+    from sim.runtime.routers import PrefixAware
 
     class Cache:
         def __init__(self, hit):
@@ -436,7 +435,7 @@ def test_prefix_aware_gives_way_to_load():
 def test_a_csv_hash_ids_column_drives_prefix_caching(tmp_path):
     import yaml
 
-    from sim.config import load_scenario
+    from sim.config.scenario import load_scenario
 
     trace = Path(__file__).parents[1] / "scenarios" / "traces" / "shared_prefix.csv"
     raw = {"name": "csv-hashes", "model": "llama-3-8b", "hardware": "h100-sxm", "cost_model": "roofline",
@@ -451,7 +450,7 @@ def test_a_csv_hash_ids_column_drives_prefix_caching(tmp_path):
     with pytest.raises(ScenarioError, match=r"shared_prefix_bad.csv:3: hash_ids 'a b' is not block ids"):
         bad = tmp_path / "shared_prefix_bad.csv"
         bad.write_text("arrival_s,prompt_tokens,output_tokens,hash_ids\n0,8,2,1\n1,8,2,a b\n")
-        from sim.traces import read_trace
+        from sim.workload.traces import read_trace
         read_trace(bad)
 
 
@@ -461,7 +460,7 @@ def test_request_chains_equal_block_hashes_request_by_request():
     and requests with no prefix."""
     import random
 
-    from sim.prefix_cache import block_hashes, request_chains
+    from sim.kv.prefix_cache import block_hashes, request_chains
 
     rng = random.Random(7)
     prefixes, prompts = [], []

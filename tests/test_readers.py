@@ -12,13 +12,13 @@ import yaml
 from typer.testing import CliRunner
 
 from cli import app
-from sim.config import load_scenario
-from sim.errors import ScenarioError, ServesimWarning
+from sim.config.errors import ScenarioError, ServesimWarning
+from sim.config.scenario import load_scenario
 from sim.reporting.analysis import Run, load_run
 from sim.reporting.export import chrome_trace, vllm_bench
 from sim.simulate import simulate
-from sim.traces import read_trace
-from sim.workload import bench_arrivals, build_workload
+from sim.workload.generators import bench_arrivals, build_workload
+from sim.workload.traces import read_trace
 
 TRACES = Path(__file__).parents[1] / "scenarios" / "traces"
 QUICKSTART = Path(__file__).parents[1] / "scenarios" / "quickstart.yaml"
@@ -96,7 +96,7 @@ def test_the_scenario_keys_run_a_mapped_log(tmp_path):
 
 
 def _write(path: Path, result) -> Path:
-    from sim.config import resolved_yaml
+    from sim.config.scenario import resolved_yaml
 
     path.write_text(resolved_yaml(result.scenario))
     return path

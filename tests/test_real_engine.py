@@ -15,11 +15,11 @@ import yaml
 
 from calibrate.engine import BlockTables, RealEngine, run_engine
 from calibrate.model import batch_stats
-from sim.config import scenario_from_dict
-from sim.cost import ProfileCost
-from sim.errors import ScenarioError
+from sim.config.errors import ScenarioError
+from sim.config.scenario import scenario_from_dict
+from sim.cost.registry import ProfileCost
 from sim.simulate import simulate
-from sim.workload import Workload, build_workload
+from sim.workload.generators import Workload, build_workload
 
 VOCAB = 256  # the tiny model's
 
@@ -240,7 +240,7 @@ def test_refuses_what_it_cannot_run(tmp_path):
 
 
 def test_a_request_that_can_never_fit_is_refused_up_front_not_a_hang(tmp_path):
-    """The simulator's own check (sim.schedulers.check_servable), before any step runs."""
+    """The simulator's own check (sim.build.check_servable), before any step runs."""
     sc = scenario(write_profile(tmp_path / "p.yaml"), scheduler="continuous",
                   max_num_batched_tokens=8, max_num_seqs=8)
     one = {"arrival_s": np.zeros(1), "priority": np.zeros(1, dtype=np.int64)}

@@ -1,16 +1,16 @@
-"""Multi-turn sessions of closed-loop users (sim/sessions.py): a user's next prompt is its whole
+"""Multi-turn sessions of closed-loop users (sim/workload/sessions.py): a user's next prompt is its whole
 previous conversation plus a new message, and prefix caching hits what the last turn left behind,
 generated tokens included. Unit cost: every iteration lasts 1 s, so timelines are written by hand."""
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+
+from sim.config.errors import ScenarioError
+from sim.simulate import simulate
+from sim.workload.generators import Users, Workload, parse_workload
 from simhelpers import make_scenario
 from test_sim_engine import assert_same_run
-
-from sim.errors import ScenarioError
-from sim.simulate import simulate
-from sim.workload import Users, Workload, parse_workload
 
 ENGINE = {"scheduler": "chunked", "max_num_seqs": 4, "max_num_batched_tokens": 64, "block_size": 16}
 
@@ -117,7 +117,7 @@ def test_one_turn_each_is_the_plain_closed_loop():
 def test_the_callers_workload_is_not_changed():
     """Planners simulate one drawn workload many times: prompts grow in the run's copy only."""
     sc = make_scenario(workload=sessions(), **ENGINE)
-    from sim.workload import build_workload
+    from sim.workload.generators import build_workload
     w = build_workload(sc.workload, np.random.default_rng(0))
     first = simulate(sc, workload=w)
     assert w.prompt_tokens.tolist() == [20] * 4
@@ -154,7 +154,7 @@ def test_invariants_and_fast_forward(n, users, turns, blocks, replicas, router, 
     # each admission hits at most its tokens so far less one (a resumption: prompt + generated)
     most = rq["prompt_tokens"] - 1 + rq["preemptions"] * (rq["prompt_tokens"] + rq["output_tokens"] - 2)
     assert (rq["cached_tokens"] <= most).all()
-    from sim.workload import build_workload
+    from sim.workload.generators import build_workload
     message = build_workload(sc.workload, np.random.default_rng(seed)).prompt_tokens
     for _, mine in rq.sort_values("request_id").groupby("conversation"):
         assert mine["turn"].tolist() == list(range(1, len(mine) + 1))

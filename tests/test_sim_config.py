@@ -1,4 +1,4 @@
-"""sim/config.py: scenario YAML -> validated Scenario; every bad input is one ScenarioError line."""
+"""sim/config/scenario.py: scenario YAML -> validated Scenario; every bad input is one ScenarioError line."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sim.config import EngineConfig, Scenario, SLOConfig, load_scenario, scenario_from_dict
-from sim.errors import ScenarioError
-from sim.models import MODEL_PRESETS
+from sim.config.errors import ScenarioError
+from sim.config.scenario import EngineConfig, Scenario, SLOConfig, load_scenario, scenario_from_dict
+from sim.presets.models import MODEL_PRESETS
 
 REPO = Path(__file__).parents[1]
 BUNDLED = sorted((REPO / "scenarios").glob("*.yaml"))
@@ -60,8 +60,8 @@ def test_defaults(tmp_path):
     assert sc.engine == EngineConfig()    # every engine key defaults
     assert sc.engine.scheduler == "continuous" and sc.engine.num_gpu_blocks is None
     # llama-3-8b on h100-sxm has a shipped profile; the resolved scenario writes the engine
-    # overheads in force (sim/overheads.py's fitted defaults), so it repeats the run if they change
-    from sim.overheads import default_overheads
+    # overheads in force (sim/cost/overheads.py's fitted defaults), so it repeats the run if they change
+    from sim.cost.overheads import default_overheads
     assert sc.cost_model.as_yaml() == {"measured": default_overheads().as_dict()}
     assert sc.slo is None
     assert sc.model == MODEL_PRESETS["llama-3-8b"]

@@ -6,15 +6,24 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from sim.batch import BatchStats
-from sim.cost import (COST_MODELS, ProfileCost, RooflineCost, UnitCost, load_profile,
-                      make_cost_model, prefill_attention_work)
-from sim.errors import ScenarioError
-from sim.measured import TableProfileCost
-from sim.hardware import HARDWARE_PRESETS
-from sim.models import MODEL_PRESETS
+from sim.build import cost_model
+from sim.config.errors import ScenarioError
+from sim.cost.batch import BatchStats
+from sim.cost.measured import TableProfileCost
+from sim.cost.registry import (
+    COST_MODELS,
+    ProfileCost,
+    RooflineCost,
+    UnitCost,
+    load_profile,
+    make_cost_model,
+    prefill_attention_work,
+)
+from sim.presets.hardware import HARDWARE_PRESETS
+from sim.presets.models import MODEL_PRESETS
 
 EXAMPLE = Path(__file__).parent.parent / "scenarios/profiles/example-h100-llama-3-8b.yaml"
 LLAMA3, H100 = MODEL_PRESETS["llama-3-8b"], HARDWARE_PRESETS["h100-sxm"]
@@ -74,7 +83,7 @@ def test_prefill_attention_work():
 def models():
     return {"unit": UnitCost(), "roofline": RooflineCost(LLAMA3, H100),
             "roofline-tp2": RooflineCost(LLAMA3, H100, 2),
-            "profile": ProfileCost.from_file(EXAMPLE)}
+            "profile": ProfileCost(load_profile(EXAMPLE))}
 
 
 @settings(max_examples=60, deadline=None)
@@ -124,13 +133,13 @@ def test_a_run_priced_by_one_term_is_the_max_of_both_to_the_bit():
        preset=st.sampled_from([("llama-3-8b", "h100-sxm", 1), ("llama-3-70b", "a100-80gb", 4),
                                ("llama-3-8b", "l40s", 2)]))
 def test_a_decode_line_gives_the_floats_of_step_times(decodes, ctx, steps, preset):
-    """`decode_line` (sim/cost.CostModel, optional) promises that iteration j of a decode run takes
+    """`decode_line` (sim/cost/registry.CostModel, optional) promises that iteration j of a decode run takes
     a + b x (c + n j) seconds, bit for bit what step_times returns: the engine walks runs with it."""
     model, hardware, tp = preset
     stats = batch([], decodes=decodes, ctx_sum=decodes * ctx)
     lines = 0
     for cost in (RooflineCost(MODEL_PRESETS[model], HARDWARE_PRESETS[hardware], tp),
-                 ProfileCost.from_file(EXAMPLE)):
+                 ProfileCost(load_profile(EXAMPLE))):
         line = cost.decode_line(stats)
         if line is None:
             continue
@@ -151,7 +160,7 @@ def test_step_time_is_the_first_of_step_times(decodes, ctx, steps, chunk):
     and the first of a run priced by step_times' other branches."""
     runs = [batch([], decodes=decodes, ctx_sum=decodes * ctx)] if decodes else []
     for cost in (RooflineCost(LLAMA3, H100), RooflineCost(MODEL_PRESETS["llama-3-70b"], H100, 4),
-                 ProfileCost.from_file(EXAMPLE)):
+                 ProfileCost(load_profile(EXAMPLE))):
         for stats in (batch([chunk[0]], [chunk[1]], decodes, decodes * ctx), *runs):
             one = cost.step_time(stats)
             assert isinstance(one, float) and one == cost.step_times(stats, 1)[0]
@@ -298,12 +307,11 @@ def test_make_cost_model_errors(spec, tp, hw, message):
 
 
 def test_roofline_reads_an_fp8_kv_cache_at_one_byte():
+    from sim.cost.batch import BatchStats
     from simhelpers import make_scenario
 
-    from sim.batch import BatchStats
-
-    auto = make_scenario(cost_model="roofline", scheduler="chunked").cost()
-    fp8 = make_scenario(cost_model="roofline", scheduler="chunked", kv_cache_dtype="fp8").cost()
+    auto = cost_model(make_scenario(cost_model="roofline", scheduler="chunked"))
+    fp8 = cost_model(make_scenario(cost_model="roofline", scheduler="chunked", kv_cache_dtype="fp8"))
     # llama-3-8b: 32 layers x 8 KV heads x 128 x (K, V) = 65,536 elements per token: 131,072 B in
     # bf16, 65,536 B in fp8; read at 3.35 TB/s x 0.85
     byte_s = 3.35e12 * 0.85

@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from simhelpers import make_scenario, run
 
-import sim.simulate as simulate_module
-from sim.engine import Replica
+import sim.runtime.engine as engine_module
+from sim.runtime.engine import Replica
 from sim.simulate import simulate, write_outputs
+from simhelpers import make_scenario, run
 
 EXAMPLE_PROFILE = Path(__file__).parent.parent / "scenarios/profiles/example-h100-llama-3-8b.yaml"
 CHAT = {"arrival": {"process": "poisson", "rate": 5.0}, "num_requests": 300,
@@ -236,7 +236,7 @@ def test_a_replica_alone_keeps_the_clock_exactly_as_simpy(name, ff, monkeypatch)
         workload.pop("prefix")  # (not modelled together)
     scenario = make_scenario(cost_model="roofline", workload=workload, seed=5, model=model, **engine)
     alone = simulate(scenario, fast_forward=ff)
-    monkeypatch.setattr(simulate_module, "Replica", _SimPyReplica)
+    monkeypatch.setattr(engine_module, "Replica", _SimPyReplica)
     stepped = simulate(scenario, fast_forward=ff)
     assert alone.summary["completed"] == 300
     if "preempting" in name:
@@ -253,9 +253,9 @@ def test_a_replica_alone_keeps_the_clock_exactly_as_simpy(name, ff, monkeypatch)
                                          replicas=2, router="least_loaded")])
 def test_walking_decode_runs_in_python_changes_no_float(cost_model, engine, monkeypatch):
     """A cost model's decode_line lets the engine walk a run's iterations in Python up to the next
-    arrival (sim/fast_forward.Runner); without it the same run is priced by numpy and cut there.
+    arrival (sim/runtime/fast_forward.Runner); without it the same run is priced by numpy and cut there.
     Arrivals at 2/s (long runs, past the 32-iteration probe) and 10/s (runs cut early)."""
-    from sim.cost import ProfileCost, RooflineCost
+    from sim.cost.registry import ProfileCost, RooflineCost
     spec = {"profile": str(EXAMPLE_PROFILE)} if cost_model == "profile" else cost_model
     for rate in (2.0, 10.0):
         workload = {**CHAT, "arrival": {"process": "poisson", "rate": rate}}
@@ -275,7 +275,7 @@ def test_walking_decode_runs_in_python_changes_no_float(cost_model, engine, monk
 def test_total_is_numpys_sum_to_the_bit():
     """fast_forward.total adds a run's durations as numpy's pairwise sum does (np.add.reduce):
     lengths across its three regimes (< 8, up to 128, halves), values over six decades."""
-    from sim.fast_forward import listed, total
+    from sim.runtime.fast_forward import listed, total
     rng = np.random.default_rng(3)
     lengths = [*range(1, 140), 255, 256, 257, 1000, 1031, 4096, 5000]
     for n in lengths:
@@ -292,9 +292,9 @@ def test_total_is_numpys_sum_to_the_bit():
 def test_recorder_integrates_a_decode_run_by_hand():
     """Two decodes, a run of 3 iterations of 1, 2 and 4 s, 16 slots held, 16 more from the
     second iteration on, 10 tokens held at first (each decode adds one per iteration)."""
-    from sim.batch import BatchStats
-    from sim.recorder import Recorder
-    from sim.step import NO_IDS, Schedule, StepOutcome
+    from sim.cost.batch import BatchStats
+    from sim.runtime.recorder import Recorder
+    from sim.schedulers.step import NO_IDS, Schedule, StepOutcome
     stats = BatchStats(num_decodes=2, decode_context_sum=12)
     schedule = Schedule(NO_IDS, NO_IDS, stats, num_seqs=2, prefill_tokens=0, decode_tokens=2,
                         kv_slots=16, kv_blocks_total=8, kv_tokens=10, waiting=0, max_steps=3)

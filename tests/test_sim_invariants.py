@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+
 from simhelpers import run
 
 # No shrink phase: shrinking a failing 30-request case costs minutes of reruns. Failures print the

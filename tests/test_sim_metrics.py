@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from simhelpers import run
 
-from sim.hardware import HARDWARE_PRESETS
-from sim.metrics import distribution, weighted_percentiles
-from sim.models import MODEL_PRESETS
+from sim.presets.hardware import HARDWARE_PRESETS
+from sim.presets.models import MODEL_PRESETS
+from sim.runtime.metrics import distribution, weighted_percentiles
+from simhelpers import run
 
 TOY_OUTPUTS = [444, 480, 91, 315, 573, 547, 464, 360]
 QS = (50, 90, 95, 99)
@@ -49,7 +49,7 @@ def test_radix_selection_gives_the_sorts_values_exactly(data, qs, few, integer_w
     """Past select_above values weighted_percentiles finds its ranks by radix selection over the
     floats' bits: the same values, bit for bit, as the sort (ties, zeros, zero weights, a bucket
     split down to its last bit when `_FEW` is small)."""
-    import sim.metrics as metrics
+    import sim.runtime.metrics as metrics
 
     values = np.array([v for v, _ in data])
     weights = np.array([w for _, w in data], dtype=np.int32 if integer_weights else np.float64)
@@ -62,7 +62,7 @@ def test_radix_selection_gives_the_sorts_values_exactly(data, qs, few, integer_w
 def test_radix_selection_on_a_long_array_by_hand(monkeypatch):
     """Two million gaps: 1,999,000 of 10 ms and 1,000 of 50 ms (weight 3 each): p50 is 10 ms,
     p99.9 falls in the 50 ms ones (rank 0.999 x 2,001,999 = 1,999,998.0 > 1,998,999)."""
-    import sim.metrics as metrics
+    import sim.runtime.metrics as metrics
 
     monkeypatch.setattr(metrics, "_CHUNK_VALUES", 1 << 16)  # many chunks
     values = np.concatenate((np.full(1_999_000, 0.010), np.full(1_000, 0.050)))
@@ -82,7 +82,7 @@ def test_distribution_reports_ms_and_skips_nan():
 
 _MEAN_OF_RANDOM_GAPS = """
 import numpy as np
-from sim.metrics import distribution
+from sim.runtime.metrics import distribution
 rng = np.random.default_rng(7)
 values, weights = rng.random(300_000) * 0.05, rng.integers(1, 4, 300_000).astype(float)
 print(repr(distribution(values, weights)["mean"]))
@@ -113,7 +113,7 @@ def test_the_mean_is_the_same_whatever_blas_kernel_and_threads():
 
 def test_weighted_sum_by_hand(monkeypatch):
     """Chunks are summed exactly: 1e16 + 1 + 1 - 1e16 is 2 (a left fold gives 0)."""
-    import sim.metrics as metrics
+    import sim.runtime.metrics as metrics
 
     monkeypatch.setattr(metrics, "_CHUNK_VALUES", 1)
     assert metrics.weighted_sum(np.array([1e16, 1.0, 1.0, -1e16]), np.ones(4)) == 2.0
@@ -307,12 +307,12 @@ def test_inter_token_gaps_equal_the_direct_computation_on_random_runs(monkeypatc
     runs of several iterations, chunks smaller than a run, and gaps across preemptions."""
     import pandas as pd
 
-    import sim.metrics as metrics
-    from sim.metrics import inter_token_latencies
+    import sim.runtime.metrics as metrics
+    from sim.runtime.metrics import inter_token_latencies
 
     monkeypatch.setattr(metrics, "_CHUNK_VALUES", 7)
     rng = np.random.default_rng(5)
-    for trial in range(60):
+    for _trial in range(60):
         rows = int(rng.integers(1, 40))
         count = rng.integers(1, 6, rows)
         decode = rng.integers(0, 4, rows) * (rng.random(rows) < 0.8)
@@ -322,7 +322,7 @@ def test_inter_token_gaps_equal_the_direct_computation_on_random_runs(monkeypatc
 
         class Recorder:
             def take_durations(self, room=0):
-                return np.concatenate((durations, np.zeros(room)))
+                return np.concatenate((durations, np.zeros(room)))  # noqa: B023 (this trial's)
 
         class Req:
             resume_gaps = [tuple(g) for g in resumed]

@@ -4,10 +4,10 @@ from dataclasses import replace
 
 import pytest
 
-from sim.errors import ScenarioError
-from sim.hardware import HARDWARE_PRESETS, hardware_from_fields
-from sim.memory import kv_budget
-from sim.models import MODEL_PRESETS, model_from_fields, model_from_hf_config
+from sim.config.errors import ScenarioError
+from sim.presets.hardware import HARDWARE_PRESETS, hardware_from_fields
+from sim.presets.memory import kv_budget
+from sim.presets.models import MODEL_PRESETS, model_from_fields, model_from_hf_config
 
 # Parameter counts Hugging Face reports for each checkpoint (sum of tensor sizes).
 HF_PARAM_COUNTS = {

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from simhelpers import run
 
 TOY_OUTPUTS = [444, 480, 91, 315, 573, 547, 464, 360]  # scenarios/toy-*-8.yaml
@@ -612,7 +613,7 @@ def test_static_matches_reference(case, ff):
 @st.composite
 def windowed_cases(draw):
     """iteration_level_cases over a sliding-window model: a window, and the layer groups of
-    sim/models.KVLayout for a 4-layer model with 4 (one group), 2 (2 + 2) or 3 (1 + 3) windowed
+    sim/presets/models.KVLayout for a 4-layer model with 4 (one group), 2 (2 + 2) or 3 (1 + 3) windowed
     layers."""
     case = draw(iteration_level_cases())
     case["window"] = draw(st.integers(1, 24))

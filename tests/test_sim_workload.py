@@ -1,4 +1,4 @@
-"""sim/workload.py and sim/traces.py: the `workload:` section, generators and trace readers."""
+"""sim/workload/generators.py and sim/workload/traces.py: the `workload:` section, generators and trace readers."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -9,10 +9,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.errors import ScenarioError
-from sim.traces import read_trace
-from sim.workload import (Burst, Constant, Empirical, Fixed, Gamma, Lognormal, Poisson, Uniform,
-                          WorkloadConfig, build_workload, parse_workload)
+from sim.config.errors import ScenarioError
+from sim.workload.generators import (
+    Burst,
+    Constant,
+    Empirical,
+    Fixed,
+    Gamma,
+    Lognormal,
+    Poisson,
+    Uniform,
+    WorkloadConfig,
+    build_workload,
+    parse_workload,
+)
+from sim.workload.traces import read_trace
 
 REPO = Path(__file__).parents[1]
 FIXTURES = REPO / "scenarios" / "traces"

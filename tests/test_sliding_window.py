@@ -9,17 +9,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from simhelpers import assert_one_line_error, make_scenario, run
 from typer.testing import CliRunner
 
 from cli import app
-from sim.batch import WindowedBatchStats
-from sim.config import scenario_from_dict
-from sim.cost import WindowedCost
-from sim.errors import ScenarioError
-from sim.hardware import HARDWARE_PRESETS
-from sim.memory import kv_budget
-from sim.models import MODEL_PRESETS, KVLayout, model_from_fields, model_from_hf_config
+from sim.config.errors import ScenarioError
+from sim.config.scenario import scenario_from_dict
+from sim.cost.batch import WindowedBatchStats
+from sim.cost.registry import WindowedCost
+from sim.presets.hardware import HARDWARE_PRESETS
+from sim.presets.memory import kv_budget
+from sim.presets.models import MODEL_PRESETS, KVLayout, model_from_fields, model_from_hf_config
+from simhelpers import assert_one_line_error, make_scenario, run
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "hf_configs"
 LLAMA_31_8B = json.loads((FIXTURES / "meta-llama--Meta-Llama-3.1-8B.json").read_text())
@@ -288,11 +288,10 @@ def test_pool_window_sums_against_brute_force():
     """The decode pool's running sums for windowed attention (min(c + 1, window) over members, how
     many are capped, blocks behind their windows) equal a direct count after joins, runs and a
     leave, capping included."""
-    from simhelpers import make_workload
-
-    from sim.kv_cache import WindowedKVCache
-    from sim.request import RequestTable
+    from sim.kv.cache import WindowedKVCache
     from sim.schedulers.decode_pool import WindowedDecodePool
+    from sim.workload.request import RequestTable
+    from simhelpers import make_workload
 
     req = RequestTable.from_workload(make_workload([0.0] * 4, [3, 9, 14, 30], [100] * 4))
     layout = KVLayout(4, 0, 1, 10)

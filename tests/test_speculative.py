@@ -1,14 +1,16 @@
-"""Speculative decoding (sim/speculative.py): exact timelines with the unit cost model, the
+"""Speculative decoding (sim/schedulers/speculative.py): exact timelines with the unit cost model, the
 acceptance law, costs, KV invariants under preemption, and config errors."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from simhelpers import make_scenario, run
 
-from sim.batch import BatchStats
-from sim.errors import ScenarioError
-from sim.speculative import SpeculativeConfig, accepted_tokens
+from sim.build import cost_model
+from sim.config.errors import ScenarioError
+from sim.config.speculative import SpeculativeConfig
+from sim.cost.batch import BatchStats
+from sim.schedulers.speculative import accepted_tokens
+from simhelpers import make_scenario, run
 
 
 def spec(a, k=3, method="ngram", **more):
@@ -41,13 +43,13 @@ def test_zero_acceptance_is_plain_decoding_plus_verification_cost():
 
 def test_verification_and_draft_costs_are_added_to_the_target():
     sc = make_scenario(cost_model="roofline", scheduler="chunked", speculative=spec(0.5, method="eagle"))
-    cost, target = sc.cost(), make_scenario(cost_model="roofline", scheduler="chunked").cost()
+    cost, target = cost_model(sc), cost_model(make_scenario(cost_model="roofline", scheduler="chunked"))
     verify = BatchStats(prefill_lens=np.full(8, 4), prefill_contexts=np.full(8, 500))
     with_draft = BatchStats(prefill_lens=verify.prefill_lens, prefill_contexts=verify.prefill_contexts,
                             draft_seqs=8, draft_context_sum=4000)
     head = target.step_times(BatchStats(num_decodes=8, decode_context_sum=4008))[0] / sc.model.num_layers
     assert cost.step_times(with_draft)[0] == pytest.approx(target.step_times(verify)[0] + 3 * head)
-    ngram = make_scenario(cost_model="roofline", scheduler="chunked", speculative=spec(0.5)).cost()
+    ngram = cost_model(make_scenario(cost_model="roofline", scheduler="chunked", speculative=spec(0.5)))
     assert ngram.step_times(with_draft)[0] == pytest.approx(target.step_times(verify)[0])
 
 
@@ -119,20 +121,20 @@ def test_a_draft_model_is_priced_with_its_own_cost_model():
     assert r.requests["finish_s"].notna().all()
     stats = BatchStats(prefill_lens=np.full(4, 4), prefill_contexts=np.full(4, 100), draft_seqs=4,
                        draft_context_sum=400)
-    assert sc.cost().step_times(stats)[0] > make_scenario(cost_model="roofline").cost().step_times(stats)[0]
+    assert cost_model(sc).step_times(stats)[0] > cost_model(make_scenario(cost_model="roofline")).step_times(stats)[0]
 
 
 def test_a_measured_draft_is_priced_by_its_kernel_time_alone():
     """The draft runs inside the target's iteration: the engine overheads (per-iteration terms,
     host floor) count once, on the target, not again for the draft."""
-    from sim.batch import BatchStats as Stats
-    from sim.cost import default_cost_model
-    from sim.hardware import HARDWARE_PRESETS
-    from sim.models import MODEL_PRESETS
+    from sim.cost.batch import BatchStats as Stats
+    from sim.cost.registry import default_cost_model
+    from sim.presets.hardware import HARDWARE_PRESETS
+    from sim.presets.models import MODEL_PRESETS
     sc = make_scenario(cost_model=None, scheduler="chunked",
                        speculative=spec(0.7, method="draft", draft_model="llama-2-7b"))
     assert sc.cost_model.overheads.per_iteration_s > 0  # the fitted default adds per iteration
-    draft = sc.cost().draft_cost
+    draft = cost_model(sc).draft_cost
     bare = default_cost_model(MODEL_PRESETS["llama-2-7b"], HARDWARE_PRESETS["h100-sxm"], 1)
     stats = Stats(num_decodes=4, decode_context_sum=400)
     assert draft.step_times(stats)[0] == pytest.approx(

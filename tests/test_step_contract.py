@@ -1,4 +1,4 @@
-"""The step contract (sim/step.py) and the plug-in registries: a scheduler added as one file plus
+"""The step contract (sim/schedulers/step.py) and the plug-in registries: a scheduler added as one file plus
 one dict line runs through `servesim run`; schedules are frozen and name every request computed."""
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ from typer.testing import CliRunner
 
 from cli import app
 from sim.schedulers import SCHEDULERS
+from sim.schedulers.step import Schedule
 from sim.simulate import simulate
-from sim.step import Schedule
-
 from simhelpers import make_scenario, make_workload
 from toy_scheduler import OneAtATime
 
@@ -72,13 +71,13 @@ def test_schedules_are_frozen_and_name_every_request_computed(scheduler, monkeyp
     contents), and over a run the tokens it names add up to every request's prompt + output - 1
     (no preemption here) computed by each request, and decodes to output - 1 per request."""
     spies = []
-    import sim.simulate as simulate_mod
-    real_build = simulate_mod.build_scheduler
+    import sim.build as build_mod
+    real_build = build_mod.build_scheduler
 
     def build(*args, **kwargs):
         spies.append(Spy(real_build(*args, **kwargs)))
         return spies[-1]
-    monkeypatch.setattr(simulate_mod, "build_scheduler", build)
+    monkeypatch.setattr(build_mod, "build_scheduler", build)
     rng = np.random.default_rng(1)
     n = 40
     w = make_workload(np.sort(rng.uniform(0, 20, n)), rng.integers(1, 300, n), rng.integers(1, 60, n))

@@ -17,11 +17,11 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from cli import app, sweep_table
-from sim.config import load_scenario
-from sim.errors import ScenarioError
+from sim.config.errors import ScenarioError
+from sim.config.scenario import load_scenario
 from sim.planning.parallel import run_parallel
-from sim.simulate import simulate
 from sim.planning.sweep import ResultsTable, flatten, parse_grid, read_results, run_sweep
+from sim.simulate import simulate
 
 REPO = Path(__file__).parents[1]
 runner = CliRunner()

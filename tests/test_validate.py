@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 from calibrate.harness import calibrate
 from calibrate.validate import REAL_FILES, validate, write
 from cli import app
+from sim.config.errors import ScenarioError
+from sim.config.scenario import load_scenario
 from sim.reporting.analysis import load_run
-from sim.config import load_scenario
-from sim.errors import ScenarioError
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = ROOT / "scenarios" / "validate-tiny-cpu.yaml"

@@ -20,11 +20,11 @@ import pytest
 
 from calibrate import vllm_engine
 from calibrate.real_run import write_real
-from sim.config import load_scenario
-from sim.errors import ScenarioError
-from sim.metrics import REQUEST_COLUMNS
-from sim.recorder import STEP_COLUMNS
-from sim.workload import Workload, build_workload
+from sim.config.errors import ScenarioError
+from sim.config.scenario import load_scenario
+from sim.runtime.metrics import REQUEST_COLUMNS
+from sim.runtime.recorder import STEP_COLUMNS
+from sim.workload.generators import Workload, build_workload
 
 ROOT = Path(__file__).resolve().parent.parent
 FIX = Path(__file__).parent / "fixtures" / "vllm"
@@ -80,7 +80,7 @@ def test_every_request_computes_its_tokens_in_order(fixture):
     restarts = hits = 0
     for i, steps in seen.items():
         assert steps[0][1] == 0
-        for (t0, c0), (t1, c1) in zip(steps, steps[1:]):
+        for (t0, c0), (_t1, c1) in zip(steps, steps[1:]):
             if c1 != c0 + t0:
                 assert c1 < c0 + t0 and c1 % sc.engine.block_size == 0, (i, steps)
                 restarts += 1

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.batch import BatchStats
-from sim.kv_cache import PagedKVCache
-from sim.step import NO_IDS, Schedule, StepOutcome
+from sim.cost.batch import BatchStats
+from sim.kv.cache import PagedKVCache
+from sim.schedulers.step import NO_IDS, Schedule, StepOutcome
 
 
 class OneAtATime:

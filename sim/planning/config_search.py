@@ -35,14 +35,14 @@ from typing import Any
 
 import yaml
 
-from ..config import SLOConfig, load_scenario
-from ..errors import ScenarioError
-from ..hardware import HARDWARE_PRESETS
-from .engine_curve import SETTING_KEYS
-from .evaluator import Evaluator, PlanOptions
-from .load_search import Knob, load_knob, max_load
-from .planner import size_cluster
-from .vllm_command import vllm_serve
+from sim.config.errors import ScenarioError
+from sim.config.scenario import SLOConfig, load_scenario
+from sim.planning.engine_curve import SETTING_KEYS
+from sim.planning.evaluator import Evaluator, PlanOptions
+from sim.planning.load_search import Knob, load_knob, max_load
+from sim.planning.planner import size_cluster
+from sim.planning.vllm_command import vllm_serve
+from sim.presets.hardware import HARDWARE_PRESETS
 
 # knobs the search can vary; a disaggregated setting's "replica" is a unit of P + D replicas
 KNOBS = ("disaggregation", "speculative", "scheduler", "enable_prefix_caching", *SETTING_KEYS)
@@ -81,7 +81,8 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
                  "speculative": sp, "disaggregation": dg}
                 for dg in splits for sp in specs for k in dict.fromkeys(schedulers or [e.scheduler])
                 for c in dict.fromkeys(prefix_caching or [e.enable_prefix_caching])
-                for n in sorted(set(seqs) or {e.max_num_seqs}) for t in sorted(set(tokens) or {e.max_num_batched_tokens})]
+                for n in sorted(set(seqs) or {e.max_num_seqs})
+                for t in sorted(set(tokens) or {e.max_num_batched_tokens})]
     keys = [k for k in KNOBS if len({str(x[k]) for x in settings}) > 1 or k in SETTING_KEYS]
     settings = [{k: x[k] for k in keys} for x in settings]  # only the knobs searched (and the two always shown)
     count = {"done": 0}
@@ -240,7 +241,11 @@ def _scale(split: dict | None):
     """size_cluster's overrides for n replicas: n disaggregated units, or engine.replicas=n."""
     if split is None:
         return None
-    return lambda n: (f"engine.disaggregation={_yaml({**split, 'prefill_replicas': n * split['prefill_replicas'], 'decode_replicas': n * split['decode_replicas']})}",)
+    def overrides(n: int) -> tuple[str, ...]:
+        units = {**split, "prefill_replicas": n * split["prefill_replicas"],
+                 "decode_replicas": n * split["decode_replicas"]}
+        return (f"engine.disaggregation={_yaml(units)}",)
+    return overrides
 
 
 def _yaml(v) -> str:

@@ -22,9 +22,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..errors import ScenarioError
-from .load_search import Knob, max_load
-from ..schedulers import SCHEDULERS
+from sim.config.errors import ScenarioError
+from sim.planning.load_search import Knob, max_load
+from sim.schedulers import SCHEDULERS
+from sim.workload.generators import build_workload
 
 SEQS_GRID = (8, 16, 32, 64, 128, 256, 512)
 TOKENS_GRID = (512, 1024, 2048, 4096, 8192, 16384)
@@ -33,7 +34,6 @@ SETTING_KEYS = ("max_num_seqs", "max_num_batched_tokens")
 
 def kv_seq_cap(sc) -> int:
     """Sequences of the workload's mean length (prompt + output) that fit in the KV cache."""
-    from ..workload import build_workload
 
     w = sc.workload if sc.workload.trace is not None else replace(  # a trace: its own requests
         sc.workload, num_requests=min(sc.workload.num_requests or 1000, 2000))
@@ -140,7 +140,8 @@ def _entry(setting: dict, extra: tuple[str, ...], found: dict, common_seeds: int
 
 
 def _best(entries: list[dict]) -> dict | None:
-    """The highest sustained load (goodput at a load would rank by a short run's drain tail). Settings on the same grid point are a tie, which goes to
+    """The highest sustained load (goodput at a load would rank by a short run's drain tail). Settings on the same
+    grid point are a tie, which goes to
     the simpler setting: the scenario's own (no overrides), then fewer changed knobs, then the
     smaller max_num_seqs and max_num_batched_tokens (less memory, shorter iterations). None when no
     setting meets the SLO at any load."""

@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from ..config import SLOConfig, load_scenario
-from .parallel import run_parallel
-from .slo import Z_ONE_SIDED_90, seeds_to_confirm, simulate_point, summarize_point, wilson, worst_ratio
-from ..workload import Workload, build_workload
+from sim.config.scenario import SLOConfig, load_scenario
+from sim.planning.parallel import run_parallel
+from sim.planning.slo import Z_ONE_SIDED_90, seeds_to_confirm, simulate_point, summarize_point, wilson, worst_ratio
+from sim.workload.generators import Workload, build_workload
 
 
 @dataclass(frozen=True)

@@ -21,10 +21,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..errors import ScenarioError
-from .slo import Z_ONE_SIDED_90, wilson
-from ..traces import shown
-from ..workload import ClosedLoop, build_workload
+from sim.config.errors import ScenarioError
+from sim.planning.slo import Z_ONE_SIDED_90, wilson
+from sim.workload.generators import ClosedLoop, build_workload
+from sim.workload.traces import shown
 
 RATE_DEFINITION = "(requests - 1) / (last arrival - first arrival)"
 DEFAULT_HORIZON_S = 120.0  # seconds of arrivals per run when the scenario fixes no num_requests
@@ -131,7 +131,8 @@ def max_load(ev, knob: Knob, extra: tuple[str, ...] = (), *, start: int = 0, gal
 
     ev: an Evaluator; extra: overrides for every point (an engine setting); start: the first index;
     gallop: bracket with 1, 2, 4, ... grid steps instead of doubling the load; seeds: the judge's
-    seed ladder; info: copied into every point. on_confirm: called when confirming starts. confirm: after locating the boundary with the
+    seed ladder; info: copied into every point. on_confirm: called when confirming starts. confirm: after locating
+    the boundary with the
     cheap majority judge, search again from there with Evaluator.confirm (the answer then meets
     the SLO with probability >= options.confidence, by a one-sided 90% Wilson bound); a
     deterministic workload needs no second pass (its one seed is the whole truth)."""

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
-from ..errors import ScenarioError
+from sim.config.errors import ScenarioError
 
 CONNECT_TIMEOUT_S = 10  # how long to wait for a Dask scheduler before giving up
 

@@ -11,9 +11,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..cost import describe
-from ..schedulers import SCHEDULERS
-from ..files import plain_text, save_figure, write_file
+from sim.cost.registry import describe
+from sim.files import plain_text, save_figure, write_file
+from sim.schedulers import SCHEDULERS
 
 LATENCY_PNG = "latency_vs_load.png"
 TRADEOFF_PNG = "load_vs_engine.png"

@@ -22,13 +22,13 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from ..config import SLOConfig
-from .engine_curve import engine_curve, engine_overrides
-from ..checks import MAX_REQUESTS
-from ..errors import ScenarioError
-from .evaluator import Evaluator, PlanOptions
-from .load_search import DEFAULT_HORIZON_S, Knob, load_knob, max_load, replay_stats
-from .slo import SLO_KEYS
+from sim.config.checks import MAX_REQUESTS
+from sim.config.errors import ScenarioError
+from sim.config.scenario import SLOConfig
+from sim.planning.engine_curve import engine_curve, engine_overrides
+from sim.planning.evaluator import Evaluator, PlanOptions
+from sim.planning.load_search import DEFAULT_HORIZON_S, Knob, load_knob, max_load, replay_stats
+from sim.planning.slo import SLO_KEYS
 
 MAX_REPLICAS = 10_000  # the most replicas size_cluster starts at (a cluster that big takes minutes per run)
 
@@ -134,7 +134,7 @@ PHASE_ESTIMATES = {"locating the boundary": 20, "confirming the answer": 50, "en
 
 
 def vllm_line(sc, chosen: dict) -> str | None:
-    from .vllm_command import vllm_serve
+    from sim.planning.vllm_command import vllm_serve
     return vllm_serve(sc, chosen)
 
 

@@ -6,9 +6,10 @@
 from __future__ import annotations
 
 import json
-from ..files import plain_text, save_figure, write_file
 from pathlib import Path
 from typing import Any
+
+from sim.files import plain_text, save_figure, write_file
 
 PARETO_PNG = "pareto.png"
 

@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from ..config import SLO_METRICS, SLOConfig, split_target
-from ..errors import ScenarioError
-from ..metrics import goodput, weighted_percentiles
-from ..simulate import simulate
+from sim.config.errors import ScenarioError
+from sim.config.scenario import SLO_METRICS, SLOConfig, split_target
+from sim.runtime.metrics import goodput, weighted_percentiles
+from sim.simulate import simulate
 
 SLO_KEYS = (*SLO_METRICS, "percentile")
 THROUGHPUTS = ("goodput_rps", "fraction", "request_throughput", "output_throughput", "total_token_throughput",

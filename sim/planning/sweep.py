@@ -5,7 +5,7 @@ one row per run in DIR/results.csv.
     result = run_sweep("scenarios/quickstart.yaml", grid, "runs/sweep", repeats=2)
     result.rows   # DataFrame: run_id, scenario, <grid keys>, repeat, seed, error, ttft_ms.p99, ...
 
-Every point is validated (sim.config) before any run starts. A run's id hashes the scenario name,
+Every point is validated (sim.config.scenario) before any run starts. A run's id hashes the scenario name,
 its overrides (the fixed --set ones in order, then the grid's sorted by key) and its seed. Rows are
 appended and fsynced as runs finish, so an interrupted sweep loses only the runs in flight; a rerun
 into the same folder repairs a half-written last line and skips the ids already in the table.
@@ -21,17 +21,18 @@ import itertools
 import json
 import math
 import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import yaml
 
-from ..checks import _int, check_out_dir
-from ..config import Scenario, load_scenario
-from ..errors import ScenarioError
-from .parallel import run_parallel
-from ..files import folder_lock, write_file
+from sim.config.checks import _int, check_out_dir
+from sim.config.errors import ScenarioError
+from sim.config.scenario import Scenario, load_scenario
+from sim.files import folder_lock, write_file
+from sim.planning.parallel import run_parallel
 
 RESULTS = "results.csv"  # run_id, scenario, scenario_sha256, <grid keys>, repeat, seed, error, metrics
 
@@ -195,7 +196,7 @@ def run_sweep(scenario: str | Path, grid: Mapping[str, list], out_dir: str | Pat
 
 def _simulate(sc: Scenario) -> dict:
     """One run, on a worker: summary.json's dict, or {"error": message} for a refused scenario."""
-    from ..simulate import simulate
+    from sim.simulate import simulate
 
     try:
         return simulate(sc).summary

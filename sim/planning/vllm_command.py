@@ -12,7 +12,7 @@ import json
 import shlex
 from pathlib import Path
 
-from ..schedulers import SCHEDULERS
+from sim.schedulers import SCHEDULERS
 
 # servesim's model presets -> the Hugging Face repository vLLM would load (a config.json path is
 # passed as its folder: vLLM accepts a local model directory)

@@ -7,17 +7,17 @@ A `Run` is one `servesim run` output (requests.csv, steps.csv, summary.json), re
 from __future__ import annotations
 
 import heapq
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
-from ..checks import read_json_object
-from ..errors import ScenarioError
-from ..metrics import REQUEST_COLUMNS, weighted_sum
-from ..recorder import STEP_COLUMNS
+from sim.config.checks import read_json_object
+from sim.config.errors import ScenarioError
+from sim.runtime.metrics import REQUEST_COLUMNS, weighted_sum
+from sim.runtime.recorder import STEP_COLUMNS
 
 RUN_FILES = ("requests.csv", "steps.csv", "summary.json")
 
@@ -237,16 +237,16 @@ def iteration_times(steps: pd.DataFrame, replica: int = 0) -> pd.DataFrame:
 
 def scenario_workload(scenario_path: str | Path, overrides: Iterable[str] = ()):
     """The requests a scenario would simulate (its seeded workload), to reuse or modify."""
-    from ..config import load_scenario
-    from ..workload import build_workload
+    from sim.config.scenario import load_scenario
+    from sim.workload.generators import build_workload
 
     sc = load_scenario(scenario_path, overrides=list(overrides))
     return build_workload(sc.workload, np.random.default_rng(sc.seed))
 
 
 def _simulate_variant(scenario_path, overrides, workload, name) -> Run:
-    from ..config import load_scenario
-    from ..simulate import simulate
+    from sim.config.scenario import load_scenario
+    from sim.simulate import simulate
 
     sc = load_scenario(scenario_path, overrides=list(overrides))
     return Run.from_result(simulate(sc, workload=workload), name=name)
@@ -257,7 +257,7 @@ def simulate_variants(scenario_path: str | Path, variants: Mapping[Hashable, Ite
     """Run `scenario_path` once per variant, each with `common` then its own `--set` overrides
     (validated like the CLI's); `workload` replaces the scenario's requests in every variant.
     Returns {label: Run} in the order given; workers > 1 runs them in processes."""
-    from ..planning.parallel import run_parallel
+    from sim.planning.parallel import run_parallel
 
     labels = list(variants)
     args = [(scenario_path, [*common, *variants[k]], workload,
@@ -268,7 +268,7 @@ def simulate_variants(scenario_path: str | Path, variants: Mapping[Hashable, Ite
 
 def repeat_workload(workload, copies: int):
     """`copies` back-to-back copies of the same requests at the same arrival times."""
-    from ..workload import Workload
+    from sim.workload.generators import Workload
 
     arrays = [np.tile(a, copies) for a in (workload.arrival_s, workload.prompt_tokens,
                                            workload.output_tokens, workload.priority)]
@@ -279,7 +279,7 @@ def repeat_workload(workload, copies: int):
 def with_extra_request(workload, at_s: float, prompt_tokens: int, output_tokens: int):
     """A copy of `workload` with one more request (e.g. a long prompt) arriving at `at_s`; returns
     (workload, the new request's id)."""
-    from ..workload import Workload
+    from sim.workload.generators import Workload
 
     arrival = np.append(workload.arrival_s, float(at_s))
     order = np.argsort(arrival, kind="stable")
@@ -291,7 +291,7 @@ def with_extra_request(workload, at_s: float, prompt_tokens: int, output_tokens:
 
 
 def sequences_that_fit(budget, prompt_tokens: int, output_tokens: int, max_output_tokens: int) -> dict:
-    """How many sequences of this shape a KV cache (`sim.memory.MemoryBudget`) holds at once.
+    """How many sequences of this shape a KV cache (`sim.presets.memory.MemoryBudget`) holds at once.
     Contiguous (static batching): each reserves prompt + the longest possible output up front.
     Paged: each holds whole blocks of the tokens it has so far: at its end, and on average over
     its decode (half its output)."""

@@ -17,8 +17,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .analysis import Run
-from ..files import plain_text, save_figure
+from sim.config.errors import ScenarioError
+from sim.files import plain_text, save_figure
+from sim.reporting.analysis import Run
+from sim.workload.traces import BLIS_V2
 
 METRICS = ("ttft", "tpot", "itl", "e2el")
 STATS = (("mean", "mean"), ("median", "p50"), ("p99", "p99"))  # vLLM's name, summary.json's
@@ -43,8 +45,6 @@ def measured_doc(path: Path) -> dict:
     neither, or if it carries no measured latencies."""
     import json
 
-    from ..errors import ScenarioError
-    from ..traces import BLIS_V2
 
     path = Path(path)
     text = path.read_text(encoding="utf-8", errors="replace")

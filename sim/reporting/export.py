@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 
 import numpy as np
 
-from .analysis import Run
+from sim.reporting.analysis import Run
 
 US = 1e6  # the trace format counts microseconds
 

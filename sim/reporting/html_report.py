@@ -11,10 +11,10 @@ import html
 import tempfile
 from pathlib import Path
 
-from ..errors import ScenarioError
-from ..files import write_file
-from ..checks import json_object
-from .analysis import load_run
+from sim.config.checks import json_object
+from sim.config.errors import ScenarioError
+from sim.files import write_file
+from sim.reporting.analysis import load_run
 
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;
@@ -47,7 +47,8 @@ def _run_rows(s: dict) -> list[tuple[str, str]]:
     for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"), ("e2el_ms", "E2E latency")):
         d = s.get(key) or {}
         if d.get("p50") is not None:
-            rows.append((f"{label} p50 / p90 / p99 (ms)", " / ".join(f"{d.get(p) or 0:,.1f}" for p in ("p50", "p90", "p99"))))
+            values = " / ".join(f"{d.get(p) or 0:,.1f}" for p in ("p50", "p90", "p99"))
+            rows.append((f"{label} p50 / p90 / p99 (ms)", values))
     g = s.get("goodput")
     if isinstance(g, dict):
         rows.append(("SLO", "met" if g.get("met") else "missed") )
@@ -61,7 +62,7 @@ def _run_rows(s: dict) -> list[tuple[str, str]]:
 def write_report(folder: str | Path) -> Path:
     """folder/report.html for a run (summary.json), sweep (results.csv), plan (plan.json) or
     configuration search (search.json) folder."""
-    from .plots import save_folder_plots, save_plots
+    from sim.reporting.plots import save_folder_plots, save_plots
 
     folder = Path(folder)
     body: list[str] = []
@@ -72,7 +73,7 @@ def write_report(folder: str | Path) -> Path:
             body += ["<h2>Summary</h2>", _table(_run_rows(s))]
             figures = save_plots(folder, out=tmp)
         elif (folder / "results.csv").is_file():
-            from ..planning.sweep import read_results  # (numbers checked: one error naming a bad cell)
+            from sim.planning.sweep import read_results  # (numbers checked: one error naming a bad cell)
             rows = read_results(folder / "results.csv")
             title = f"servesim sweep: {rows['scenario'].iloc[0] if len(rows) else folder.name}"
             keys = list(rows.columns[rows.columns.get_loc("scenario_sha256") + 1: rows.columns.get_loc("repeat")])
@@ -81,8 +82,8 @@ def write_report(folder: str | Path) -> Path:
             body += [f"<h2>Runs ({len(rows)})</h2>", _frame(rows[cols])]
             figures = save_folder_plots(folder, out=tmp) if len(rows) else []
         elif (folder / "plan.json").is_file() or (folder / "search.json").is_file():
-            from ..planning.plan_report import headline
-            from ..planning.search_report import search_headline
+            from sim.planning.plan_report import headline
+            from sim.planning.search_report import search_headline
             # a plan, or a configuration search: (its files' stem, title, headline rows)
             stem, kind, rows_of = (("plan", "plan", headline) if (folder / "plan.json").is_file()
                                    else ("search", "configuration search", search_headline))

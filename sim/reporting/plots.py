@@ -20,7 +20,10 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from .analysis import (
+from sim.config.checks import read_json_object
+from sim.config.errors import ScenarioError
+from sim.files import plain_text, save_figure
+from sim.reporting.analysis import (
     Run,
     iteration_of,
     load_run,
@@ -28,9 +31,6 @@ from .analysis import (
     slot_assignment,
     slot_utilization_from_slots,
 )
-from ..checks import read_json_object
-from ..errors import ScenarioError
-from ..files import plain_text, save_figure
 
 MAX_TIMELINE_REQUESTS = 300   # requests drawn in a slot timeline before it is cut (title says so)
 LABELLED_REQUESTS = 40        # up to this many drawn requests, bars carry their request id
@@ -270,7 +270,8 @@ def compare_bars(runs: Sequence[Run]) -> Figure:
                 else:
                     vals = np.array([float((r.summary.get(key) or {}).get(p) or np.nan) for r in runs])
                 bars = ax.bar(x + (j - (len(pcts) - 1) / 2) * width, vals, width,
-                              label=p.replace("_", " ").replace("utilization", "utilisation"), color="#9ecae1" if j == 0 else "#3182bd")
+                              label=p.replace("_", " ").replace("utilization", "utilisation"),
+                              color="#9ecae1" if j == 0 else "#3182bd")
                 ax.bar_label(bars, labels=[_num(v) for v in vals], fontsize=7)
             ax.legend(fontsize=8)
         ax.set_title(title)
@@ -375,8 +376,8 @@ def sweep_plot(rows, x: str | None = None, y: str = "ttft_ms.p99", hue: str | No
         slo_pct = ok.get(f"goodput.{metric}.percentile")
         t = float(ok[target].dropna().iloc[0])
         same = slo_pct is not None and float(slo_pct.dropna().iloc[0]) == float(pct[1:])
-        ax.axhline(t, color="red", ls="--", lw=1, label=f"SLO {metric[:-3].upper()} {t:g} ms"
-                   + ("" if same else f" (at p{float(slo_pct.dropna().iloc[0]):g}, not {pct})" if slo_pct is not None else ""))
+        own = "" if same or slo_pct is None else f" (at p{float(slo_pct.dropna().iloc[0]):g}, not {pct})"
+        ax.axhline(t, color="red", ls="--", lw=1, label=f"SLO {metric[:-3].upper()} {t:g} ms" + own)
     ax.set_xlabel(x)
     ax.set_ylabel(y + (" (log scale)" if ax.get_yscale() == "log" else ""))
     ax.grid(alpha=0.3)
@@ -397,7 +398,7 @@ def save_folder_plots(folder: str | Path, out: str | Path | None = None, x: str 
     out = Path(out) if out is not None else folder
     out.mkdir(parents=True, exist_ok=True)
     if (folder / "results.csv").is_file():
-        from ..planning.sweep import read_results  # (numbers checked: one error naming a bad cell)
+        from sim.planning.sweep import read_results  # (numbers checked: one error naming a bad cell)
         rows = read_results(folder / "results.csv")
         if not len(rows):
             raise ScenarioError(f"{folder}/results.csv: no runs yet")
@@ -411,10 +412,10 @@ def save_folder_plots(folder: str | Path, out: str | Path | None = None, x: str 
         save_figure(fig, path, dpi=110)
         return [path]
     if (folder / "plan.json").is_file():
-        from ..planning.plan_report import _plots
+        from sim.planning.plan_report import _plots
         return _plots(read_json_object(folder / "plan.json", "a plan"), out)
     if (folder / "search.json").is_file():
-        from ..planning.search_report import PARETO_PNG, pareto_plot
+        from sim.planning.search_report import PARETO_PNG, pareto_plot
         path = pareto_plot(read_json_object(folder / "search.json", "a configuration search"), out / PARETO_PNG)
         return [path] if path else []
     raise ScenarioError(f"{folder}: not a run, sweep, plan or search folder (no summary.json, results.csv, "

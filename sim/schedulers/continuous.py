@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from mypy_extensions import mypyc_attr
 
-from .iteration_level import IterationLevelScheduler
+from sim.schedulers.iteration_level import IterationLevelScheduler
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # (compiled: setup.py)

@@ -23,8 +23,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..request import RequestTable
-
+from sim.workload.request import RequestTable
 
 _WRAP_TAKE_MAX = 1024  # runs ending within this many steps of a phase take counts by "wrap"
 _RAMP = np.arange(_WRAP_TAKE_MAX)  # 0, 1, 2, ...: iteration offsets (read-only)
@@ -33,13 +32,13 @@ _RAMP.flags.writeable = False
 
 class DecodePool:
     # (ClassVar: class attributes, also when mypyc compiles the class; setup.py)
-    # each member computes one token per iteration (sim/speculative.py: more)
+    # each member computes one token per iteration (sim/schedulers/speculative.py: more)
     speculative: ClassVar[bool] = False
     lookahead: ClassVar[int] = 1  # tokens of the budget each member takes
 
     def __init__(self, requests: RequestTable, block_size: int):
         self.req, self.block_size = requests, block_size
-        self._req = requests.scalars  # the same columns, one element at a time (sim/request.py)
+        self._req = requests.scalars  # the same columns, one element at a time (sim/workload/request.py)
         self.clock = 0              # decode iterations run
         self.members: dict[int, int] = {}  # member -> its position in self._ids
         self.size = 0               # len(members), read several times an iteration
@@ -155,7 +154,7 @@ class DecodePool:
 
 
 class WindowedDecodePool(DecodePool):
-    """The decode pool over a sliding-window model's KV cache (sim/kv_cache.WindowedKVCache).
+    """The decode pool over a sliding-window model's KV cache (sim/kv/cache.WindowedKVCache).
 
     Each opened block is one per layer group (`groups`). A member is *capped* from the iteration
     whose token position `c` reaches `window - 1`: from then on it attends `window` tokens, and its

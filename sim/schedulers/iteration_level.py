@@ -23,12 +23,11 @@ from typing import Any, ClassVar
 import numpy as np
 from mypy_extensions import mypyc_attr
 
-from ..batch import BatchStats, windowed_stats
-from ..kv_cache import PagedKVCache
-from ..request import RequestTable
-from ..step import NO_IDS, Schedule, StepOutcome, new_tuple
-from .decode_pool import DecodePool, WindowedDecodePool
-
+from sim.cost.batch import BatchStats, windowed_stats
+from sim.kv.cache import PagedKVCache
+from sim.schedulers.decode_pool import DecodePool, WindowedDecodePool
+from sim.schedulers.step import NO_IDS, Schedule, StepOutcome, new_tuple
+from sim.workload.request import RequestTable
 
 _WALK = 24  # a decode run up to this long has its block openings counted in Python, not numpy
 _NO_HITS: list[int] = []  # a resumed request's lookup: none (read only; a cache keeps no empty hit list)
@@ -42,7 +41,7 @@ class IterationLevelScheduler:
     token_budget: ClassVar[bool] = True      # max_num_batched_tokens limits every iteration
     chunks_prompts: ClassVar[bool] = True    # a prompt may be split over iterations (else whole or none)
     iteration_level: ClassVar[bool] = True   # requests join and leave at every iteration (vLLM's kind)
-    prefix_caching: ClassVar[bool] = True    # may run over sim/prefix_cache.PrefixKVCache (vLLM V1: on)
+    prefix_caching: ClassVar[bool] = True    # may run over sim/kv/prefix_cache.PrefixKVCache (vLLM V1: on)
 
     def __init__(self, requests: RequestTable, kv, queue, *, max_num_seqs: int,
                  max_num_batched_tokens: int, pool=None, reserve_full_isl: bool = True, **_unused):
@@ -50,12 +49,12 @@ class IterationLevelScheduler:
         # a PagedKVCache, its sliding-window subclass or a PrefixKVCache: the same count API,
         # duck-typed (the windowed one adds `layout` and its group counts)
         self.kv: Any = kv
-        self._req = requests.scalars  # the same columns, one element at a time (sim/request.py)
+        self._req = requests.scalars  # the same columns, one element at a time (sim/workload/request.py)
         self.reserve_full_isl = reserve_full_isl  # vLLM's scheduler_reserve_full_isl (_admit)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        # running decodes: one token each (DecodePool), or speculative (sim/speculative.py)
-        # (a sliding-window model's cache frees blocks behind each request's window: sim/kv_cache.py)
+        # running decodes: one token each (DecodePool), or speculative (sim/schedulers/speculative.py)
+        # (a sliding-window model's cache frees blocks behind each request's window: sim/kv/cache.py)
         self._windowed = getattr(kv, "sliding_groups", 0) > 0
         if pool is None:
             pool = WindowedDecodePool(requests, kv) if self._windowed else DecodePool(requests, kv.block_size)
@@ -198,7 +197,7 @@ class IterationLevelScheduler:
 
     def _prompt_done(self, rid: int, now: float) -> bool:
         """Its prompt (recompute included) is all computed: it samples a token, then finishes
-        (True) or decodes. (The disaggregated prefill pool ships it instead: sim/disaggregation.py.)"""
+        (True) or decodes. (The disaggregated prefill pool ships it instead: sim/runtime/disaggregation.py.)"""
         req = self._req
         generated: int = req.generated[rid]
         generated += 1
@@ -332,7 +331,7 @@ class IterationLevelScheduler:
 
     def _held_blocks(self, rid: int, computed: int) -> int:
         """Blocks a waiting request already holds here for its `computed` tokens (none after a
-        preemption; a disaggregated decode replica's arrivals bring theirs: sim/disaggregation.py)."""
+        preemption; a disaggregated decode replica's arrivals bring theirs: sim/runtime/disaggregation.py)."""
         return self.kv.blocks_for(computed)
 
     # -- the schedule ---------------------------------------------------------------------------
@@ -369,11 +368,11 @@ class IterationLevelScheduler:
                                            for r in self.prefilling)
             tokens = kv.groups * tokens - kv.sliding_groups * kv.block_size * behind
         else:
-            # (every field, in order: sim/batch.py; one per event)
+            # (every field, in order: sim/cost/batch.py; one per event)
             stats = new_tuple(BatchStats, (lens, contexts, decodes, context_sum + decodes, 0, 0, 0))
             max_steps = self._run_length() if decodes and not self.prefilling and not preempted else 1
         free: int = kv.free
-        # every field, in order (sim/step.py): built as a tuple, at one schedule per event
+        # every field, in order (sim/schedulers/step.py): built as a tuple, at one schedule per event
         return new_tuple(Schedule, (
             pool.ids() if decodes else NO_IDS, ids, stats,             # decode_ids, prefill_ids, stats
             decodes + len(chunks), prefill_tokens, decodes,            # num_seqs, prefill/decode tokens

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..batch import BatchStats
-from ..kv_cache import ContiguousKVCache
-from ..request import RequestTable
-from ..step import NO_IDS, Schedule, StepOutcome
+from sim.cost.batch import BatchStats
+from sim.kv.cache import ContiguousKVCache
+from sim.schedulers.step import NO_IDS, Schedule, StepOutcome
+from sim.workload.request import RequestTable
 
 
 class StaticScheduler:

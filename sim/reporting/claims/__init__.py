@@ -15,16 +15,37 @@ measurements on hardware.
 """
 from __future__ import annotations
 
-from .batching import anyscale_23x, continuous_speedup, gpu_utilization, occupancy, orca_36x, static_idle_share
-from .kv import (kv_16kb_per_token, kv_70b_40gb, kv_bytes_per_token, kv_contiguous_waste, kv_paged_waste,
-                 paged_tail_waste, vllm_paged_speedup)
-from .latency import chunked_prefill_ttft, tpot_under_load
-from .record import ARITHMETIC, CONDITIONAL, ESTIMATE, FAILS, HOLDS, UNIT, VERDICTS, Claim, Figure
-from .render import claims_frame, fmt, render, render_claim
-from .saturation import SATURATION_SETTING, SATURATION_WORKLOADS, saturation
-from .scenarios import SCENARIOS, run, trace_lengths
-from .toys import (TOY_SETTING, expected_static_utilization, lower_bound_steps, toy_default_rng,
-                   toy_fixed_lengths, toy_random_seed0, uniform_static_utilization)
+from sim.reporting.claims.batching import (
+    anyscale_23x,
+    continuous_speedup,
+    gpu_utilization,
+    occupancy,
+    orca_36x,
+    static_idle_share,
+)
+from sim.reporting.claims.kv import (
+    kv_16kb_per_token,
+    kv_70b_40gb,
+    kv_bytes_per_token,
+    kv_contiguous_waste,
+    kv_paged_waste,
+    paged_tail_waste,
+    vllm_paged_speedup,
+)
+from sim.reporting.claims.latency import chunked_prefill_ttft, tpot_under_load
+from sim.reporting.claims.record import ARITHMETIC, CONDITIONAL, ESTIMATE, FAILS, HOLDS, UNIT, VERDICTS, Claim, Figure
+from sim.reporting.claims.render import claims_frame, fmt, render, render_claim
+from sim.reporting.claims.saturation import SATURATION_SETTING, SATURATION_WORKLOADS, saturation
+from sim.reporting.claims.scenarios import SCENARIOS, run, trace_lengths
+from sim.reporting.claims.toys import (
+    TOY_SETTING,
+    expected_static_utilization,
+    lower_bound_steps,
+    toy_default_rng,
+    toy_fixed_lengths,
+    toy_random_seed0,
+    uniform_static_utilization,
+)
 
 CLAIMS = (toy_random_seed0, toy_default_rng, toy_fixed_lengths, uniform_static_utilization,
           static_idle_share, continuous_speedup, anyscale_23x, orca_36x, gpu_utilization,

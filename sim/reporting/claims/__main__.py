@@ -4,9 +4,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from . import __doc__ as AUDIT_DOC
-from . import render, run_all
-from ...files import write_file
+from sim.files import write_file
+from sim.reporting.claims import __doc__ as AUDIT_DOC
+from sim.reporting.claims import render, run_all
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -2,10 +2,10 @@
 36.9x) and utilisation."""
 from __future__ import annotations
 
-from ...simulate import SimResult
-from .record import CONDITIONAL, Claim, Figure, pct
-from .saturation import ratios, saturation, saturation_claim
-from .scenarios import run
+from sim.reporting.claims.record import CONDITIONAL, Claim, Figure, pct
+from sim.reporting.claims.saturation import ratios, saturation, saturation_claim
+from sim.reporting.claims.scenarios import run
+from sim.simulate import SimResult
 
 CHAT_AT_8 = "; {what} the chat workload of `scenarios/claims/heavy-load.yaml` ({how}) at 8 req/s"
 

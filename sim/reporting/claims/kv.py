@@ -6,9 +6,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from ...models import MODEL_PRESETS, ModelSpec
-from .record import ARITHMETIC, CONDITIONAL, HOLDS, Claim, Figure, pct
-from .saturation import SATURATION_WORKLOADS, saturation, saturation_claim, saturation_run
+from sim.presets.models import MODEL_PRESETS, ModelSpec
+from sim.reporting.claims.record import ARITHMETIC, CONDITIONAL, HOLDS, Claim, Figure, pct
+from sim.reporting.claims.saturation import SATURATION_WORKLOADS, saturation, saturation_claim, saturation_run
 
 
 def paged_tail_waste(prompt, output, block_size: int) -> float:
@@ -76,7 +76,7 @@ def vllm_paged_speedup(short: bool = False) -> Claim:
     for name in SATURATION_WORKLOADS:
         paged = saturation_run(name, short)
         tokens = int(paged.steps["kv_blocks_total"].iloc[0]) * 16
-        longest = int((paged.requests["prompt_tokens"].max() + paged.requests["output_tokens"].max()))
+        longest = int(paged.requests["prompt_tokens"].max() + paged.requests["output_tokens"].max())
         seats = max(1, min(256, tokens // longest))  # each reserves the longest prompt + output
         capped = saturation_run(name, short, f"engine.max_num_seqs={seats}")
         figs.append(Figure(f"{name}: paged / contiguous-reserved ({seats} seats)",
@@ -111,7 +111,7 @@ def kv_16kb_per_token(short: bool = False) -> Claim:
         key="kv-16kb-per-token",
         claim="Llama-2-7B caches 16 KB per token.",
         setting="llama-2-7b preset (32 layers, 32 KV heads x 128, fp16), any GPU, no cost model (arithmetic); "
-                "`sim.models.ModelSpec.kv_bytes_per_token`",
+                "`sim.presets.models.ModelSpec.kv_bytes_per_token`",
         basis=ARITHMETIC,
         figures=(Figure("whole model: 2 x 32 layers x 4096 x 2 B", per_token / 1024, "KiB", "16 KB", 16),
                  Figure("one layer", per_token / m.num_layers / 1024, "KiB", "16 KB", 16),

@@ -2,8 +2,8 @@
 batching and TPOT under heavy load."""
 from __future__ import annotations
 
-from .record import CONDITIONAL, ESTIMATE, FAILS, Claim, Figure
-from .scenarios import run
+from sim.reporting.claims.record import CONDITIONAL, ESTIMATE, FAILS, Claim, Figure
+from sim.reporting.claims.scenarios import run
 
 
 def _chat_n(short: bool) -> int:

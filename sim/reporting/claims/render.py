@@ -2,7 +2,7 @@
 claim) and a frame of every figure for the notebook's plots."""
 from __future__ import annotations
 
-from .record import Claim
+from sim.reporting.claims.record import Claim
 
 FORMATS = {  # unit -> how a simulated number is printed; anything else: "{value:,.1f}"
     "%": lambda v: f"{100 * v:.1f}%",

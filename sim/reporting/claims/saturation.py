@@ -2,11 +2,11 @@
 continuous batching against static batches of several sizes. Shared by the batching and KV claims."""
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
-from ...simulate import SimResult
-from .record import ESTIMATE, Claim
-from .scenarios import run
+from sim.reporting.claims.record import ESTIMATE, Claim
+from sim.reporting.claims.scenarios import run
+from sim.simulate import SimResult
 
 SATURATION_WORKLOADS = {  # name -> overrides of saturation-llama2-7b.yaml (prompts 512 unless set)
     "fixed 128": ("workload.output_tokens={dist: fixed, value: 128}",),
@@ -34,7 +34,7 @@ def saturation_run(name: str, short: bool, *overrides: str) -> SimResult:
                *SATURATION_WORKLOADS[name], *overrides)
 
 
-@lru_cache(maxsize=None)
+@cache
 def saturation(short: bool = False) -> dict:
     """{workload: {"continuous": result, B: static result}} for the saturation sweep."""
     sizes = (1, 32) if short else (1, 8, 32, 256)

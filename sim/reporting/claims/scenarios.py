@@ -2,18 +2,18 @@
 a fixture trace."""
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import numpy as np
 
-from ...config import load_scenario
-from ...simulate import SimResult, simulate
+from sim.config.scenario import load_scenario
+from sim.simulate import SimResult, simulate
 
 SCENARIOS = Path(__file__).resolve().parents[3] / "scenarios" / "claims"
 
 
-@lru_cache(maxsize=None)
+@cache
 def run(name: str, *overrides: str) -> SimResult:
     """Simulate scenarios/claims/<name>.yaml with `--set`-style overrides (cached per call)."""
     return simulate(load_scenario(SCENARIOS / f"{name}.yaml", overrides=list(overrides)))

@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 
-from .record import CONDITIONAL, FAILS, UNIT, Claim, Figure, pct
-from .scenarios import run, trace_lengths
+from sim.reporting.claims.record import CONDITIONAL, FAILS, UNIT, Claim, Figure, pct
+from sim.reporting.claims.scenarios import run, trace_lengths
 
 TOY_SETTING = ("llama-3-8b shapes (irrelevant here), h100-sxm, unit cost model; {what}, all at t = 0, "
                "16-token prompts; `scenarios/claims/{name}.yaml` as static and with "

@@ -1,0 +1,516 @@
+"""Scenario YAML -> validated, frozen dataclasses with presets resolved.
+
+    load_scenario(path, overrides=(), seed=None) -> Scenario
+    scenario_from_dict(raw, source=None, base_dir=".", overrides=(), seed=None) -> Scenario
+
+`overrides` are "dotted.key=value" strings (CLI --set), each value parsed as YAML, applied to the
+raw mapping before validation. Bad input raises ScenarioError: one line naming the file (or the
+--set), the key path and what is allowed. Relative paths resolve against the YAML file's folder.
+A model that does not fit in GPU memory is reported here, as a config error. The workload section
+and cost-model specs are validated by sim/workload/generators.py and sim/cost/registry.py; the rest is checked here.
+`dataclasses.replace` on a Scenario skips validation: to vary a scenario safely, call
+scenario_from_dict again with overrides.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, fields
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sim.config.checks import (
+    MAX_BLOCKS,
+    MAX_COUNT,
+    MAX_REPLICAS,
+    MAX_SECONDS,
+    MAX_TOKENS,
+    Where,
+    _bool,
+    _check_keys,
+    _choice,
+    _existing_path,
+    _int,
+    _num,
+    _or,
+    _section,
+    _show,
+    load_yaml,
+    read_text,
+)
+from sim.config.disaggregation import DisaggregationConfig, parse_disaggregation
+from sim.config.errors import ScenarioError
+from sim.config.speculative import SpeculativeConfig, parse_speculative
+from sim.cost import registry as cost
+from sim.cost.registry import CostModelSpec
+from sim.presets import hardware, memory, models
+from sim.presets.hardware import HardwareSpec
+from sim.presets.memory import MemoryBudget
+from sim.presets.models import ModelSpec
+from sim.runtime.routers import ROUTERS
+from sim.schedulers import SCHEDULERS
+from sim.schedulers.queues import POLICIES
+from sim.workload import generators as workload
+from sim.workload.generators import WorkloadConfig
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    scheduler: str = "continuous"          # a key of sim.schedulers.SCHEDULERS
+    max_num_seqs: int = 256                # static: the batch size
+    max_num_batched_tokens: int = 8192     # token budget per iteration (continuous, chunked)
+    block_size: int = 16                   # tokens per KV block
+    gpu_memory_utilization: float = 0.9    # fraction of GPU memory the engine may use
+    num_gpu_blocks: int | None = None      # override of the derived KV capacity
+    tensor_parallel_size: int = 1
+    replicas: int = 1
+    router: str = "round_robin"            # a key of sim.runtime.routers.ROUTERS
+    policy: str = "fcfs"                   # a key of sim.schedulers.queues.POLICIES
+    batch_timeout_s: float = 0.0           # static only: how long a partial batch waits
+    kv_cache_dtype: str = "auto"           # vLLM's --kv-cache-dtype: auto (the model's) | fp8
+    enable_expert_parallel: bool = False   # MoE: experts placed whole on GPUs instead of split
+    # vLLM's automatic prefix caching: None = the scheduler's default (on where it exists, as in
+    # vLLM V1); acts on workloads that say what prompts share (sim/kv/prefix_cache.py)
+    enable_prefix_caching: bool | None = None
+    # vLLM's scheduler_reserve_full_isl (on by default in vLLM 0.32): a waiting or preempted request
+    # joins only if its whole sequence (prompt + tokens generated so far) fits in the free KV blocks,
+    # not just its first chunk; off: the first chunk's blocks suffice (older vLLM V1)
+    scheduler_reserve_full_isl: bool = True
+    # speculative decoding (sim/config/speculative.py): None = off
+    speculative: SpeculativeConfig | None = None
+    # disaggregated prefill/decode pools (sim/config/disaggregation.py): None = every replica does both
+    disaggregation: DisaggregationConfig | None = None
+
+
+SLO_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")  # vLLM's metric names, milliseconds
+
+
+@dataclass(frozen=True)
+class SLOConfig:
+    """Latency targets in ms, each judged at a percentile: its own (`percentiles`) or `percentile`.
+    ttft/tpot/e2el are per request; itl is every gap between two streamed tokens."""
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    itl_ms: float | None = None
+    e2el_ms: float | None = None
+    percentile: float = 99.0                          # of a target that names none
+    percentiles: tuple[tuple[str, float], ...] = ()   # per-target, e.g. (("itl_ms", 95.0),)
+
+    def pct(self, key: str) -> float:
+        return dict(self.percentiles).get(key, self.percentile)
+
+    def targets(self) -> dict[str, tuple[float, float]]:
+        """{"ttft_ms": (500.0, 99.0), ...}: every target set, with its percentile, in SLO_METRICS order."""
+        return {k: (getattr(self, k), self.pct(k)) for k in SLO_METRICS if getattr(self, k) is not None}
+
+    def label(self) -> str:
+        """'p99 TTFT <= 500 ms, p95 ITL <= 100 ms'"""
+        return ", ".join(f"p{p:g} {k[:-3].upper()} <= {t:g} ms" for k, (t, p) in self.targets().items())
+
+    def as_yaml(self) -> dict:
+        """The SLO as a scenario writes it: a target with its own percentile as "100@p95"."""
+        own = dict(self.percentiles)
+        out: dict[str, Any] = {k: (f"{t:g}@p{own[k]:g}" if k in own else t) for k, (t, _) in self.targets().items()}
+        return {**out, "percentile": self.percentile}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    seed: int
+    model: ModelSpec
+    hardware: HardwareSpec
+    cost_model: CostModelSpec  # validated; a profile already read
+    engine: EngineConfig
+    workload: WorkloadConfig   # sim/workload/generators.py owns its shape
+    slo: SLOConfig | None
+    source: Path | None = None  # the YAML file, for error messages
+    base_dir: Path = Path(".")  # relative paths (traces, profiles, hf_config) resolve against it
+    overrides: tuple[str, ...] = ()  # the --set KEY=VALUE strings applied, in order
+    raw: Mapping[str, Any] | None = None  # the mapping as written, overrides applied
+
+    @cached_property
+    def budget(self) -> MemoryBudget:
+        """One replica's GPU memory split and KV blocks (computed once per Scenario object, so a
+        dataclasses.replace of the engine gets its own)."""
+        e = self.engine
+        return memory.kv_budget(self.model, self.hardware, tensor_parallel_size=e.tensor_parallel_size,
+                                gpu_memory_utilization=e.gpu_memory_utilization,
+                                block_size=e.block_size,
+                                max_num_batched_tokens=e.max_num_batched_tokens,
+                                num_gpu_blocks=e.num_gpu_blocks,
+                                where=f"{self.source}: engine" if self.source else "engine",
+                                kv_cache_dtype=e.kv_cache_dtype,
+                                enable_expert_parallel=e.enable_expert_parallel)
+
+
+TOP_KEYS = ("name", "seed", "model", "hardware", "cost_model", "engine", "workload", "slo")
+MAX_BLOCK_SIZE = 1024  # tokens; bigger "pages" make paging pointless and usually mean a typo
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # the name becomes the folder runs/<name>
+
+
+
+def load_scenario(path: str | Path, overrides: Iterable[str] = (), seed: int | None = None) -> Scenario:
+    path = Path(path)
+    return scenario_from_dict(_read_yaml(path), source=path, base_dir=path.absolute().parent,
+                              overrides=overrides, seed=seed)
+
+
+def scenario_from_dict(raw: Mapping[str, Any], source: str | Path | None = None,
+                       base_dir: str | Path = ".", overrides: Iterable[str] = (),
+                       seed: int | None = None) -> Scenario:
+    """Validate a scenario mapping (as YAML would give it); `raw` itself is not modified."""
+    label = str(source) if source is not None else "scenario"
+    if not isinstance(raw, Mapping):
+        raise ScenarioError(f"{label}: top level is {_show(raw)}; expected a mapping with keys "
+                            + ", ".join(TOP_KEYS))
+    raw = copy.deepcopy(dict(raw))
+    overridden = _apply_overrides(raw, overrides)
+    w = _where_fn(label, overridden)
+    base_dir = Path(base_dir)
+    _check_keys(raw, "", w, TOP_KEYS)
+    for key in ("model", "hardware", "workload"):
+        if raw.get(key) is None:
+            raise ScenarioError(f"{w(key)}: missing; required: {_HINTS[key]()}")
+    name = _or(raw.get("name"), Path(label).stem if source is not None else "scenario")
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+        raise ScenarioError(f"{w('name')}: {_show(name)} is not a name of letters, digits, "
+                            "'.', '_', '-' (it names the default output folder runs/<name>)")
+    seed = _int(_or(raw.get("seed"), 0), w("seed"), lo=0) if seed is None else _int(seed, "--seed", lo=0)
+
+    model = _parse_model(raw["model"], w, base_dir)
+    hw = _parse_hardware(raw["hardware"], w)
+    engine = _parse_engine(raw.get("engine"), w)
+    engine = _check_window(engine, model, w)
+    budget = _check_fits(engine, model, hw, w)
+    if engine.disaggregation is not None:  # each pool's TP and memory must fit too
+        for name in ("prefill", "decode"):
+            _check_fits(getattr(engine.disaggregation, name), model,
+                        getattr(engine.disaggregation, f"{name}_hardware") or hw,
+                        lambda k, name=name: w(k.replace("engine.", f"engine.disaggregation.{name}.", 1)))
+    cost_model = _delegate(overridden, "cost_model", lambda: _parse_cost_model(
+        raw.get("cost_model"), w, base_dir, model, hw, engine))
+    work = _delegate(overridden, "workload", lambda: workload.parse_workload(
+        raw["workload"], label, base_dir))  # its messages read "<label>: workload.<key>: ..."
+    scenario = Scenario(name=name, seed=seed, model=model, hardware=hw, cost_model=cost_model,
+                        engine=engine, workload=work, slo=_parse_slo(raw.get("slo"), w),
+                        source=Path(source) if source is not None else None, base_dir=base_dir,
+                        overrides=tuple(overrides), raw=raw)
+    scenario.__dict__["budget"] = budget  # resolved once: what cached_property would compute
+    return scenario
+
+
+def resolved_mapping(scenario: Scenario) -> dict:
+    """The scenario as a self-contained mapping: presets expanded into their fields, the effective
+    seed, overrides applied and every file path absolute, so that scenario_from_dict of it (from
+    any folder) simulates the same run."""
+    e = scenario.engine
+    engine = {f.name: getattr(e, f.name) for f in fields(EngineConfig)
+              if getattr(e, f.name) is not None}
+    if e.speculative is not None:
+        engine["speculative"] = e.speculative.as_yaml()
+    if e.disaggregation is not None:
+        engine["disaggregation"] = e.disaggregation.as_yaml()
+    out = {"name": scenario.name, "seed": scenario.seed,
+           "model": {k: v for k, v in dataclasses.asdict(scenario.model).items() if v is not None},
+           "hardware": {f.name: getattr(scenario.hardware, f.name) for f in fields(HardwareSpec)},
+           "cost_model": scenario.cost_model.as_yaml(), "engine": engine,
+           "workload": _absolute_paths(copy.deepcopy((scenario.raw or {}).get("workload")),
+                                       scenario.base_dir)}
+    if scenario.slo is not None:
+        out["slo"] = scenario.slo.as_yaml()
+    return out
+
+
+def resolved_yaml(scenario: Scenario) -> str:
+    def shown(text: object) -> str:  # one comment line: a newline or control byte in a path or
+        # --set text would otherwise end the comment and break the file it describes
+        return "".join(c if ord(c) >= 32 and ord(c) != 127 else repr(c)[1:-1] for c in str(text))
+    where = f" from {shown(scenario.source)}" if scenario.source else ""
+    sets = "".join(f" --set {shown(o)}" for o in scenario.overrides)
+    header = (f"# The resolved scenario of this run{where}{sets}, seed {scenario.seed}.\n"
+              "# Presets are expanded and paths absolute: `servesim run scenario.yaml` repeats "
+              "the run.\n")
+    return header + yaml.safe_dump(_plain(resolved_mapping(scenario)), sort_keys=False)
+
+
+def _absolute_paths(section: Any, base_dir: Path) -> Any:
+    """The workload section with its file paths (trace, an empirical dist's trace) made absolute."""
+    if isinstance(section, dict):
+        for key, value in section.items():
+            if key == "trace" and isinstance(value, str) and value:
+                section[key] = str((base_dir / Path(value).expanduser()).resolve())
+            else:
+                _absolute_paths(value, base_dir)
+    return section
+
+
+def _plain(value: Any) -> Any:
+    """Only YAML's own types (numbers as int/float, paths as strings), for safe_dump."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):  # numpy scalars
+        return value.item()
+    return value
+
+
+# ---------------------------------------------------------------- YAML and --set
+
+def _read_yaml(path: Path) -> Any:
+    """The scenario file, read safely (sim/config/checks.py: a regular file of at most 10 MiB, UTF-8, no
+    YAML aliases, duplicate keys or deep nesting)."""
+    raw = load_yaml(read_text(path, "scenario"), str(path))
+    if raw is None:
+        raise ScenarioError(f"{path}: empty file; expected a mapping with keys " + ", ".join(TOP_KEYS))
+    return raw
+
+
+def _apply_overrides(raw: dict, overrides: Iterable[str]) -> dict[str, str]:
+    """Set each "a.b.c=value" in `raw`, creating missing mappings. Returns {key path: value text}."""
+    done: dict[str, str] = {}
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        parts = key.strip().split(".")
+        if not sep or not all(parts):
+            raise ScenarioError(f"--set {item}: expected KEY=VALUE with a dotted key, "
+                                "e.g. --set engine.max_num_seqs=128")
+        try:
+            value = load_yaml(text, f"--set {key}") if text.strip() else None
+        except ScenarioError as e:
+            raise ScenarioError(f"--set {key}: {_show(text)} is not a YAML value ({e})") from None
+        node = raw
+        for i, part in enumerate(parts[:-1]):
+            if node.get(part) is None:
+                node[part] = {}
+            node = node[part]
+            if not isinstance(node, dict):
+                raise ScenarioError(f"--set {key}: {'.'.join(parts[:i + 1])} is {_show(node)}, "
+                                    f"not a mapping, so it has no key {parts[i + 1]!r}")
+        node[parts[-1]] = value
+        done[".".join(parts)] = text
+    return done
+
+
+def _where_fn(label: str, overridden: Mapping[str, str]) -> Where:
+    def where(path: str) -> str:
+        # A --set wrote this key, a mapping around it, or a key inside it.
+        if any(path == k or path.startswith(k + ".") or k.startswith(path + ".") for k in overridden):
+            return f"--set {path}"
+        return f"{label}: {path}"
+    return where
+
+
+def _delegate(overridden: Mapping[str, str], section: str, parse: Callable[[], Any]) -> Any:
+    """Run a section parser owned by another module; if a --set touched the section, say so."""
+    try:
+        return parse()
+    except ScenarioError as e:
+        sets = [f"--set {k}={v}" for k, v in overridden.items() if k.split(".")[0] == section]
+        if not sets or "--set" in str(e):
+            raise
+        raise ScenarioError(f"{e} (after {', '.join(sets)})") from None
+
+
+# ---------------------------------------------------------------- sections
+
+_HINTS = {
+    "model": lambda: "a preset name (" + ", ".join(sorted(models.MODEL_PRESETS))
+                     + "), {hf_config: path/to/config.json} or a mapping of ModelSpec fields",
+    "hardware": lambda: "a preset name (" + ", ".join(sorted(hardware.HARDWARE_PRESETS))
+                        + ") or a mapping of HardwareSpec fields",
+    "workload": lambda: "a mapping with a trace, or an arrival process and length distributions",
+}
+
+
+def _parse_model(v: Any, w: Where, base_dir: Path) -> ModelSpec:
+    if isinstance(v, str):
+        if v not in models.MODEL_PRESETS:
+            raise ScenarioError(f"{w('model')}: unknown preset {v!r}; presets: "
+                                + ", ".join(sorted(models.MODEL_PRESETS)))
+        return models.MODEL_PRESETS[v]
+    if not isinstance(v, dict):
+        raise ScenarioError(f"{w('model')}: {_show(v)} is not {_HINTS['model']()}")
+    if "hf_config" not in v:
+        return models.model_from_fields(v, w("model"))
+    _check_keys(v, "model", w, ("hf_config", "name"))
+    path = _existing_path(v["hf_config"], "model.hf_config", w, base_dir,
+                          "a path to a HF config.json (or its folder)")
+    name = v.get("name")
+    if name is not None and not (isinstance(name, str) and name):
+        raise ScenarioError(f"{w('model.name')}: {_show(name)} is not a non-empty string")
+    try:
+        return models.model_from_hf_config(path, name=name)
+    except ScenarioError as e:  # its messages start with the config.json path
+        raise ScenarioError(f"{w('model.hf_config')}: {e}") from None
+
+
+def _parse_hardware(v: Any, w: Where) -> HardwareSpec:
+    if isinstance(v, str):
+        if v not in hardware.HARDWARE_PRESETS:
+            raise ScenarioError(f"{w('hardware')}: unknown preset {v!r}; presets: "
+                                + ", ".join(sorted(hardware.HARDWARE_PRESETS)))
+        return hardware.HARDWARE_PRESETS[v]
+    if not isinstance(v, dict):
+        raise ScenarioError(f"{w('hardware')}: {_show(v)} is not {_HINTS['hardware']()}")
+    return hardware.hardware_from_fields(v, w("hardware"))
+
+
+def _parse_engine(v: Any, w: Where) -> EngineConfig:
+    m = _section(v, "engine", w, tuple(f.name for f in fields(EngineConfig)))
+    get = lambda key: _or(m.get(key), getattr(EngineConfig, key))
+    at = lambda key: w("engine." + key)
+    block_size = _int(get("block_size"), at("block_size"), lo=1, hi=MAX_BLOCK_SIZE)
+    if block_size & (block_size - 1):
+        raise ScenarioError(f"{at('block_size')}: {block_size} is not a power of two "
+                            f"in [1, {MAX_BLOCK_SIZE}] (vLLM uses 16)")
+    blocks = get("num_gpu_blocks")
+    engine = EngineConfig(
+        # names: the plug-ins' registries, read now (a scheduler registered later is accepted)
+        scheduler=_choice(get("scheduler"), at("scheduler"), SCHEDULERS),
+        max_num_seqs=_int(get("max_num_seqs"), at("max_num_seqs"), lo=1, cap=MAX_COUNT),
+        max_num_batched_tokens=_int(get("max_num_batched_tokens"), at("max_num_batched_tokens"), lo=1,
+                                    cap=MAX_TOKENS),
+        block_size=block_size,
+        gpu_memory_utilization=_num(get("gpu_memory_utilization"), at("gpu_memory_utilization"),
+                                    0, 1, open_lo=True),
+        num_gpu_blocks=None if blocks is None else _int(blocks, at("num_gpu_blocks"), lo=1,
+                                                        cap=MAX_BLOCKS),
+        tensor_parallel_size=_int(get("tensor_parallel_size"), at("tensor_parallel_size"), lo=1,
+                                  cap=MAX_COUNT),
+        replicas=_int(get("replicas"), at("replicas"), lo=1, cap=MAX_REPLICAS),
+        # router (replicas > 1) and batch_timeout_s (static) are accepted and ignored where they do
+        # not apply, so that a sweep over replicas or schedulers can start from any scenario.
+        router=_choice(get("router"), at("router"), ROUTERS),
+        policy=_choice(get("policy"), at("policy"), POLICIES),
+        batch_timeout_s=_num(get("batch_timeout_s"), at("batch_timeout_s"), 0, cap=MAX_SECONDS),
+        kv_cache_dtype=_choice(get("kv_cache_dtype"), at("kv_cache_dtype"), memory.KV_CACHE_DTYPES),
+        enable_expert_parallel=_bool(get("enable_expert_parallel"), at("enable_expert_parallel")),
+        enable_prefix_caching=None if m.get("enable_prefix_caching") is None else _bool(
+            m["enable_prefix_caching"], at("enable_prefix_caching")),
+        scheduler_reserve_full_isl=_bool(get("scheduler_reserve_full_isl"), at("scheduler_reserve_full_isl")),
+        speculative=parse_speculative(m.get("speculative"), at("speculative"), models.MODEL_PRESETS),
+        disaggregation=parse_disaggregation(m.get("disaggregation"), w, dict(m), _parse_engine),
+    )
+    d = engine.disaggregation
+    if d is not None:
+        if engine.replicas != 1:
+            raise ScenarioError(f"{at('replicas')}: {engine.replicas} with engine.disaggregation, whose pools "
+                                "are sized by prefill_replicas and decode_replicas; leave replicas at 1")
+        if engine.speculative is not None:
+            raise ScenarioError(f"{at('speculative')}: speculative decoding with disaggregated pools is not "
+                                "modelled")
+        for name, pool in (("prefill", d.prefill), ("decode", d.decode)):
+            if not SCHEDULERS[pool.scheduler].iteration_level:
+                raise ScenarioError(f"{at('disaggregation.' + name + '.scheduler')}: {pool.scheduler} cannot "
+                                    "serve a disaggregated pool (it is: "
+                                    f"{', '.join(n for n, c in SCHEDULERS.items() if c.iteration_level)})")
+    if engine.speculative and not SCHEDULERS[engine.scheduler].iteration_level:
+        raise ScenarioError(f"{at('speculative')}: the {engine.scheduler} scheduler has no speculative "
+                            f"decoding (it is: {', '.join(n for n, c in SCHEDULERS.items() if c.iteration_level)})")
+    if engine.enable_prefix_caching and not SCHEDULERS[engine.scheduler].prefix_caching:
+        caching = ", ".join(n for n, c in SCHEDULERS.items() if c.prefix_caching)
+        raise ScenarioError(f"{at('enable_prefix_caching')}: the {engine.scheduler} scheduler has no "
+                            f"prefix caching (it is: {caching})")
+    if SCHEDULERS[engine.scheduler].token_budget and engine.max_num_batched_tokens < engine.max_num_seqs:
+        # vLLM's rule: every running sequence must be able to decode one token per iteration.
+        rule = f"the {engine.scheduler} scheduler needs max_num_batched_tokens >= max_num_seqs"
+        if at("max_num_seqs").startswith("--set"):
+            raise ScenarioError(f"{at('max_num_seqs')}: {engine.max_num_seqs} is more than "
+                                f"max_num_batched_tokens ({engine.max_num_batched_tokens}); {rule}")
+        raise ScenarioError(f"{at('max_num_batched_tokens')}: {engine.max_num_batched_tokens} is "
+                            f"less than max_num_seqs ({engine.max_num_seqs}); {rule}")
+    return engine
+
+
+def _check_window(engine: EngineConfig, model: ModelSpec, w: Where) -> EngineConfig:
+    """A sliding-window model's KV cache (sim/kv/cache.WindowedKVCache) runs without prefix
+    caching, speculative decoding and disaggregation, which are not modelled over it: caching left
+    at its default is off (said in docs/simulator.md), asked for it is an error."""
+    if not model.sliding_layers:
+        return engine
+    why = f"with {model.name}'s sliding-window layers"
+    if engine.enable_prefix_caching:
+        raise ScenarioError(f"{w('engine.enable_prefix_caching')}: prefix caching {why} is not modelled; "
+                            f"set it to false (or leave it out: off for such models)")
+    for key in ("speculative", "disaggregation"):
+        if getattr(engine, key) is not None:
+            raise ScenarioError(f"{w('engine.' + key)}: {key} {why} is not modelled")
+    return dataclasses.replace(engine, enable_prefix_caching=False)
+
+
+def _check_fits(engine: EngineConfig, model: ModelSpec, hw: HardwareSpec, w: Where) -> MemoryBudget:
+    """Tensor parallelism must split the heads evenly, and weights + KV blocks must fit."""
+    tp = engine.tensor_parallel_size
+    if model.num_attention_heads % tp:
+        raise ScenarioError(f"{w('engine.tensor_parallel_size')}: {tp} does not divide "
+                            f"{model.name}'s {model.num_attention_heads} attention heads")
+    # Blame the engine key a --set changed, if any: that is what made the model stop fitting.
+    keys = ("tensor_parallel_size", "gpu_memory_utilization", "max_num_batched_tokens", "num_gpu_blocks")
+    where = next((w(f"engine.{k}") for k in keys if w(f"engine.{k}").startswith("--set")), w("model"))
+    return memory.kv_budget(model, hw, tensor_parallel_size=tp,
+                     gpu_memory_utilization=engine.gpu_memory_utilization,
+                     block_size=engine.block_size, max_num_batched_tokens=engine.max_num_batched_tokens,
+                     num_gpu_blocks=engine.num_gpu_blocks, where=where,
+                            kv_cache_dtype=engine.kv_cache_dtype,
+                            enable_expert_parallel=engine.enable_expert_parallel)
+
+
+def _parse_cost_model(v: Any, w: Where, base_dir: Path, model: ModelSpec, hw: HardwareSpec,
+                      engine: EngineConfig) -> CostModelSpec:
+    """sim/cost/registry.py validates the spec; here only the profile path is resolved against base_dir.
+    None (not given): measured where a profile is shipped, else roofline, said once."""
+    if v is None:
+        return cost.default_cost_model(model, hw, engine.tensor_parallel_size, w("cost_model"),
+                                       engine.kv_cache_dtype)
+    if isinstance(v, dict) and "profile" in v:
+        v = {**v, "profile": _existing_path(v["profile"], "cost_model.profile", w, base_dir,
+                                            "a path to a profile .yaml")}
+    return cost.check_kv_cache_dtype(cost.parse_cost_model(v, model, hw, engine.tensor_parallel_size,
+                                                           w("cost_model")), engine.kv_cache_dtype, w("cost_model"))
+
+
+def _parse_slo(v: Any, w: Where) -> SLOConfig | None:
+    if v is None:
+        return None
+    m = _section(v, "slo", w, (*SLO_METRICS, "percentile"))
+    pct = _num(_or(m.get("percentile"), SLOConfig.percentile), w("slo.percentile"), 0, 100,
+               open_lo=True, open_hi=True)
+    limits: dict[str, float] = {}
+    own: list[tuple[str, float]] = []
+    for k in SLO_METRICS:
+        if m.get(k) is None:
+            continue
+        value, at = split_target(m[k])
+        limits[k] = _num(value, w(f"slo.{k}"), 0, open_lo=True, cap=MAX_SECONDS * 1e3)
+        if at is not None:
+            own.append((k, _num(at, w(f"slo.{k}") + " (the percentile after @p)", 0, 100,
+                                open_lo=True, open_hi=True)))
+    if not limits:
+        raise ScenarioError(f"{w('slo')}: give at least one of {', '.join(SLO_METRICS)} (milliseconds; "
+                            "e.g. ttft_ms: 500 or itl_ms: 100@p95), or leave slo out")
+    return SLOConfig(percentile=pct, percentiles=tuple(own), **limits)
+
+
+def split_target(v: Any) -> tuple[Any, Any]:
+    """500 -> (500, None); "100@p95" -> ("100", "95"): a target and its own percentile, as written."""
+    if isinstance(v, str) and "@" in v:
+        value, _, at = v.partition("@")
+        at = at.strip()
+        return _float(value.strip()), _float(at[1:] if at[:1] in "pP" else at)
+    return v, None
+
+
+def _float(text: str) -> Any:
+    try:
+        return float(text)
+    except ValueError:
+        return text  # _num says what is wrong with it

@@ -1,0 +1,167 @@
+"""vLLM V1's engine overheads on a GPU: what a measured step cost (kernel time) does not hold.
+
+Kernel tables time the GPU's work. A real server adds host time to every iteration and request
+handling to every request. vLLM V1 hides most per-iteration host work behind the GPU: with
+asynchronous scheduling the CPU schedules iteration N + 1 and processes iteration N - 1's output
+while the GPU runs N, and decode batches replay CUDA graphs. So an iteration lasts
+
+    max(gpu, host_per_iteration_s) + per_iteration_s + tp_sync_per_iteration_s x (TP > 1)
+
+(`host` hidden unless the GPU work is shorter; `per_iteration_s` never hidden, e.g. the sampled
+tokens' device-to-host copy; `tp_sync` the extra per-step synchronisation of TP workers), and a
+request's client-side times carry
+
+    TTFT, E2E  += frontend_s + frontend_per_prompt_token_s x prompt tokens
+                  (HTTP, tokenisation, handing the request to the engine core, detokenising and
+                  streaming the token back: work of the API-server process, not of the GPU)
+    TTFT, E2E  += one iteration, when `async_scheduling` and the request arrived while the
+                  iteration before its first one was running: that iteration's successor was
+                  already scheduled without it, so it joins one iteration later (priced as the
+                  iteration it arrived during: the one scheduled without it is of that make-up,
+                  while its own first iteration also holds its prefill chunk)
+
+The frontend and the scheduling lag shift a request's first and last token alike, so TPOT and ITL
+are unchanged; they are applied to the request times after the engine simulation (the engine
+itself is not delayed: for an open-loop workload that is the same as delaying every arrival; a
+closed-loop user's think time starts from the engine's finish, not the client's).
+
+Each value's source is in docs/validation.md: the defaults for measured profiles are fitted to real
+vLLM serving on H100 (bench/fidelity.py --fit), the roofline and fitted (v1) profiles carry none.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from sim.config.errors import ScenarioError
+
+
+@dataclass(frozen=True)
+class EngineOverheads:
+    host_per_iteration_s: float = 0.0        # CPU time per iteration the GPU work hides
+    per_iteration_s: float = 0.0             # per iteration, not hidden
+    tp_sync_per_iteration_s: float = 0.0     # per iteration with tensor_parallel_size > 1
+    frontend_s: float = 0.0                  # per request, on TTFT and E2E
+    frontend_per_prompt_token_s: float = 0.0  # per prompt token, on TTFT and E2E
+    async_scheduling: bool = False           # a request arriving mid-iteration joins one later
+
+    def step_floor_and_adder(self, tensor_parallel_size: int) -> tuple[float, float]:
+        """(floor, adder): an iteration of GPU time g lasts max(g, floor) + adder."""
+        adder = self.per_iteration_s + (self.tp_sync_per_iteration_s if tensor_parallel_size > 1 else 0.0)
+        return self.host_per_iteration_s, adder
+
+    @property
+    def on_requests(self) -> bool:
+        """Does it change request times after the engine simulation?"""
+        return bool(self.frontend_s or self.frontend_per_prompt_token_s or self.async_scheduling)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def apply(self, arrival: np.ndarray, prompt: np.ndarray, first_scheduled: np.ndarray,
+              first_token: np.ndarray, finish: np.ndarray, replica: np.ndarray,
+              steps: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+              durations: np.ndarray) -> np.ndarray:
+        """Shift `first_token` and `finish` (in place) by each request's frontend time and
+        scheduling lag; returns the shift (s). `steps` = (replica, start, total, count) per row of
+        steps.csv, `durations` every iteration's length in row order (the recorder's)."""
+        shift = self.frontend_s + self.frontend_per_prompt_token_s * prompt.astype(np.float64)
+        shift = np.broadcast_to(shift, arrival.shape).astype(np.float64)
+        if self.async_scheduling and len(durations):
+            shift = shift + scheduling_lag(arrival, first_scheduled, replica, steps, durations)
+        first_token += shift
+        finish += shift
+        return shift
+
+
+def scheduling_lag(arrival: np.ndarray, first_scheduled: np.ndarray, replica: np.ndarray,
+                   steps: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+                   durations: np.ndarray) -> np.ndarray:
+    """Per request: if it arrived while the iteration before its first one was running (so that,
+    scheduled one iteration ahead, it would have joined one iteration later), the length of that
+    iteration, else 0. A request's first iteration always starts a row of steps.csv (an arrival
+    cuts a fast-forwarded run), so the iteration before it is the last of the row before."""
+    rep, start, total, count = steps
+    first = np.concatenate(([0], np.cumsum(count)[:-1])).astype(np.int64)  # row -> its first iteration
+    last_len = durations[first + count - 1]
+    end = start + total
+    lag = np.zeros(len(arrival))
+    for r in np.unique(rep):
+        rows = np.flatnonzero(rep == r)
+        mine = np.flatnonzero((replica == r) & ~np.isnan(first_scheduled))
+        if not len(mine) or not len(rows):
+            continue
+        s = start[rows]
+        j = np.searchsorted(s, first_scheduled[mine])  # the row that starts at first_scheduled
+        j = np.minimum(j, len(rows) - 1)
+        found = s[j] == first_scheduled[mine]
+        prev = j - 1
+        has_prev = found & (prev >= 0)
+        p = rows[np.maximum(prev, 0)]
+        # the previous row ran right up to this one (busy), and its last iteration started before
+        # the request arrived
+        busy = has_prev & np.isclose(end[p], first_scheduled[mine], rtol=0, atol=1e-12)
+        arrived_mid = arrival[mine] > end[p] - last_len[p]
+        hit = busy & arrived_mid
+        lag[mine[hit]] = last_len[p[hit]]
+    return lag
+
+
+def parse_overheads(options: dict, defaults: EngineOverheads, where: str) -> EngineOverheads:
+    """`defaults` with the scenario's `cost_model.measured` overhead keys applied (numbers checked
+    by the caller; async_scheduling here)."""
+    given = {f.name: options[f.name] for f in fields(EngineOverheads) if f.name in options}
+    if "async_scheduling" in given and not isinstance(given["async_scheduling"], bool):
+        raise ScenarioError(f"{where}.async_scheduling: must be true or false, got {given['async_scheduling']!r}")
+    return replace(defaults, **given)
+
+
+OVERHEAD_KEYS = tuple(f.name for f in fields(EngineOverheads))
+
+
+# The defaults for kernel-table (measured) step costs: fitted to real vLLM V1 serving on H100 by
+# `python bench/fidelity.py --fit --write` (its figures and provenance in the file).
+DEFAULTS_FILE = Path(__file__).resolve().parents[1] / "profiles" / "vllm_v1_overheads.yaml"
+
+
+@lru_cache(maxsize=1)
+def _defaults_doc() -> dict:
+    return yaml.safe_load(DEFAULTS_FILE.read_text())
+
+
+def default_overheads() -> EngineOverheads:
+    """The fitted defaults (DEFAULTS_FILE's `overheads`)."""
+    return overheads_from_mapping(_defaults_doc()["overheads"], str(DEFAULTS_FILE))
+
+
+def overheads_from_mapping(values, where: str) -> EngineOverheads:
+    """An EngineOverheads from a mapping of its fields (a profile's or the defaults file's)."""
+    if not isinstance(values, dict) or not set(values) <= set(OVERHEAD_KEYS):
+        raise ScenarioError(f"{where}: overheads must be a mapping with keys among {', '.join(OVERHEAD_KEYS)}")
+    out = {}
+    for k, v in values.items():
+        if k == "async_scheduling":
+            if not isinstance(v, bool):
+                raise ScenarioError(f"{where}: overheads.{k}: must be true or false, got {v!r}")
+        elif isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 10:
+            raise ScenarioError(f"{where}: overheads.{k}: must be seconds in [0, 10), got {v!r}")
+        out[k] = v if k == "async_scheduling" else float(v)
+    return EngineOverheads(**out)
+
+
+def serving_error_band() -> dict | None:
+    """The error band of kernel-table step costs with the default overheads, from the fit's
+    held-out (leave-one-model-out) step-time error against real vLLM: the factors that make the
+    simulated step the real one at the 10th and 90th percentile of that error
+    (real = simulated / (1 + error))."""
+    err = (_defaults_doc().get("leave_one_model_out") or {}).get("step_time_error")
+    if not err:
+        return None
+    return {"slower": 1 / (1 + err["p10"]), "faster": 1 / (1 + err["p90"]),
+            "basis": f"held-out (leave-one-model-out) TPOT error against real vLLM on H100, "
+                     f"{err['p10']:+.1%} to {err['p90']:+.1%} (10th-90th percentile, {err['stages']} stages; "
+                     f"docs/validation.md)"}

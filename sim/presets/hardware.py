@@ -1,0 +1,60 @@
+"""GPU presets: memory, HBM bandwidth, dense bf16 FLOP/s, interconnect.
+
+CONTRACT (owned by the cost-model engineer):
+    HardwareSpec fields below; HARDWARE_PRESETS: dict[str, HardwareSpec]
+    hardware_from_fields(fields, where) -> HardwareSpec
+
+Numbers are vendor datasheet peaks (decimal units: 1 GB = 1e9 bytes). Memory is the marketed
+capacity (80 GB for H100), which is ~6% below what the driver reports (H100: 81,559 MiB =
+85.5e9 B): conservative, and it keeps "0.9 x 80 GB = 72.0 GB usable" easy to check by hand.
+fp8: dense (the datasheets' "with sparsity" figures halved); A100 has no fp8 tensor cores.
+Prices are rounded on-demand estimates per GPU-hour from GPU clouds (mid-2025), not quotes;
+override `usd_per_hour` in a scenario for your own contract. See docs/cost_models.md.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from dataclasses import fields as dc_fields
+
+from sim.config.checks import MAX_BYTES, MAX_RATE_PHYSICAL, MAX_USD_PER_HOUR, _num, _text, check_fields
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    name: str
+    memory_bytes: float        # HBM capacity per GPU, bytes
+    hbm_bandwidth: float       # bytes/s
+    bf16_flops: float          # dense bf16 FLOP/s (no sparsity)
+    interconnect_bandwidth: float = 0.0  # bytes/s per direction per GPU (NVLink), for TP all-reduce
+    usd_per_hour: float = 0.0  # on-demand list price, for cost reports
+    fp8_flops: float = 0.0     # dense fp8 FLOP/s (0: no fp8 tensor cores; fp8 weights run at bf16)
+
+
+HARDWARE_PRESETS: dict[str, HardwareSpec] = {
+    # H100 SXM5 80GB: HBM3 3.35 TB/s, 989 TFLOP/s dense bf16, NVLink4 900 GB/s bidirectional.
+    "h100-sxm": HardwareSpec("h100-sxm", 80e9, 3.35e12, 989e12, 450e9, 3.00, fp8_flops=1979e12),
+    # H200 SXM 141GB: HBM3e 4.8 TB/s, same compute and NVLink as H100.
+    "h200": HardwareSpec("h200", 141e9, 4.8e12, 989e12, 450e9, 3.80, fp8_flops=1979e12),
+    # A100 SXM4 80GB: HBM2e 2.039 TB/s, 312 TFLOP/s bf16, NVLink3 600 GB/s bidirectional.
+    "a100-80gb": HardwareSpec("a100-80gb", 80e9, 2.039e12, 312e12, 300e9, 1.80),
+    # L40S 48GB GDDR6: 864 GB/s, 362 TFLOP/s dense bf16; no NVLink, PCIe Gen4 x16 ~32 GB/s.
+    "l40s": HardwareSpec("l40s", 48e9, 0.864e12, 362e12, 32e9, 1.00, fp8_flops=733e12),
+    # B200 (HGX/DGX B200, 180 GB HBM3e per GPU): 8 TB/s, 2.25 PFLOP/s dense bf16, NVLink5 1.8 TB/s
+    # bidirectional. Price: a rounded on-demand estimate like the others, not a quote.
+    "b200": HardwareSpec("b200", 180e9, 8.0e12, 2.25e15, 900e9, 6.00, fp8_flops=4.5e15),
+}
+
+_FIELDS = tuple(f.name for f in dc_fields(HardwareSpec))
+_BOUNDS = {"memory_bytes": MAX_BYTES, "hbm_bandwidth": MAX_RATE_PHYSICAL, "bf16_flops": MAX_RATE_PHYSICAL,
+           "interconnect_bandwidth": MAX_RATE_PHYSICAL, "usd_per_hour": MAX_USD_PER_HOUR,
+           "fp8_flops": MAX_RATE_PHYSICAL}
+_REQUIRED = ("memory_bytes", "hbm_bandwidth", "bf16_flops")
+
+
+def hardware_from_fields(fields: dict, where: str) -> HardwareSpec:
+    """Explicit HardwareSpec mapping (e.g. a scenario's `hardware:` block); units: bytes,
+    bytes/s, FLOP/s, USD/hour. `where` prefixes messages, e.g. "chat.yaml: hardware"."""
+    check_fields(fields, where, _FIELDS, _REQUIRED)
+    values = {k: _num(fields[k], f"{where}.{k}", 0, open_lo=k in _REQUIRED, cap=_BOUNDS[k])
+              for k in _FIELDS if k != "name" and k in fields}
+    return HardwareSpec(name=_text(fields.get("name", "custom"), f"{where}.name"), **values)

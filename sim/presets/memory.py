@@ -1,0 +1,161 @@
+"""How many KV-cache blocks fit on one GPU, computed the way vLLM's memory profiling does.
+
+CONTRACT (owned by the cost-model engineer):
+    MemoryBudget dataclass below (all byte counts are per GPU, i.e. per tensor-parallel rank).
+    kv_budget(model, hardware, *, tensor_parallel_size, gpu_memory_utilization, block_size,
+              max_num_batched_tokens=8192, num_gpu_blocks=None, where="") -> MemoryBudget
+
+vLLM: usable = gpu_memory_utilization x total; KV cache = usable - weights - peak activations
+- non-torch memory (NCCL buffers, cuBLAS workspace, CUDA graph pool); blocks = floor(KV / block).
+We cannot profile, so the last two are a documented estimate (see `activation_reserve_bytes`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from sim.config.errors import ScenarioError
+from sim.presets.hardware import HardwareSpec
+from sim.presets.models import KVLayout, ModelSpec
+
+# Non-torch memory that scales with nothing we model: NCCL/cuBLAS workspaces, CUDA graph pool,
+# allocator fragmentation. vLLM logs for 7-8B models report 0.1-1.5 GiB here. Bytes.
+FIXED_RESERVE_BYTES = 1 << 30
+# Activation values alive at the peak of one forward pass, per batched token and per rank:
+# MLP gate+up output and their SiLU product (3 x intermediate / tp) plus the residual, normed
+# input and q/k/v/attention output (~4 x hidden). In units of dtype elements.
+ACTIVATION_HIDDEN_COPIES = 4
+ACTIVATION_INTERMEDIATE_COPIES = 3
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    total_bytes: float              # GPU memory (hardware.memory_bytes)
+    usable_bytes: float             # gpu_memory_utilization x total_bytes
+    weight_bytes_per_gpu: float     # model.weight_bytes / tensor_parallel_size
+    activation_reserve_bytes: float # fixed reserve + peak activations (max_num_batched_tokens)
+    kv_cache_bytes: float           # bytes the KV blocks occupy: num_gpu_blocks x block_bytes
+    kv_bytes_per_token: int         # K+V bytes one token takes on this GPU (all layers)
+    block_bytes: int                # block_size tokens of K+V for layout.group_layers layers
+    num_gpu_blocks: int             # KV blocks per GPU (the override, when one was given)
+    block_size: int                 # tokens per block
+    tensor_parallel_size: int = 1
+    # vLLM's KV-cache groups (sliding-window models): a request holds blocks in each group.
+    # None: one group of every layer (full attention), block_bytes = block_size x kv_bytes_per_token
+    layout: KVLayout | None = None
+
+    def blocks_per_seq(self, seq_len: int) -> int:
+        """Blocks a sequence of seq_len tokens holds (whole blocks; with a sliding window, in every
+        layer group, the windowed ones only the blocks its window touches)."""
+        if self.layout is None:
+            return math.ceil(seq_len / self.block_size)
+        return self.layout.held(seq_len, self.block_size)
+
+    def max_concurrent_seqs(self, seq_len: int) -> int:
+        """How many sequences of seq_len tokens fit at once."""
+        return self.num_gpu_blocks // max(1, self.blocks_per_seq(seq_len))
+
+    @property
+    def max_tokens(self) -> int:
+        """KV capacity in tokens (each token held by every group: sequences shorter than the window)."""
+        groups = 1 if self.layout is None else self.layout.groups
+        return self.num_gpu_blocks * self.block_size // groups
+
+
+def _fail(where: str, msg: str) -> ScenarioError:
+    return ScenarioError(f"{where}: {msg}" if where else msg)
+
+
+def kv_heads_per_rank(model: ModelSpec, tensor_parallel_size: int) -> int:
+    """vLLM splits KV heads across ranks and replicates them when tp > num_kv_heads."""
+    return max(1, model.num_kv_heads // tensor_parallel_size)
+
+
+KV_CACHE_DTYPES = {"auto": None, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}  # vLLM's --kv-cache-dtype
+
+
+def kv_bytes_per_token_per_rank(model: ModelSpec, tensor_parallel_size: int,
+                                kv_cache_dtype: str = "auto") -> int:
+    """KV bytes of one token on one GPU. GQA: K and V of the KV heads on that rank. MLA: the whole
+    latent + rope key, which vLLM keeps on every rank (it is not split by heads)."""
+    elem = KV_CACHE_DTYPES[kv_cache_dtype] or model.dtype_bytes
+    if model.mla is not None:
+        return model.kv_elements_per_token * elem
+    heads = kv_heads_per_rank(model, tensor_parallel_size)
+    return 2 * model.num_layers * heads * model.head_dim * elem
+
+
+def weights_per_gpu(model: ModelSpec, tp: int, expert_parallel: bool = False) -> float:
+    """Weight bytes on one GPU. Tensor parallelism splits every matrix evenly: total / tp. With
+    expert parallelism (vLLM's --enable-expert-parallel) each routed expert sits whole on one GPU,
+    so the busiest GPU holds ceil(experts / tp) of them; everything else is still split by tp."""
+    m = model.moe
+    if not expert_parallel or m is None:
+        return model.weight_bytes / tp
+    wbytes, routed = model.expert_bytes_per_weight, model.routed_expert_params
+    per_expert = routed * wbytes / m.num_experts
+    return (model.weight_bytes - routed * wbytes) / tp + -(-m.num_experts // tp) * per_expert
+
+
+def activation_reserve_bytes(model: ModelSpec, tensor_parallel_size: int,
+                             max_num_batched_tokens: int) -> int:
+    """Fixed non-torch reserve + peak activations of a max_num_batched_tokens forward pass."""
+    per_token = (ACTIVATION_HIDDEN_COPIES * model.hidden_size
+                 + ACTIVATION_INTERMEDIATE_COPIES * model.intermediate_size // tensor_parallel_size)
+    return FIXED_RESERVE_BYTES + max_num_batched_tokens * per_token * model.dtype_bytes
+
+
+def _check_args(model, tp, util, block_size, max_tokens, override, where) -> None:
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1 or model.num_attention_heads % tp:
+        raise _fail(where, f"tensor_parallel_size must divide num_attention_heads "
+                           f"({model.num_attention_heads}) of {model.name}, got {tp!r}")
+    if isinstance(util, bool) or not isinstance(util, (int, float)) or not 0 < util <= 1:
+        raise _fail(where, f"gpu_memory_utilization must be in (0, 1], got {util!r}")
+    for key, value in (("block_size", block_size), ("max_num_batched_tokens", max_tokens)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise _fail(where, f"{key} must be a positive integer, got {value!r}")
+    if override is not None and (isinstance(override, bool) or not isinstance(override, int)
+                                 or override < 1):
+        raise _fail(where, f"num_gpu_blocks must be a positive integer, got {override!r}")
+
+
+def kv_budget(model: ModelSpec, hardware: HardwareSpec, *, tensor_parallel_size: int,
+              gpu_memory_utilization: float, block_size: int, max_num_batched_tokens: int = 8192,
+              num_gpu_blocks: int | None = None, where: str = "",
+              kv_cache_dtype: str = "auto", enable_expert_parallel: bool = False) -> MemoryBudget:
+    """KV blocks per GPU. Raises ScenarioError when the weights (or weights + reserve) leave no
+    room; a `num_gpu_blocks` override is trusted as given (like vLLM's
+    num_gpu_blocks_override) but the weights must still fit."""
+    tp = tensor_parallel_size
+    _check_args(model, tp, gpu_memory_utilization, block_size, max_num_batched_tokens,
+                num_gpu_blocks, where)
+    usable = gpu_memory_utilization * hardware.memory_bytes
+    weights = weights_per_gpu(model, tp, enable_expert_parallel)
+    if weights >= usable:
+        raise _fail(where, f"{model.name} needs {weights / 1e9:.1f} GB of weights per GPU at "
+                           f"tensor_parallel_size={tp} but {hardware.name} has "
+                           f"{usable / 1e9:.1f} GB usable (gpu_memory_utilization "
+                           f"{gpu_memory_utilization}); raise tensor_parallel_size or use a "
+                           f"bigger GPU")
+    reserve = activation_reserve_bytes(model, tp, max_num_batched_tokens)
+    per_token = kv_bytes_per_token_per_rank(model, tp, kv_cache_dtype)
+    layout = model.kv_layout if model.sliding_layers else None
+    # one block: block_size tokens of one group's layers (all layers, without a sliding window)
+    block_bytes = block_size * (per_token if layout is None else per_token // model.num_layers * layout.group_layers)
+    blocks = num_gpu_blocks
+    if blocks is None:
+        blocks = int((usable - weights - reserve) // block_bytes)
+        if blocks < 1:
+            raise _fail(where, f"{model.name} at tensor_parallel_size={tp} leaves no room for "
+                               f"the KV cache on {hardware.name}: {usable / 1e9:.1f} GB usable - "
+                               f"{weights / 1e9:.1f} GB weights - {reserve / 1e9:.1f} GB "
+                               f"activation reserve (max_num_batched_tokens "
+                               f"{max_num_batched_tokens}) < one {block_bytes}-byte block; raise "
+                               f"tensor_parallel_size or gpu_memory_utilization, or lower "
+                               f"max_num_batched_tokens")
+    return MemoryBudget(
+        total_bytes=hardware.memory_bytes, usable_bytes=usable, weight_bytes_per_gpu=weights,
+        activation_reserve_bytes=reserve, kv_cache_bytes=blocks * block_bytes,
+        kv_bytes_per_token=per_token, block_bytes=block_bytes, num_gpu_blocks=blocks,
+        block_size=block_size, tensor_parallel_size=tp, layout=layout,
+    )

@@ -1,0 +1,550 @@
+"""Model presets and the sizes derived from them (weights, KV bytes per token, FLOPs per token).
+
+CONTRACT (owned by the cost-model engineer; fields and property names are used across sim/):
+    ModelSpec fields below; derived properties: num_params, weight_bytes, kv_bytes_per_token,
+    flops_per_token (2 x matmul params, attention excluded).
+    MODEL_PRESETS: dict[str, ModelSpec]
+    model_from_hf_config(path, name=None) -> ModelSpec
+    model_from_fields(fields, where) -> ModelSpec
+
+Only Llama-style decoders: RMSNorm, rotary positions (no position-embedding table), GQA attention,
+SwiGLU MLP (gate/up/down). Preset numbers are copied from each model's Hugging Face config.json.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, replace
+from dataclasses import fields as dc_fields
+from pathlib import Path
+
+from sim.config.checks import MAX_COUNT, MAX_TOKENS, _bool, _int, _show, _text, check_fields, json_object, read_text
+from sim.config.errors import ScenarioError
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """Mixture-of-experts MLP layers (Mixtral, Qwen3-MoE, DeepSeek-V3), from config.json."""
+    num_experts: int               # routed experts per MoE layer
+    experts_per_token: int         # routed experts each token is sent to
+    expert_intermediate_size: int  # gate/up/down width of one expert
+    shared_experts: int = 0        # experts every token also uses (DeepSeek), same width
+    dense_layers: int = 0          # leading layers with a dense MLP of intermediate_size
+
+
+@dataclass(frozen=True)
+class MLASpec:
+    """Multi-head latent attention (DeepSeek-V2/V3): the KV cache holds one compressed latent of
+    kv_lora_rank plus the shared rope key per token and layer, not K and V per head."""
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    qk_nope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int = 0           # 0: queries projected from the hidden state directly
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """How vLLM's hybrid KV-cache manager groups a model's attention layers (vLLM 0.32,
+    `kv_cache_utils._get_kv_cache_groups_uniform_page_size`). Every block of the shared pool holds
+    `block_size` tokens for `group_layers` layers; a request holds its own blocks in each group:
+    full-attention groups keep every token, sliding-window groups only the blocks that the last
+    `window` tokens touch (the ones behind the window are freed as the request advances)."""
+    group_layers: int          # layers one block holds K/V for (padding layers included)
+    full_groups: int = 1       # groups of full-attention layers
+    sliding_groups: int = 0    # groups of sliding-window layers
+    window: int = 0            # sliding window, tokens (0: none)
+
+    @property
+    def groups(self) -> int:
+        return self.full_groups + self.sliding_groups
+
+    def behind(self, tokens: int, block_size: int) -> int:
+        """Blocks a sliding-window group has freed once `tokens` are computed: those wholly before
+        the window of the next token (vLLM's get_num_skipped_tokens: tokens - window + 1)."""
+        return max(0, tokens - self.window + 1) // block_size if self.sliding_groups else 0
+
+    def held(self, tokens: int, block_size: int) -> int:
+        """Blocks, over every group, a request holds for `tokens` computed tokens."""
+        blocks = -(-tokens // block_size)
+        return self.groups * blocks - self.sliding_groups * self.behind(tokens, block_size)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    dtype_bytes: int = 2  # bf16/fp16 activations, KV cache (kv_cache_dtype auto) and unquantised weights
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # q/k/v projections carry a bias (Qwen2/2.5); o_proj never does
+    layer_norms: int = 2  # RMSNorm weight vectors (hidden_size each) per layer: Gemma-2/3 have 4
+    moe: MoESpec | None = None
+    mla: MLASpec | None = None
+    # bytes per weight of the linear layers when quantised (fp8: 1, int4: 0.5); None: dtype_bytes.
+    # Embeddings, LM head and norms stay at dtype_bytes, as vLLM loads them.
+    linear_weight_bytes: float | None = None
+    # bytes per routed-expert weight when the experts alone are quantised (gpt-oss's MXFP4: 4-bit
+    # values + one 8-bit scale per 32, 4.25 bits); None: as the other linear layers
+    expert_weight_bytes: float | None = None
+    # FP8 weights scaled per block of this many x this many weights (DeepSeek-V3's 128, from
+    # quantization_config.weight_block_size; vLLM runs them on block-scaled GEMM and MoE kernels);
+    # 0: one scale per tensor (or channel), or not FP8
+    weight_block_size: int = 0
+    # Sliding-window attention (Mistral-7B-v0.1, Qwen2 with use_sliding_window, hybrid layouts
+    # from `layer_types`): `sliding_layers` of the layers attend only the last `sliding_window`
+    # tokens; the others attend everything. 0, 0: full attention everywhere.
+    sliding_window: int = 0
+    sliding_layers: int = 0
+
+    @property
+    def kv_layout(self) -> KVLayout:
+        """vLLM's KV-cache groups for this model. One attention type: one group of every layer.
+        Both types: groups of `min(full, sliding)` layers each (`max` when the larger count is
+        under 1.5x the smaller), the last group of a type padded with unused layers."""
+        sliding, full = self.sliding_layers, self.num_layers - self.sliding_layers
+        if not sliding:
+            return KVLayout(self.num_layers)
+        if not full:
+            return KVLayout(self.num_layers, 0, 1, self.sliding_window)
+        size = min(full, sliding) if max(full, sliding) >= 1.5 * min(full, sliding) else max(full, sliding)
+        return KVLayout(size, -(-full // size), -(-sliding // size), self.sliding_window)
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def attention_params(self) -> int:
+        """Weights of one layer's attention projections."""
+        h, heads = self.hidden_size, self.num_attention_heads
+        if self.mla is None:
+            return h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h
+        a = self.mla
+        q_head = a.qk_nope_head_dim + a.qk_rope_head_dim
+        q = h * heads * q_head if not a.q_lora_rank else h * a.q_lora_rank + a.q_lora_rank * heads * q_head
+        kv = h * (a.kv_lora_rank + a.qk_rope_head_dim) + a.kv_lora_rank * heads * (a.qk_nope_head_dim + a.v_head_dim)
+        return q + kv + heads * a.v_head_dim * h
+
+    def _mlp_params(self, layer: int, active: bool) -> int:
+        """Weights of layer `layer`'s MLP: all of them, or those one token uses (`active`)."""
+        h, m = self.hidden_size, self.moe
+        if m is None or layer < m.dense_layers:
+            return 3 * h * self.intermediate_size
+        routed = m.experts_per_token if active else m.num_experts
+        return 3 * h * m.expert_intermediate_size * (routed + m.shared_experts) + h * m.num_experts  # + router
+
+    @property
+    def layer_matmul_params(self) -> int:
+        """Weights one token multiplies in an average decoder layer (MoE: only its experts)."""
+        return self.active_layer_params_total // self.num_layers
+
+    @property
+    def active_layer_params_total(self) -> int:
+        return sum(self.attention_params + self._mlp_params(i, True) for i in range(self.num_layers))
+
+    @property
+    def linear_params_total(self) -> int:
+        """Every decoder layer's linear weights (MoE: every expert)."""
+        return sum(self.attention_params + self._mlp_params(i, False) for i in range(self.num_layers))
+
+    @property
+    def matmul_params(self) -> int:
+        """Parameters used as matmul weights per token: its layers' + lm_head (tied or not)."""
+        return self.active_layer_params_total + self.vocab_size * self.hidden_size
+
+    @property
+    def other_params(self) -> int:
+        """Embedding, LM head, norms and biases: loaded at dtype_bytes even when quantised."""
+        h = self.hidden_size
+        bias = (self.q_dim + 2 * self.kv_dim) if self.attention_bias else 0
+        norms = self.layer_norms * h + (self.mla.kv_lora_rank + self.mla.q_lora_rank if self.mla else 0)
+        embed = self.vocab_size * h
+        lm_head = 0 if self.tie_word_embeddings else self.vocab_size * h
+        return embed + self.num_layers * (bias + norms) + h + lm_head  # + final norm
+
+    @property
+    def num_params(self) -> int:
+        return self.linear_params_total + self.other_params
+
+    @property
+    def linear_bytes_per_weight(self) -> float:
+        """Bytes of one linear-layer weight: quantised (linear_weight_bytes) or the model dtype."""
+        return self.dtype_bytes if self.linear_weight_bytes is None else self.linear_weight_bytes
+
+    @property
+    def expert_bytes_per_weight(self) -> float:
+        """Bytes of one routed-expert weight."""
+        return self.linear_bytes_per_weight if self.expert_weight_bytes is None else self.expert_weight_bytes
+
+    @property
+    def routed_expert_params(self) -> int:
+        """Weights of every routed expert over all MoE layers (0 for a dense model)."""
+        m = self.moe
+        if m is None:
+            return 0
+        return (self.num_layers - m.dense_layers) * m.num_experts * 3 * self.hidden_size * m.expert_intermediate_size
+
+    @property
+    def weight_bytes(self) -> float:
+        routed = self.routed_expert_params
+        total = ((self.linear_params_total - routed) * self.linear_bytes_per_weight
+                 + routed * self.expert_bytes_per_weight + self.other_params * self.dtype_bytes)
+        return int(total) if float(total).is_integer() else total
+
+    @property
+    def kv_elements_per_token(self) -> int:
+        """KV-cache elements one token holds over all layers: K and V per KV head, or (MLA) the
+        latent and the rope key."""
+        if self.mla is not None:
+            return self.num_layers * (self.mla.kv_lora_rank + self.mla.qk_rope_head_dim)
+        return 2 * self.num_layers * self.kv_dim
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V for every layer, whole model (divide by TP for one rank). Bytes."""
+        return self.kv_elements_per_token * self.dtype_bytes
+
+    @property
+    def flops_per_token(self) -> int:
+        """2 FLOPs per matmul weight a token uses (MoE: its experts only). Excludes attention
+        scores (QK^T, PV), which grow with context; cost models add those separately."""
+        return 2 * self.matmul_params
+
+
+# quant_method -> bytes per routed-expert weight, for methods that quantise only the experts
+# (vLLM's Mxfp4Config quantises FusedMoE layers alone): MXFP4 = 4-bit E2M1 values + one E8M0
+# scale byte per 32 values
+EXPERT_QUANT_BYTES = {"mxfp4": (4 + 8 / 32) / 8}
+
+
+def _llama(name, layers, hidden, heads, kv, inter, vocab, **kw) -> ModelSpec:
+    return ModelSpec(name, layers, hidden, heads, kv, hidden // heads, inter, vocab, **kw)
+
+
+# name -> ModelSpec, numbers from the published config.json of each checkpoint.
+MODEL_PRESETS: dict[str, ModelSpec] = {
+    "llama-2-7b": _llama("llama-2-7b", 32, 4096, 32, 32, 11008, 32000),
+    "llama-2-13b": _llama("llama-2-13b", 40, 5120, 40, 40, 13824, 32000),
+    "llama-2-70b": _llama("llama-2-70b", 80, 8192, 64, 8, 28672, 32000),
+    "llama-3-8b": _llama("llama-3-8b", 32, 4096, 32, 8, 14336, 128256),
+    "llama-3-70b": _llama("llama-3-70b", 80, 8192, 64, 8, 28672, 128256),
+    "mistral-7b": _llama("mistral-7b", 32, 4096, 32, 8, 14336, 32000,  # v0.1: every layer windowed
+                         sliding_window=4096, sliding_layers=32),
+    "qwen2.5-7b": _llama("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, attention_bias=True),
+    "qwen2.5-32b": _llama("qwen2.5-32b", 64, 5120, 40, 8, 27648, 152064, attention_bias=True),
+    # FP8 linear layers (NVIDIA's ModelOpt checkpoint; tests/fixtures/hf_configs/ with its
+    # hf_quant_config.json): llama-3-70b's shape, embeddings and LM head kept in bf16
+    "llama-3.1-70b-fp8": _llama("llama-3.1-70b-fp8", 80, 8192, 64, 8, 28672, 128256, linear_weight_bytes=1),
+    # Mixture of experts (tests/fixtures/hf_configs/: equal to their published configs)
+    "mixtral-8x7b": _llama("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000,
+                           moe=MoESpec(num_experts=8, experts_per_token=2, expert_intermediate_size=14336)),
+    "qwen3-30b-a3b": ModelSpec("qwen3-30b-a3b", 48, 2048, 32, 4, 128, 6144, 151936,
+                               moe=MoESpec(num_experts=128, experts_per_token=8, expert_intermediate_size=768)),
+    # DeepSeek-V3 as published: MLA, 256 routed experts + 1 shared, 3 leading dense layers, FP8
+    # weights in 128 x 128 blocks (head_dim is config.json's hidden / heads: MLA does not use it)
+    "deepseek-v3": ModelSpec("deepseek-v3", 61, 7168, 128, 128, 56, 18432, 129280,
+                             moe=MoESpec(num_experts=256, experts_per_token=8, expert_intermediate_size=2048,
+                                         shared_experts=1, dense_layers=3),
+                             mla=MLASpec(kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128,
+                                         v_head_dim=128, q_lora_rank=1536),
+                             linear_weight_bytes=1, weight_block_size=128),
+    # gpt-oss: MXFP4 experts, bf16 attention (64-wide heads, q/k/v biases), every other layer
+    # windowed at 128 tokens
+    **{name: ModelSpec(name, layers, 2880, 64, 8, 64, 2880, 201088, attention_bias=True,
+                       moe=MoESpec(num_experts=experts, experts_per_token=4, expert_intermediate_size=2880),
+                       expert_weight_bytes=EXPERT_QUANT_BYTES["mxfp4"], sliding_window=128,
+                       sliding_layers=layers // 2)
+       for name, layers, experts in (("gpt-oss-20b", 24, 32), ("gpt-oss-120b", 36, 128))},
+    # Not a published checkpoint: a 125M-parameter Llama (GQA 12/4 heads) that real vLLM runs on a
+    # CPU with random weights, for `servesim validate --engine vllm` (docs/validation.md).
+    "llama-125m": _llama("llama-125m", 12, 768, 12, 4, 2048, 32000),
+    # Small enough for CPU calibration runs and fast tests.
+    "tiny": ModelSpec("tiny", 2, 64, 4, 2, 16, 128, 256),
+}
+
+# presets for CPU runs and tests only: no kernel-table rows or GPU profiles are shipped for them
+CPU_PRESETS = ("llama-125m", "tiny")
+
+# Hugging Face torch_dtype (or dtype) string -> bytes per element.
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
+
+_REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
+_FIELDS = tuple(f.name for f in dc_fields(ModelSpec))
+_HI = {"num_layers": MAX_COUNT, "hidden_size": MAX_COUNT, "num_attention_heads": MAX_COUNT,
+       "intermediate_size": MAX_TOKENS, "vocab_size": MAX_TOKENS * 10}
+
+
+def _fail(where: str, msg: str) -> ScenarioError:
+    return ScenarioError(f"{where}: {msg}" if where else msg)
+
+
+def model_from_fields(fields: dict, where: str) -> ModelSpec:
+    """Explicit ModelSpec mapping (e.g. a scenario's `model:` block). `where` prefixes messages,
+    e.g. "chat.yaml: model". num_kv_heads defaults to num_attention_heads, head_dim to
+    hidden_size // num_attention_heads, name to "custom"."""
+    check_fields(fields, where, _FIELDS, _REQUIRED)
+    at = lambda key: f"{where}.{key}"  # noqa: E731
+    v = {k: _int(fields[k], at(k), lo=1, cap=_HI[k]) for k in _REQUIRED}
+    heads = v["num_attention_heads"]
+    v["num_kv_heads"] = _int(fields.get("num_kv_heads", heads), at("num_kv_heads"), lo=1, cap=MAX_COUNT)
+    if heads % v["num_kv_heads"]:
+        raise ScenarioError(f"{at('num_kv_heads')}: {v['num_kv_heads']} does not divide "
+                            f"num_attention_heads ({heads})")
+    v["head_dim"] = _int(fields.get("head_dim", v["hidden_size"] // heads), at("head_dim"), lo=1,
+                         cap=MAX_COUNT)
+    dtype_bytes = fields.get("dtype_bytes", 2)
+    if dtype_bytes not in (1, 2, 4) or isinstance(dtype_bytes, bool):
+        raise ScenarioError(f"{at('dtype_bytes')}: {_show(dtype_bytes)} is not one of 1, 2, 4")
+    parts = {}
+    for key, cls in (("moe", MoESpec), ("mla", MLASpec)):
+        if fields.get(key) is not None:
+            names = tuple(f.name for f in dc_fields(cls))
+            required = tuple(f.name for f in dc_fields(cls) if f.default is dataclasses.MISSING)
+            check_fields(fields[key], at(key), names, required)
+            parts[key] = cls(**{k: _int(v, f"{at(key)}.{k}", lo=0, cap=MAX_TOKENS)
+                                for k, v in fields[key].items()})
+    window = _int(fields.get("sliding_window", 0), at("sliding_window"), lo=0, cap=MAX_TOKENS)
+    sliding = _int(fields.get("sliding_layers", v["num_layers"] if window else 0), at("sliding_layers"),
+                   lo=0, hi=v["num_layers"])
+    if bool(window) != bool(sliding):
+        raise ScenarioError(f"{at('sliding_layers')}: {sliding} windowed layers with sliding_window "
+                            f"{window}; give both (or neither)")
+    if sliding and parts.get("mla") is not None:
+        raise ScenarioError(f"{at('sliding_window')}: a sliding window over latent attention (mla) "
+                            f"is not modelled")
+    lwb = fields.get("linear_weight_bytes")
+    if lwb is not None and (isinstance(lwb, bool) or lwb not in (0.5, 1, 2, 4)):
+        raise ScenarioError(f"{at('linear_weight_bytes')}: {_show(lwb)} is not one of 0.5, 1, 2, 4")
+    ewb = fields.get("expert_weight_bytes")
+    allowed = (0.5, EXPERT_QUANT_BYTES["mxfp4"], 1, 2, 4)
+    if ewb is not None and (isinstance(ewb, bool) or ewb not in allowed):
+        raise ScenarioError(f"{at('expert_weight_bytes')}: {_show(ewb)} is not one of "
+                            f"{', '.join(f'{x:g}' for x in allowed)}")
+    if ewb is not None and fields.get("moe") is None:
+        raise ScenarioError(f"{at('expert_weight_bytes')}: the model has no experts (moe:)")
+    block = _int(fields.get("weight_block_size", 0), at("weight_block_size"), lo=0, cap=MAX_COUNT)
+    if block and lwb != 1:
+        raise ScenarioError(f"{at('weight_block_size')}: {block}: block scales are modelled for FP8 "
+                            f"weights only (linear_weight_bytes: 1)")
+    return ModelSpec(
+        name=_text(fields.get("name", "custom"), at("name")), dtype_bytes=dtype_bytes,
+        linear_weight_bytes=lwb, expert_weight_bytes=ewb, weight_block_size=block, sliding_window=window,
+        sliding_layers=sliding, **parts,
+        tie_word_embeddings=_bool(fields.get("tie_word_embeddings", False), at("tie_word_embeddings")),
+        attention_bias=_bool(fields.get("attention_bias", False), at("attention_bias")),
+        layer_norms=_int(fields.get("layer_norms", 2), at("layer_norms"), lo=0, cap=MAX_COUNT),
+        **v,
+    )
+
+
+# Model types whose layers ModelSpec sizes and prices: dense Llama-style decoders (GQA attention,
+# gated MLP), and the MoE / MLA layouts read by _moe / _mla below.
+LLAMA_STYLE = ("llama", "mistral", "qwen2", "qwen3")
+# Gemma-2/3 text decoders: Llama-shaped (GeGLU has the same gate/up/down), 4 norms per layer
+GEMMA_TYPES = ("gemma2", "gemma3_text")
+MOE_TYPES = ("mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss")
+MODELLED_TYPES = LLAMA_STYLE + GEMMA_TYPES + MOE_TYPES
+# quantization_config.quant_method -> bytes per linear-layer weight (weight-only for awq/gptq:
+# their `bits`); anything else is refused
+QUANT_BYTES = {"fp8": 1.0}
+QUANT_BITS = ("awq", "gptq")
+
+
+def _refuse_unmodelled(cfg: dict, path: Path) -> None:
+    """A config describing what ModelSpec does not model is an error naming the field, never a
+    silent dense bf16 sizing (a Mixtral sized as a dense 7B model under-counts its weights 6x)."""
+    model_type = cfg.get("model_type")
+    if model_type is not None and model_type not in MODELLED_TYPES:
+        raise ScenarioError(f"{path}: model_type: {_show(model_type)} is not modelled; servesim sizes "
+                            f"{', '.join(MODELLED_TYPES)}, or give the model's fields under model: "
+                            f"in the scenario")
+    if model_type not in MOE_TYPES:
+        for key in ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size",
+                    "kv_lora_rank", "q_lora_rank"):
+            if cfg.get(key) not in (None, 0, False):
+                raise ScenarioError(f"{path}: {key}: {_show(cfg[key])}: experts or latent attention "
+                                    f"in a {_show(model_type)} config are not modelled")
+    layer_types = cfg.get("layer_types")
+    if isinstance(layer_types, list):
+        odd = [t for t in layer_types if t not in LAYER_TYPES]
+        if odd:
+            raise ScenarioError(f"{path}: layer_types: {_show(odd[0])} layers are not modelled "
+                                f"(only {' and '.join(LAYER_TYPES)})")
+    if cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1 or cfg.get("moe_layer_freq", 1) != 1:
+        raise ScenarioError(f"{path}: mlp_only_layers / decoder_sparse_step / moe_layer_freq: MoE "
+                            f"layers interleaved with dense ones are not modelled (only leading dense "
+                            f"layers, first_k_dense_replace)")
+
+
+# config.json `layer_types` entries ModelSpec sizes
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def _sliding(cfg: dict, path: Path) -> dict:
+    """sliding_window / sliding_layers from a config, as transformers and vLLM read it: an explicit
+    `layer_types` list says which layers are windowed; else Qwen2-style configs window the layers
+    from `max_window_layers` on when `use_sliding_window` is true, and Mistral-style configs (no
+    `use_sliding_window` key) window every layer when `sliding_window` is set."""
+    window = cfg.get("sliding_window")
+    layers = cfg["num_hidden_layers"]
+    if isinstance(layers, bool) or not isinstance(layers, int):
+        return {}  # (model_from_fields says what is wrong with it)
+    types = cfg.get("layer_types")
+    if isinstance(types, list):
+        if len(types) != layers:
+            raise ScenarioError(f"{path}: layer_types: {len(types)} entries for {layers} "
+                                f"num_hidden_layers")
+        sliding = types.count("sliding_attention")
+    elif window in (None, 0) or cfg.get("use_sliding_window", True) is False:
+        sliding = 0
+    elif cfg.get("model_type") == "gemma2":  # layers 0, 2, 4, ... (transformers' Gemma2Config)
+        sliding = (layers + 1) // 2
+    elif cfg.get("model_type") == "gemma3_text":  # every layer but each sliding_window_pattern-th
+        pattern = _int(cfg.get("sliding_window_pattern", 6), f"{path}: sliding_window_pattern", lo=1,
+                       cap=MAX_COUNT)
+        sliding = layers - layers // pattern
+    elif "use_sliding_window" in cfg:
+        start = cfg.get("max_window_layers", layers)
+        sliding = max(0, layers - _int(start, f"{path}: max_window_layers", lo=0, cap=MAX_COUNT))
+    else:
+        sliding = layers
+    if not sliding:
+        return {}
+    if window in (None, 0):
+        raise ScenarioError(f"{path}: sliding_window: {_show(window)}: layer_types lists "
+                            f"sliding_attention layers but no window is given")
+    return {"sliding_window": window, "sliding_layers": sliding}
+
+
+def _quantised_bytes(cfg: dict, path: Path) -> dict:
+    """linear_weight_bytes / expert_weight_bytes from `quantization_config` ({}: unquantised)."""
+    q = cfg.get("quantization_config")
+    if q in (None, {}):
+        return {}
+    method = q.get("quant_method") if isinstance(q, dict) else None
+    if method in QUANT_BYTES:
+        block = q.get("weight_block_size")
+        if block is None:
+            return {"linear_weight_bytes": QUANT_BYTES[method]}
+        if (not isinstance(block, list) or len(block) != 2 or block[0] != block[1]
+                or isinstance(block[0], bool) or not isinstance(block[0], int) or block[0] < 1):
+            raise ScenarioError(f"{path}: quantization_config.weight_block_size: {str(block)[:40]}: only "
+                                f"square blocks [N, N] are modelled")
+        return {"linear_weight_bytes": QUANT_BYTES[method], "weight_block_size": block[0]}
+    if method in QUANT_BITS and q.get("bits") in (4, 8):
+        return {"linear_weight_bytes": q["bits"] / 8}
+    if method in EXPERT_QUANT_BYTES and _moe(cfg) is not None:
+        return {"expert_weight_bytes": EXPERT_QUANT_BYTES[method]}
+    raise ScenarioError(f"{path}: quantization_config.quant_method: {_show(method)}: not modelled; "
+                        f"servesim sizes fp8, awq/gptq 4- or 8-bit weights and mxfp4 experts")
+
+
+def _moe(cfg: dict) -> MoESpec | None:
+    experts = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts")
+    if not experts:
+        return None
+    width = cfg.get("moe_intermediate_size") or cfg["intermediate_size"]  # Mixtral: experts are full width
+    return MoESpec(num_experts=experts, experts_per_token=cfg["num_experts_per_tok"],
+                   expert_intermediate_size=width, shared_experts=cfg.get("n_shared_experts") or 0,
+                   dense_layers=cfg.get("first_k_dense_replace") or 0)
+
+
+def _mla(cfg: dict) -> MLASpec | None:
+    if not cfg.get("kv_lora_rank"):
+        return None
+    return MLASpec(kv_lora_rank=cfg["kv_lora_rank"], qk_rope_head_dim=cfg["qk_rope_head_dim"],
+                   qk_nope_head_dim=cfg["qk_nope_head_dim"], v_head_dim=cfg["v_head_dim"],
+                   q_lora_rank=cfg.get("q_lora_rank") or 0)
+
+
+# config.json key -> ModelSpec field, for the keys every Llama-style config has.
+_HF_KEYS = {
+    "num_hidden_layers": "num_layers",
+    "hidden_size": "hidden_size",
+    "num_attention_heads": "num_attention_heads",
+    "intermediate_size": "intermediate_size",
+    "vocab_size": "vocab_size",
+}
+
+
+def _read_json(path: Path, what: str) -> dict:
+    return json_object(read_text(path, "config"), str(path), f"a {what}")
+
+
+# NVIDIA ModelOpt checkpoints keep their quantisation in hf_quant_config.json beside config.json
+# (vLLM reads it as quant_method "modelopt"): quantization.quant_algo -> quantization_config
+MODELOPT_ALGOS = {"FP8": {"quant_method": "fp8"}}
+
+
+def _modelopt_quantization(path: Path) -> dict | None:
+    """The hf_quant_config.json next to `path` (also `<stem>_hf_quant_config.json`, as the
+    AIConfigurator wheel names them), as a quantization_config; None when there is none."""
+    for sibling in (path.with_name("hf_quant_config.json"), path.with_name(f"{path.stem}_hf_quant_config.json")):
+        if sibling.is_file():
+            q = _read_json(sibling, "hf_quant_config.json").get("quantization")
+            algo = q.get("quant_algo") if isinstance(q, dict) else None
+            if algo not in MODELOPT_ALGOS:
+                raise ScenarioError(f"{sibling}: quantization.quant_algo: {_show(algo)}: not modelled; "
+                                    f"servesim sizes {', '.join(MODELOPT_ALGOS)}")
+            return MODELOPT_ALGOS[algo]
+    return None
+
+
+def model_from_hf_config(path: Path, name: str | None = None) -> ModelSpec:
+    """ModelSpec from a Llama-style Hugging Face config.json (or the folder holding one), with a
+    ModelOpt hf_quant_config.json beside it when there is one.
+
+    name defaults to the folder's name (e.g. "Meta-Llama-3-8B"). Qwen2 configs have no
+    `attention_bias` key but always use q/k/v biases, so model_type "qwen2" implies it."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.exists():
+        raise ScenarioError(f"{path}: file not found")
+    cfg = _read_json(path, "config.json")
+    modelopt = _modelopt_quantization(path)
+    if modelopt is not None:
+        if cfg.get("quantization_config"):
+            raise ScenarioError(f"{path}: quantization_config and an hf_quant_config.json beside it: "
+                                f"keep one")
+        cfg["quantization_config"] = modelopt
+    _refuse_unmodelled(cfg, path)
+    missing = [k for k in _HF_KEYS if k not in cfg]
+    if missing:
+        raise ScenarioError(f"{path}: missing key {missing[0]!r}; a Llama-style config.json "
+                            f"needs {', '.join(_HF_KEYS)}")
+    fields = {ours: cfg[theirs] for theirs, ours in _HF_KEYS.items()}
+    for theirs, ours in (("num_key_value_heads", "num_kv_heads"), ("head_dim", "head_dim")):
+        if cfg.get(theirs) is not None:  # some configs write "head_dim": null
+            fields[ours] = cfg[theirs]
+    dtype = cfg.get("torch_dtype", cfg.get("dtype", "bfloat16"))
+    if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
+        raise ScenarioError(f"{path}: torch_dtype {dtype!r} not supported; "
+                            f"allowed: {', '.join(DTYPE_BYTES)}")
+    fields["dtype_bytes"] = DTYPE_BYTES[dtype]
+    fields["tie_word_embeddings"] = bool(cfg.get("tie_word_embeddings", False))
+    fields["attention_bias"] = bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2"))
+    if cfg.get("model_type") in GEMMA_TYPES:  # input, post-attention, pre- and post-feedforward
+        fields["layer_norms"] = 4
+    fields.update(_sliding(cfg, path))
+    fields["name"] = name or (path.stem if path.name != "config.json" else path.resolve().parent.name) or "custom"
+    spec = model_from_fields(fields, str(path))
+    try:
+        extra = {"moe": _moe(cfg), "mla": _mla(cfg), **_quantised_bytes(cfg, path)}
+        for part in ("moe", "mla"):
+            if extra[part] is not None:
+                for key, value in vars(extra[part]).items():
+                    _int(value, f"{path}: {part}.{key}", lo=0, cap=MAX_TOKENS)
+    except (KeyError, TypeError) as e:
+        raise ScenarioError(f"{path}: {e.args[0] if e.args else e}: missing or malformed for its "
+                            f"model_type {_show(cfg.get('model_type'))}") from None
+    return replace(spec, **extra)

@@ -1,0 +1,480 @@
+"""Requests to replay: arrival times and lengths as numpy arrays, from a trace or a seeded generator.
+
+CONTRACT (owned by the workload engineer):
+    Workload dataclass below.
+    parse_workload(raw: dict, where: str, base_dir: Path) -> WorkloadConfig
+        Validates the scenario's `workload:` mapping; `where` is the scenario file as the user should
+        read it. Relative paths resolve against base_dir and must exist. Raises ScenarioError
+        ("<where>: workload.<key path>: <what is allowed>").
+    build_workload(cfg: WorkloadConfig, rng: np.random.Generator) -> Workload
+        Vectorised and deterministic for a given rng; draws arrivals, prompt, output, priority in
+        that order (closed loop: the users' start offsets and think times stand for arrivals).
+        Trace problems raise ScenarioError naming the trace file and line.
+The YAML format is in docs/workload.md.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from sim.config.checks import (
+    MAX_COUNT,
+    MAX_RATE,
+    MAX_REQUESTS,
+    MAX_SECONDS,
+    MAX_TOKENS,
+    MIN_RATE,
+    _check_keys,
+    _choice,
+    _int,
+    _num,
+    _show,
+)
+from sim.config.errors import ScenarioError, ServesimWarning
+from sim.workload.traces import TIME_UNITS, TRACE_FORMATS, read_trace, shown
+
+
+@dataclass(frozen=True)
+class Users:
+    """A closed loop's users: each sends a request, waits for it to finish, thinks, sends the next.
+    Request ids go in arrival order, given during the run (sim/runtime/cluster.py `ClosedLoopRouter`)."""
+    start_s: np.ndarray  # float64 [min(users, n)]: when user u sends its first request
+    think_s: np.ndarray  # float64 [n]: think time after request i finishes, before its user's next
+    # multi-turn sessions (sim/workload/sessions.py): turns of the k-th conversation to start, int64 [n];
+    # None: every request is a conversation of its own (its prompt shares nothing with the last)
+    turns: np.ndarray | None = None
+    max_context: int | None = None  # tokens: a conversation ends before its prompt + output exceed it
+
+
+@dataclass(frozen=True)
+class Workload:
+    arrival_s: np.ndarray      # float64 [n], seconds from the start, sorted ascending (closed loop: nan)
+    prompt_tokens: np.ndarray  # int64 [n], >= 1
+    output_tokens: np.ndarray  # int64 [n], >= 1
+    priority: np.ndarray       # int64 [n], lower = more urgent (policy: priority); 0 when unknown
+    users: Users | None = None  # closed loop: arrival times are only known during the run
+    # per request, what its prompt shares with others: (ids, unit tokens): the prompt's first
+    # len(ids) x unit tokens are identified unit by unit by chained ids (sim/kv/prefix_cache.py); a
+    # request without one (None) shares nothing. None for the whole workload: no prefix identity.
+    prefix: list | None = None
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+
+# ---- arrival processes: n arrival times in seconds, the first at t=0 (burst: at `at`) ----
+
+class ArrivalProcess(Protocol):
+    def times(self, rng: np.random.Generator, n: int) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class Poisson:
+    rate: float  # requests/s; gaps are exponential with mean 1/rate
+
+    def times(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return _cumulative(rng.exponential(1.0 / self.rate, size=n - 1))
+
+
+@dataclass(frozen=True)
+class Gamma:
+    rate: float  # requests/s
+    cv: float    # coefficient of variation of the gaps: 1 = Poisson, > 1 burstier, < 1 smoother
+
+    def times(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        shape = 1.0 / self.cv**2  # gamma(k, theta) has cv 1/sqrt(k) and mean k*theta = 1/rate
+        return _cumulative(rng.gamma(shape, 1.0 / (self.rate * shape), size=n - 1))
+
+
+@dataclass(frozen=True)
+class Constant:
+    rate: float  # requests/s, exactly 1/rate apart
+
+    def times(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return np.arange(n, dtype=np.float64) / self.rate
+
+
+@dataclass(frozen=True)
+class Burst:
+    at: float = 0.0  # seconds; every request arrives then
+
+    def times(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return np.full(n, self.at, dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class ClosedLoop:
+    """Not a list of times: `users` users, each with one request in flight at a time (Users)."""
+    users: int                         # concurrent users, >= 1
+    think_time: float                  # s, mean pause between a response and the user's next request
+    think_dist: str = "exponential"    # exponential | fixed
+    turns: LengthDist | None = None    # turns per conversation (sim/workload/sessions.py); None: one each
+    max_context: int | None = None     # tokens a conversation may reach (prompt + output)
+
+    def plan(self, rng: np.random.Generator, n: int) -> Users:
+        """User u starts at a uniform time in [0, think_time) (all at 0 when it is 0); the think
+        time after each of the n requests is drawn up front."""
+        starts = min(self.users, n)
+        if self.think_time == 0:
+            return Users(np.zeros(starts), np.zeros(n))
+        start = rng.uniform(0.0, self.think_time, size=starts)
+        think = (rng.exponential(self.think_time, size=n) if self.think_dist == "exponential"
+                 else np.full(n, self.think_time))
+        return Users(start, think)
+
+
+def _cumulative(gaps: np.ndarray) -> np.ndarray:
+    out = np.zeros(len(gaps) + 1, dtype=np.float64)
+    np.cumsum(gaps, out=out[1:])
+    return out
+
+
+# ---- length (and priority) distributions: n int64 values ----
+
+class LengthDist(Protocol):
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class Fixed:
+    value: int
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return np.full(n, self.value, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Uniform:
+    low: int
+    high: int  # inclusive
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return rng.integers(self.low, self.high, size=n, endpoint=True, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Lognormal:
+    mean: float       # tokens: mean and std of the lognormal itself, not of its logarithm
+    std: float
+    min: int = 1      # after rounding, values are clipped to [min, max]
+    max: int | None = None
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        sigma2 = np.log1p((self.std / self.mean) ** 2)  # from mean = e^(mu + s^2/2), var = (e^s^2 - 1) mean^2
+        x = rng.lognormal(np.log(self.mean) - sigma2 / 2, np.sqrt(sigma2), size=n)
+        return np.clip(np.rint(x), self.min, self.max).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class Empirical:
+    trace: Path   # absolute
+    column: str   # prompt | output: which of the trace's lengths to resample
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        lengths = read_trace(self.trace)[f"{self.column}_tokens"].to_numpy()  # a trace's lengths only
+        return lengths[rng.integers(0, len(lengths), size=n)]  # with replacement
+
+
+ARRIVALS = {"poisson": Poisson, "gamma": Gamma, "constant": Constant, "burst": Burst,
+            "closed_loop": ClosedLoop}
+THINK_DISTS = ("exponential", "fixed")
+LENGTHS = {"fixed": Fixed, "uniform": Uniform, "lognormal": Lognormal, "empirical": Empirical}
+PRIORITIES = {"fixed": Fixed, "uniform": Uniform}
+TURN_DISTS = {"fixed": Fixed, "uniform": Uniform, "lognormal": Lognormal}  # turns per conversation
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    trace: Path | None = None                   # absolute; set = replay it, None = generate
+    arrival: ArrivalProcess | ClosedLoop | None = None  # generator only
+    prompt_tokens: LengthDist | None = None     # generator only
+    output_tokens: LengthDist | None = None     # generator only
+    num_requests: int | None = None             # generator: how many; trace: the first N (None = all)
+    time_scale: float = 1.0                     # arrival offsets are divided by it (2 = twice the rate)
+    priority: LengthDist | None = None          # None: the trace's `priority` column, else all 0
+    prefix: SharedPrefix | None = None        # generator: shared system prompts
+    # trace: its format (None: detected, sim/workload/traces.FORMATS), or a CSV's column mapping
+    # ((key, column) pairs: arrival, prompt_tokens, output_tokens[, priority]) and arrival time unit
+    format: str | None = None
+    columns: tuple[tuple[str, str], ...] | None = None
+    time_unit: str = "s"
+    hash_block_tokens: int = 512  # tokens per id of a CSV's hash_ids column (Mooncake's blocks: 512)
+
+    def read(self):
+        """The trace's table (sim/workload/traces.read_trace) with this section's format options."""
+        return read_trace(self.trace, self.format, dict(self.columns) if self.columns else None, self.time_unit,
+                          self.hash_block_tokens)
+
+
+@dataclass(frozen=True)
+class SharedPrefix:
+    """A share of requests starts with one of `groups` system prompts of `tokens` tokens."""
+    tokens: int
+    groups: int
+    share: float
+
+    def draw(self, rng: np.random.Generator, prompt_tokens: np.ndarray) -> list:
+        chosen = rng.random(len(prompt_tokens)) < self.share
+        group = rng.integers(0, self.groups, size=len(prompt_tokens))
+        # (ids, unit tokens): one unit of `tokens` (or the whole prompt, if shorter) per group
+        return [((("prefix", int(g)),), int(min(self.tokens, p))) if c else None
+                for c, g, p in zip(chosen.tolist(), group.tolist(), prompt_tokens.tolist())]
+
+
+def build_workload(cfg: WorkloadConfig, rng: np.random.Generator) -> Workload:
+    """The requests `cfg` describes; every random draw comes from `rng`. A closed loop's arrival
+    times are nan (the run fills them in); time_scale divides its think times and start offsets."""
+    users, prefix = None, None
+    if cfg.trace is not None:
+        arrival, prompt, output, priority, prefix = _replay(cfg, rng)
+    else:
+        n = cfg.num_requests
+        if isinstance(cfg.arrival, ClosedLoop):
+            users, arrival = cfg.arrival.plan(rng, n), np.full(n, np.nan)
+        else:
+            arrival = cfg.arrival.times(rng, n)
+        prompt = cfg.prompt_tokens.sample(rng, n)
+        output = cfg.output_tokens.sample(rng, n)
+        priority = np.zeros(n, dtype=np.int64)
+    if cfg.priority is not None:
+        priority = cfg.priority.sample(rng, len(arrival))
+    if cfg.prefix is not None:  # drawn last: workloads without a prefix keep their numbers
+        prefix = cfg.prefix.draw(rng, prompt)
+    if users is not None:
+        loop = cfg.arrival
+        turns = loop.turns.sample(rng, len(prompt)) if loop.turns is not None else None  # (last again)
+        users = Users(users.start_s / cfg.time_scale, users.think_s / cfg.time_scale, turns, loop.max_context)
+    arrival = arrival / cfg.time_scale
+    # the times the simulation will use, after time_scale: past MAX_SECONDS a float64 clock no
+    # longer resolves a step (its spacing at 1e15 s is 0.125 s), and late requests came out with
+    # latencies of 0
+    for what, values in (("arrival times", arrival),
+                         ("closed-loop start and think times", np.concatenate((users.start_s, users.think_s))
+                          if users is not None else np.zeros(0))):
+        finite = values[np.isfinite(values)]
+        if len(finite) and float(finite.max()) > MAX_SECONDS:
+            raise ScenarioError(f"workload.time_scale: {what} reach {float(finite.max()):.3g} s (time_scale "
+                                f"{cfg.time_scale:g}), past servesim's {MAX_SECONDS:g} s bound; raise "
+                                f"time_scale or use fewer requests")
+    return Workload(arrival_s=arrival, prompt_tokens=prompt,
+                    output_tokens=output, priority=priority, users=users, prefix=prefix)
+
+
+def _replay(cfg: WorkloadConfig, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    table = cfg.read()
+    num_requests, trace = cfg.num_requests, cfg.trace
+    if num_requests is not None:
+        if num_requests > len(table):
+            raise ScenarioError(f"{shown(trace)}: has {len(table)} requests, fewer than "
+                                f"workload.num_requests = {num_requests}")
+        table = table.iloc[:num_requests]
+    columns = tuple(table[c].to_numpy(copy=True) for c in
+                    ("arrival_s", "prompt_tokens", "output_tokens", "priority"))
+    if np.isnan(columns[0]).all():  # a vLLM benchmark without start_times: its rate and burstiness
+        if "request_rate" not in table.attrs:  # e.g. ShareGPT: lengths only
+            raise ScenarioError(f"{shown(trace)}: has no arrival times to replay; use it as a length "
+                                "distribution (prompt_tokens: {dist: empirical, trace: ...}) with an arrival process")
+        columns = (bench_arrivals(table.attrs, len(table), rng, trace), *columns[1:])
+    return (*columns, table["prefix"].tolist() if "prefix" in table else None)
+
+
+def bench_arrivals(attrs: dict, n: int, rng: np.random.Generator, trace: Path) -> np.ndarray:
+    """Arrivals as `vllm bench serve` sends them: gamma gaps with shape = burstiness and mean 1 /
+    request_rate (burstiness 1: Poisson), the first at 0; request_rate inf: all at once. Said in a
+    warning: the benchmark's own send times are unknown."""
+    rate, burst = attrs["request_rate"], attrs["burstiness"]
+    warnings.warn(f"{shown(trace)}: no start_times (run vllm bench serve with --save-detailed to keep "
+                  f"them); arrivals drawn from its request_rate {rate:g} req/s and burstiness {burst:g}, "
+                  "as vllm bench serve draws them", ServesimWarning, stacklevel=2)
+    if not np.isfinite(rate):
+        return np.zeros(n)
+    gaps = rng.gamma(burst, 1.0 / (rate * burst), size=n)
+    gaps[0] = 0.0
+    return np.cumsum(gaps)
+
+
+# ---- parsing the YAML section ----
+
+GENERATOR_KEYS = ("arrival", "prompt_tokens", "output_tokens", "num_requests")
+SECTION_KEYS = ("trace", "format", "columns", "time_unit", "hash_block_tokens", "time_scale", "priority", "prefix",
+                *GENERATOR_KEYS)
+COLUMN_KEYS = ("arrival", "prompt_tokens", "output_tokens", "priority", "hash_ids")
+
+
+def parse_workload(raw: dict, where: str, base_dir: Path) -> WorkloadConfig:
+    """The validated `workload:` section: a trace XOR a generator (see the module docstring)."""
+    top = _Keys(raw, where, "workload", SECTION_KEYS)
+    top.only()
+    priority = raw.get("priority")
+    common = dict(time_scale=top.number("time_scale", default=1.0, high=1e6, floor=1e-6),
+                  num_requests=top.integer("num_requests", 1, default=None, high=MAX_REQUESTS),
+                  priority=None if priority is None else _dist(top, "priority", PRIORITIES, 0, base_dir))
+    if raw.get("trace") is not None:
+        clash = [k for k in (*GENERATOR_KEYS[:3], "prefix") if raw.get(k) is not None]
+        if clash:
+            raise top.fail(clash[0], "not allowed with workload.trace (a trace gives arrivals and "
+                                     "lengths: use either trace or a generator)")
+        return WorkloadConfig(trace=top.file("trace", base_dir), **common, **_trace_format(top, raw))
+    missing = [k for k in GENERATOR_KEYS if raw.get(k) is None]
+    if missing:
+        raise ScenarioError(f"{where}: workload: needs either trace or all of "
+                            f"{', '.join(GENERATOR_KEYS)} (missing {', '.join(missing)})")
+    arrival = _arrival(top)
+    if raw.get("prefix") is not None:
+        keys = _Keys(raw["prefix"], top.where, "workload.prefix", ("tokens", "groups", "share"))
+        keys.only()
+        common["prefix"] = SharedPrefix(keys.integer("tokens", 1), keys.integer("groups", 1, high=MAX_COUNT),
+                                        keys.number("share", low=0, high=1))
+    rate = getattr(arrival, "rate", None)
+    if rate is not None and common["num_requests"] / (rate * common["time_scale"]) > MAX_SECONDS:
+        raise top.fail("arrival.rate", f"{common['num_requests']} requests at {rate:g} req/s "
+                                       f"(time_scale {common['time_scale']:g}) span more than "
+                                       f"{MAX_SECONDS:g} s; raise the rate or lower num_requests")
+    return WorkloadConfig(arrival=arrival, **common,
+                          prompt_tokens=_dist(top, "prompt_tokens", LENGTHS, 1, base_dir),
+                          output_tokens=_dist(top, "output_tokens", LENGTHS, 1, base_dir))
+
+
+def _trace_format(top: _Keys, raw: dict) -> dict:
+    """workload.format (a name of sim/workload/traces.TRACE_FORMATS, read now: a format registered
+    later is accepted), or workload.columns + time_unit for any CSV."""
+    out: dict = {}
+    if raw.get("format") is not None:
+        out["format"] = top.choice("format", tuple(TRACE_FORMATS))
+    if raw.get("columns") is not None:
+        if "format" in out:
+            raise top.fail("columns", "give workload.format or workload.columns, not both "
+                                      "(columns reads any CSV)")
+        keys = _Keys(raw["columns"], top.where, "workload.columns", COLUMN_KEYS)
+        keys.only()
+        missing = [k for k in COLUMN_KEYS[:3] if raw["columns"].get(k) is None]
+        if missing:
+            raise keys.fail(missing[0], "missing: name the CSV column for each of arrival, prompt_tokens, "
+                                        "output_tokens (priority optional)")
+        bad = [k for k, v in raw["columns"].items() if not isinstance(v, str) or not v]
+        if bad:
+            raise keys.fail(bad[0], "must be a column name (text)")
+        out["columns"] = tuple((k, raw["columns"][k]) for k in COLUMN_KEYS if k in raw["columns"])
+        out["time_unit"] = top.choice("time_unit", tuple(TIME_UNITS), "s")
+    elif raw.get("time_unit") is not None:
+        raise top.fail("time_unit", "only with workload.columns (the other formats fix their unit)")
+    if raw.get("hash_block_tokens") is not None:
+        out["hash_block_tokens"] = top.integer("hash_block_tokens", 1)
+    return out
+
+
+def _arrival(top: _Keys) -> ArrivalProcess:
+    keys = top.sub("arrival", "process")
+    process = keys.choice("process", tuple(ARRIVALS))
+    keys.only(ARRIVALS[process])
+    if process == "burst":
+        return Burst(keys.number("at", default=0.0, low=0, high=MAX_SECONDS))
+    if process == "gamma":
+        return Gamma(_rate(keys), keys.number("cv", high=1e3, floor=1e-3))
+    if process == "closed_loop":
+        turns = keys.raw.get("turns")
+        if isinstance(turns, dict):
+            turns = _dist(keys, "turns", TURN_DISTS, 1, Path("."))
+        elif turns is not None:
+            turns = Fixed(keys.integer("turns", 1))
+        if turns is None and keys.raw.get("max_context") is not None:
+            raise keys.fail("max_context", "only with workload.arrival.turns (it bounds a conversation)")
+        return ClosedLoop(keys.integer("users", 1, high=MAX_COUNT),
+                          keys.number("think_time", low=0, high=MAX_SECONDS),
+                          keys.choice("think_dist", THINK_DISTS, "exponential"), turns,
+                          keys.integer("max_context", 2, default=None))
+    return ARRIVALS[process](_rate(keys))
+
+
+def _rate(keys: _Keys) -> float:
+    return keys.number("rate", high=MAX_RATE, floor=MIN_RATE)  # req/s
+
+
+def _dist(top: _Keys, key: str, table: dict, lo: int, base_dir: Path) -> LengthDist:
+    """One `{dist: ..., ...}` mapping; values (lengths, priorities) must be integers >= lo."""
+    keys = top.sub(key, "dist")
+    dist = keys.choice("dist", tuple(table))
+    keys.only(table[dist])
+    if dist == "fixed":
+        return Fixed(keys.integer("value", lo))
+    if dist == "uniform":
+        low = keys.integer("low", lo)
+        return Uniform(low, keys.integer("high", low))
+    if dist == "lognormal":
+        lowest = keys.integer("min", 1, default=1)
+        return Lognormal(keys.number("mean"), keys.number("std"), lowest,
+                         keys.integer("max", lowest, default=None))
+    default_column = {"prompt_tokens": "prompt", "output_tokens": "output"}[key]
+    return Empirical(keys.file("trace", base_dir),
+                     keys.choice("column", ("prompt", "output"), default_column))
+
+
+_REQUIRED = object()
+
+
+class _Keys:
+    """One mapping of the section: typed getters whose errors name the file and the key path."""
+
+    def __init__(self, raw: Any, where: str, path: str, allowed: tuple[str, ...]):
+        if not isinstance(raw, dict):
+            raise ScenarioError(f"{where}: {path}: {_show(raw)} is not a mapping; allowed keys: "
+                                f"{', '.join(allowed)}")
+        self.raw, self.where, self.path, self.allowed = raw, where, path, allowed
+
+    def only(self, cls: type | None = None) -> None:
+        """Reject keys outside `allowed` (plus the fields of `cls`, once the dist is known)."""
+        if cls is not None:
+            self.allowed = self.allowed + tuple(f.name for f in fields(cls))
+        _check_keys(self.raw, self.path, lambda path: f"{self.where}: {path}", self.allowed)
+
+    def sub(self, key: str, kind_key: str) -> _Keys:
+        return _Keys(self.raw[key], self.where, f"{self.path}.{key}", (kind_key,))
+
+    def at(self, key: str) -> str:
+        return f"{self.where}: {self.path}.{key}"
+
+    def fail(self, key: str, what: str) -> ScenarioError:
+        return ScenarioError(f"{self.at(key)}: {what}")
+
+    def _get(self, key: str, default: Any, allowed: str) -> Any:
+        if self.raw.get(key) is not None:  # YAML `key:` with no value (null) counts as absent
+            return self.raw[key]
+        if default is _REQUIRED:
+            raise self.fail(key, f"missing (expected {allowed})")
+        return default
+
+    def integer(self, key: str, low: int, default: Any = _REQUIRED, high: int = MAX_TOKENS) -> int | None:
+        value = self._get(key, default, f"an integer >= {low}")
+        return value if value is default else _int(value, self.at(key), lo=low, cap=high)
+
+    def number(self, key: str, default: Any = _REQUIRED, low: float | None = None,
+               high: float = MAX_TOKENS, floor: float | None = None) -> float:
+        """A finite number > 0 (or >= low when `low` is given); `high` and `floor` are sanity
+        bounds, said apart."""
+        value = self._get(key, default, "a number > 0" if low is None else f"a number >= {low}")
+        if value is default:
+            return value
+        if low is None:
+            value = _num(value, self.at(key), 0, open_lo=True, cap=high)
+        else:
+            value = _num(value, self.at(key), low, cap=high)
+        if floor is not None and value < floor:
+            raise self.fail(key, f"{value!r} is less than {floor:g}, the least servesim accepts here")
+        return value
+
+    def choice(self, key: str, options: tuple[str, ...], default: Any = _REQUIRED) -> str:
+        value = self._get(key, default, f"one of {', '.join(options)}")
+        return value if value is default and default is not _REQUIRED else _choice(value, self.at(key), options)
+
+    def file(self, key: str, base_dir: Path) -> Path:
+        value = self._get(key, _REQUIRED, "a file path")
+        if not isinstance(value, str) or not value.strip():
+            raise self.fail(key, f"{value!r} is not a file path")
+        resolved = (Path(base_dir) / Path(value).expanduser()).resolve()
+        if not resolved.is_file():
+            raise self.fail(key, f"no such file {value!r} (looked in {shown(Path(base_dir).resolve())})")
+        return resolved
