@@ -24,6 +24,7 @@ from sim.cost.registry import (
 )
 from sim.presets.hardware import HARDWARE_PRESETS
 from sim.presets.models import MODEL_PRESETS
+from simhelpers import make_scenario
 
 EXAMPLE = Path(__file__).parent.parent / "scenarios/profiles/example-h100-llama-3-8b.yaml"
 LLAMA3, H100 = MODEL_PRESETS["llama-3-8b"], HARDWARE_PRESETS["h100-sxm"]
@@ -143,8 +144,9 @@ def test_a_decode_line_gives_the_floats_of_step_times(decodes, ctx, steps, prese
         line = cost.decode_line(stats)
         if line is None:
             continue
-        a, b, c, n = line
-        walked = np.array([a + b * (c + n * j) for j in range(steps)])
+        a, b, c, n, scale = line
+        assert scale == 1.0
+        walked = np.array([(a + b * (c + n * j)) * scale for j in range(steps)])
         assert walked.tobytes() == cost.step_times(stats, steps).tobytes()
         lines += 1
     assert lines  # (ProfileCost always has one)
@@ -308,7 +310,7 @@ def test_make_cost_model_errors(spec, tp, hw, message):
 
 def test_roofline_reads_an_fp8_kv_cache_at_one_byte():
     from sim.cost.batch import BatchStats
-    from simhelpers import make_scenario
+
 
     auto = cost_model(make_scenario(cost_model="roofline", scheduler="chunked"))
     fp8 = cost_model(make_scenario(cost_model="roofline", scheduler="chunked", kv_cache_dtype="fp8"))
@@ -321,3 +323,48 @@ def test_roofline_reads_an_fp8_kv_cache_at_one_byte():
     assert fp8.step_times(long_decodes)[0] < auto.step_times(long_decodes)[0]
     no_kv = BatchStats(prefill_lens=np.array([512]), prefill_contexts=np.array([0]))
     assert fp8.step_times(no_kv)[0] == pytest.approx(auto.step_times(no_kv)[0])  # prefill reads no cache
+
+
+@settings(max_examples=150, deadline=None)
+@given(decodes=st.integers(0, 300), ctx=st.integers(0, 60_000), steps=st.integers(2, 200),
+       chunk=st.tuples(st.integers(1, 4096), st.integers(0, 8192)),
+       factor=st.sampled_from([1.0, 1.0648493238206793, 0.9541984732824427, 0.5]))
+def test_wrappers_pass_the_fast_paths_on_with_the_same_floats(decodes, ctx, steps, chunk, factor):
+    """ScaledCost and WindowedCost (sim/cost/step_cost.py) answer step_time and decode_line from
+    the model they wrap (a wrapper that hid them made the engine price every iteration with numpy:
+    1.54x the CPU time of the plain roofline, bench/wrappers.py). Each fast path must give the
+    floats of the wrapper's own step_times, and the measured model's step_time its step_times'."""
+    from sim.cost.step_cost import ScaledCost, WindowedCost
+
+    measured = cost_model(make_scenario(cost_model="measured", scheduler="chunked"))
+    models = (RooflineCost(LLAMA3, H100), ProfileCost(load_profile(EXAMPLE)), measured)
+    runs = [batch([], decodes=decodes, ctx_sum=decodes * ctx)] if decodes else []
+    for inner in models:
+        for cost in (inner, ScaledCost(inner, factor), WindowedCost(inner, 0.5, 1024),
+                     ScaledCost(WindowedCost(inner, 0.5, 1024), factor)):
+            for stats in (batch([chunk[0]], [chunk[1]], decodes, decodes * ctx), *runs):
+                assert cost.step_time(stats) == cost.step_times(stats, 1)[0], (cost, stats)
+            for stats in runs:
+                line = cost.decode_line(stats)
+                if line is None:
+                    continue
+                a, b, c, n, scale = line
+                walked = np.array([(a + b * (c + n * j)) * scale for j in range(steps)])
+                assert walked.tobytes() == cost.step_times(stats, steps).tobytes(), (cost, factor)
+    scaled = ScaledCost(models[0], factor)
+    if decodes and models[0].decode_line(runs[0]) is not None:  # the roofline's line survives scaling
+        assert scaled.decode_line(runs[0])[4] == factor
+
+
+def test_a_plug_in_with_step_times_only_gets_the_fast_paths_defaults():
+    from sim.cost.step_cost import as_cost_model
+
+    class Twice:
+        def step_times(self, stats, steps=1):
+            return np.full(steps, 2.0)
+
+    cost = as_cost_model(Twice())
+    stats = batch([], decodes=3, ctx_sum=30)
+    assert cost.step_time(stats) == 2.0 and cost.decode_line(stats) is None
+    roofline = RooflineCost(LLAMA3, H100)
+    assert as_cost_model(roofline) is roofline

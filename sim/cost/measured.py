@@ -32,6 +32,7 @@ import numpy as np
 from sim.config.errors import ScenarioError
 from sim.cost.batch import BatchStats
 from sim.cost.overheads import EngineOverheads, overheads_from_mapping
+from sim.cost.step_cost import StepCost
 
 FORMAT = "servesim-step-profile/v2"
 PROFILES = Path(__file__).resolve().parents[1] / "profiles"  # sim/profiles
@@ -201,7 +202,7 @@ def prefill_equivalent(lens: list[int], contexts: list[int]) -> tuple[int, float
     return len(lens), math.sqrt(2 * pairs / len(lens))
 
 
-class TableProfileCost:
+class TableProfileCost(StepCost):
     """The step-cost model of a v2 profile; `cpu_overhead_s` / `cpu_overhead_per_seq_s` replace the
     profile's CPU term when given (a scenario's tuning); `kv_cache_dtype` (the engine's) picks the
     attention grids; `overheads` (sim/cost/overheads.py) turns the kernel time g of an iteration into
@@ -227,6 +228,22 @@ class TableProfileCost:
         if s is None:
             s = self._sequences[seqs] = self.profile.sequences(seqs)
         return self._cpu + self._cpu_seq * seqs + t + s
+
+    def step_time(self, stats: BatchStats) -> float:
+        """step_times(stats, 1)[0] in Python floats: the same operations on the same doubles
+        (the grids answer a scalar as they do an array; tests/test_measured.py holds them equal)."""
+        n = stats.num_decodes
+        chunks = len(stats.prefill_lens)
+        t = self._fixed(stats.total_tokens, chunks + n)
+        if chunks:
+            b, s = prefill_equivalent(stats.prefill_lens.tolist(), stats.prefill_contexts.tolist())
+            t += self._prefill(b, s)
+        if n:
+            t = t + self._decode(n, stats.decode_context_sum / n)
+        t = float(t)
+        if self._floor:
+            t = max(t, self._floor)
+        return t + self._adder if self._adder else t
 
     def step_times(self, stats: BatchStats, steps: int = 1) -> np.ndarray:
         times = self._gpu_times(stats, steps)

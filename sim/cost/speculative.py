@@ -6,9 +6,10 @@ import numpy as np
 
 from sim.config.speculative import SpeculativeConfig
 from sim.cost.batch import BatchStats
+from sim.cost.step_cost import StepCost
 
 
-class SpeculativeCost:
+class SpeculativeCost(StepCost):
     """The target's step time (verification included, as prefill-like chunks) plus the draft's:
     `draft_step(B, context_sum)` seconds for one draft decode step over B sequences, times k."""
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 from sim.cost.batch import BatchStats, WindowedBatchStats
 from sim.presets.hardware import HardwareSpec
@@ -21,19 +22,59 @@ from sim.presets.models import ModelSpec
 
 
 class CostModel(Protocol):
+    """What the engine asks a cost model (sim/runtime/fast_forward.Runner). Only step_times is
+    needed: StepCost below gives the other two from it, and `as_cost_model` adapts any object
+    that has step_times alone (a plug-in)."""
+
     def step_times(self, stats: BatchStats, steps: int = 1) -> np.ndarray:
         """Durations in seconds of `steps` consecutive iterations of this batch; iteration j
         (0-based) has every decode's context grown by j tokens (decode_context_sum + j*num_decodes).
         steps > 1 is only asked for batches without prefill chunks."""
         ...
 
-    # Optional: step_time(stats) -> float, step_times(stats, 1)[0] without the array (the engine
-    # prices most single iterations so, sim/runtime/fast_forward.Runner).
-    # Optional: decode_line(stats) -> (a, b, c, n) | None, for a batch without prefill chunks:
-    # iteration j of its run takes a + b * (c + n*j) seconds (c, n whole numbers), the very floats
-    # step_times gives (a test); None where that is not so. The engine then walks a run's first
-    # iterations in Python, up to the next arrival, instead of pricing 32 with numpy
-    # (sim/runtime/fast_forward.Runner).
+    def step_time(self, stats: BatchStats) -> float:
+        """step_times(stats, 1)[0] without the array: the engine prices most single iterations so."""
+        ...
+
+    def decode_line(self, stats: BatchStats) -> tuple[float, float, int, int, float] | None:
+        """For a batch without prefill chunks: (a, b, c, n, s) such that iteration j of its run takes
+        (a + b * (c + n*j)) * s seconds (c, n whole numbers), the very floats step_times gives (a
+        test); None where that is not so. The engine then walks a run's first iterations in
+        Python, up to the next arrival, instead of pricing 32 with numpy."""
+        ...
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)  # (compiled: setup.py; plug-ins subclass it)
+class StepCost:
+    """The base of servesim's cost models: the two fast paths derived from step_times, for a model
+    that has no faster way. A wrapper (ScaledCost, WindowedCost) passes each fast path of the model
+    it wraps on, so wrapping never makes a run slower."""
+
+    def step_times(self, stats: BatchStats, steps: int = 1) -> np.ndarray:
+        raise NotImplementedError
+
+    def step_time(self, stats: BatchStats) -> float:
+        return float(self.step_times(stats, 1)[0])
+
+    def decode_line(self, stats: BatchStats) -> tuple[float, float, int, int, float] | None:
+        return None
+
+
+class _Plain(StepCost):
+    """A cost model with step_times only (a plug-in), given the fast paths' defaults."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+
+    def step_times(self, stats: BatchStats, steps: int = 1) -> np.ndarray:
+        return self.inner.step_times(stats, steps)
+
+
+def as_cost_model(cost: Any) -> CostModel:
+    """`cost` itself if it has both fast paths, else `cost` with their defaults."""
+    if isinstance(cost, StepCost) or (hasattr(cost, "step_time") and hasattr(cost, "decode_line")):
+        return cost
+    return _Plain(cost)
 
 
 def prefill_attention_work(stats: BatchStats) -> float:
@@ -50,7 +91,7 @@ def _context_sum(stats: Any) -> Any:
     return stats.decode_context_sum
 
 
-class WindowedCost:
+class WindowedCost(StepCost):
     """A sliding-window model's attention: `fraction` of the layers attend at most `window` tokens
     (their query at position p: min(p + 1, window) keys), the rest everything. Attention work is
     linear in the keys attended in each layer, so the wrapped model (built for full attention)
@@ -59,10 +100,16 @@ class WindowedCost:
     the average (floored at 0, which over-prices chunks much longer than the window)."""
 
     def __init__(self, inner: CostModel, fraction: float, window: int):
-        self.inner, self.fraction, self.window = inner, fraction, window
+        self.inner, self.fraction, self.window = as_cost_model(inner), fraction, window
 
     def step_times(self, stats: BatchStats, steps: int = 1) -> np.ndarray:
         return self.inner.step_times(self.attended(stats), steps)
+
+    def step_time(self, stats: BatchStats) -> float:
+        return self.inner.step_time(self.attended(stats))
+
+    def decode_line(self, stats: BatchStats) -> tuple[float, float, int, int, float] | None:
+        return self.inner.decode_line(self.attended(stats))
 
     def attended(self, stats: BatchStats) -> BatchStats:
         f, w = self.fraction, self.window
@@ -89,25 +136,35 @@ class WindowedCost:
                                   decode_context_growth=growth)
 
 
-class ScaledCost:
+class ScaledCost(StepCost):
     """Another model's step times x `factor`: what the planner simulates to carry a profile's
     measured error (held-out MAPE) into its answer."""
 
     def __init__(self, inner: CostModel, factor: float):
-        self.inner, self.factor = inner, factor
+        self.inner, self.factor = as_cost_model(inner), factor
 
     def step_times(self, stats: BatchStats, steps: int = 1) -> np.ndarray:
         return self.inner.step_times(stats, steps) * self.factor
 
+    def step_time(self, stats: BatchStats) -> float:
+        return self.inner.step_time(stats) * self.factor  # (one float64 product, as above)
 
-class UnitCost:
+    def decode_line(self, stats: BatchStats) -> tuple[float, float, int, int, float] | None:
+        line = self.inner.decode_line(stats)
+        if line is None or line[4] != 1.0:  # (a scale of a scale would round twice: priced, not walked)
+            return None
+        a, b, c, n, _ = line
+        return a, b, c, n, self.factor
+
+
+class UnitCost(StepCost):
     """Every iteration costs 1.0, so simulated time counts iterations."""
 
     def step_times(self, stats: BatchStats, steps: int = 1) -> np.ndarray:
         return np.ones(steps)
 
 
-class RooflineCost:
+class RooflineCost(StepCost):
     """Per layer group, time = max(FLOPs / (peak x eff), bytes / (bandwidth x eff)), summed over
     groups (no overlap between groups), plus TP all-reduces and a CPU overhead per iteration.
     Groups: linear layers + lm_head; prefill attention; decode attention. All per TP rank."""
@@ -226,14 +283,14 @@ class RooflineCost:
             contexts = c0 + g * np.arange(steps, dtype=np.float64)
         return fixed + np.maximum(self._s_per_pair * contexts, self._s_per_kv_token * (contexts + n))
 
-    def decode_line(self, stats: BatchStats) -> tuple[float, float, int, int] | None:
-        """(fixed, s_per_kv_token, context + n, n) when the KV reads are the larger attention term
+    def decode_line(self, stats: BatchStats) -> tuple[float, float, int, int, float] | None:
+        """(fixed, s_per_kv_token, context + n, n, 1.0) when the KV reads are the larger attention term
         at any context (see _one_term): iteration j takes fixed + s_per_kv_token x (c + n + j n)."""
         n = stats.num_decodes
         if not n or len(stats.prefill_lens) or stats.decode_context_growth is not None \
                 or self._s_per_kv_token < 2 * self._s_per_pair:
             return None
-        return self._fixed_time(stats), self._s_per_kv_token, stats.decode_context_sum + n, n
+        return self._fixed_time(stats), self._s_per_kv_token, stats.decode_context_sum + n, n, 1.0
 
     def _one_term(self, fixed: float, ctx: int, n: int, steps: int) -> np.ndarray | None:
         """The run's durations when one attention term is the larger in every iteration (None
@@ -286,7 +343,7 @@ class StepProfile:
         return float(s[-1] + slope * (tokens - k[-1]))
 
 
-class ProfileCost:
+class ProfileCost(StepCost):
     """t = intercept + f(total_tokens) + a x decode_context_sum + b x prefill_attention_work
     + c x num_seqs, with f monotone piecewise-linear and a, b, c >= 0."""
 
@@ -315,10 +372,10 @@ class ProfileCost:
         growth = self.profile.decode_context_sum * (stats.num_decodes if g is None else g)  # s per step
         return t + growth * np.arange(steps, dtype=np.float64)
 
-    def decode_line(self, stats: BatchStats) -> tuple[float, float, int, int] | None:
-        """(t, growth, 0, 1): iteration j of a decode run takes t + growth x j, as step_times."""
+    def decode_line(self, stats: BatchStats) -> tuple[float, float, int, int, float] | None:
+        """(t, growth, 0, 1, 1.0): iteration j of a decode run takes t + growth x j, as step_times."""
         if len(stats.prefill_lens) or not stats.num_decodes:
             return None
         t = self.step_time(stats)
         g = stats.decode_context_growth
-        return t, self.profile.decode_context_sum * (stats.num_decodes if g is None else g), 0, 1
+        return t, self.profile.decode_context_sum * (stats.num_decodes if g is None else g), 0, 1, 1.0

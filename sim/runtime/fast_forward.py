@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import simpy
 
-from sim.cost.step_cost import CostModel
+from sim.cost.step_cost import CostModel, as_cost_model
 from sim.schedulers.step import Schedule
 
 ITERATION_END = simpy.core.URGENT
@@ -55,10 +55,8 @@ class Runner:
     runs; `cut` shortens a run that a closed loop's new arrival could join."""
 
     def __init__(self, env: simpy.Environment, cost: CostModel, inbox, fast_forward: bool = True):
-        self.env, self.cost, self.inbox = env, cost, inbox
+        self.env, self.cost, self.inbox = env, as_cost_model(cost), inbox
         self.fast_forward = fast_forward
-        self._line = getattr(cost, "decode_line", None)  # (optional: sim/cost/step_cost.CostModel)
-        self._one = getattr(cost, "step_time", None)     # (optional, likewise)
         # the run in progress that `cut` may shorten: (start, durations, event, timer), else None
         self._run: tuple | None = None
 
@@ -107,24 +105,25 @@ class Runner:
         read them one at a time), and their total: one, or a run of up to schedule.max_steps that
         ends with the first iteration ending at or after the next arrival (if that could matter)."""
         steps = schedule.max_steps if self.fast_forward else 1
-        if steps == 1 and self._one is not None:  # (no array for one iteration)
-            one: float = self._one(schedule.stats)
+        if steps == 1:  # (no array for one iteration)
+            one: float = self.cost.step_time(schedule.stats)
             return [one], one
-        if steps == 1 or not schedule.arrival_sensitive:
+        if not schedule.arrival_sensitive:
             return listed(self.cost.step_times(schedule.stats, steps))
         arrival: float = self.inbox.next_arrival()
         probe = min(steps, _PROBE_STEPS)  # an arrival usually cuts a run long before it ends
-        line = self._line(schedule.stats) if self._line is not None else None
+        line = self.cost.decode_line(schedule.stats)
         if line is not None:  # walk the probe in Python: the same floats, a few µs less a run
             a: float
             b: float
             c: int
             n: int
-            a, b, c, n = line  # (typed: compiled, the walk below is C arithmetic on doubles)
+            scale: float
+            a, b, c, n, scale = line  # (typed: compiled, the walk below is C arithmetic on doubles)
             walked: list[float] = []
             acc, cut = 0.0, False
             for j in range(probe):
-                d = a + b * (c + n * j)
+                d = (a + b * (c + n * j)) * scale  # (x 1.0 changes no float)
                 walked.append(d)
                 acc += d  # (numpy's cumsum: a left fold)
                 if start + acc >= arrival:
