@@ -5,7 +5,6 @@ stays fast. Bad input (ScenarioError) is printed as one line `error: ...` with e
 """
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -215,7 +214,9 @@ class _Progress:
 
     def __init__(self, label: str, unit: str, *, enabled: bool = True, after_s: float = 0.0):
         self.label, self.unit, self.enabled, self.after_s = label, unit, enabled, after_s
-        self.start, self.bar, self.task = time.monotonic(), None, None
+        self.start = time.monotonic()
+        self.bar: Any = None   # a rich Progress, once drawn
+        self.task: Any = None
 
     def __enter__(self) -> _Progress:
         self.start = time.monotonic()
@@ -243,6 +244,7 @@ class _Progress:
             TimeRemainingColumn,
         )
 
+        columns: tuple
         if total is None:
             columns = (TextColumn(f"{self.label}: {{task.completed}} {self.unit}"), TimeElapsedColumn())
         else:
@@ -531,64 +533,6 @@ def export(
     typer.echo(str(path))
 
 
-def _int_list(flag: str, text: str | None) -> tuple[int, ...] | None:
-    """'64,128,256' -> (64, 128, 256); None when not given; a bad item is one line naming the flag."""
-    if text is None:
-        return None
-    from sim.config.errors import ScenarioError
-
-    out = []
-    for item in text.split(","):
-        item = item.strip()
-        if not item.isdigit() or int(item) < 1:
-            raise ScenarioError(f"{flag}: {item!r} is not an integer >= 1 (write e.g. {flag} 64,128,256)")
-        out.append(int(item))
-    return tuple(out)
-
-
-def _spec_list(text: str | None) -> list[dict | None]:
-    """'off,eagle:3:0.7,draft:4:0.6:llama-2-7b' -> [None, {method: eagle, ...}, ...] (checked when
-    each setting's scenario loads: engine.speculative's rules)."""
-    if text is None:
-        return []
-    from sim.config.errors import ScenarioError
-
-    out: list[dict | None] = []
-    for item in (x.strip() for x in text.split(",")):
-        if item == "off":
-            out.append(None)
-            continue
-        parts = item.split(":")
-        try:
-            spec = {"method": parts[0], "num_speculative_tokens": int(parts[1]), "acceptance_rate": float(parts[2])}
-        except (IndexError, ValueError):
-            raise ScenarioError(f"--speculative: {item!r} is not off or METHOD:K:ACCEPTANCE[:DRAFT_MODEL] "
-                                "(e.g. eagle:3:0.7)") from None
-        if len(parts) > 3:
-            spec["draft_model"] = parts[3]
-        out.append(spec)
-    return out
-
-
-def _split_list(text: str | None) -> list[tuple[int, int] | None]:
-    """'off,1:3,2:2' -> [None, (1, 3), (2, 2)]."""
-    if text is None:
-        return []
-    from sim.config.errors import ScenarioError
-
-    out: list[tuple[int, int] | None] = []
-    for item in (x.strip() for x in text.split(",")):
-        p, sep, d = item.partition(":")
-        if item == "off":
-            out.append(None)
-        elif sep and p.isdigit() and d.isdigit() and int(p) > 0 and int(d) > 0:
-            out.append((int(p), int(d)))
-        else:
-            raise ScenarioError(f"--disaggregation: {item!r} is not off or P:D (prefill and decode replicas, "
-                                "e.g. 1:3)")
-    return out
-
-
 def _esc(value: object) -> str:
     """User text (model, GPU, scenario and folder names, paths, --set values) for a rich table:
     markup brackets escaped (a name holding "[/]" crashed capacity, sweep, plan and compare) and
@@ -702,88 +646,21 @@ def plan(
     goodput, the replicas (simulated with the router) for a target load, and the cost. Writes
     [bold]plan.md[/], [bold]plan.json[/] and plots. A trace replay is searched over its
     workload.time_scale and reported in requests/s (time_scale x its native rate)."""
-    from sim.config.checks import check_out_dir
     from sim.config.errors import ScenarioError
-    from sim.config.scenario import load_scenario
-    from sim.planning.evaluator import PlanOptions
-    from sim.planning.plan_report import headline, write_report
-    from sim.planning.planner import plan as make_plan
-    from sim.planning.slo import parse_slo
+    from sim.planning.plan_request import PlanRequest, prepare
 
+    request = PlanRequest(
+        scenario, slo=slo, target_rate=target_rate, target_users=target_users, gpu_hour_usd=gpu_hour_usd, out=out,
+        overrides=tuple(set_ or ()), seeds=seeds, resolution=resolution, horizon_s=horizon_s, confidence=confidence,
+        headroom=headroom, band=band, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+        gpus=gpus, tp=tp, schedulers=schedulers, speculative=speculative, disaggregation=disaggregation,
+        prefix_caching=prefix_caching, max_gpus=max_gpus, budget_usd_per_hour=budget_usd_per_hour,
+        min_requests=min_requests, workers=workers)
     try:
-        if target_rate is not None and target_users is not None:
-            raise ScenarioError("--target-rate and --target-users: give one (a rate for open-loop "
-                                "scenarios, users for closed-loop ones)")
-        for flag, v in (("--target-rate", target_rate), ("--target-users", target_users),
-                        ("--seeds", seeds), ("--resolution", resolution), ("--workers", workers),
-                        ("--horizon-s", horizon_s), ("--min-requests", min_requests)):
-            if v is not None and not 0 < v < math.inf:
-                rule = "an integer >= 1" if isinstance(v, int) else "a finite number > 0"
-                raise ScenarioError(f"{flag}: {v} is not {rule}")
-        from sim.config.checks import MAX_COUNT, MAX_RATE
-
-        for flag, v, cap in (("--target-rate", target_rate, MAX_RATE), ("--target-users", target_users, MAX_COUNT)):
-            if v is not None and v > cap:  # said before any search runs
-                raise ScenarioError(f"{flag}: {v:g} is more than {cap:g}, the most servesim plans for")
-        if gpu_hour_usd is not None and not 0 <= gpu_hour_usd < math.inf:
-            raise ScenarioError(f"--gpu-hour-usd: {gpu_hour_usd} is not a finite number >= 0")
-        sc = load_scenario(scenario, set_ or ())
-        if sc.cost_model.notice:  # the default fell back to an estimate: say so, once
-            typer.echo(f"note: {sc.cost_model.notice}", err=True)
-        if slo is not None:
-            slo_cfg = parse_slo(slo)
-        elif sc.slo is not None:
-            slo_cfg = sc.slo
-        else:
-            raise ScenarioError(f"--slo: missing and {scenario} has no slo: section; "
-                                "e.g. --slo ttft_ms=500,tpot_ms=50,percentile=99")
-        out_dir = out if out is not None else Path("runs") / f"{sc.name}-plan"
-        check_out_dir(out_dir)
-        if not 0.5 <= confidence < 1:
-            raise ScenarioError(f"--confidence: {confidence:g} is not in [0.5, 1)")
-        seq_list = _int_list("--max-num-seqs", max_num_seqs)
-        token_list = _int_list("--max-num-batched-tokens", max_num_batched_tokens)
-        options = PlanOptions(first_seeds=min(2, seeds), seeds=seeds, max_seeds=max(seeds, 7),
-                              curve_seeds=min(2, seeds), curve_max_seeds=min(3, seeds), resolution=resolution,
-                              horizon_s=horizon_s, min_requests=min_requests, confidence=confidence,
-                              max_requests=max(min_requests, PlanOptions.max_requests), workers=workers)
-        target = target_rate if target_users is None else target_users
-        if any(v is not None for v in (gpus, tp, schedulers, prefix_caching, speculative, disaggregation)):
-            from sim.planning.config_search import search_configs
-            from sim.planning.search_report import search_headline, write_search_report
-
-            gpu_list = [g.strip() for g in (gpus or sc.hardware.name).split(",")]
-            tp_list = _int_list("--tp", tp) or (sc.engine.tensor_parallel_size,)
-            from sim.schedulers import SCHEDULERS
-
-            sched_list = [k.strip() for k in (schedulers or sc.engine.scheduler).split(",")]
-            for k in sched_list:
-                if k not in SCHEDULERS:
-                    raise ScenarioError(f"--schedulers: unknown scheduler {k!r}; allowed: {', '.join(SCHEDULERS)}")
-            caching = {"on": True, "off": False}
-            cache_list = [c.strip().lower() for c in prefix_caching.split(",")] if prefix_caching else []
-            for c in cache_list:
-                if c not in caching:
-                    raise ScenarioError(f"--prefix-caching: {c!r} is not on or off (write --prefix-caching on,off)")
-            with _Progress("searching", "simulations", enabled=not quiet) as progress:
-                result = search_configs(scenario, slo_cfg, gpus=gpu_list, tps=tp_list, target=target,
-                                        overrides=set_ or (), seqs=seq_list or (), tokens=token_list or (),
-                                        schedulers=sched_list, prefix_caching=[caching[c] for c in cache_list],
-                                        speculative=_spec_list(speculative),
-                                        disaggregation=_split_list(disaggregation),
-                                        max_gpus=max_gpus, budget_usd_per_hour=budget_usd_per_hour,
-                                        headroom=headroom, options=options, progress=progress)
-            write_search_report(result, out_dir)
-            if not quiet:
-                _print_rows(f"servesim plan --gpus/--tp: {result['scenario']}", search_headline(result))
-            typer.echo(str(out_dir) if quiet else f"output: {out_dir}/ (search.md, search.json, pareto.png)")
-            return
-        with _Progress("planning", "simulations", enabled=not quiet) as progress:
-            result = make_plan(scenario, slo_cfg, overrides=set_ or (), options=options, progress=progress,
-                               target=target, target_unit="users" if target_users is not None else "req/s",
-                               gpu_hour_usd=gpu_hour_usd, headroom=headroom, band=band,
-                               seqs_grid=seq_list, tokens_grid=token_list)
-        write_report(result, out_dir)
+        job = prepare(request, note=lambda text: typer.echo(f"note: {text}", err=True))
+        with _Progress(job.label, "simulations", enabled=not quiet) as progress:
+            result = job.run(progress)
+        title, rows, written = job.write(result)
     except ScenarioError as e:
         raise _fail(str(e)) from None
     except OSError as e:
@@ -791,10 +668,10 @@ def plan(
     except KeyboardInterrupt:
         raise _fail("interrupted; no plan written", code=130) from None
     if not quiet:
-        _print_rows(f"servesim plan: {result['scenario']}", headline(result))
-    for warning in result["warnings"]:  # e.g. a trace too short for a stable p99
+        _print_rows(title, rows)
+    for warning in result.get("warnings", ()):  # e.g. a trace too short for a stable p99
         typer.echo(f"warning: {warning}", err=True)
-    typer.echo(str(out_dir) if quiet else f"output: {out_dir}/ (plan.md, plan.json, plots)")
+    typer.echo(str(job.out_dir) if quiet else f"output: {job.out_dir}/ ({written})")
 
 
 @app.command(short_help="KV-cache memory budget of a model on a GPU (no simulation).")
@@ -826,165 +703,25 @@ def capacity(
     import json
 
     from sim.config.errors import ScenarioError
-    from sim.config.scenario import load_scenario
-    from sim.presets import hardware as hw_presets
-    from sim.presets import models as model_presets
-    from sim.presets.memory import kv_budget
+    from sim.reporting.capacity import capacity_table
 
     try:
-        if scenario is not None:
-            sc = load_scenario(scenario)
-            m, hw, e = sc.model, sc.hardware, sc.engine
-            defaults = {"tp": e.tensor_parallel_size, "util": e.gpu_memory_utilization,
-                        "block": e.block_size, "tokens": e.max_num_batched_tokens,
-                        "kv_dtype": e.kv_cache_dtype}
-        else:
-            m = hw = None
-            defaults = {"tp": 1, "util": 0.9, "block": 16, "tokens": 8192, "kv_dtype": "auto"}
-        if model is not None:
-            m = _capacity_model(model, model_presets)
-        if gpu is not None:
-            if gpu not in hw_presets.HARDWARE_PRESETS:
-                raise ScenarioError(f"--gpu: unknown preset {gpu!r}; presets: "
-                                    + ", ".join(sorted(hw_presets.HARDWARE_PRESETS)))
-            hw = hw_presets.HARDWARE_PRESETS[gpu]
-        if m is None or hw is None:
-            flag = "--model" if m is None else "--gpu"
-            names = model_presets.MODEL_PRESETS if m is None else hw_presets.HARDWARE_PRESETS
-            raise ScenarioError(f"{flag}: missing (or give --scenario FILE); presets: " + ", ".join(sorted(names)))
-        from sim.config.checks import MAX_TOKENS, _int
-
-        _int(seq_len, "--seq-len", lo=1, cap=MAX_TOKENS)
-        _check_capacity_options(m, tp, gpu_memory_utilization, block_size, max_num_batched_tokens)
-        b = kv_budget(m, hw, tensor_parallel_size=_or_default(tp, defaults["tp"]),
-                      gpu_memory_utilization=_or_default(gpu_memory_utilization, defaults["util"]),
-                      block_size=_or_default(block_size, defaults["block"]),
-                      max_num_batched_tokens=_or_default(max_num_batched_tokens, defaults["tokens"]),
-                      where="capacity", kv_cache_dtype=defaults["kv_dtype"])
+        title, rows = capacity_table(model, gpu, tp, seq_len, gpu_memory_utilization, block_size,
+                                     max_num_batched_tokens, scenario)
     except ScenarioError as e:
         raise _fail(str(e)) from None
-    rows = capacity_rows(m.name, hw.name, b, seq_len, spec=m, kv_cache_dtype=defaults["kv_dtype"])
     if json_:
         typer.echo(json.dumps({key: value for key, _, value, _ in rows}, indent=2))
         return
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=_esc(f"servesim capacity: {m.name} on {hw.name}, tensor_parallel_size {b.tensor_parallel_size}"),
-              title_justify="left", show_header=False)
+    t = Table(title=_esc(title), title_justify="left", show_header=False)
     t.add_column("")
     t.add_column("", justify="right")
     for _, label, _value, shown in rows:
         t.add_row(_esc(label), _esc(shown))
     Console().print(t)
-
-
-def _check_capacity_options(m: Any, tp: int | None, util: float | None, block: int | None,
-                            tokens: int | None) -> None:
-    """The options given, by the scenario rules (sim/config/scenario.py), in errors that name the option."""
-    from sim.config.errors import ScenarioError
-    from sim.config.scenario import MAX_BLOCK_SIZE
-
-    heads = m.num_attention_heads
-    if tp is not None and (tp < 1 or heads % tp):
-        allowed = ", ".join(str(d) for d in range(1, heads + 1) if heads % d == 0)
-        raise ScenarioError(f"--tp: {tp} does not divide the {heads} attention heads of {m.name}; "
-                            f"allowed: {allowed}")
-    if util is not None and not 0 < util <= 1:
-        raise ScenarioError(f"--gpu-memory-utilization: {util} is not a number in (0, 1]")
-    if block is not None and (not 1 <= block <= MAX_BLOCK_SIZE or block & (block - 1)):
-        raise ScenarioError(f"--block-size: {block} is not a power of two in [1, {MAX_BLOCK_SIZE}] "
-                            "(vLLM uses 16)")
-    if tokens is not None and tokens < 1:
-        raise ScenarioError(f"--max-num-batched-tokens: {tokens} is not an integer >= 1")
-
-
-def _or_default(value: Any, default: Any) -> Any:
-    return default if value is None else value
-
-
-def _capacity_model(name: str, model_presets: Any) -> Any:
-    from sim.config.errors import ScenarioError
-
-    if name in model_presets.MODEL_PRESETS:
-        return model_presets.MODEL_PRESETS[name]
-    if Path(name).exists():
-        return model_presets.model_from_hf_config(Path(name))
-    raise ScenarioError(f"--model: unknown preset {name!r}; presets: "
-                        + ", ".join(sorted(model_presets.MODEL_PRESETS)) + " (or a path to a HF config.json)")
-
-
-def capacity_rows(model: str, gpu: str, b: Any, seq_len: int, spec: Any = None,
-                  kv_cache_dtype: str = "auto") -> list[tuple[str, str, Any, str]]:
-    """(json key, label, value, shown) for `servesim capacity`; bytes are per GPU (per TP rank)."""
-    gb = lambda x: f"{x / 1e9:,.2f} GB"  # noqa: E731
-    per_seq = b.blocks_per_seq(seq_len)
-    extra = [] if spec is None else _architecture_rows(spec, b.tensor_parallel_size, kv_cache_dtype, gb)
-    rows = [
-        ("model", "model", model, model), ("gpu", "GPU", gpu, gpu),
-        ("tensor_parallel_size", "tensor_parallel_size", b.tensor_parallel_size, str(b.tensor_parallel_size)),
-        ("total_bytes", "GPU memory", b.total_bytes, gb(b.total_bytes)),
-        ("usable_bytes", "usable (gpu_memory_utilization x memory)", b.usable_bytes, gb(b.usable_bytes)),
-        ("weight_bytes_per_gpu", "weights per GPU", b.weight_bytes_per_gpu, gb(b.weight_bytes_per_gpu)),
-        ("activation_reserve_bytes", "activation + fixed reserve", b.activation_reserve_bytes,
-         gb(b.activation_reserve_bytes)),
-        ("kv_cache_bytes", "KV cache", b.kv_cache_bytes, gb(b.kv_cache_bytes)),
-        ("kv_bytes_per_token", "KV bytes per token (per GPU)", b.kv_bytes_per_token,
-         f"{b.kv_bytes_per_token:,} B"),
-        ("block_bytes", f"KV bytes per block ({b.block_size} tokens"
-         + (")" if b.layout is None else f" x {b.layout.group_layers} layers)"), b.block_bytes, f"{b.block_bytes:,} B"),
-        ("num_gpu_blocks", "KV blocks per GPU", b.num_gpu_blocks, f"{b.num_gpu_blocks:,}"),
-        ("max_tokens", "KV capacity (tokens per replica)", b.max_tokens, f"{b.max_tokens:,}"),
-        ("seq_len", "sequence length (tokens)", seq_len, f"{seq_len:,}"),
-        ("blocks_per_seq", "blocks per sequence", per_seq, f"{per_seq:,}"),
-        ("max_concurrent_seqs", f"concurrent sequences of {seq_len:,} tokens", b.max_concurrent_seqs(seq_len),
-         f"{b.max_concurrent_seqs(seq_len):,}"),
-    ]
-    return rows[:3] + extra + rows[3:]  # after model, GPU and TP: what the weights and KV are made of
-
-
-
-def _architecture_rows(m: Any, tp: int, kv_cache_dtype: str, gb) -> list[tuple[str, str, Any, str]]:
-    """What the weights and the KV bytes per token are made of (MoE experts, MLA latent, fp8)."""
-    from sim.presets.memory import KV_CACHE_DTYPES
-
-    rows = [("num_params", "parameters (all)", m.num_params, f"{m.num_params / 1e9:,.2f} B"),
-            ("active_params", "parameters one token multiplies", m.matmul_params,
-             f"{m.matmul_params / 1e9:,.2f} B")]
-    wbytes, routed = m.expert_bytes_per_weight, m.routed_expert_params
-    if m.moe is not None:
-        e = m.moe
-        rows.append(("routed_expert_bytes_per_gpu", f"routed experts per GPU ({e.num_experts} x "
-                     f"{m.num_layers - e.dense_layers} layers, {e.experts_per_token} per token)",
-                     routed * wbytes / tp, gb(routed * wbytes / tp)))
-    if m.linear_weight_bytes is not None:
-        rows.append(("linear_weight_bytes", "bytes per linear-layer weight (quantised)",
-                     m.linear_weight_bytes, f"{m.linear_weight_bytes:g}"))
-    if m.expert_weight_bytes is not None:
-        rows.append(("expert_weight_bytes", "bytes per routed-expert weight (quantised)",
-                     m.expert_weight_bytes, f"{m.expert_weight_bytes:g}"))
-    elem = KV_CACHE_DTYPES[kv_cache_dtype] or m.dtype_bytes
-    if m.mla is not None:
-        why = (f"{m.num_layers} layers x ({m.mla.kv_lora_rank} latent + {m.mla.qk_rope_head_dim} rope) "
-               f"x {elem} B, the same on every GPU (MLA)")
-    else:
-        heads = max(1, m.num_kv_heads // tp)
-        why = f"2 (K, V) x {m.num_layers} layers x {heads} KV heads x {m.head_dim} x {elem} B"
-    rows.append(("kv_bytes_per_token_why", "KV bytes per token, because", why, why))
-    if m.sliding_layers:
-        lay = m.kv_layout
-        full = m.num_layers - m.sliding_layers
-        if not full:
-            text = (f"all {m.num_layers} layers attend the last {m.sliding_window:,} tokens: a sequence keeps "
-                    f"only its window's blocks")
-        else:
-            pad = lay.groups * lay.group_layers - m.num_layers
-            text = (f"{m.sliding_layers} of {m.num_layers} layers attend the last {m.sliding_window:,} tokens; "
-                    f"vLLM groups the layers {lay.full_groups} full + {lay.sliding_groups} windowed group(s) of "
-                    f"{lay.group_layers}" + (f" ({pad} padding)" if pad else "")
-                    + ": a sequence keeps every token in the full group(s), only its window in the others")
-        rows.append(("sliding_window", "sliding window", m.sliding_window, text))
-    return rows
 
 
 # ---- plot (issue 5: owned by the plots engineer) ----
@@ -1156,31 +893,13 @@ def _calibrate_from_runs(runs: list[Path], model: str, out: Path) -> None:
 
 def _calibrate_from_bench(benches: list[Path], model: str, gpu: str | None, tp: int,
                           sets: tuple[str, ...], out: Path) -> None:
-    from sim.config.checks import _int, check_input_file
+    from calibrate.measured import write_profile
+    from calibrate.overheads import FIT_METRICS, bench_model, bench_profile, fit_bench, grid_points
     from sim.config.errors import ScenarioError
-    from sim.presets.hardware import HARDWARE_PRESETS
-    from sim.presets.models import MODEL_PRESETS
 
     try:
-        _int(tp, "--tp", lo=1)
-        if gpu not in HARDWARE_PRESETS:
-            raise ScenarioError(f"--gpu: {gpu!r} is not one of {', '.join(HARDWARE_PRESETS)} "
-                                f"(the GPU the benchmarks ran on)")
-        if model in MODEL_PRESETS:
-            model_value = model
-        elif Path(model).is_file():
-            model_value = {"hf_config": str(Path(model).resolve())}
-        else:
-            raise ScenarioError(f"--model: {model!r} is neither a preset ({', '.join(MODEL_PRESETS)}) "
-                                f"nor a HF config.json path")
-        bad = [s for s in sets if not s.startswith("engine.")]
-        if bad:
-            raise ScenarioError(f"--set {bad[0]}: only engine.KEY=VALUE describes the server here")
-        for b in benches:
-            check_input_file(b, "trace", str(b))
-        from calibrate.measured import write_profile
-        from calibrate.overheads import FIT_METRICS, bench_profile, fit_bench, grid_points
-
+        model_value = bench_model(benches, model, gpu, tp, sets)
+        assert gpu is not None  # (checked by bench_model)
         with _Progress("fitting overheads", "grid points") as progress:
             n, total = [0], len(grid_points())
 
@@ -1205,41 +924,11 @@ def _calibrate_from_bench(benches: list[Path], model: str, gpu: str | None, tp: 
 
 
 def _calibrate_from_tables(tables: Path, model: str, gpu: str | None, tp: int, out: Path) -> None:
-    from sim.config.checks import _int
+    from calibrate.measured import profile_from_tables, write_profile
     from sim.config.errors import ScenarioError
-    from sim.presets.hardware import HARDWARE_PRESETS
-    from sim.presets.models import MODEL_PRESETS, model_from_hf_config
 
     try:
-        _int(tp, "--tp", lo=1)
-        if gpu not in HARDWARE_PRESETS:
-            raise ScenarioError(f"--gpu: {gpu!r} is not one of {', '.join(HARDWARE_PRESETS)} "
-                                f"(the GPU the tables were measured on)")
-        if not (tables / "provenance.yaml").is_file():
-            raise ScenarioError(f"--from-tables {tables}: no provenance.yaml there; expected a "
-                                f"folder written by python -m calibrate.aic_import")
-        if model in MODEL_PRESETS:
-            spec = MODEL_PRESETS[model]
-        elif Path(model).exists():
-            spec = model_from_hf_config(Path(model))
-        else:
-            raise ScenarioError(f"--model: {model!r} is neither a preset ({', '.join(MODEL_PRESETS)}) "
-                                f"nor a HF config.json path")
-        if spec.num_attention_heads % tp:
-            raise ScenarioError(f"--tp: {tp} does not divide {spec.name}'s "
-                                f"{spec.num_attention_heads} attention heads")
-        import yaml
-
-        from calibrate.measured import write_profile
-        from sim.cost.composer import KernelTables, build_profile
-
-        hw = HARDWARE_PRESETS[gpu]
-        provenance = yaml.safe_load((tables / "provenance.yaml").read_text())
-        try:
-            doc = build_profile(KernelTables.load(tables, hw.hbm_bandwidth), spec, hw, tp,
-                                provenance=provenance)
-        except ValueError as e:  # a shape the tables cannot reach (most messages name the folder)
-            raise ScenarioError(f"--from-tables {tables}: {str(e).removeprefix(f'{tables}: ')}") from None
+        doc, spec = profile_from_tables(tables, model, gpu, tp)
         write_profile(doc, out)
     except ScenarioError as e:
         raise _fail(str(e)) from None
@@ -1302,69 +991,17 @@ def validate_cmd(
     on different machines: [bold]--real-only[/] there, [bold]--compare-only[/] here.
     See docs/validation.md."""
     try:
-        import torch
+        import torch  # noqa: F401  (said here, before anything loads)
     except ImportError:
         raise _fail("validate needs torch: pip install -e '.[gpu]'") from None
+    from calibrate.validation_job import ValidateRequest, run_validation
     from sim.config.errors import ScenarioError
-    from sim.config.scenario import load_scenario
 
+    request = ValidateRequest(scenario, profile=profile, engine=engine, device=device, clock=clock, out=out,
+                              seed=seed, overrides=tuple(set_ or ()), real_only=real_only, compare_only=compare_only,
+                              warmup_fraction=warmup_fraction, setup=setup, venv=vllm_venv)
     try:
-        from calibrate import validate as V
-
-        if engine not in V.ENGINES:
-            raise ScenarioError(f"--engine {engine!r}: allowed: {', '.join(V.ENGINES)}")
-        if not 0 <= warmup_fraction < 1:
-            raise ScenarioError(f"--warmup-fraction: {warmup_fraction:g} is not in [0, 1)")
-        if real_only and compare_only is not None:
-            raise ScenarioError("--real-only and --compare-only: give one of them (the first runs "
-                                "the real engine, the second only the simulator)")
-        if engine == "vllm":
-            return _validate_vllm(scenario, V, profile=profile, device=device, out=out, clock=clock,
-                                  seed=seed, set_=set_, real_only=real_only,
-                                  compare_only=compare_only, warmup_fraction=warmup_fraction,
-                                  setup=setup, venv=vllm_venv)
-        if setup or vllm_venv is not None:
-            raise ScenarioError("--setup/--vllm-venv: only with --engine vllm")
-        if compare_only is not None and (device is not None or clock is not None):
-            raise ScenarioError("--device/--clock: not used with --compare-only (the real run "
-                                "recorded its own)")
-        if profile is None and not real_only:
-            raise ScenarioError("--profile FILE is required (the simulator's cost model); only "
-                                "--real-only runs without one")
-        device = device or "cpu"
-        sc = load_scenario(scenario, overrides=set_ or (), seed=seed)
-        if out is not None:
-            out_dir = out
-        elif compare_only is not None:
-            out_dir = compare_only.parent if compare_only.name == "real" else compare_only
-        else:
-            out_dir = Path("runs") / f"validate-{sc.name}"
-        if compare_only is not None:
-            prof = V.check_profile(sc, profile)
-            real = V.load_real(compare_only, sc)
-            V.check_out_dir(out_dir)
-            result = V.compare_real(sc, prof, real, warmup_fraction=warmup_fraction)
-            V.write(result, out_dir)
-        else:
-            V.check_out_dir(out_dir)
-            if device == "cpu":
-                torch.set_num_threads(1)  # as servesim calibrate measures the CPU
-            if real_only:
-                prof = V.check_profile(sc, profile) if profile is not None else None
-                with _Progress("real engine", "requests") as progress:
-                    real = V.run_real(sc, device=device, clock=clock, prof=prof, progress=progress)
-                d = V.write_real(real, out_dir)
-                typer.echo(f"real engine: {len(real.result.requests)} requests, "
-                           f"{real.meta['iterations']} iterations in {real.meta['wall_s']:.1f} s on "
-                           f"{real.meta['device_name']} (engine overhead "
-                           f"{real.meta['engine_overhead_ms']:.3f} ms per iteration)")
-                typer.echo(f"output: {d}/ ({', '.join(V.REAL_FILES)}); compare on a machine with "
-                           f"simpy: servesim validate {scenario} --profile FILE --compare-only {out_dir}")
-                return
-            with _Progress("real engine", "requests") as progress:
-                result = V.validate(sc, profile, device=device, clock=clock, progress=progress,
-                                    warmup_fraction=warmup_fraction)
-            V.write(result, out_dir)
+        outcome = run_validation(request, progress=_Progress, say=lambda text: typer.echo(text, err=True))
     except ScenarioError as e:
         raise _fail(str(e)) from None
     except ModuleNotFoundError as e:
@@ -1377,59 +1014,11 @@ def validate_cmd(
     except KeyboardInterrupt:
         raise _fail("interrupted; the output is incomplete (no comparison.md / real/run.json "
                     "written)", code=130) from None
-    from rich.console import Console
+    if outcome.result is not None:
+        from rich.console import Console
 
-    Console().print(_comparison_table(sc.name, result))
-    typer.echo(f"output: {out_dir}/ (comparison.md, comparison.csv, comparison.png, real/, sim/)")
-
-
-def _validate_vllm(scenario: Path, V, *, profile, device, out, clock, seed, set_, real_only,
-                   compare_only, warmup_fraction, setup, venv) -> None:
-    """`validate --engine vllm`: real vLLM in its own venv, then the simulator; the caller checked
-    the options both engines share and reports ScenarioErrors and OSErrors."""
-    import numpy as np
-    from rich.console import Console
-
-    from calibrate import vllm_engine
-    from sim.config.errors import ScenarioError
-    from sim.config.scenario import load_scenario
-
-    if device not in (None, "cpu"):
-        raise ScenarioError(f"--device {device}: --engine vllm runs vLLM's CPU backend only")
-    clock = clock or "cpu"
-    sc = load_scenario(scenario, overrides=set_ or (), seed=seed)
-    if compare_only is not None:
-        out_dir = out or (compare_only.parent if compare_only.name == "real" else compare_only)
-        real = V.load_real(compare_only, sc)
-        V.check_out_dir(out_dir)
-        result = V.compare_vllm(sc, real, out_dir=out_dir, profile=profile,
-                                warmup_fraction=warmup_fraction)
-    else:
-        out_dir = out or Path("runs") / f"validate-vllm-{sc.name}"
-        venv = venv or vllm_engine.default_venv()
-        if profile is not None:
-            V.check_profile(sc, profile)
-        V.check_out_dir(out_dir)
-        workload = V.build_workload(sc.workload, np.random.default_rng(sc.seed))
-        vllm_engine.check_vllm_scenario(sc, workload)  # before minutes of setup or start-up
-        if setup:
-            vllm_engine.setup(venv)
-        typer.echo(f"vLLM: starting the engine in {venv} (start-up and compilation take 1-2 min)",
-                   err=True)
-        with _Progress("vLLM", "requests") as progress:
-            real = V.run_vllm_real(sc, out_dir=out_dir, venv=venv, clock=clock, progress=progress,
-                                   workload=workload)
-        if real_only:
-            d = V.write_real(real, out_dir)
-            typer.echo(f"vLLM: {len(real.result.requests)} requests, {real.meta['iterations']} "
-                       f"iterations; output: {d}/")
-            return
-        result = V.compare_vllm(sc, real, out_dir=out_dir, profile=profile,
-                                warmup_fraction=warmup_fraction)
-    V.write(result, out_dir)
-    Console().print(_comparison_table(sc.name, result))
-    fitted = ", profile.yaml (fitted on vLLM's iterations)" if profile is None else ""
-    typer.echo(f"output: {out_dir}/ (comparison.md, comparison.csv, comparison.png, real/, sim/{fitted})")
+        Console().print(_comparison_table(outcome.scenario.name, outcome.result))
+    typer.echo(outcome.message)
 
 
 def _comparison_table(name: str, result: Any) -> Any:

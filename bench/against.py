@@ -36,9 +36,13 @@ WORKER = """
 import sys, time
 sys.path.insert(0, {root!r})
 import numpy as np
-from sim.config.scenario import load_scenario
+try:
+    from sim.config.scenario import load_scenario
+    from sim.workload.generators import build_workload
+except ImportError:  # a revision from before sim/ was split into sub-packages
+    from sim.config import load_scenario
+    from sim.workload import build_workload
 from sim.simulate import simulate
-from sim.workload.generators import build_workload
 sc = load_scenario({root!r} + "/scenarios/chat-llama3-8b-h100.yaml", overrides=[
     "engine.scheduler={scheduler}", "workload.num_requests={requests}",
     "engine.max_num_batched_tokens=16384", *{sets!r}])

@@ -20,12 +20,42 @@ from pathlib import Path
 
 import yaml
 
+from sim.config.checks import _int
+from sim.config.errors import ScenarioError
 from sim.cost.composer import SYSTEMS, TABLES, KernelTables, _round, build_profile
 from sim.cost.measured import PROFILES
 from sim.files import write_file
 from sim.presets.hardware import HARDWARE_PRESETS, HardwareSpec
 from sim.presets.memory import kv_budget
-from sim.presets.models import CPU_PRESETS, MODEL_PRESETS, ModelSpec
+from sim.presets.models import CPU_PRESETS, MODEL_PRESETS, ModelSpec, model_from_hf_config
+
+
+def profile_from_tables(tables: Path, model: str, gpu: str | None, tp: int) -> tuple[dict, ModelSpec]:
+    """`servesim calibrate --from-tables`: the v2 profile document of `model` (a preset or a
+    config.json path) at `tp` on `gpu`, composed from the kernel tables in `tables` (a folder
+    written by python -m calibrate.aic_import). ScenarioError naming the option for bad input."""
+    _int(tp, "--tp", lo=1)
+    if gpu not in HARDWARE_PRESETS:
+        raise ScenarioError(f"--gpu: {gpu!r} is not one of {', '.join(HARDWARE_PRESETS)} "
+                            f"(the GPU the tables were measured on)")
+    if not (tables / "provenance.yaml").is_file():
+        raise ScenarioError(f"--from-tables {tables}: no provenance.yaml there; expected a "
+                            f"folder written by python -m calibrate.aic_import")
+    if model in MODEL_PRESETS:
+        spec = MODEL_PRESETS[model]
+    elif Path(model).exists():
+        spec = model_from_hf_config(Path(model))
+    else:
+        raise ScenarioError(f"--model: {model!r} is neither a preset ({', '.join(MODEL_PRESETS)}) "
+                            f"nor a HF config.json path")
+    if spec.num_attention_heads % tp:
+        raise ScenarioError(f"--tp: {tp} does not divide {spec.name}'s {spec.num_attention_heads} attention heads")
+    hw = HARDWARE_PRESETS[gpu]
+    provenance = yaml.safe_load((tables / "provenance.yaml").read_text())
+    try:
+        return build_profile(KernelTables.load(tables, hw.hbm_bandwidth), spec, hw, tp, provenance=provenance), spec
+    except ValueError as e:  # a shape the tables cannot reach (most messages name the folder)
+        raise ScenarioError(f"--from-tables {tables}: {str(e).removeprefix(f'{tables}: ')}") from None
 
 
 def write_profile(doc: dict, path: Path) -> None:

@@ -18,8 +18,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+
+from sim.config.checks import _int, check_input_file
+from sim.config.errors import ScenarioError
+from sim.presets.hardware import HARDWARE_PRESETS
+from sim.presets.models import MODEL_PRESETS
 
 SATURATED_TTFT_S = 1.0  # a run whose median TTFT reaches this did not keep up (real and simulated)
 # The grid searched (seconds). host_per_iteration_s hides under GPU work: only runs whose iterations
@@ -172,6 +178,28 @@ def bench_scenario(bench: Path, model, gpu: str, tp: int, measured: dict | None)
             "cost_model": {"measured": dict(measured)} if measured is not None else None,
             "engine": {"scheduler": "chunked", "tensor_parallel_size": tp},
             "workload": {"trace": str(bench.resolve()), "format": "vllm_bench"}}
+
+
+def bench_model(benches: list[Path], model: str, gpu: str | None, tp: int, overrides: tuple[str, ...]) -> Any:
+    """`servesim calibrate --from-bench`'s options checked: the scenario's model value (a preset name,
+    or {hf_config: path}). ScenarioError naming the option for bad input."""
+    _int(tp, "--tp", lo=1)
+    if gpu not in HARDWARE_PRESETS:
+        raise ScenarioError(f"--gpu: {gpu!r} is not one of {', '.join(HARDWARE_PRESETS)} "
+                            f"(the GPU the benchmarks ran on)")
+    if model in MODEL_PRESETS:
+        value: Any = model
+    elif Path(model).is_file():
+        value = {"hf_config": str(Path(model).resolve())}
+    else:
+        raise ScenarioError(f"--model: {model!r} is neither a preset ({', '.join(MODEL_PRESETS)}) "
+                            f"nor a HF config.json path")
+    bad = [s for s in overrides if not s.startswith("engine.")]
+    if bad:
+        raise ScenarioError(f"--set {bad[0]}: only engine.KEY=VALUE describes the server here")
+    for b in benches:
+        check_input_file(b, "trace", str(b))
+    return value
 
 
 def fit_bench(benches: list[Path], model, gpu: str, tp: int, overrides: tuple[str, ...] = (),

@@ -35,9 +35,10 @@ def _edited(root: Path | None = None, digests: dict[str, str] | None = None) -> 
     `digests`: path under `root` -> SHA-256 of the source compiled (default: setup.py's record)."""
     if digests is None:
         try:
-            from sim._compiled_sources import SHA256 as digests  # (written by setup.py when it compiles)
+            from sim._compiled_sources import SHA256  # (written by setup.py when it compiles)
         except ImportError:
             return None  # nothing compiled
+        digests = SHA256
     root = root or Path(__file__).resolve().parent.parent
     for path, digest in digests.items():
         source = root / path

@@ -104,7 +104,8 @@ def build_scheduler(e: EngineConfig, requests: RequestTable, num_blocks: int,
         pool = SpeculativePool(requests, kv, e.speculative, rng if rng is not None else np.random.default_rng(0))
     if wrap is not None:
         cls = wrap(cls)
-    return cls(requests=requests, kv=kv, pool=pool, queue=make_queue(e.policy, requests),
+    make: Callable[..., Scheduler] = cls  # (each scheduler's __init__ takes what it needs of these)
+    return make(requests=requests, kv=kv, pool=pool, queue=make_queue(e.policy, requests),
                max_num_seqs=e.max_num_seqs, max_num_batched_tokens=e.max_num_batched_tokens,
                reserve_full_isl=e.scheduler_reserve_full_isl, batch_timeout_s=e.batch_timeout_s,
                max_output_tokens=int(workload.output_tokens.max(initial=1)))
@@ -258,6 +259,7 @@ def build_replicas(env, scenario: Scenario, req: RequestTable, workload: Workloa
     if hasattr(router, "attach"):  # a rule that reads the replicas' KV caches (prefix_aware)
         router.attach([s.kv for s in schedulers])
     loop = None
+    inboxes: list
     if workload.users is None:
         inboxes = make_inboxes(router, env, req.arrival, schedulers, req.replica)
     else:  # closed loop: arrivals are filled in as users' requests finish

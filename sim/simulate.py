@@ -62,13 +62,13 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
     # the engine's overheads on request times (sim/cost/overheads.py), with the scenario's own cost model
     overheads = scenario.cost_model.overheads if cost is None else None
     rng = np.random.default_rng(scenario.seed)  # the run's one generator: the workload, then acceptances
-    if own_workload:
+    if workload is None:
         try:
             workload = build_workload(scenario.workload, rng)
-        except ScenarioError as e:  # (a bound on the workload's own times: name the scenario file)
-            if not str(e).startswith("workload"):
+        except ScenarioError as err:  # (a bound on the workload's own times: name the scenario file)
+            if not str(err).startswith("workload"):
                 raise
-            raise ScenarioError(f"{_where(scenario)}{e}") from None
+            raise ScenarioError(f"{_where(scenario)}{err}") from None
     e, where = scenario.engine, _where(scenario)
     blocks, layout = scenario.budget.num_gpu_blocks, scenario.budget.layout
     check_servable(workload, e, blocks, where, layout)
@@ -90,7 +90,7 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
                                       steps["duration_s"].to_numpy(), steps["count"].to_numpy()),
                         np.frombuffer(recorder.durations, dtype=np.float64))
     requests = requests_frame(req)
-    if workload.users is not None:
+    if loop is not None:  # (closed-loop users)
         requests["user"] = loop.user  # who sent each request (closed loop only)
         if loop.sessions is not None:  # multi-turn: which conversation, which turn of it
             requests["conversation"] = loop.sessions.conversation
@@ -111,10 +111,10 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
     if caches:
         queried = sum(c.queried_tokens for c in caches)
         summary["prefix_cache_hit_rate"] = sum(c.hit_tokens for c in caches) / queried if queried else 0.0
-    if workload.users is not None and loop.sessions is not None:
+    if loop is not None and loop.sessions is not None:
         summary["sessions"] = loop.sessions.summary()
     if transfers is not None:
-        d = e.disaggregation
+        d = transfers.config
         requests["prefill_replica"] = transfers.prefill_replica
         requests["kv_transfer_s"] = transfers.transfer_s
         summary["kv_transfer_bytes"] = transfers.bytes
@@ -145,12 +145,13 @@ def _progress_ticker(req: RequestTable, progress):
     """A cheap per-iteration hook that reports progress at most ~10 times a wall-second."""
     if progress is None:
         return None
-    state = {"n": 0, "next": time.perf_counter() + 0.1}
+    count, due = 0, time.perf_counter() + 0.1
 
     def tick() -> None:
-        state["n"] += 1
-        if state["n"] & 255 == 0 and time.perf_counter() >= state["next"]:
-            state["next"] = time.perf_counter() + 0.1
+        nonlocal count, due
+        count += 1
+        if count & 255 == 0 and time.perf_counter() >= due:
+            due = time.perf_counter() + 0.1
             progress(int(np.count_nonzero(~np.isnan(req.finish))), len(req))
     return tick
 
@@ -169,13 +170,14 @@ def write_outputs(result: SimResult, out_dir: Path) -> None:
     writers = [("requests.csv", lambda f: write_csv(result.requests, f)),
                ("steps.csv", lambda f: write_csv(result.steps, f))]
     if result.scenario is not None:
-        writers.append(("scenario.yaml", lambda f: f.write(resolved_yaml(result.scenario).encode())))
+        scenario_yaml = resolved_yaml(result.scenario).encode()
+        writers.append(("scenario.yaml", lambda f: f.write(scenario_yaml)))
     writers.append(("summary.json", lambda f: f.write(summary.encode())))
     temps: list[tuple[str, Path]] = []
     try:
         for name, write in writers:
-            fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{name}.")
-            temps.append((name, Path(tmp)))
+            fd, temp = tempfile.mkstemp(dir=out_dir, prefix=f".{name}.")
+            temps.append((name, Path(temp)))
             give_mode(fd, out_dir / name)
             with os.fdopen(fd, "wb") as f:
                 write(f)

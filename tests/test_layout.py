@@ -1,5 +1,5 @@
 """The shape of sim/ (docs/simulator.md, "Layout"): layers that import only downward, no import
-circle between any two modules, no torch or triton, and the lint rules CI holds the code to.
+circle between any two modules, no torch or triton, and the lint and type checks CI holds the code to.
 
 The import graph comes from grimp (the engine of import-linter): every `import` the source holds,
 function-level ones included, `if TYPE_CHECKING:` ones excluded (annotations only, never run)."""
@@ -84,6 +84,14 @@ def test_the_ruff_rules_hold():
         pytest.fail("ruff is not installed: pip install -e '.[test]' brings it")
     run = subprocess.run([ruff, "check", "--no-cache", "--quiet", "."], cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_mypy_is_clean_over_sim_and_the_cli(tmp_path):
+    """mypy with pyproject.toml's [tool.mypy] over every module of sim/ and cli.py (not only the
+    compiled ones, which setup.py checks as it compiles them)."""
+    run = subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path), "sim", "cli.py"], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
 
 
 if __name__ == "__main__":

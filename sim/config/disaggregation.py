@@ -69,6 +69,7 @@ def parse_disaggregation(v: Any, where, engine_raw: dict, parse_engine) -> Disag
 
         pools[pool] = parse_engine({**base, **knobs}, pool_where)
     link = m.get("link", "nvlink")
+    bandwidth: float | None  # bytes/s per GPU link; None: the hardware's interconnect
     if isinstance(link, dict):
         _section(link, "link", lambda k: at(f"link.{k}"), ("bandwidth_gbps", "latency_us"))
         # at least 1 Mbit/s and at most 1,000 s of latency: a transfer must end within the clock's

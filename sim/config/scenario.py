@@ -169,11 +169,12 @@ def scenario_from_dict(raw: Mapping[str, Any], source: str | Path | None = None,
     if not isinstance(raw, Mapping):
         raise ScenarioError(f"{label}: top level is {_show(raw)}; expected a mapping with keys "
                             + ", ".join(TOP_KEYS))
-    raw = copy.deepcopy(dict(raw))
-    overridden = _apply_overrides(raw, overrides)
+    mapping: dict = copy.deepcopy(dict(raw))
+    overridden = _apply_overrides(mapping, overrides)
     w = _where_fn(label, overridden)
     base_dir = Path(base_dir)
-    _check_keys(raw, "", w, TOP_KEYS)
+    raw = mapping
+    _check_keys(mapping, "", w, TOP_KEYS)
     for key in ("model", "hardware", "workload"):
         if raw.get(key) is None:
             raise ScenarioError(f"{w(key)}: missing; required: {_HINTS[key]()}")
@@ -190,9 +191,10 @@ def scenario_from_dict(raw: Mapping[str, Any], source: str | Path | None = None,
     budget = _check_fits(engine, model, hw, w)
     if engine.disaggregation is not None:  # each pool's TP and memory must fit too
         for name in ("prefill", "decode"):
+            def pool_where(k: str, name: str = name) -> str:
+                return w(k.replace("engine.", f"engine.disaggregation.{name}.", 1))
             _check_fits(getattr(engine.disaggregation, name), model,
-                        getattr(engine.disaggregation, f"{name}_hardware") or hw,
-                        lambda k, name=name: w(k.replace("engine.", f"engine.disaggregation.{name}.", 1)))
+                        getattr(engine.disaggregation, f"{name}_hardware") or hw, pool_where)
     cost_model = _delegate(overridden, "cost_model", lambda: _parse_cost_model(
         raw.get("cost_model"), w, base_dir, model, hw, engine))
     work = _delegate(overridden, "workload", lambda: workload.parse_workload(

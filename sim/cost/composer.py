@@ -336,6 +336,7 @@ def moe_key(model: ModelSpec, tp: int) -> tuple[int, int, int, int, int]:
     over `tp` GPUs (vLLM without --enable-expert-parallel splits each expert), in the table of its
     experts' format (moe_dtype)."""
     m = model.moe
+    assert m is not None  # (asked of MoE models only)
     return model.hidden_size, m.expert_intermediate_size, m.experts_per_token, m.num_experts, tp
 
 
@@ -441,6 +442,7 @@ class StepComposer:
 
     def experts_ms(self, tokens: float) -> float:
         """One MoE layer's fused experts at `tokens` tokens (measured with balanced routing)."""
+        assert self._moe is not None  # (asked of MoE models only)
         return self._moe(tokens, self.extrapolated, "fused MoE tokens") if tokens else 0.0
 
     def linear_ms(self, tokens: float) -> float:
@@ -538,7 +540,7 @@ class StepComposer:
         """`chunks` fresh prompts of `length` tokens (chunks may be fractional: a tabulation knot)."""
         return sum(w * g(chunks * x, length, self.extrapolated, "prefill attention") for g, w, x in self._ctx)
 
-    def decode_attention_ms(self, num_decodes: int, context_sum: float) -> float:
+    def decode_attention_ms(self, num_decodes: float, context_sum: float) -> float:
         """`num_decodes` sequences at their mean KV length (the table's kv_len = isl + step)."""
         if not num_decodes:
             return 0.0
@@ -549,6 +551,7 @@ class StepComposer:
     def allreduce_ms(self, tokens: int) -> float:
         if self.tp == 1 or not tokens:
             return 0.0
+        assert self._allreduce is not None  # (tp > 1 composes only with an all-reduce table)
         backend = "vllm_graph" if tokens <= CUDA_GRAPH_MAX_TOKENS else "vllm_eager"
         curve = self._allreduce.get(backend) or next(iter(self._allreduce.values()))
         return curve(tokens * self.model.hidden_size * self.model.dtype_bytes, self.extrapolated,
@@ -591,13 +594,13 @@ def tabulate(composer: StepComposer, max_tokens: int = 32768) -> dict:
                                                 for d in {s.dtype for s in composer.shapes}]))
                if m <= max_tokens]
     model, tp = composer.model, composer.tp
-    knots = set(m_knots)
+    found = set(m_knots)
     if tp > 1:
         sizes = t.allreduce[t.allreduce["num_gpus"] == tp]["message_size"]
         per_token = model.hidden_size * model.dtype_bytes
-        knots |= {s / per_token for s in sizes if 1 <= s / per_token <= max_tokens}
-        knots |= {CUDA_GRAPH_MAX_TOKENS, CUDA_GRAPH_MAX_TOKENS + 1}  # graph -> eager all-reduce
-    knots = sorted(knots)
+        found |= {s / per_token for s in sizes if 1 <= s / per_token <= max_tokens}
+        found |= {CUDA_GRAPH_MAX_TOKENS, CUDA_GRAPH_MAX_TOKENS + 1}  # graph -> eager all-reduce
+    knots = sorted(found)
     layers = model.num_layers
 
     if model.moe is not None:  # the fused-MoE table's own token counts
@@ -677,9 +680,10 @@ def build_profile(tables: KernelTables, model: ModelSpec, hardware: HardwareSpec
             want = composer.seconds(stats)
             errors.append(abs(profile.step_times(stats)[0] - want) / want)
     composer = composers["auto"]
-    prov = provenance or {}
+    prov: dict = provenance or {}
+    first_table: dict = next(iter(prov.get("tables", {}).values()), {})
     doc["metadata"] = {
-        "device": next(iter(prov.get("tables", {}).values()), {}).get("device", "unknown"),
+        "device": first_table.get("device", "unknown"),
         "hardware": hardware.name, "model": model.name, "dtype": "bfloat16",
         "tensor_parallel_size": tp, "measured": True,
         "source": (f"{prov.get('package', 'kernel tables')} {prov.get('package_version', '')}, "
@@ -700,6 +704,8 @@ def build_profile(tables: KernelTables, model: ModelSpec, hardware: HardwareSpec
 
 def _relative(folder: Path | None) -> str:
     root = Path(__file__).resolve().parents[2]
+    if folder is None:
+        return str(folder)
     try:
         return str(Path(folder).resolve().relative_to(root))
     except (TypeError, ValueError):
@@ -721,6 +727,7 @@ def compose_document(model: ModelSpec, hardware: HardwareSpec, tp: int) -> dict:
     """The v2 profile document of `model` on a preset GPU with tables (SYSTEMS), from its shipped
     tables and their provenance. ValueError where the tables cannot price the model."""
     tables = KernelTables.load(TABLES / SYSTEMS[hardware.name], hardware.hbm_bandwidth)
+    assert tables.folder is not None  # (loaded from one)
     provenance = yaml.safe_load((tables.folder / "provenance.yaml").read_text())
     return build_profile(tables, model, hardware, tp, provenance=provenance)
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import yaml
@@ -142,7 +143,7 @@ def overheads_from_mapping(values, where: str) -> EngineOverheads:
     """An EngineOverheads from a mapping of its fields (a profile's or the defaults file's)."""
     if not isinstance(values, dict) or not set(values) <= set(OVERHEAD_KEYS):
         raise ScenarioError(f"{where}: overheads must be a mapping with keys among {', '.join(OVERHEAD_KEYS)}")
-    out = {}
+    out: dict[str, Any] = {}
     for k, v in values.items():
         if k == "async_scheduling":
             if not isinstance(v, bool):

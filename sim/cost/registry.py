@@ -307,6 +307,7 @@ class CostModelSpec:
         """The spec as a scenario writes it (profile paths absolute)."""
         tuning = {k: v for k, v in self.options.items() if k not in ("profile", "overheads")}
         if self.name == "measured":  # the overheads in force, written out: the run repeats whatever
+            assert self.overheads is not None  # (measured always carries them)
             return {"measured": {**tuning, **self.overheads.as_dict()}}  # the defaults become
         if self.profile is not None:
             return {"profile": str(self.profile.source)}

@@ -77,16 +77,18 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
     own_split = e.disaggregation.as_yaml() if e.disaggregation else None
     splits = [None if s is None else {"prefill_replicas": s[0], "decode_replicas": s[1]}
               for s in disaggregation] or [own_split]
-    settings = [{"max_num_seqs": n, "max_num_batched_tokens": t, "scheduler": k, "enable_prefix_caching": c,
-                 "speculative": sp, "disaggregation": dg}
+    caching: list[bool | None] = list(prefix_caching) or [e.enable_prefix_caching]
+    settings: list[dict[str, Any]] = [
+        {"max_num_seqs": n, "max_num_batched_tokens": t, "scheduler": k, "enable_prefix_caching": c,
+         "speculative": sp, "disaggregation": dg}
                 for dg in splits for sp in specs for k in dict.fromkeys(schedulers or [e.scheduler])
-                for c in dict.fromkeys(prefix_caching or [e.enable_prefix_caching])
+                for c in dict.fromkeys(caching)
                 for n in sorted(set(seqs) or {e.max_num_seqs})
                 for t in sorted(set(tokens) or {e.max_num_batched_tokens})]
     keys = [k for k in KNOBS if len({str(x[k]) for x in settings}) > 1 or k in SETTING_KEYS]
     settings = [{k: x[k] for k in keys} for x in settings]  # only the knobs searched (and the two always shown)
     count = {"done": 0}
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
     evaluators: dict[tuple[str, int], Evaluator] = {}
 
     def tick(ev: Evaluator, phase: str, estimate: int) -> Callable[[int], None]:
@@ -103,9 +105,10 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
     pairs = [(g, tp) for g in gpus for tp in tps]
     estimate = 2 * len(pairs) + 12 * len(pairs) * len(settings) + 40 * len(pairs) + 20
     for gpu, tp in pairs:
-        row = {"gpu": gpu, "tensor_parallel_size": tp, "usd_per_gpu_hour": HARDWARE_PRESETS[gpu].usd_per_hour}
+        row: dict[str, Any] = {"gpu": gpu, "tensor_parallel_size": tp,
+                               "usd_per_gpu_hour": HARDWARE_PRESETS[gpu].usd_per_hour}
         rows.append(row)
-        extra = (f"hardware={gpu}", f"engine.tensor_parallel_size={tp}")
+        extra: tuple[str, ...] = (f"hardware={gpu}", f"engine.tensor_parallel_size={tp}")
         if max_gpus is not None and tp > max_gpus:
             row["pruned"] = f"one replica needs {tp} GPUs > --max-gpus {max_gpus}"
             continue
@@ -144,7 +147,8 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
         ev.progress = tick(ev, "coarse search", estimate)
         knob = load_knob(ev.scenario, ev.options)
         grid = knob.anchored(row["bound_rps"] * START, max(ev.options.curve_resolution, knob.resolution))
-        entries, at = [], 0
+        entries: list[dict[str, Any]] = []
+        at = 0
         for setting in settings:
             extra = tuple(f"engine.{k}={_yaml(v)}" for k, v in setting.items() if _current(ev.scenario.engine, k) != v)
             try:

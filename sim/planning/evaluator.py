@@ -95,7 +95,7 @@ class Evaluator:
         self.deterministic = deterministic(self.scenario)
         if self.deterministic:  # every seed simulates the same run: more seeds only repeat it
             self.options = options.one_seed()
-        self.cache: dict[tuple[tuple[str, ...], int], dict] = {}
+        self.cache: dict[tuple, dict] = {}  # (overrides, seed[, band scale]) -> its point
 
     @property
     def simulations(self) -> int:

@@ -79,7 +79,7 @@ class Knob:
     def doubled(self, i: int, direction: int) -> int:
         """The index whose load is about twice (direction 1) or half (-1) that of index i."""
         if self.unit_steps:
-            v = self.value(i)
+            v = int(self.value(i))  # (a whole number of users)
             return i + v if direction > 0 else i - (v - v // 2)
         return i + direction * max(1, round(math.log(2) / math.log1p(self.resolution)))
 

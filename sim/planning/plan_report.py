@@ -40,7 +40,7 @@ def _loads(r: dict):
     return lambda v: _load(v, unit) + ("" if native is None else f" (time_scale {v / native:.4g})")
 
 
-def _load_cells(r: dict):
+def _load_cells(r: dict) -> tuple[list[str], Any]:
     """The first cells of a judged point's row: its load, and a trace's time_scale."""
     if r["load_search"]["unit"] == "users":
         return ["load (users)"], lambda p: [str(int(p["load"]))]

@@ -240,10 +240,15 @@ def cost_band(ev: Evaluator, knob: Knob, extra: tuple[str, ...], best: dict, err
     answer. Each side is its own confirmed search, started from the answer scaled by the same
     factor."""
     out = dict(error_band)
+    progress = ev.progress
+
+    def counted(n: int) -> None:
+        assert progress is not None
+        progress(ev.simulations + n)  # (the plan's count goes on across both sides)
     for side, scale in (("steps_slower", error_band["slower"]), ("steps_faster", error_band["faster"])):
         scaled = ev.scaled(scale)
-        if ev.progress is not None:
-            scaled.progress = lambda n: ev.progress(ev.simulations + n)
+        if progress is not None:
+            scaled.progress = counted
         found = max_load(scaled, knob, extra, start=knob.index(best["answer"] / scale), gallop=True, confirm=True)
         out[side] = {"cost_scale": scale, "answer": found["answer"], "next": found["next"],
                      "simulations": scaled.simulations}

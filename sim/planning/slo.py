@@ -100,6 +100,7 @@ def simulate_point(scenario, slo: SLOConfig, warmup_fraction: float) -> dict:
     done = rq[~rq["finish_s"].isna()]
     since = float(rq["arrival_s"].min()) if len(rq) else 0.0
     duration = float(done["finish_s"].max() - since) if len(done) else 0.0
+    assert result.itl is not None  # (simulate always measures the gaps)
     gaps, counts, ends = result.itl
     judged = ends >= since
     g = goodput(done, slo, duration, (gaps[judged], counts[judged]))

@@ -16,6 +16,7 @@ import dataclasses
 from dataclasses import dataclass, replace
 from dataclasses import fields as dc_fields
 from pathlib import Path
+from typing import Any
 
 from sim.config.checks import MAX_COUNT, MAX_TOKENS, _bool, _int, _show, _text, check_fields, json_object, read_text
 from sim.config.errors import ScenarioError
@@ -293,7 +294,7 @@ def model_from_fields(fields: dict, where: str) -> ModelSpec:
     hidden_size // num_attention_heads, name to "custom"."""
     check_fields(fields, where, _FIELDS, _REQUIRED)
     at = lambda key: f"{where}.{key}"  # noqa: E731
-    v = {k: _int(fields[k], at(k), lo=1, cap=_HI[k]) for k in _REQUIRED}
+    v: dict[str, Any] = {k: _int(fields[k], at(k), lo=1, cap=_HI[k]) for k in _REQUIRED}
     heads = v["num_attention_heads"]
     v["num_kv_heads"] = _int(fields.get("num_kv_heads", heads), at("num_kv_heads"), lo=1, cap=MAX_COUNT)
     if heads % v["num_kv_heads"]:
@@ -304,7 +305,7 @@ def model_from_fields(fields: dict, where: str) -> ModelSpec:
     dtype_bytes = fields.get("dtype_bytes", 2)
     if dtype_bytes not in (1, 2, 4) or isinstance(dtype_bytes, bool):
         raise ScenarioError(f"{at('dtype_bytes')}: {_show(dtype_bytes)} is not one of 1, 2, 4")
-    parts = {}
+    parts: dict[str, Any] = {}
     for key, cls in (("moe", MoESpec), ("mla", MLASpec)):
         if fields.get(key) is not None:
             names = tuple(f.name for f in dc_fields(cls))
@@ -427,7 +428,7 @@ def _sliding(cfg: dict, path: Path) -> dict:
 
 def _quantised_bytes(cfg: dict, path: Path) -> dict:
     """linear_weight_bytes / expert_weight_bytes from `quantization_config` ({}: unquantised)."""
-    q = cfg.get("quantization_config")
+    q: Any = cfg.get("quantization_config")
     if q in (None, {}):
         return {}
     method = q.get("quant_method") if isinstance(q, dict) else None

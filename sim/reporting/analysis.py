@@ -10,6 +10,7 @@ import heapq
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -176,7 +177,7 @@ def slot_utilization_from_slots(slots: pd.DataFrame, iterations: int, max_num_se
 def summary_row(run: Run) -> dict:
     """The headline numbers of one run, flat (latencies in ms)."""
     s = run.summary
-    row = {"run": run.name}
+    row: dict[str, Any] = {"run": run.name}
     for key in ("completed", "duration_s", "request_throughput", "output_throughput",
                 "total_token_throughput", "preemptions", "slot_utilization", "kv_utilization",
                 "kv_waste", "padding_waste"):
@@ -202,7 +203,7 @@ def summary_frame(runs: Iterable[Run] | Mapping, names: Sequence[str] | None = N
         if keys and isinstance(keys[0], tuple):
             df.index = pd.MultiIndex.from_tuples(keys, names=names)
         else:
-            df.index = pd.Index(keys, name=(names or [None])[0])
+            df.index = pd.Index(keys, name=names[0] if names else None)
         return df
     return pd.DataFrame([summary_row(r) for r in runs]).set_index("run")
 

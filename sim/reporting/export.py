@@ -47,9 +47,9 @@ def chrome_trace(run: Run, max_requests: int = 5000) -> dict:
     events.append({"ph": "M", "pid": pid, "name": "process_name", "args": {"name": "requests"}})
     events.append({"ph": "M", "pid": pid, "name": "process_sort_index", "args": {"sort_index": pid}})
     shown = rq.iloc[:max_requests]
-    cols = ("request_id", "arrival_s", "first_token_s", "finish_s", "queue_s", "prompt_tokens",
-            "output_tokens", "replica")
-    for rid, arrival, first, finish, queue, prompt, output, replica in zip(*(shown[c].tolist() for c in cols)):
+    request_cols = ("request_id", "arrival_s", "first_token_s", "finish_s", "queue_s", "prompt_tokens",
+                    "output_tokens", "replica")
+    for rid, arrival, first, finish, queue, prompt, output, replica in zip(*(shown[c].tolist() for c in request_cols)):
         rid = int(rid)
         events.append({"ph": "M", "pid": pid, "tid": rid, "name": "thread_name", "args": {"name": f"request {rid}"}})
         # tracks in request order (viewers sort by name otherwise: 0, 1, 10, 100, ...)

@@ -10,6 +10,7 @@ import base64
 import html
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from sim.config.checks import json_object
 from sim.config.errors import ScenarioError
@@ -39,7 +40,7 @@ def _img(path: Path) -> str:
     return f'<figure><img alt="{html.escape(path.name)}" src="data:image/png;base64,{data}"></figure>'
 
 
-def _run_rows(s: dict) -> list[tuple[str, str]]:
+def _run_rows(s: dict) -> list[tuple[str, Any]]:  # (label, value shown as str() gives it)
     rows = [("completed requests", s.get("completed")), ("duration (s)", f"{s.get('duration_s', 0):.2f}"),
             ("request throughput (req/s)", f"{s.get('request_throughput', 0):.3f}"),
             ("output throughput (tokens/s)", f"{s.get('output_throughput', 0):,.0f}"),
@@ -55,7 +56,8 @@ def _run_rows(s: dict) -> list[tuple[str, str]]:
         rows.append(("goodput (req/s meeting the SLO)", f"{g.get('requests_per_s', 0):.3f}"))
     rec = s.get("run") or {}
     rows += [("model / GPU", f"{rec.get('model')} / {rec.get('hardware')}"),
-             ("cost model", (rec.get("cost_model") or {}).get("name")), ("servesim", rec.get("servesim_version"))]
+             ("cost model", str((rec.get("cost_model") or {}).get("name"))),
+             ("servesim", str(rec.get("servesim_version")))]
     return rows
 
 

@@ -41,8 +41,7 @@ _PALETTE = [f"C{i}" for i in range(10)]
 def describe(run: Run) -> str:
     """'chat (llama-3-8b, h100-sxm, roofline)': what a figure's title says the run is."""
     rec = run.summary.get("run") or {}
-    parts = [rec.get("model"), rec.get("hardware"), (rec.get("cost_model") or {}).get("name")]
-    parts = [p for p in parts if p]
+    parts = [str(p) for p in (rec.get("model"), rec.get("hardware"), (rec.get("cost_model") or {}).get("name")) if p]
     return f"{run.name} ({', '.join(parts)})" if parts else run.name
 
 
@@ -72,9 +71,10 @@ def slot_timeline(run: Run, replica: int = 0, max_requests: int = MAX_TIMELINE_R
     capacity = run.max_num_seqs
     util = slot_utilization_from_slots(slots, iters, capacity)
     t0 = float(run.requests["arrival_s"].min()) if len(run.requests) else 0.0
-    its = None
+    its: tuple[int, int] | None = None
     if window_s is not None:
-        its = tuple(int(i) for i in iteration_of(run.steps, np.asarray(window_s) + t0, replica))
+        first, last = (int(i) for i in iteration_of(run.steps, np.asarray(window_s) + t0, replica))
+        its = (first, last)
     x_start, x_end, why = timeline_window(slots, iters, max_requests, its)
     note = ""
     if why:
@@ -344,7 +344,8 @@ def sweep_plot(rows, x: str | None = None, y: str = "ttft_ms.p99", hue: str | No
 
     keys = sweep_columns(rows)
     x = x or keys[0]
-    hue = hue if hue is not None else next((k for k in keys if k != x), None)
+    if hue is None:
+        hue = next((str(k) for k in keys if k != x), None)
     for flag, col in (("--x", x), ("--y", y)) + ((("--hue", hue),) if hue else ()):
         if col not in rows.columns:
             allowed = ", ".join(keys) if flag != "--y" else "a metric column of results.csv, e.g. ttft_ms.p99"
@@ -416,7 +417,7 @@ def save_folder_plots(folder: str | Path, out: str | Path | None = None, x: str 
         return _plots(read_json_object(folder / "plan.json", "a plan"), out)
     if (folder / "search.json").is_file():
         from sim.planning.search_report import PARETO_PNG, pareto_plot
-        path = pareto_plot(read_json_object(folder / "search.json", "a configuration search"), out / PARETO_PNG)
-        return [path] if path else []
+        pareto = pareto_plot(read_json_object(folder / "search.json", "a configuration search"), out / PARETO_PNG)
+        return [pareto] if pareto else []
     raise ScenarioError(f"{folder}: not a run, sweep, plan or search folder (no summary.json, results.csv, "
                         "plan.json or search.json)")

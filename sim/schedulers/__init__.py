@@ -15,7 +15,7 @@ the real engine (calibrate/engine.py) alike. Nothing here imports simpy, a scena
 """
 from __future__ import annotations
 
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from sim.schedulers.chunked import ChunkedScheduler
 from sim.schedulers.continuous import ContinuousScheduler
@@ -24,7 +24,7 @@ from sim.schedulers.step import Schedule, StepOutcome
 
 
 class Scheduler(Protocol):
-    kv_cache: ClassVar[type]      # its KV memory: PagedKVCache or ContiguousKVCache (sim/kv/cache.py)
+    kv_cache: ClassVar[Any]       # its KV memory's class: PagedKVCache or ContiguousKVCache (sim/kv/cache.py)
     token_budget: ClassVar[bool]  # does max_num_batched_tokens limit each iteration?
     chunks_prompts: ClassVar[bool]  # may a prompt be split over iterations (else whole or nothing)?
     iteration_level: ClassVar[bool]  # do requests join and leave at every iteration (vLLM's kind)?
@@ -47,7 +47,7 @@ class Scheduler(Protocol):
         """Requests waiting or running (the least_loaded router's measure)."""
 
 
-SCHEDULERS: dict[str, type] = {
+SCHEDULERS: dict[str, type[Scheduler]] = {
     "static": StaticScheduler,
     "continuous": ContinuousScheduler,
     "chunked": ChunkedScheduler,

@@ -8,6 +8,8 @@ allows (`max_output_tokens`, the server's generation cap) before the batch start
 """
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 
 from sim.cost.batch import BatchStats
@@ -17,11 +19,11 @@ from sim.workload.request import RequestTable
 
 
 class StaticScheduler:
-    kv_cache = ContiguousKVCache  # each row reserves its padded prompt + the longest output
-    token_budget = False          # max_num_batched_tokens does not apply
-    chunks_prompts = False
-    iteration_level = False       # a batch runs to its end: not what the real engine runs
-    prefix_caching = False        # contiguous reservations: nothing to share
+    kv_cache: ClassVar[type] = ContiguousKVCache  # each row reserves its padded prompt + the longest output
+    token_budget: ClassVar[bool] = False  # max_num_batched_tokens does not apply
+    chunks_prompts: ClassVar[bool] = False
+    iteration_level: ClassVar[bool] = False  # a batch runs to its end: not what the real engine runs
+    prefix_caching: ClassVar[bool] = False  # contiguous reservations: nothing to share
 
     def __init__(self, requests: RequestTable, kv: ContiguousKVCache, queue, *, max_num_seqs: int,
                  max_output_tokens: int, batch_timeout_s: float = 0.0, **_unused):
@@ -78,7 +80,8 @@ class StaticScheduler:
     # -- schedules ------------------------------------------------------------------------------
     def _prefill(self, now: float) -> Schedule:
         req, kv, waiting = self.req, self.kv, self.waiting
-        rows, longest = [], 0
+        rows: list[int] = []
+        longest = 0
         while len(waiting) and len(rows) < self.max_num_seqs:
             rid = waiting.peek()
             padded = max(longest, int(req.prompt[rid]))

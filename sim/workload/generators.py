@@ -231,12 +231,13 @@ def build_workload(cfg: WorkloadConfig, rng: np.random.Generator) -> Workload:
     users, prefix = None, None
     if cfg.trace is not None:
         arrival, prompt, output, priority, prefix = _replay(cfg, rng)
-    else:
-        n = cfg.num_requests
-        if isinstance(cfg.arrival, ClosedLoop):
-            users, arrival = cfg.arrival.plan(rng, n), np.full(n, np.nan)
+    else:  # a generator: parse_workload set all four
+        n, process = cfg.num_requests, cfg.arrival
+        assert n is not None and process is not None and cfg.prompt_tokens and cfg.output_tokens
+        if isinstance(process, ClosedLoop):
+            users, arrival = process.plan(rng, n), np.full(n, np.nan)
         else:
-            arrival = cfg.arrival.times(rng, n)
+            arrival = process.times(rng, n)
         prompt = cfg.prompt_tokens.sample(rng, n)
         output = cfg.output_tokens.sample(rng, n)
         priority = np.zeros(n, dtype=np.int64)
@@ -246,6 +247,7 @@ def build_workload(cfg: WorkloadConfig, rng: np.random.Generator) -> Workload:
         prefix = cfg.prefix.draw(rng, prompt)
     if users is not None:
         loop = cfg.arrival
+        assert isinstance(loop, ClosedLoop)
         turns = loop.turns.sample(rng, len(prompt)) if loop.turns is not None else None  # (last again)
         users = Users(users.start_s / cfg.time_scale, users.think_s / cfg.time_scale, turns, loop.max_context)
     arrival = arrival / cfg.time_scale
@@ -267,6 +269,7 @@ def build_workload(cfg: WorkloadConfig, rng: np.random.Generator) -> Workload:
 def _replay(cfg: WorkloadConfig, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
     table = cfg.read()
     num_requests, trace = cfg.num_requests, cfg.trace
+    assert trace is not None
     if num_requests is not None:
         if num_requests > len(table):
             raise ScenarioError(f"{shown(trace)}: has {len(table)} requests, fewer than "
@@ -309,44 +312,50 @@ def parse_workload(raw: dict, where: str, base_dir: Path) -> WorkloadConfig:
     """The validated `workload:` section: a trace XOR a generator (see the module docstring)."""
     top = _Keys(raw, where, "workload", SECTION_KEYS)
     top.only()
-    priority = raw.get("priority")
-    common = dict(time_scale=top.number("time_scale", default=1.0, high=1e6, floor=1e-6),
-                  num_requests=top.integer("num_requests", 1, default=None, high=MAX_REQUESTS),
-                  priority=None if priority is None else _dist(top, "priority", PRIORITIES, 0, base_dir))
+    time_scale = top.number("time_scale", default=1.0, high=1e6, floor=1e-6)
+    num_requests = top.maybe_integer("num_requests", 1, high=MAX_REQUESTS)
+    priority = None if raw.get("priority") is None else _dist(top, "priority", PRIORITIES, 0, base_dir)
     if raw.get("trace") is not None:
         clash = [k for k in (*GENERATOR_KEYS[:3], "prefix") if raw.get(k) is not None]
         if clash:
             raise top.fail(clash[0], "not allowed with workload.trace (a trace gives arrivals and "
                                      "lengths: use either trace or a generator)")
-        return WorkloadConfig(trace=top.file("trace", base_dir), **common, **_trace_format(top, raw))
+        fmt, columns, time_unit, block_tokens = _trace_format(top, raw)
+        return WorkloadConfig(trace=top.file("trace", base_dir), time_scale=time_scale, num_requests=num_requests,
+                              priority=priority, format=fmt, columns=columns, time_unit=time_unit,
+                              hash_block_tokens=block_tokens)
     missing = [k for k in GENERATOR_KEYS if raw.get(k) is None]
     if missing:
         raise ScenarioError(f"{where}: workload: needs either trace or all of "
                             f"{', '.join(GENERATOR_KEYS)} (missing {', '.join(missing)})")
     arrival = _arrival(top)
+    prefix = None
+    assert num_requests is not None  # (a generator needs it: `missing` above)
     if raw.get("prefix") is not None:
         keys = _Keys(raw["prefix"], top.where, "workload.prefix", ("tokens", "groups", "share"))
         keys.only()
-        common["prefix"] = SharedPrefix(keys.integer("tokens", 1), keys.integer("groups", 1, high=MAX_COUNT),
+        prefix = SharedPrefix(keys.integer("tokens", 1), keys.integer("groups", 1, high=MAX_COUNT),
                                         keys.number("share", low=0, high=1))
     rate = getattr(arrival, "rate", None)
-    if rate is not None and common["num_requests"] / (rate * common["time_scale"]) > MAX_SECONDS:
-        raise top.fail("arrival.rate", f"{common['num_requests']} requests at {rate:g} req/s "
-                                       f"(time_scale {common['time_scale']:g}) span more than "
+    if rate is not None and num_requests / (rate * time_scale) > MAX_SECONDS:
+        raise top.fail("arrival.rate", f"{num_requests} requests at {rate:g} req/s "
+                                       f"(time_scale {time_scale:g}) span more than "
                                        f"{MAX_SECONDS:g} s; raise the rate or lower num_requests")
-    return WorkloadConfig(arrival=arrival, **common,
+    return WorkloadConfig(arrival=arrival, time_scale=time_scale, num_requests=num_requests, priority=priority,
+                          prefix=prefix,
                           prompt_tokens=_dist(top, "prompt_tokens", LENGTHS, 1, base_dir),
                           output_tokens=_dist(top, "output_tokens", LENGTHS, 1, base_dir))
 
 
-def _trace_format(top: _Keys, raw: dict) -> dict:
-    """workload.format (a name of sim/workload/traces.TRACE_FORMATS, read now: a format registered
-    later is accepted), or workload.columns + time_unit for any CSV."""
-    out: dict = {}
+def _trace_format(top: _Keys, raw: dict) -> tuple[str | None, tuple[tuple[str, str], ...] | None, str, int]:
+    """(format, columns, time_unit, hash_block_tokens): workload.format (a name of
+    sim/workload/traces.TRACE_FORMATS, read now: a format registered later is accepted), or
+    workload.columns + time_unit for any CSV."""
+    fmt, columns, time_unit = None, None, WorkloadConfig.time_unit
     if raw.get("format") is not None:
-        out["format"] = top.choice("format", tuple(TRACE_FORMATS))
+        fmt = top.choice("format", tuple(TRACE_FORMATS))
     if raw.get("columns") is not None:
-        if "format" in out:
+        if fmt is not None:
             raise top.fail("columns", "give workload.format or workload.columns, not both "
                                       "(columns reads any CSV)")
         keys = _Keys(raw["columns"], top.where, "workload.columns", COLUMN_KEYS)
@@ -358,16 +367,15 @@ def _trace_format(top: _Keys, raw: dict) -> dict:
         bad = [k for k, v in raw["columns"].items() if not isinstance(v, str) or not v]
         if bad:
             raise keys.fail(bad[0], "must be a column name (text)")
-        out["columns"] = tuple((k, raw["columns"][k]) for k in COLUMN_KEYS if k in raw["columns"])
-        out["time_unit"] = top.choice("time_unit", tuple(TIME_UNITS), "s")
+        columns = tuple((k, raw["columns"][k]) for k in COLUMN_KEYS if k in raw["columns"])
+        time_unit = top.choice("time_unit", tuple(TIME_UNITS), "s")
     elif raw.get("time_unit") is not None:
         raise top.fail("time_unit", "only with workload.columns (the other formats fix their unit)")
-    if raw.get("hash_block_tokens") is not None:
-        out["hash_block_tokens"] = top.integer("hash_block_tokens", 1)
-    return out
+    block_tokens = top.integer("hash_block_tokens", 1, default=WorkloadConfig.hash_block_tokens)
+    return fmt, columns, time_unit, block_tokens
 
 
-def _arrival(top: _Keys) -> ArrivalProcess:
+def _arrival(top: _Keys) -> ArrivalProcess | ClosedLoop:
     keys = top.sub("arrival", "process")
     process = keys.choice("process", tuple(ARRIVALS))
     keys.only(ARRIVALS[process])
@@ -386,7 +394,7 @@ def _arrival(top: _Keys) -> ArrivalProcess:
         return ClosedLoop(keys.integer("users", 1, high=MAX_COUNT),
                           keys.number("think_time", low=0, high=MAX_SECONDS),
                           keys.choice("think_dist", THINK_DISTS, "exponential"), turns,
-                          keys.integer("max_context", 2, default=None))
+                          keys.maybe_integer("max_context", 2))
     return ARRIVALS[process](_rate(keys))
 
 
@@ -407,7 +415,7 @@ def _dist(top: _Keys, key: str, table: dict, lo: int, base_dir: Path) -> LengthD
     if dist == "lognormal":
         lowest = keys.integer("min", 1, default=1)
         return Lognormal(keys.number("mean"), keys.number("std"), lowest,
-                         keys.integer("max", lowest, default=None))
+                         keys.maybe_integer("max", lowest))
     default_column = {"prompt_tokens": "prompt", "output_tokens": "output"}[key]
     return Empirical(keys.file("trace", base_dir),
                      keys.choice("column", ("prompt", "output"), default_column))
@@ -447,9 +455,13 @@ class _Keys:
             raise self.fail(key, f"missing (expected {allowed})")
         return default
 
-    def integer(self, key: str, low: int, default: Any = _REQUIRED, high: int = MAX_TOKENS) -> int | None:
+    def integer(self, key: str, low: int, default: Any = _REQUIRED, high: int = MAX_TOKENS) -> int:
         value = self._get(key, default, f"an integer >= {low}")
         return value if value is default else _int(value, self.at(key), lo=low, cap=high)
+
+    def maybe_integer(self, key: str, low: int, high: int = MAX_TOKENS) -> int | None:
+        """An integer >= low, or None when the key is absent."""
+        return None if self.raw.get(key) is None else self.integer(key, low, high=high)
 
     def number(self, key: str, default: Any = _REQUIRED, low: float | None = None,
                high: float = MAX_TOKENS, floor: float | None = None) -> float:

@@ -34,6 +34,7 @@ class Sessions:
         self.req = req
         req.prompt = req.prompt.copy()  # prompts grow in place; the caller's workload keeps its lengths
         self.message = req.prompt.copy()  # int64 [n]: each request's own new tokens
+        assert users.turns is not None    # (sessions are the closed loops with turns)
         self.turns = users.turns          # int64 [n]: turns of the k-th conversation to start
         self.max_context = users.max_context
         self.prefix = prefix              # per request: its system prompt (a conversation's first)

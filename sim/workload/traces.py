@@ -134,7 +134,8 @@ def _read_vllm_log(path: Path, name: str) -> pd.DataFrame:
     except OSError as e:
         raise ScenarioError(f"{name}: cannot read the log ({e.strerror})") from None
     prompts: dict[str, int] = {}
-    rows = []  # (line, request id, month, day, h, m, s, max_tokens)
+    # (line, request id, month, day, h, m, s, max_tokens)
+    rows: list[tuple[int, str, str, str, str, str, str, str]] = []
     for line_no, line in enumerate(text.splitlines(), start=1):
         if "Request " in line and " details: " in line:
             found = _log_fields(line, _LOG_DETAILS)
@@ -150,7 +151,8 @@ def _read_vllm_log(path: Path, name: str) -> pd.DataFrame:
                 if found[6] != "None" and len(found[6]) > len(str(MAX_TOKENS)):
                     raise ScenarioError(f"{name}:{line_no}: max_tokens of {len(found[6])} digits is more "
                                         f"than {MAX_TOKENS:,} tokens")
-                rows.append((line_no, found[5], *found[:5], found[6]))
+                month, day, h, m, sec, rid, max_tokens = found
+                rows.append((line_no, rid, month, day, h, m, sec, max_tokens))
     if not rows:
         raise ScenarioError(f"{name}: no 'Received request' lines (start vllm serve with --enable-log-requests)")
     year, last_month, times, prompt, output, lines = 2000, 0, [], [], [], []
@@ -285,7 +287,7 @@ def _read_mapped(path: Path, name: str, columns: dict, time_unit: str, hash_bloc
 def _hash_column(col: pd.Series, lines: np.ndarray, name: str, label: str, block_tokens: int) -> list:
     """A CSV column of prompt block ids (integers separated by spaces, '|' or ';', each naming
     `block_tokens` tokens, chained as Mooncake's hash_ids are); an empty cell: no shared prefix."""
-    out = []
+    out: list = []
     for value, line in zip(col.tolist(), lines.tolist()):
         if value is None or (isinstance(value, float) and np.isnan(value)):
             out.append(None)
@@ -445,7 +447,7 @@ def _ints(col: pd.Series, lines: np.ndarray, name: str, label: str, lo: float) -
     values = pd.to_numeric(col, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
     ok = np.isfinite(values) & (values == np.floor(values)) & (values >= lo)
     if not ok.all():
-        what = {1: "a positive integer", 0: "a non-negative integer"}.get(lo, "an integer")
+        what = {1.0: "a positive integer", 0.0: "a non-negative integer"}.get(lo, "an integer")
         _fail(col, lines, name, label, ok, what)
     ok = values <= MAX_TOKENS
     if not ok.all():

@@ -38,7 +38,7 @@ def _by_baseline(short: bool) -> tuple[dict, dict, dict]:
 def _largest(short: bool, claimed: str, value: float) -> tuple[tuple[Figure, Figure], str]:
     """The largest ratio of the sweep and the largest against B > 1, as figures and a headline."""
     r, _, batched = _by_baseline(short)
-    best, top = max(r, key=r.get), max(batched, key=batched.get)
+    best, top = max(r, key=lambda k: r[k]), max(batched, key=lambda k: batched[k])
     figs = (Figure(f"largest ratio in the sweep ({best[0]}, B = {best[1]})", r[best], "x", claimed, value),
             Figure(f"largest against B > 1 ({top[0]}, B = {top[1]})", batched[top], "x", claimed, value))
     return figs, f"up to {r[best]:.1f}x against B = 1; at most {batched[top]:.1f}x against B > 1"
@@ -93,7 +93,7 @@ def continuous_speedup(short: bool = False) -> Claim:
 
 def anyscale_23x(short: bool = False) -> Claim:
     r, unbatched, batched = _by_baseline(short)
-    top = max(batched, key=batched.get)
+    top = max(batched, key=lambda k: batched[k])
     largest, headline = _largest(short, "up to 23x", 23)
     return saturation_claim(
         short,

@@ -40,7 +40,7 @@ def saturation(short: bool = False) -> dict:
     sizes = (1, 32) if short else (1, 8, 32, 256)
     out = {}
     for name in SATURATION_WORKLOADS:
-        row = {"continuous": saturation_run(name, short)}
+        row: dict[str | int, SimResult] = {"continuous": saturation_run(name, short)}
         for b in sizes:
             row[b] = saturation_run(name, short, "engine.scheduler=static", f"engine.max_num_seqs={b}")
         out[name] = row

@@ -1,0 +1,231 @@
+"""What `servesim plan` is asked, checked once, and the plan or configuration search it runs.
+
+    request = PlanRequest(scenario=path, slo="ttft_ms=500", target_rate=20.0, gpus="h100-sxm,h200")
+    job = prepare(request)               # every option and the scenario checked: ScenarioError, one line
+    result = job.run(progress)           # the simulations (plan, or a GPU x TP x setting search)
+    job.write(result)                    # plan.md / search.md, the JSON and plots into job.out_dir
+
+The option mini-languages ("64,128,256", "off,eagle:3:0.7", "off,1:3", "on,off") are parsed here, so
+that the CLI only passes text through and a notebook can call the same thing.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sim.config.checks import MAX_COUNT, MAX_RATE, check_out_dir
+from sim.config.errors import ScenarioError
+from sim.config.scenario import Scenario, SLOConfig, load_scenario
+from sim.planning.evaluator import PlanOptions
+from sim.planning.slo import parse_slo
+from sim.schedulers import SCHEDULERS
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """`servesim plan`'s options as written (lists as their comma-separated text)."""
+    scenario: Path
+    slo: str | None = None                 # KEY=V,...; None: the scenario's slo section
+    target_rate: float | None = None       # req/s to size a cluster for (open loop)
+    target_users: int | None = None        # users to size a cluster for (closed loop)
+    gpu_hour_usd: float | None = None
+    out: Path | None = None                # None: runs/<scenario name>-plan
+    overrides: tuple[str, ...] = ()        # --set KEY=VALUE
+    seeds: int = 3
+    resolution: float = 0.02
+    horizon_s: float | None = None
+    confidence: float = 0.9
+    headroom: float = 1.0
+    band: bool = True
+    max_num_seqs: str | None = None        # "64,128,256"
+    max_num_batched_tokens: str | None = None
+    gpus: str | None = None                # "h100-sxm,h200": a configuration search
+    tp: str | None = None                  # "1,2,4"
+    schedulers: str | None = None          # "chunked,continuous"
+    speculative: str | None = None         # "off,eagle:3:0.7"
+    disaggregation: str | None = None      # "off,1:3"
+    prefix_caching: str | None = None      # "on,off"
+    max_gpus: int | None = None
+    budget_usd_per_hour: float | None = None
+    min_requests: int = 1000
+    workers: int | None = None
+
+    @property
+    def searches(self) -> bool:
+        """A configuration search (any of the search options given), else a plan."""
+        return any(v is not None for v in (self.gpus, self.tp, self.schedulers, self.prefix_caching,
+                                           self.speculative, self.disaggregation))
+
+
+@dataclass(frozen=True)
+class PlanJob:
+    """A checked request, ready to run: what it runs on and where it writes."""
+    request: PlanRequest
+    scenario: Scenario
+    slo: SLOConfig
+    options: PlanOptions
+    out_dir: Path
+
+    @property
+    def label(self) -> str:
+        return "searching" if self.request.searches else "planning"
+
+    def run(self, progress: Callable[..., None] | None = None) -> dict:
+        r = self.request
+        target = r.target_rate if r.target_users is None else r.target_users
+        seqs = parse_int_list("--max-num-seqs", r.max_num_seqs)
+        tokens = parse_int_list("--max-num-batched-tokens", r.max_num_batched_tokens)
+        if r.searches:
+            from sim.planning.config_search import search_configs
+
+            e = self.scenario.engine
+            return search_configs(
+                r.scenario, self.slo, gpus=[g.strip() for g in (r.gpus or self.scenario.hardware.name).split(",")],
+                tps=parse_int_list("--tp", r.tp) or (e.tensor_parallel_size,), target=target,
+                overrides=r.overrides, seqs=seqs or (), tokens=tokens or (),
+                schedulers=parse_schedulers(r.schedulers or e.scheduler),
+                prefix_caching=parse_on_off("--prefix-caching", r.prefix_caching),
+                speculative=parse_spec_list(r.speculative), disaggregation=parse_split_list(r.disaggregation),
+                max_gpus=r.max_gpus, budget_usd_per_hour=r.budget_usd_per_hour, headroom=r.headroom,
+                options=self.options, progress=progress)
+        from sim.planning.planner import plan
+
+        return plan(r.scenario, self.slo, overrides=r.overrides, options=self.options, progress=progress,
+                    target=target, target_unit="users" if r.target_users is not None else "req/s",
+                    gpu_hour_usd=r.gpu_hour_usd, headroom=r.headroom, band=r.band, seqs_grid=seqs,
+                    tokens_grid=tokens)
+
+    def write(self, result: dict) -> tuple[str, list[tuple[str, str]], str]:
+        """Write the report; (the headline table's title, its rows, what was written)."""
+        if self.request.searches:
+            from sim.planning.search_report import search_headline, write_search_report
+
+            write_search_report(result, self.out_dir)
+            return (f"servesim plan --gpus/--tp: {result['scenario']}", search_headline(result),
+                    "search.md, search.json, pareto.png")
+        from sim.planning.plan_report import headline, write_report
+
+        write_report(result, self.out_dir)
+        return f"servesim plan: {result['scenario']}", headline(result), "plan.md, plan.json, plots"
+
+
+def prepare(r: PlanRequest, note: Callable[[str], None] | None = None) -> PlanJob:
+    """Every option checked and the scenario loaded, before any simulation: ScenarioError, one line.
+    `note` hears what servesim guessed (a cost model fallen back to an estimate) as soon as it is known."""
+    if r.target_rate is not None and r.target_users is not None:
+        raise ScenarioError("--target-rate and --target-users: give one (a rate for open-loop "
+                            "scenarios, users for closed-loop ones)")
+    for flag, v in (("--target-rate", r.target_rate), ("--target-users", r.target_users),
+                    ("--seeds", r.seeds), ("--resolution", r.resolution), ("--workers", r.workers),
+                    ("--horizon-s", r.horizon_s), ("--min-requests", r.min_requests)):
+        if v is not None and not 0 < v < math.inf:
+            rule = "an integer >= 1" if isinstance(v, int) else "a finite number > 0"
+            raise ScenarioError(f"{flag}: {v} is not {rule}")
+    for flag, v, cap in (("--target-rate", r.target_rate, MAX_RATE), ("--target-users", r.target_users, MAX_COUNT)):
+        if v is not None and v > cap:  # said before any search runs
+            raise ScenarioError(f"{flag}: {v:g} is more than {cap:g}, the most servesim plans for")
+    if r.gpu_hour_usd is not None and not 0 <= r.gpu_hour_usd < math.inf:
+        raise ScenarioError(f"--gpu-hour-usd: {r.gpu_hour_usd} is not a finite number >= 0")
+    sc = load_scenario(r.scenario, r.overrides)
+    if sc.cost_model.notice and note is not None:
+        note(sc.cost_model.notice)
+    if r.slo is not None:
+        slo = parse_slo(r.slo)
+    elif sc.slo is not None:
+        slo = sc.slo
+    else:
+        raise ScenarioError(f"--slo: missing and {r.scenario} has no slo: section; "
+                            "e.g. --slo ttft_ms=500,tpot_ms=50,percentile=99")
+    out_dir = r.out if r.out is not None else Path("runs") / f"{sc.name}-plan"
+    check_out_dir(out_dir)
+    if not 0.5 <= r.confidence < 1:
+        raise ScenarioError(f"--confidence: {r.confidence:g} is not in [0.5, 1)")
+    # the list options, checked now (run() parses them again: cheap, and the job stays plain data)
+    parse_int_list("--max-num-seqs", r.max_num_seqs)
+    parse_int_list("--max-num-batched-tokens", r.max_num_batched_tokens)
+    if r.searches:
+        parse_int_list("--tp", r.tp)
+        parse_schedulers(r.schedulers or sc.engine.scheduler)
+        parse_on_off("--prefix-caching", r.prefix_caching)
+        parse_spec_list(r.speculative)
+        parse_split_list(r.disaggregation)
+    seeds = r.seeds
+    options = PlanOptions(first_seeds=min(2, seeds), seeds=seeds, max_seeds=max(seeds, 7),
+                          curve_seeds=min(2, seeds), curve_max_seeds=min(3, seeds), resolution=r.resolution,
+                          horizon_s=r.horizon_s, min_requests=r.min_requests, confidence=r.confidence,
+                          max_requests=max(r.min_requests, PlanOptions.max_requests), workers=r.workers)
+    return PlanJob(r, sc, slo, options, out_dir)
+
+
+def parse_int_list(flag: str, text: str | None) -> tuple[int, ...] | None:
+    """'64,128,256' -> (64, 128, 256); None when not given; a bad item is one line naming the flag."""
+    if text is None:
+        return None
+    out = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item.isdigit() or int(item) < 1:
+            raise ScenarioError(f"{flag}: {item!r} is not an integer >= 1 (write e.g. {flag} 64,128,256)")
+        out.append(int(item))
+    return tuple(out)
+
+
+def parse_schedulers(text: str) -> list[str]:
+    names = [k.strip() for k in text.split(",")]
+    for k in names:
+        if k not in SCHEDULERS:
+            raise ScenarioError(f"--schedulers: unknown scheduler {k!r}; allowed: {', '.join(SCHEDULERS)}")
+    return names
+
+
+def parse_on_off(flag: str, text: str | None) -> list[bool]:
+    """'on,off' -> [True, False]; None -> []."""
+    values = {"on": True, "off": False}
+    items = [c.strip().lower() for c in text.split(",")] if text else []
+    for c in items:
+        if c not in values:
+            raise ScenarioError(f"{flag}: {c!r} is not on or off (write {flag} on,off)")
+    return [values[c] for c in items]
+
+
+def parse_spec_list(text: str | None) -> list[dict[str, Any] | None]:
+    """'off,eagle:3:0.7,draft:4:0.6:llama-2-7b' -> [None, {method: eagle, ...}, ...] (checked when
+    each setting's scenario loads: engine.speculative's rules)."""
+    if text is None:
+        return []
+    out: list[dict[str, Any] | None] = []
+    for item in (x.strip() for x in text.split(",")):
+        if item == "off":
+            out.append(None)
+            continue
+        parts = item.split(":")
+        try:
+            spec: dict[str, Any] = {"method": parts[0], "num_speculative_tokens": int(parts[1]),
+                                    "acceptance_rate": float(parts[2])}
+        except (IndexError, ValueError):
+            raise ScenarioError(f"--speculative: {item!r} is not off or METHOD:K:ACCEPTANCE[:DRAFT_MODEL] "
+                                "(e.g. eagle:3:0.7)") from None
+        if len(parts) > 3:
+            spec["draft_model"] = parts[3]
+        out.append(spec)
+    return out
+
+
+def parse_split_list(text: str | None) -> list[tuple[int, int] | None]:
+    """'off,1:3,2:2' -> [None, (1, 3), (2, 2)]."""
+    if text is None:
+        return []
+    out: list[tuple[int, int] | None] = []
+    for item in (x.strip() for x in text.split(",")):
+        p, sep, d = item.partition(":")
+        if item == "off":
+            out.append(None)
+        elif sep and p.isdigit() and d.isdigit() and int(p) > 0 and int(d) > 0:
+            out.append((int(p), int(d)))
+        else:
+            raise ScenarioError(f"--disaggregation: {item!r} is not off or P:D (prefill and decode replicas, "
+                                "e.g. 1:3)")
+    return out

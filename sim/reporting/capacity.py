@@ -1,0 +1,156 @@
+"""`servesim capacity`: the GPU-memory budget of a model on a GPU as rows a person reads (and a
+JSON), without simulating: weights, activation reserve, KV bytes per token and per block, KV blocks,
+and how many sequences of a length fit at once.
+
+    title, rows = capacity_table(model="llama-3-8b", gpu="h100-sxm", tp=1, seq_len=4096)
+    rows: (json key, label, value, shown); ScenarioError (one line, naming the option) for bad input
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sim.config.checks import MAX_TOKENS, _int
+from sim.config.errors import ScenarioError
+from sim.config.scenario import MAX_BLOCK_SIZE, load_scenario
+from sim.presets.hardware import HARDWARE_PRESETS
+from sim.presets.memory import KV_CACHE_DTYPES, kv_budget
+from sim.presets.models import MODEL_PRESETS, model_from_hf_config
+
+
+def capacity_table(model: str | None = None, gpu: str | None = None, tp: int | None = None, seq_len: int = 4096,
+                   gpu_memory_utilization: float | None = None, block_size: int | None = None,
+                   max_num_batched_tokens: int | None = None,
+                   scenario: Path | None = None) -> tuple[str, list[tuple[str, str, Any, str]]]:
+    """(title, rows) of the budget: the options given over the scenario's settings (if any) over
+    vLLM's defaults."""
+    m: Any = None
+    hw: Any = None
+    if scenario is not None:
+        sc = load_scenario(scenario)
+        m, hw, e = sc.model, sc.hardware, sc.engine
+        defaults: dict[str, Any] = {"tp": e.tensor_parallel_size, "util": e.gpu_memory_utilization,
+                                    "block": e.block_size, "tokens": e.max_num_batched_tokens,
+                                    "kv_dtype": e.kv_cache_dtype}
+    else:
+        defaults = {"tp": 1, "util": 0.9, "block": 16, "tokens": 8192, "kv_dtype": "auto"}
+    if model is not None:
+        m = _capacity_model(model)
+    if gpu is not None:
+        if gpu not in HARDWARE_PRESETS:
+            raise ScenarioError(f"--gpu: unknown preset {gpu!r}; presets: " + ", ".join(sorted(HARDWARE_PRESETS)))
+        hw = HARDWARE_PRESETS[gpu]
+    if m is None or hw is None:
+        flag = "--model" if m is None else "--gpu"
+        names = MODEL_PRESETS if m is None else HARDWARE_PRESETS
+        raise ScenarioError(f"{flag}: missing (or give --scenario FILE); presets: " + ", ".join(sorted(names)))
+    _int(seq_len, "--seq-len", lo=1, cap=MAX_TOKENS)
+    _check_capacity_options(m, tp, gpu_memory_utilization, block_size, max_num_batched_tokens)
+    b = kv_budget(m, hw, tensor_parallel_size=_or_default(tp, defaults["tp"]),
+                  gpu_memory_utilization=_or_default(gpu_memory_utilization, defaults["util"]),
+                  block_size=_or_default(block_size, defaults["block"]),
+                  max_num_batched_tokens=_or_default(max_num_batched_tokens, defaults["tokens"]),
+                  where="capacity", kv_cache_dtype=defaults["kv_dtype"])
+    rows = capacity_rows(m.name, hw.name, b, seq_len, spec=m, kv_cache_dtype=defaults["kv_dtype"])
+    return f"servesim capacity: {m.name} on {hw.name}, tensor_parallel_size {b.tensor_parallel_size}", rows
+
+
+def _check_capacity_options(m: Any, tp: int | None, util: float | None, block: int | None,
+                            tokens: int | None) -> None:
+    """The options given, by the scenario rules (sim/config/scenario.py), in errors that name the option."""
+    heads = m.num_attention_heads
+    if tp is not None and (tp < 1 or heads % tp):
+        allowed = ", ".join(str(d) for d in range(1, heads + 1) if heads % d == 0)
+        raise ScenarioError(f"--tp: {tp} does not divide the {heads} attention heads of {m.name}; "
+                            f"allowed: {allowed}")
+    if util is not None and not 0 < util <= 1:
+        raise ScenarioError(f"--gpu-memory-utilization: {util} is not a number in (0, 1]")
+    if block is not None and (not 1 <= block <= MAX_BLOCK_SIZE or block & (block - 1)):
+        raise ScenarioError(f"--block-size: {block} is not a power of two in [1, {MAX_BLOCK_SIZE}] "
+                            "(vLLM uses 16)")
+    if tokens is not None and tokens < 1:
+        raise ScenarioError(f"--max-num-batched-tokens: {tokens} is not an integer >= 1")
+
+
+def _or_default(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+def _capacity_model(name: str) -> Any:
+    if name in MODEL_PRESETS:
+        return MODEL_PRESETS[name]
+    if Path(name).exists():
+        return model_from_hf_config(Path(name))
+    raise ScenarioError(f"--model: unknown preset {name!r}; presets: "
+                        + ", ".join(sorted(MODEL_PRESETS)) + " (or a path to a HF config.json)")
+
+
+def capacity_rows(model: str, gpu: str, b: Any, seq_len: int, spec: Any = None,
+                  kv_cache_dtype: str = "auto") -> list[tuple[str, str, Any, str]]:
+    """(json key, label, value, shown) for `servesim capacity`; bytes are per GPU (per TP rank)."""
+    gb = lambda x: f"{x / 1e9:,.2f} GB"  # noqa: E731
+    per_seq = b.blocks_per_seq(seq_len)
+    extra = [] if spec is None else _architecture_rows(spec, b.tensor_parallel_size, kv_cache_dtype, gb)
+    rows = [
+        ("model", "model", model, model), ("gpu", "GPU", gpu, gpu),
+        ("tensor_parallel_size", "tensor_parallel_size", b.tensor_parallel_size, str(b.tensor_parallel_size)),
+        ("total_bytes", "GPU memory", b.total_bytes, gb(b.total_bytes)),
+        ("usable_bytes", "usable (gpu_memory_utilization x memory)", b.usable_bytes, gb(b.usable_bytes)),
+        ("weight_bytes_per_gpu", "weights per GPU", b.weight_bytes_per_gpu, gb(b.weight_bytes_per_gpu)),
+        ("activation_reserve_bytes", "activation + fixed reserve", b.activation_reserve_bytes,
+         gb(b.activation_reserve_bytes)),
+        ("kv_cache_bytes", "KV cache", b.kv_cache_bytes, gb(b.kv_cache_bytes)),
+        ("kv_bytes_per_token", "KV bytes per token (per GPU)", b.kv_bytes_per_token,
+         f"{b.kv_bytes_per_token:,} B"),
+        ("block_bytes", f"KV bytes per block ({b.block_size} tokens"
+         + (")" if b.layout is None else f" x {b.layout.group_layers} layers)"), b.block_bytes, f"{b.block_bytes:,} B"),
+        ("num_gpu_blocks", "KV blocks per GPU", b.num_gpu_blocks, f"{b.num_gpu_blocks:,}"),
+        ("max_tokens", "KV capacity (tokens per replica)", b.max_tokens, f"{b.max_tokens:,}"),
+        ("seq_len", "sequence length (tokens)", seq_len, f"{seq_len:,}"),
+        ("blocks_per_seq", "blocks per sequence", per_seq, f"{per_seq:,}"),
+        ("max_concurrent_seqs", f"concurrent sequences of {seq_len:,} tokens", b.max_concurrent_seqs(seq_len),
+         f"{b.max_concurrent_seqs(seq_len):,}"),
+    ]
+    return rows[:3] + extra + rows[3:]  # after model, GPU and TP: what the weights and KV are made of
+
+
+
+def _architecture_rows(m: Any, tp: int, kv_cache_dtype: str, gb) -> list[tuple[str, str, Any, str]]:
+    """What the weights and the KV bytes per token are made of (MoE experts, MLA latent, fp8)."""
+    rows = [("num_params", "parameters (all)", m.num_params, f"{m.num_params / 1e9:,.2f} B"),
+            ("active_params", "parameters one token multiplies", m.matmul_params,
+             f"{m.matmul_params / 1e9:,.2f} B")]
+    wbytes, routed = m.expert_bytes_per_weight, m.routed_expert_params
+    if m.moe is not None:
+        e = m.moe
+        rows.append(("routed_expert_bytes_per_gpu", f"routed experts per GPU ({e.num_experts} x "
+                     f"{m.num_layers - e.dense_layers} layers, {e.experts_per_token} per token)",
+                     routed * wbytes / tp, gb(routed * wbytes / tp)))
+    if m.linear_weight_bytes is not None:
+        rows.append(("linear_weight_bytes", "bytes per linear-layer weight (quantised)",
+                     m.linear_weight_bytes, f"{m.linear_weight_bytes:g}"))
+    if m.expert_weight_bytes is not None:
+        rows.append(("expert_weight_bytes", "bytes per routed-expert weight (quantised)",
+                     m.expert_weight_bytes, f"{m.expert_weight_bytes:g}"))
+    elem = KV_CACHE_DTYPES[kv_cache_dtype] or m.dtype_bytes
+    if m.mla is not None:
+        why = (f"{m.num_layers} layers x ({m.mla.kv_lora_rank} latent + {m.mla.qk_rope_head_dim} rope) "
+               f"x {elem} B, the same on every GPU (MLA)")
+    else:
+        heads = max(1, m.num_kv_heads // tp)
+        why = f"2 (K, V) x {m.num_layers} layers x {heads} KV heads x {m.head_dim} x {elem} B"
+    rows.append(("kv_bytes_per_token_why", "KV bytes per token, because", why, why))
+    if m.sliding_layers:
+        lay = m.kv_layout
+        full = m.num_layers - m.sliding_layers
+        if not full:
+            text = (f"all {m.num_layers} layers attend the last {m.sliding_window:,} tokens: a sequence keeps "
+                    f"only its window's blocks")
+        else:
+            pad = lay.groups * lay.group_layers - m.num_layers
+            text = (f"{m.sliding_layers} of {m.num_layers} layers attend the last {m.sliding_window:,} tokens; "
+                    f"vLLM groups the layers {lay.full_groups} full + {lay.sliding_groups} windowed group(s) of "
+                    f"{lay.group_layers}" + (f" ({pad} padding)" if pad else "")
+                    + ": a sequence keeps every token in the full group(s), only its window in the others")
+        rows.append(("sliding_window", "sliding window", m.sliding_window, text))
+    return rows

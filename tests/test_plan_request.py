@@ -1,0 +1,60 @@
+"""`servesim plan`'s options as a library call (sim/planning/plan_request.py): the mini-languages
+parsed by hand, every check before any simulation, and a job a notebook can run without the CLI."""
+from pathlib import Path
+
+import pytest
+
+from sim.config.errors import ScenarioError
+from sim.planning.plan_request import (
+    PlanRequest,
+    parse_int_list,
+    parse_on_off,
+    parse_spec_list,
+    parse_split_list,
+    prepare,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"
+
+
+def test_the_option_mini_languages_by_hand():
+    assert parse_int_list("--tp", "1, 2,8") == (1, 2, 8) and parse_int_list("--tp", None) is None
+    assert parse_on_off("--prefix-caching", "on,OFF") == [True, False] and parse_on_off("--x", None) == []
+    assert parse_spec_list("off,eagle:3:0.7,draft:4:0.6:llama-3.2-1b") == [
+        None, {"method": "eagle", "num_speculative_tokens": 3, "acceptance_rate": 0.7},
+        {"method": "draft", "num_speculative_tokens": 4, "acceptance_rate": 0.6, "draft_model": "llama-3.2-1b"}]
+    assert parse_split_list("off,1:3, 2:2") == [None, (1, 3), (2, 2)]
+    for call, message in ((lambda: parse_int_list("--tp", "1,0"), "--tp: '0' is not an integer >= 1"),
+                          (lambda: parse_on_off("--prefix-caching", "yes"), "--prefix-caching: 'yes' is not on or off"),
+                          (lambda: parse_spec_list("eagle:x"), "--speculative: 'eagle:x' is not off or METHOD"),
+                          (lambda: parse_split_list("1:0"), "--disaggregation: '1:0' is not off or P:D")):
+        with pytest.raises(ScenarioError, match=message.replace("(", r"\(")):
+            call()
+
+
+def test_prepare_checks_everything_before_a_simulation(tmp_path):
+    ok = PlanRequest(QUICKSTART, slo="ttft_ms=500", out=tmp_path / "p")
+    job = prepare(ok)
+    assert job.label == "planning" and job.out_dir == tmp_path / "p" and job.slo.ttft_ms == 500
+    assert job.options.seeds == 3 and job.options.first_seeds == 2 and job.options.max_seeds == 7
+    search = prepare(PlanRequest(QUICKSTART, slo="ttft_ms=500", out=tmp_path / "s", tp="1,2"))
+    assert search.label == "searching"
+    notes: list[str] = []
+    prepare(PlanRequest(QUICKSTART, slo="ttft_ms=500", out=tmp_path / "n"), note=notes.append)
+    assert notes == []  # quickstart's measured profile is shipped: nothing guessed
+    bad = {"target_rate": -1.0, "confidence": 0.2, "schedulers": "fastest", "disaggregation": "1:x",
+           "max_num_seqs": "8,x"}
+    messages = {"target_rate": "--target-rate: -1.0 is not a finite number > 0",
+                "confidence": "--confidence: 0.2 is not in [0.5, 1)",
+                "schedulers": "--schedulers: unknown scheduler 'fastest'",
+                "disaggregation": "--disaggregation: '1:x' is not off or P:D",
+                "max_num_seqs": "--max-num-seqs: 'x' is not an integer >= 1"}
+    for key, value in bad.items():
+        with pytest.raises(ScenarioError) as err:
+            prepare(PlanRequest(QUICKSTART, slo="ttft_ms=500", out=tmp_path / key, **{key: value}))
+        assert str(err.value).startswith(messages[key]), (key, str(err.value))
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ScenarioError, match="exists and is not a directory"):
+        prepare(PlanRequest(QUICKSTART, slo="ttft_ms=500", out=tmp_path / "file"))
+    assert not any((tmp_path / k).exists() for k in bad)  # nothing written by a refused request
