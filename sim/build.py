@@ -7,7 +7,7 @@ replicas behind routers or into disaggregated pools.
     scheduler = build_scheduler(engine, requests, blocks, workload, rng)
 
 Features are chosen here, once, and handed in as objects: a prefix-caching KV manager, a
-speculative pool, a sliding-window KV manager, a disaggregated pool's scheduler class. The
+speculative pool, a sliding-window KV manager, a disaggregated prefill replica's handoff. The
 simulator (sim/simulate.py) and the real engine (calibrate/engine.py) both set replicas up through
 these functions, so the two share admission and memory semantics by construction.
 """
@@ -72,12 +72,13 @@ def kv_cache_for(e: EngineConfig, num_blocks: int, num_requests: int, layout: KV
 
 def build_scheduler(e: EngineConfig, requests: RequestTable, num_blocks: int,
                     workload: Workload, rng: np.random.Generator | None = None,
-                    layout: KVLayout | None = None, wrap: Callable[[type], type] | None = None) -> Scheduler:
+                    layout: KVLayout | None = None,
+                    handoff: Callable[[int, float], None] | None = None) -> Scheduler:
     """One replica's scheduler with its own KV cache of `num_blocks` blocks and waiting queue.
     `rng`: the run's seeded generator (speculative decoding draws its acceptances from it);
     `layout`: a sliding-window model's KV-cache groups (sim/config/scenario.py turned prefix caching,
-    speculative decoding and disaggregation off or away for it); `wrap`: makes the class built from
-    the scheduler's (a disaggregated pool's, sim/runtime/disaggregation.py)."""
+    speculative decoding and disaggregation off or away for it); `handoff(rid, now)`: where a
+    disaggregated prefill replica sends each computed prompt (sim/runtime/disaggregation.py)."""
     cls = SCHEDULERS[e.scheduler]
     caching = prefix_caching(e, workload)
     if caching and e.speculative is not None:
@@ -102,10 +103,9 @@ def build_scheduler(e: EngineConfig, requests: RequestTable, num_blocks: int,
     pool = None
     if e.speculative is not None:
         pool = SpeculativePool(requests, kv, e.speculative, rng if rng is not None else np.random.default_rng(0))
-    if wrap is not None:
-        cls = wrap(cls)
     make: Callable[..., Scheduler] = cls  # (each scheduler's __init__ takes what it needs of these)
-    return make(requests=requests, kv=kv, pool=pool, queue=make_queue(e.policy, requests),
+    extra = {} if handoff is None else {"handoff": handoff}  # (a disaggregated prefill replica's)
+    return make(requests=requests, kv=kv, pool=pool, queue=make_queue(e.policy, requests), **extra,
                max_num_seqs=e.max_num_seqs, max_num_batched_tokens=e.max_num_batched_tokens,
                reserve_full_isl=e.scheduler_reserve_full_isl, batch_timeout_s=e.batch_timeout_s,
                max_output_tokens=int(workload.output_tokens.max(initial=1)))
@@ -188,7 +188,7 @@ def start_pools(env, scenario, req, workload, recorder, rng, on_iteration, fast_
     """Build both pools' replicas (SimPy processes) on `env`: prefill replicas 0..P-1 read the
     arrivals, decode replicas P..P+D-1 read the transfers. Returns (schedulers, KVTransfers)."""
     from sim.runtime.cluster import make_inboxes  # (simpy: see build_replicas)
-    from sim.runtime.disaggregation import KVTransfers, decode_side, prefill_only
+    from sim.runtime.disaggregation import KVTransfers
     from sim.runtime.engine import Replica
 
     d = scenario.engine.disaggregation
@@ -201,25 +201,24 @@ def start_pools(env, scenario, req, workload, recorder, rng, on_iteration, fast_
                                 "disaggregated pools is not modelled; set engine.enable_prefix_caching: false")
         check_servable(workload, sc.engine, sc.budget.num_gpu_blocks, f"{scenario.source or 'scenario'}: ")
 
-    def pool(sc, n, wrap):
-        out = []
-        for _ in range(n):
-            # the pool's behaviour: the scheduler's class with two hooks (sim/schedulers/iteration_level.py)
-            out.append(build_scheduler(sc.engine, req, sc.budget.num_gpu_blocks, workload, rng, wrap=wrap))
-        return out
+    def shipper(i: int) -> Callable[[int, float], None]:
+        """Prefill replica i's handoff: its requests' KV onto the link (transfers: made below,
+        before anything runs)."""
+        return lambda rid, now: transfers.send(rid, now, i)
 
-    prefill = pool(prefill_sc, d.prefill_replicas, prefill_only)
-    decode = pool(decode_sc, d.decode_replicas, decode_side)
-    for s in decode:
-        s.incoming = set()
+    blocks = prefill_sc.budget.num_gpu_blocks
+    prefill = [build_scheduler(prefill_sc.engine, req, blocks, workload, rng, handoff=shipper(i))
+               for i in range(d.prefill_replicas)]
+    # a decode replica is a plain scheduler: an arrival's computed tokens (prompt - 1) came with
+    # their KV, and a waiting request holds no blocks here (sim/schedulers/iteration_level._admit)
+    decode = [build_scheduler(decode_sc.engine, req, decode_sc.budget.num_gpu_blocks, workload, rng)
+              for _ in range(d.decode_replicas)]
     tp = d.decode.tensor_parallel_size
     kv_bytes = kv_bytes_per_token_per_rank(scenario.model, tp, scenario.engine.kv_cache_dtype) * tp
     # nvlink: the slower pool's interconnect
     link_hw = min(prefill_sc.hardware, decode_sc.hardware, key=lambda h: h.interconnect_bandwidth)
     transfers = KVTransfers(env, req, decode, make_router(scenario.engine.router, d.decode_replicas), d, kv_bytes,
                             link_hw, d.prefill_replicas)
-    for i, s in enumerate(prefill):
-        s.index, s.transfers = i, transfers
     inboxes = make_inboxes(make_router(scenario.engine.router, d.prefill_replicas), env, req.arrival, prefill,
                            req.replica)
     prefill_cost, decode_cost = cost_model(prefill_sc), cost_model(decode_sc)

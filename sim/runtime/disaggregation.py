@@ -32,7 +32,6 @@ closed-loop users and speculative decoding together with disaggregation (refused
 """
 from __future__ import annotations
 
-import functools
 import heapq
 
 import numpy as np
@@ -84,52 +83,6 @@ class KVTransfers:
         target = self.router.choose(rid, _loads(self.schedulers, self.inboxes))
         self.req.replica[rid] = self.first + target
         self.inboxes[target].deliver(rid, t)
-
-
-@functools.cache
-def prefill_only(cls):
-    """The prefill pool's scheduler: `cls` whose requests leave when their prompt is computed."""
-
-    class PrefillScheduler(cls):
-        index = 0             # this replica's index (set by the builder)
-        transfers: KVTransfers
-
-        def _prompt_done(self, rid: int, now: float) -> bool:
-            req, kv = self.req, self.kv
-            kv.free_request(rid, kv.blocks_for(int(req.computed[rid])))
-            del self.order[rid]
-            # the decode replica recomputes the last prompt token to sample the first output token
-            req.computed[rid] = int(req.prompt[rid]) - 1
-            self.transfers.send(rid, now, self.index)
-            return False
-
-    PrefillScheduler.__name__ = f"Prefill{cls.__name__}"
-    return PrefillScheduler
-
-
-@functools.cache
-def decode_side(cls):
-    """The decode pool's scheduler: `cls` whose arriving requests bring their prompt's KV, so
-    admission allocates blocks for all of it."""
-
-    class DecodeScheduler(cls):
-        incoming: set[int]  # arrived with their KV, not yet admitted (start_pools sets it)
-
-        def add(self, rid: int) -> None:
-            self.incoming.add(rid)
-            super().add(rid)
-
-        def _held_blocks(self, rid: int, computed: int) -> int:
-            if rid in self.incoming:  # the KV arrives with it: none of it is in this cache yet
-                return 0
-            return super()._held_blocks(rid, computed)
-
-        def _prompt_done(self, rid: int, now: float) -> bool:
-            self.incoming.discard(rid)  # its KV is now this replica's like any other
-            return super()._prompt_done(rid, now)
-
-    DecodeScheduler.__name__ = f"Decode{cls.__name__}"
-    return DecodeScheduler
 
 
 def pool_utilization(steps, duration: float, prefill_replicas: int, decode_replicas: int) -> dict:

@@ -17,6 +17,7 @@ iteration the pool's decodes take one token each, then the prefilling requests' 
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from math import isnan  # (on one element: ~10x cheaper than np.isnan)
 from typing import Any, ClassVar
 
@@ -44,8 +45,12 @@ class IterationLevelScheduler:
     prefix_caching: ClassVar[bool] = True    # may run over sim/kv/prefix_cache.PrefixKVCache (vLLM V1: on)
 
     def __init__(self, requests: RequestTable, kv, queue, *, max_num_seqs: int,
-                 max_num_batched_tokens: int, pool=None, reserve_full_isl: bool = True, **_unused):
+                 max_num_batched_tokens: int, pool=None, reserve_full_isl: bool = True,
+                 handoff: Callable[[int, float], None] | None = None, **_unused):
         self.req, self.waiting = requests, queue
+        # a disaggregated prefill replica's: where a computed prompt's KV goes instead of decoding
+        # here, handoff(rid, now) (like vLLM's KV connector handed to its scheduler)
+        self.handoff = handoff
         # a PagedKVCache, its sliding-window subclass or a PrefixKVCache: the same count API,
         # duck-typed (the windowed one adds `layout` and its group counts)
         self.kv: Any = kv
@@ -197,8 +202,12 @@ class IterationLevelScheduler:
 
     def _prompt_done(self, rid: int, now: float) -> bool:
         """Its prompt (recompute included) is all computed: it samples a token, then finishes
-        (True) or decodes. (The disaggregated prefill pool ships it instead: sim/runtime/disaggregation.py.)"""
+        (True) or decodes; on a disaggregated prefill replica its KV is handed off instead."""
         req = self._req
+        handoff = self.handoff
+        if handoff is not None:
+            self._hand_off(rid, now, handoff)
+            return False
         generated: int = req.generated[rid]
         generated += 1
         req.generated[rid] = generated
@@ -209,6 +218,18 @@ class IterationLevelScheduler:
             return True
         self.pool.join(rid)
         return False
+
+    def _hand_off(self, rid: int, now: float, handoff: Callable[[int, float], None]) -> None:
+        """A prefill replica's request leaves with its prompt's KV (sim/runtime/disaggregation.py):
+        its blocks are freed as the prefill ends, and the decode replica it reaches recomputes the
+        last prompt token to sample the first output token, as vLLM's disaggregated serving does."""
+        req, kv = self._req, self.kv
+        computed: int = req.computed[rid]
+        kv.free_request(rid, kv.blocks_for(computed))
+        del self.order[rid]
+        prompt: int = req.prompt[rid]
+        req.computed[rid] = prompt - 1
+        handoff(rid, now)
 
     # -- running requests -----------------------------------------------------------------------
     def _computed(self, rid: int) -> int:
@@ -309,7 +330,9 @@ class IterationLevelScheduler:
             hits = kv.lookup(rid, total) if computed == 0 else _NO_HITS
             start = computed + len(hits) * kv.block_size
             t = self.admit_tokens(total - start, budget)
-            held = self._held_blocks(rid, computed) + len(hits)
+            # a waiting request holds no blocks here: a preempted one freed them (recompute), and a
+            # disaggregated decode replica's arrival brings its computed tokens' KV from elsewhere
+            held = len(hits)
             if t == 0 or (self.reserve_full_isl and t < total - start
                           and not kv.can_take(hits, kv.sequence_blocks(total) - held)):
                 break  # the whole sequence must fit, not just this chunk (vLLM 0.32's default)
@@ -328,11 +351,6 @@ class IterationLevelScheduler:
                 req.first_scheduled[rid] = now
             budget -= t
         return admitted
-
-    def _held_blocks(self, rid: int, computed: int) -> int:
-        """Blocks a waiting request already holds here for its `computed` tokens (none after a
-        preemption; a disaggregated decode replica's arrivals bring theirs: sim/runtime/disaggregation.py)."""
-        return self.kv.blocks_for(computed)
 
     # -- the schedule ---------------------------------------------------------------------------
     def _schedule(self, chunks: list[tuple[int, int]], preempted: bool) -> Schedule:
