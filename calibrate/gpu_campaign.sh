@@ -6,7 +6,7 @@
 #   bash calibrate/gpu_campaign.sh                  # all stages, within CAMPAIGN_BUDGET_S (570 s)
 #   bash calibrate/gpu_campaign.sh calibrate validate   # some stages, in this order
 #
-# Stages: env, kernels (pytest tests/test_kernels.py tests/test_calibrate.py), bench
+# Stages: env, kernels (pytest tests/calibration/test_kernels.py tests/calibration/test_calibrate.py), bench
 # (python3 -m bench.kernels), calibrate (cli.py calibrate --model llama-3-8b --device cuda),
 # validate (cli.py validate scenarios/validate-llama3-8b-h100.yaml --real-only; uses the fresh
 # profile when the calibrate stage wrote one). Each stage runs under `timeout`: its own cap, and
@@ -117,7 +117,7 @@ for stage in "${STAGES[@]}"; do
       # test_calibrate.py includes the CPU end-to-end calibration of `tiny`; both files import
       # no simpy (test_real_engine.py and test_validate.py need the simulator: laptop only)
       run_stage kernels 150 "$PY" -m pytest -q -p no:cacheprovider -rfEs \
-        --junitxml="$WORK/logs/kernels-junit.xml" tests/test_kernels.py tests/test_calibrate.py ;;
+        --junitxml="$WORK/logs/kernels-junit.xml" tests/calibration/test_kernels.py tests/calibration/test_calibrate.py ;;
     bench)
       run_stage bench 100 "$PY" -m bench.kernels --out "$WORK/bench" ;;
     calibrate)

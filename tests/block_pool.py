@@ -1,6 +1,6 @@
 """vLLM V1's block pool (vllm/v1/core/block_pool.py) in its plain form, one dict entry per block:
 the readable statement of the rules sim/kv/prefix_cache.py lists, which PrefixKVCache implements
-with run-length segments and lazy hits. tests/test_prefix_cache.py holds it to a reference pool
+with run-length segments and lazy hits. tests/kv/test_prefix_cache.py holds it to a reference pool
 (a list scan) and states the by-hand cases with it; it is test code, not part of sim/."""
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Adding a plug-in takes what docs/simulator.md ("Plug-ins") says: one reader, rule, model or preset
 plus one registry line. Each test registers one (the registry line, as monkeypatch.setitem) and
 runs it through the scenario loader and the simulator; numbers by hand. (A new scheduler:
-tests/toy_scheduler.py, run by tests/test_step_contract.py.)"""
+tests/toy_scheduler.py, run by tests/schedulers/test_step_contract.py.)"""
 import numpy as np
 import pandas as pd
 import pytest

@@ -185,7 +185,7 @@ def attention_sources(q: int, kv: int, combos: set[tuple[int, int]]) -> list[tup
 def isotonic(y: np.ndarray) -> np.ndarray:
     """The non-decreasing sequence closest to `y` in least squares (pool adjacent violators: each
     run of out-of-order values becomes its mean). Written here because sim/ does not depend on
-    scipy (scipy.optimize.isotonic_regression gives the same; tests/test_measured.py checks)."""
+    scipy (scipy.optimize.isotonic_regression gives the same; tests/cost/test_measured.py checks)."""
     means: list[float] = []
     sizes: list[int] = []
     for v in np.asarray(y, dtype=np.float64).tolist():

@@ -231,7 +231,7 @@ class TableProfileCost(StepCost):
 
     def step_time(self, stats: BatchStats) -> float:
         """step_times(stats, 1)[0] in Python floats: the same operations on the same doubles
-        (the grids answer a scalar as they do an array; tests/test_measured.py holds them equal)."""
+        (the grids answer a scalar as they do an array; tests/cost/test_measured.py holds them equal)."""
         n = stats.num_decodes
         chunks = len(stats.prefill_lens)
         t = self._fixed(stats.total_tokens, chunks + n)

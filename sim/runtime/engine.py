@@ -81,7 +81,7 @@ class Replica:
         of its iterations nothing can happen that the replica does not do itself, so the loop
         keeps the clock, with SimPy's arithmetic (an event `delay` from now fires at now + delay),
         and yields once at the end. The same records as `run`, to the bit
-        (tests/test_sim_engine.py); ~3 µs less an event."""
+        (tests/runtime/test_sim_engine.py); ~3 µs less an event."""
         env, inbox, runner = self.env, self.inbox, self.runner
         now: float = env.now
         while True:

@@ -154,7 +154,7 @@ def total(durations: list[float]) -> float:
     """Seconds the iterations take together: numpy's float64 sum (np.add.reduce) of them, to the
     bit, without an array. numpy adds pairwise: fewer than 8 values left to right, up to 128 in
     8 interleaved partial sums, more as the sum of two halves (the first a multiple of 8 long);
-    tests/test_sim_engine.py holds it to numpy on random runs."""
+    tests/runtime/test_sim_engine.py holds it to numpy on random runs."""
     return durations[0] if len(durations) == 1 else _pairwise(durations, 0, len(durations))
 
 

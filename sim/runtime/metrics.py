@@ -134,7 +134,7 @@ def weighted_sum(values: np.ndarray, weights: np.ndarray) -> float:
     is not: its kernel (by CPU) and its thread count (by cores, for more than 10,000 values) set
     the order of its additions, so summary.json's means differed in their last digits from machine
     to machine (OpenBLAS's default kernel, OPENBLAS_CORETYPE=Haswell and Prescott gave three), and
-    its threads spun on the other core for ~0.25 s after it (tests/test_sim_metrics.py). numpy's
+    its threads spun on the other core for ~0.25 s after it (tests/runtime/test_sim_metrics.py). numpy's
     pairwise sum per chunk has one order, and fsum adds the chunks' sums exactly."""
     return fsum(float(np.add.reduce(v * w)) for v, w in zip(_chunks(values), _chunks(weights)))
 

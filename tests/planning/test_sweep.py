@@ -23,7 +23,7 @@ from sim.planning.parallel import run_parallel
 from sim.planning.sweep import ResultsTable, flatten, parse_grid, read_results, run_sweep
 from sim.simulate import simulate
 
-REPO = Path(__file__).parents[1]
+REPO = Path(__file__).parents[2]
 runner = CliRunner()
 
 TINY = """\

@@ -13,7 +13,7 @@ from sim.presets.memory import kv_budget
 from sim.presets.models import MODEL_PRESETS
 from simhelpers import assert_one_line_error
 
-REPO = Path(__file__).parents[1]
+REPO = Path(__file__).parents[2]
 runner = CliRunner()
 
 

@@ -14,7 +14,7 @@ from sim.cost.overheads import EngineOverheads, default_overheads, scheduling_la
 from sim.simulate import simulate
 from simhelpers import make_workload
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def scenario(measured=None, model="llama-3-8b", tp=1, **engine):

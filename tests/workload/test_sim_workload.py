@@ -25,9 +25,9 @@ from sim.workload.generators import (
 )
 from sim.workload.traces import read_trace
 
-REPO = Path(__file__).parents[1]
+REPO = Path(__file__).parents[2]
 FIXTURES = REPO / "scenarios" / "traces"
-SHARED = Path(__file__).parents[2] / "shared" / "data" / "traces"
+SHARED = Path(__file__).parents[3] / "shared" / "data" / "traces"
 GENERATOR = {"arrival": {"process": "poisson", "rate": 8.0},
              "prompt_tokens": {"dist": "lognormal", "mean": 1000, "std": 600, "max": 8192},
              "output_tokens": {"dist": "fixed", "value": 200},

@@ -21,7 +21,7 @@ from sim.presets.memory import kv_budget
 from sim.presets.models import MODEL_PRESETS, KVLayout, model_from_fields, model_from_hf_config
 from simhelpers import assert_one_line_error, make_scenario, run
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "hf_configs"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf_configs"
 LLAMA_31_8B = json.loads((FIXTURES / "meta-llama--Meta-Llama-3.1-8B.json").read_text())
 TINY = {"name": "sw", "num_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "num_kv_heads": 2,
         "intermediate_size": 128, "vocab_size": 256}

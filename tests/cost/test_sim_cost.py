@@ -26,7 +26,7 @@ from sim.presets.hardware import HARDWARE_PRESETS
 from sim.presets.models import MODEL_PRESETS
 from simhelpers import make_scenario
 
-EXAMPLE = Path(__file__).parent.parent / "scenarios/profiles/example-h100-llama-3-8b.yaml"
+EXAMPLE = Path(__file__).parents[2] / "scenarios/profiles/example-h100-llama-3-8b.yaml"
 LLAMA3, H100 = MODEL_PRESETS["llama-3-8b"], HARDWARE_PRESETS["h100-sxm"]
 EFF_FLOPS, EFF_BW = 989e12 * 0.7, 3.35e12 * 0.85  # default efficiencies
 

@@ -299,7 +299,7 @@ def test_cpu_tensors_need_the_interpreter(monkeypatch):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU exit path")
 def test_bench_exits_2_without_a_gpu():
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     run = subprocess.run([sys.executable, "bench/kernels.py", "--quick"], cwd=root, capture_output=True, text=True)
     assert run.returncode == 2 and "needs a CUDA GPU" in run.stderr
 

@@ -23,7 +23,7 @@ from sim.planning.slo import Z_ONE_SIDED_90, seeds_to_confirm, wilson
 from sim.planning.vllm_command import vllm_serve
 from sim.simulate import simulate
 
-REPO = Path(__file__).parents[1]
+REPO = Path(__file__).parents[2]
 QUICKSTART = REPO / "scenarios" / "quickstart.yaml"   # 300 requests, chunked, 256 / 8192
 SHORT_TRACE = REPO / "scenarios" / "short-trace-replay.yaml"  # 200 requests, 128 / 512
 SLO = SLOConfig(ttft_ms=500, tpot_ms=50, percentile=99)

@@ -20,8 +20,8 @@ from sim.simulate import simulate
 from sim.workload.generators import bench_arrivals, build_workload
 from sim.workload.traces import read_trace
 
-TRACES = Path(__file__).parents[1] / "scenarios" / "traces"
-QUICKSTART = Path(__file__).parents[1] / "scenarios" / "quickstart.yaml"
+TRACES = Path(__file__).parents[2] / "scenarios" / "traces"
+QUICKSTART = Path(__file__).parents[2] / "scenarios" / "quickstart.yaml"
 runner = CliRunner()
 
 

@@ -26,8 +26,8 @@ from sim.runtime.metrics import REQUEST_COLUMNS
 from sim.runtime.recorder import STEP_COLUMNS
 from sim.workload.generators import Workload, build_workload
 
-ROOT = Path(__file__).resolve().parent.parent
-FIX = Path(__file__).parent / "fixtures" / "vllm"
+ROOT = Path(__file__).resolve().parents[2]
+FIX = Path(__file__).parents[1] / "fixtures" / "vllm"
 
 
 def _driver():
@@ -271,7 +271,7 @@ def test_replay_diverges_without_vllm_semantics(fixture, override):
     assert rep["first_difference"] is not None and rep["identical"] < rep["iterations_real"]
 
 
-WINDOW = Path(__file__).parent / "fixtures" / "vllm_window"
+WINDOW = Path(__file__).parents[1] / "fixtures" / "vllm_window"
 
 
 def test_sliding_window_replay_is_exact_against_vllm():

@@ -12,7 +12,7 @@ from sim.config.errors import ScenarioError
 from sim.config.scenario import EngineConfig, Scenario, SLOConfig, load_scenario, scenario_from_dict
 from sim.presets.models import MODEL_PRESETS
 
-REPO = Path(__file__).parents[1]
+REPO = Path(__file__).parents[2]
 BUNDLED = sorted((REPO / "scenarios").glob("*.yaml"))
 MINIMAL = {
     "model": "llama-3-8b",

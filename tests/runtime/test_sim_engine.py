@@ -16,7 +16,7 @@ from sim.runtime.engine import Replica
 from sim.simulate import simulate, write_outputs
 from simhelpers import make_scenario, run
 
-EXAMPLE_PROFILE = Path(__file__).parent.parent / "scenarios/profiles/example-h100-llama-3-8b.yaml"
+EXAMPLE_PROFILE = Path(__file__).parents[2] / "scenarios/profiles/example-h100-llama-3-8b.yaml"
 CHAT = {"arrival": {"process": "poisson", "rate": 5.0}, "num_requests": 300,
         "prompt_tokens": {"dist": "lognormal", "mean": 400, "std": 300, "max": 2048},
         "output_tokens": {"dist": "lognormal", "mean": 150, "std": 100, "max": 1024}}

@@ -10,7 +10,7 @@ import pytest
 from sim.presets.models import MODEL_PRESETS
 from sim.reporting import claims
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "claims.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "claims.md"
 
 
 def figures(claim):

@@ -24,7 +24,7 @@ from sim.reporting.plots import batch_kv, compare_bars, latency_cdfs, save_plots
 from sim.simulate import simulate, write_outputs
 from sim.workload.generators import Workload, build_workload
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TOY_OUTPUTS = [444, 480, 91, 315, 573, 547, 464, 360]
 
 

@@ -283,7 +283,7 @@ from sim.workload.generators import Workload
 from sim.workload.traces import read_trace
 from simhelpers import make_scenario
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_mooncake_hit_rate_equals_the_hash_ids_under_an_infinite_cache():
@@ -437,7 +437,7 @@ def test_a_csv_hash_ids_column_drives_prefix_caching(tmp_path):
 
     from sim.config.scenario import load_scenario
 
-    trace = Path(__file__).parents[1] / "scenarios" / "traces" / "shared_prefix.csv"
+    trace = Path(__file__).parents[2] / "scenarios" / "traces" / "shared_prefix.csv"
     raw = {"name": "csv-hashes", "model": "llama-3-8b", "hardware": "h100-sxm", "cost_model": "roofline",
            "engine": {"scheduler": "chunked", "block_size": 16},
            "workload": {"trace": str(trace), "hash_block_tokens": 16}}

@@ -14,7 +14,7 @@ from sim.planning.plan_request import (
     prepare,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"
 
 

@@ -28,7 +28,7 @@ from sim.cost.registry import ProfileCost, load_profile, prefill_attention_work
 from sim.presets.models import MODEL_PRESETS, ModelSpec
 
 torch.set_num_threads(1)
-REPO = Path(__file__).parents[1]
+REPO = Path(__file__).parents[2]
 TINY = MODEL_PRESETS["tiny"]
 BLOCK = 16
 TOL = {"atol": 1e-4, "rtol": 1e-4}  # float32 step vs float64 reference

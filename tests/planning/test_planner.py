@@ -33,7 +33,7 @@ from sim.workload.generators import build_workload
 from sim.workload.traces import read_trace
 from simhelpers import assert_one_line_error
 
-REPO = Path(__file__).parents[1]
+REPO = Path(__file__).parents[2]
 QUICKSTART = REPO / "scenarios" / "quickstart.yaml"
 AZURE = REPO / "scenarios" / "azure-conv-replay.yaml"  # 120 requests of a trace, time_scale 4
 SLO = SLOConfig(ttft_ms=500, tpot_ms=50, percentile=99)

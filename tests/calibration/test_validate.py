@@ -20,7 +20,7 @@ from sim.config.errors import ScenarioError
 from sim.config.scenario import load_scenario
 from sim.reporting.analysis import load_run
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = ROOT / "scenarios" / "validate-tiny-cpu.yaml"
 runner = CliRunner()
 

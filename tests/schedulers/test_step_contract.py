@@ -114,7 +114,7 @@ def test_a_run_folder_reproduces_itself(tmp_path, monkeypatch):
 
     from sim.version import __version__
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     first = tmp_path / "first"
     args = ["run", str(root / "scenarios/azure-conv-replay.yaml"), "--out", str(first), "-q",
             "--seed", "5", "--set", "engine.max_num_seqs=24", "--set", "workload.num_requests=40"]

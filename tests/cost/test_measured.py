@@ -251,7 +251,7 @@ def test_provenance_hashes_match_the_csvs(system):
 
 def test_the_default_cost_model_is_measured_where_a_profile_is_shipped():
     base = {"model": "llama-3-8b", "hardware": "h100-sxm",
-            "workload": {"trace": str(Path(__file__).resolve().parents[1] / "scenarios/traces/toy8.csv")}}
+            "workload": {"trace": str(Path(__file__).resolve().parents[2] / "scenarios/traces/toy8.csv")}}
     sc = scenario_from_dict(base)
     assert sc.cost_model.name == "measured" and sc.cost_model.notice is None
     custom = scenario_from_dict({**base, "hardware": {"name": "h100-sxm", "memory_bytes": 80e9,
@@ -275,7 +275,7 @@ def test_quickstart_uses_the_measured_h100_profile_and_says_so(tmp_path):
 
     from cli import app
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     out = tmp_path / "qs"
     result = CliRunner().invoke(app, ["run", str(root / "scenarios/quickstart.yaml"), "--out", str(out),
                                       "--set", "workload.num_requests=40"])
@@ -511,6 +511,6 @@ def test_a_kernel_table_profile_of_another_model_or_gpu_is_refused(tmp_path):
     with pytest.raises(ScenarioError, match="a profile of llama-3-8b, but the scenario's model is qwen2.5-7b"):
         scenario_from_dict({**base, "model": "qwen2.5-7b", "hardware": "h100-sxm"})
     cfg = tmp_path / "config.json"
-    cfg.write_text((Path(__file__).parent / "fixtures/hf_configs/meta-llama--Meta-Llama-3.1-8B.json").read_text())
+    cfg.write_text((Path(__file__).parents[1] / "fixtures/hf_configs/meta-llama--Meta-Llama-3.1-8B.json").read_text())
     sc = scenario_from_dict({**base, "model": {"hf_config": str(cfg), "name": "my-llama"}, "hardware": "h100-sxm"})
     assert sc.model.name == "my-llama" and sc.cost_model.profile.source == h100

@@ -15,7 +15,7 @@ from sim.config.errors import ScenarioError
 from sim.presets.memory import kv_bytes_per_token_per_rank
 from sim.presets.models import model_from_hf_config
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "hf_configs"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf_configs"
 
 
 @pytest.mark.parametrize("name, layers, hidden, heads, kv, inter, vocab", [
