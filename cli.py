@@ -575,8 +575,11 @@ def plan(
         help="Size a cluster for this many concurrent users (closed-loop scenarios).", metavar="N",
         show_default=False)] = None,
     gpu_hour_usd: Annotated[float | None, typer.Option(
-        help="Price of one GPU-hour in USD. \\[default: the hardware preset's usd_per_hour]", metavar="USD",
-        show_default=False)] = None,
+        help="Price of one GPU-hour in USD, of the one GPU type planned (a search over several: --price). "
+             "\\[default: the hardware preset's usd_per_hour]", metavar="USD", show_default=False)] = None,
+    price: Annotated[str | None, typer.Option(
+        help="USD per GPU-hour per GPU type, e.g. [bold]h100-sxm=2.5,h200=3.4[/] (the others keep their "
+             "preset's price).", metavar="GPU=USD,...", show_default=False)] = None,
     out: Annotated[Path | None, typer.Option(
         "--out", "-o", help="Output directory for plan.md, plan.json and the plots. "
                             "\\[default: runs/<scenario name>-plan]", metavar="DIR", show_default=False)] = None,
@@ -650,7 +653,8 @@ def plan(
     from sim.planning.plan_request import PlanRequest, prepare
 
     request = PlanRequest(
-        scenario, slo=slo, target_rate=target_rate, target_users=target_users, gpu_hour_usd=gpu_hour_usd, out=out,
+        scenario, slo=slo, target_rate=target_rate, target_users=target_users, gpu_hour_usd=gpu_hour_usd,
+        price=price, out=out,
         overrides=tuple(set_ or ()), seeds=seeds, resolution=resolution, horizon_s=horizon_s, confidence=confidence,
         headroom=headroom, band=band, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
         gpus=gpus, tp=tp, schedulers=schedulers, speculative=speculative, disaggregation=disaggregation,

@@ -22,7 +22,8 @@ Simulation is spent where it can change the answer:
    cheapest confirmed one (a confirmed answer is at most a grid step above the coarse one).
 5. **The cluster** of the cheapest confirmed candidate is simulated at target / headroom.
 
-Costs: GPUs = replicas x TP; USD/hour = GPUs x the preset's usd_per_hour; USD per million output
+Costs: GPUs = replicas x TP; USD/hour = GPUs x the GPU's price (--price or --gpu-hour-usd, else the
+preset's usd_per_hour, said per candidate as price_source); USD per million output
 tokens at the sustained load of one replica (TP x price / output tokens/s).
 """
 from __future__ import annotations
@@ -58,6 +59,7 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
                    prefix_caching: Iterable[bool] = (), speculative: Iterable[dict | None] = (),
                    disaggregation: Iterable[tuple[int, int] | None] = (),
                    max_gpus: int | None = None, budget_usd_per_hour: float | None = None,
+                   prices: dict[str, float] | None = None,
                    headroom: float = 1.0, options: PlanOptions = PlanOptions(),
                    progress: Callable[..., None] | None = None) -> dict:
     """Every candidate's sustained load and cost; the cheapest meeting the SLO at `target`
@@ -105,8 +107,10 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
     pairs = [(g, tp) for g in gpus for tp in tps]
     estimate = 2 * len(pairs) + 12 * len(pairs) * len(settings) + 40 * len(pairs) + 20
     for gpu, tp in pairs:
+        given = (prices or {}).get(gpu)  # the user's price, else the preset's (a rounded estimate)
         row: dict[str, Any] = {"gpu": gpu, "tensor_parallel_size": tp,
-                               "usd_per_gpu_hour": HARDWARE_PRESETS[gpu].usd_per_hour}
+                               "usd_per_gpu_hour": HARDWARE_PRESETS[gpu].usd_per_hour if given is None else given,
+                               "price_source": "the hardware preset" if given is None else "--price"}
         rows.append(row)
         extra: tuple[str, ...] = (f"hardware={gpu}", f"engine.tensor_parallel_size={tp}")
         if max_gpus is not None and tp > max_gpus:

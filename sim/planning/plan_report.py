@@ -125,7 +125,8 @@ def headline(r: dict) -> list[tuple[str, str]]:
         rows.append(("utilisation", text.lstrip("; ")))
     cost = r["cost"]
     rows += [("GPUs", f"{cost['gpus']} (tensor_parallel_size {rec['tensor_parallel_size']})"),
-             ("cost", f"${cost['usd_per_hour']:.2f}/hour at ${cost['usd_per_gpu_hour']:.2f}/GPU-hour"),
+             ("cost", f"${cost['usd_per_hour']:.2f}/hour at ${cost['usd_per_gpu_hour']:.2f}/GPU-hour"
+                      + (f" ({cost['price_source']})" if cost.get("price_source") else "")),
              ("cost per million output tokens", f"${_f(cost['usd_per_million_output_tokens'], 3)} "
                                                 f"({_f(cost['output_tokens_per_s'], 0)} output tokens/s)"),
              ("cost per million tokens (prompt + output)", f"${_f(cost['usd_per_million_total_tokens'], 3)}"),

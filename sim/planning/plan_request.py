@@ -21,6 +21,7 @@ from sim.config.errors import ScenarioError
 from sim.config.scenario import Scenario, SLOConfig, load_scenario
 from sim.planning.evaluator import PlanOptions
 from sim.planning.slo import parse_slo
+from sim.presets.hardware import HARDWARE_PRESETS
 from sim.schedulers import SCHEDULERS
 
 
@@ -31,7 +32,8 @@ class PlanRequest:
     slo: str | None = None                 # KEY=V,...; None: the scenario's slo section
     target_rate: float | None = None       # req/s to size a cluster for (open loop)
     target_users: int | None = None        # users to size a cluster for (closed loop)
-    gpu_hour_usd: float | None = None
+    gpu_hour_usd: float | None = None      # USD per GPU-hour of the one GPU type planned
+    price: str | None = None               # "h100-sxm=2.5,h200=3.4": USD per GPU-hour, per GPU type
     out: Path | None = None                # None: runs/<scenario name>-plan
     overrides: tuple[str, ...] = ()        # --set KEY=VALUE
     seeds: int = 3
@@ -70,6 +72,20 @@ class PlanJob:
     out_dir: Path
 
     @property
+    def gpus(self) -> list[str]:
+        """The GPU types planned: --gpus, else the scenario's."""
+        return [g.strip() for g in (self.request.gpus or self.scenario.hardware.name).split(",")]
+
+    @property
+    def prices(self) -> dict[str, float]:
+        """USD per GPU-hour given for the GPU types planned (the others: their preset's price)."""
+        r = self.request
+        given = parse_prices(r.price)
+        if r.gpu_hour_usd is not None:
+            given = {g: r.gpu_hour_usd for g in self.gpus} | given
+        return given
+
+    @property
     def label(self) -> str:
         return "searching" if self.request.searches else "planning"
 
@@ -83,7 +99,7 @@ class PlanJob:
 
             e = self.scenario.engine
             return search_configs(
-                r.scenario, self.slo, gpus=[g.strip() for g in (r.gpus or self.scenario.hardware.name).split(",")],
+                r.scenario, self.slo, gpus=self.gpus, prices=self.prices,
                 tps=parse_int_list("--tp", r.tp) or (e.tensor_parallel_size,), target=target,
                 overrides=r.overrides, seqs=seqs or (), tokens=tokens or (),
                 schedulers=parse_schedulers(r.schedulers or e.scheduler),
@@ -95,7 +111,8 @@ class PlanJob:
 
         return plan(r.scenario, self.slo, overrides=r.overrides, options=self.options, progress=progress,
                     target=target, target_unit="users" if r.target_users is not None else "req/s",
-                    gpu_hour_usd=r.gpu_hour_usd, headroom=r.headroom, band=r.band, seqs_grid=seqs,
+                    gpu_hour_usd=self.prices.get(self.scenario.hardware.name), headroom=r.headroom, band=r.band,
+                    seqs_grid=seqs,
                     tokens_grid=tokens)
 
     def write(self, result: dict) -> tuple[str, list[tuple[str, str]], str]:
@@ -130,6 +147,13 @@ def prepare(r: PlanRequest, note: Callable[[str], None] | None = None) -> PlanJo
     if r.gpu_hour_usd is not None and not 0 <= r.gpu_hour_usd < math.inf:
         raise ScenarioError(f"--gpu-hour-usd: {r.gpu_hour_usd} is not a finite number >= 0")
     sc = load_scenario(r.scenario, r.overrides)
+    planned = [g.strip() for g in (r.gpus or sc.hardware.name).split(",")]
+    if r.gpu_hour_usd is not None and len(set(planned)) > 1:
+        raise ScenarioError(f"--gpu-hour-usd: one price for {len(set(planned))} GPU types ({', '.join(planned)}); "
+                            f"price each: --price {planned[0]}=USD,{planned[1]}=USD")
+    unplanned = sorted(set(parse_prices(r.price)) - set(planned))
+    if unplanned:
+        raise ScenarioError(f"--price {unplanned[0]}: not a GPU this plan uses ({', '.join(planned)})")
     if sc.cost_model.notice and note is not None:
         note(sc.cost_model.notice)
     if r.slo is not None:
@@ -158,6 +182,24 @@ def prepare(r: PlanRequest, note: Callable[[str], None] | None = None) -> PlanJo
                           horizon_s=r.horizon_s, min_requests=r.min_requests, confidence=r.confidence,
                           max_requests=max(r.min_requests, PlanOptions.max_requests), workers=r.workers)
     return PlanJob(r, sc, slo, options, out_dir)
+
+
+def parse_prices(text: str | None) -> dict[str, float]:
+    """'h100-sxm=2.5,h200=3.4' -> {"h100-sxm": 2.5, "h200": 3.4}: USD per GPU-hour of hardware presets."""
+    out: dict[str, float] = {}
+    for item in (x.strip() for x in (text or "").split(",") if x.strip()):
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        if name not in HARDWARE_PRESETS:
+            raise ScenarioError(f"--price {item!r}: unknown GPU {name!r}; allowed: {', '.join(HARDWARE_PRESETS)}")
+        try:
+            usd = float(value) if sep else math.nan
+        except ValueError:
+            usd = math.nan
+        if not 0 <= usd < math.inf:
+            raise ScenarioError(f"--price {item!r}: write NAME=USD, a number >= 0 per GPU-hour (e.g. {name}=2.5)")
+        out[name] = usd
+    return out
 
 
 def parse_int_list(flag: str, text: str | None) -> tuple[int, ...] | None:

@@ -227,6 +227,8 @@ def plan(path: str | Path, slo: SLOConfig, *, overrides: Iterable[str] = (), tar
                                  "unit": knob.unit, "vllm_serve": vllm_line(sc, chosen)}
         out["utilisation"] = utilisation(best, headroom, target, replicas, knob)
         out["cost"] = cost(replicas * tp, price, point["output_throughput"], point["total_token_throughput"])
+        # whose price: said beside it (a preset's is a rounded on-demand estimate, not a quote)
+        out["cost"]["price_source"] = "the hardware preset" if gpu_hour_usd is None else "--gpu-hour-usd / --price"
     out["simulations"] = ev.simulations
     out["simulations_by_step"] = steps
     out["simulated_wall_s"] = ev.sim_seconds

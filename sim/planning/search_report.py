@@ -60,6 +60,10 @@ def search_headline(r: dict) -> list[tuple[str, str]]:
     for row in r["candidates"]:
         key = "pruned" if row.get("pruned") else row.get("status", "?").split(" (")[0]
         counts[key] = counts.get(key, 0) + 1
+    prices = {row["gpu"]: (row["usd_per_gpu_hour"], row.get("price_source", "the hardware preset"))
+              for row in r["candidates"]}
+    rows.append(("GPU prices (USD per GPU-hour)", ", ".join(f"{g} {usd:.2f} ({source})"
+                                                             for g, (usd, source) in prices.items())))
     rows += [("candidates", ", ".join(f"{n} {k}" for k, n in counts.items())),
              ("simulations", f"{r['simulations']} in {r['wall_s']:.1f} s")]
     return rows

@@ -58,3 +58,22 @@ def test_prepare_checks_everything_before_a_simulation(tmp_path):
     with pytest.raises(ScenarioError, match="exists and is not a directory"):
         prepare(PlanRequest(QUICKSTART, slo="ttft_ms=500", out=tmp_path / "file"))
     assert not any((tmp_path / k).exists() for k in bad)  # nothing written by a refused request
+
+
+def test_prices_are_the_users_where_given_and_refused_when_ambiguous(tmp_path):
+    from sim.planning.plan_request import parse_prices
+
+    assert parse_prices("h100-sxm=2.5, h200=3.4") == {"h100-sxm": 2.5, "h200": 3.4} and parse_prices(None) == {}
+    for text, says in (("tpu=1", "unknown GPU 'tpu'"), ("h200=abc", "write NAME=USD"), ("h200", "write NAME=USD"),
+                       ("h200=-1", "write NAME=USD"), ("h200=inf", "write NAME=USD")):
+        with pytest.raises(ScenarioError, match=says):
+            parse_prices(text)
+    one = prepare(PlanRequest(QUICKSTART, slo="ttft_ms=500", out=tmp_path / "a", gpu_hour_usd=1.0))
+    assert one.prices == {"h100-sxm": 1.0}  # quickstart's GPU: the plan's price
+    search = prepare(PlanRequest(QUICKSTART, slo="ttft_ms=500", out=tmp_path / "b", gpus="h100-sxm,h200",
+                                 price="h200=3.4"))
+    assert search.prices == {"h200": 3.4}  # the H100 keeps its preset's price
+    with pytest.raises(ScenarioError, match="--gpu-hour-usd: one price for 2 GPU types"):
+        prepare(PlanRequest(QUICKSTART, slo="ttft_ms=500", out=tmp_path / "c", gpus="h100-sxm,h200", gpu_hour_usd=1.0))
+    with pytest.raises(ScenarioError, match="--price a100-80gb: not a GPU this plan uses"):
+        prepare(PlanRequest(QUICKSTART, slo="ttft_ms=500", out=tmp_path / "d", price="a100-80gb=1.2"))

@@ -212,6 +212,12 @@ def test_config_search_limits_prune_before_simulating():
     r = search_configs(QUICKSTART, SLO, gpus=("l40s",), tps=(1,), target=200.0, budget_usd_per_hour=5.0,
                        options=OWN)
     assert "USD/h > --budget-usd-per-hour" in r["candidates"][0]["pruned"] and r["chosen"] is None
+    # the user's price, not the preset's (H100 $3.00): one TP2 replica at $2.60/GPU-hour is $5.20/h
+    r = search_configs(QUICKSTART, SLO, gpus=("h100-sxm",), tps=(2,), target=20.0, budget_usd_per_hour=5.0,
+                       prices={"h100-sxm": 2.6}, options=OWN)
+    row = r["candidates"][0]
+    assert row["pruned"] == "one replica costs 5.20 USD/h > --budget-usd-per-hour"
+    assert row["usd_per_gpu_hour"] == 2.6 and row["price_source"] == "--price"
 
 
 def test_config_search_varies_the_scheduler_and_prefix_caching():
@@ -236,6 +242,8 @@ def test_config_search_varies_the_scheduler_and_prefix_caching():
     (["--schedulers", "chunked,fifo"], "unknown scheduler 'fifo'"),
     (["--prefix-caching", "on,maybe"], "'maybe' is not on or off"),
     (["--tp", "1,two"], "--tp: 'two' is not an integer"),
+    (["--gpus", "h100-sxm,h200", "--gpu-hour-usd", "1"], "--gpu-hour-usd: one price for 2 GPU types"),
+    (["--gpus", "h100-sxm", "--price", "h100-sxm=x"], "--price 'h100-sxm=x': write NAME=USD"),
 ])
 def test_config_search_bad_flags(args, says):
     result = CliRunner().invoke(app, ["plan", str(QUICKSTART), *args])
