@@ -35,7 +35,7 @@ from sim.cost.step_cost import (
     WindowedCost,
     prefill_attention_work,
 )
-from sim.presets.hardware import HARDWARE_PRESETS, HardwareSpec
+from sim.presets.hardware import HARDWARE_PRESETS, HardwareSpec, is_preset
 from sim.presets.models import MODEL_PRESETS, ModelSpec
 
 __all__ = ["COST_MODELS", "CostModel", "CostModelKind", "CostModelSpec", "PROFILE_FORMAT", "ProfileCost",
@@ -198,7 +198,8 @@ def _check_profile_matches(profile, model, hardware: HardwareSpec) -> None:
     that name field for field (a config.json read under another name)."""
     meta = profile.metadata
     gpu = meta.get("hardware")
-    if gpu is not None and gpu != hardware.name and HARDWARE_PRESETS.get(gpu) != hardware:
+    if gpu is not None and gpu != hardware.name and not (gpu in HARDWARE_PRESETS and is_preset(
+            replace(hardware, name=gpu))):
         raise ScenarioError(f"{profile.source}: a profile of {gpu} kernel timings, but the scenario runs "
                             f"on {hardware.name}; compose one for {hardware.name} (servesim calibrate "
                             f"--from-tables) or use cost_model: measured")
@@ -223,9 +224,9 @@ def _measured_options(options: Any, where: str, hardware: HardwareSpec, tp: int,
               for k, v in options.items()}
     overheads = parse_overheads(kwargs, default_overheads(), f"{where}.measured")
 
-    if HARDWARE_PRESETS.get(hardware.name) != hardware:
+    if not is_preset(hardware):  # (its price aside: a price never changes a step's cost)
         raise _fail(where, f"measured: kernel tables exist for preset GPUs only, and "
-                           f"{hardware.name!r} is not one (or differs from it); use roofline")
+                           f"{hardware.name!r} is not one (or differs from it beyond its price); use roofline")
     # a model read from a config.json is its preset's when every field but the name agrees
     # (tests/fixtures/hf_configs/ Mixtral-8x7B is mixtral-8x7b)
     name = next((n for n, m in MODEL_PRESETS.items() if m == replace(model, name=n)), None)

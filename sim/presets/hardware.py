@@ -13,7 +13,7 @@ override `usd_per_hour` in a scenario for your own contract. See docs/cost_model
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from dataclasses import fields as dc_fields
 
 from sim.config.checks import MAX_BYTES, MAX_RATE_PHYSICAL, MAX_USD_PER_HOUR, _num, _text, check_fields
@@ -58,3 +58,11 @@ def hardware_from_fields(fields: dict, where: str) -> HardwareSpec:
     values = {k: _num(fields[k], f"{where}.{k}", 0, open_lo=k in _REQUIRED, cap=_BOUNDS[k])
               for k in _FIELDS if k != "name" and k in fields}
     return HardwareSpec(name=_text(fields.get("name", "custom"), f"{where}.name"), **values)
+
+
+def is_preset(hardware: HardwareSpec) -> bool:
+    """Is `hardware` the preset of its name, its price aside? A price is the user's to set
+    (hardware: {..., usd_per_hour: 2.0}); it never changes what a step costs, so such a GPU keeps
+    the preset's kernel tables and measured profiles."""
+    preset = HARDWARE_PRESETS.get(hardware.name)
+    return preset is not None and replace(preset, usd_per_hour=hardware.usd_per_hour) == hardware

@@ -368,3 +368,24 @@ def test_a_plug_in_with_step_times_only_gets_the_fast_paths_defaults():
     assert cost.step_time(stats) == 2.0 and cost.decode_line(stats) is None
     roofline = RooflineCost(LLAMA3, H100)
     assert as_cost_model(roofline) is roofline
+
+
+def test_a_preset_gpu_with_its_own_price_keeps_the_measured_costs():
+    """hardware: the H100's fields with usd_per_hour 2.0 is still an H100: measured step costs, the
+    same as the preset's (it fell back to the roofline before); another memory size is not."""
+    from dataclasses import asdict
+
+    from sim.config.scenario import scenario_from_dict
+
+    fields = {**asdict(H100), "usd_per_hour": 2.0}
+    work = {"arrival": {"process": "poisson", "rate": 5}, "num_requests": 10,
+            "prompt_tokens": {"dist": "fixed", "value": 100}, "output_tokens": {"dist": "fixed", "value": 20}}
+    priced = scenario_from_dict({"model": "llama-3-8b", "hardware": fields, "workload": work})
+    preset = scenario_from_dict({"model": "llama-3-8b", "hardware": "h100-sxm", "workload": work})
+    assert priced.hardware.usd_per_hour == 2.0 and priced.cost_model.name == "measured"
+    assert priced.cost_model.notice is None
+    stats = batch([512], [0], decodes=8, ctx_sum=8 * 700)
+    assert cost_model(priced).step_times(stats)[0] == cost_model(preset).step_times(stats)[0]
+    bigger = scenario_from_dict({"model": "llama-3-8b", "hardware": {**fields, "memory_bytes": 96e9},
+                                 "workload": work})
+    assert bigger.cost_model.name == "roofline" and "differs from it beyond its price" in bigger.cost_model.notice
