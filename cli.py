@@ -672,10 +672,23 @@ def plan(
     except KeyboardInterrupt:
         raise _fail("interrupted; no plan written", code=130) from None
     if not quiet:
-        _print_rows(title, rows)
+        # the vllm serve line printed whole, below the table: a table cell folds it over lines
+        # that cannot be pasted back into a shell
+        command = next((v for k, v in rows if k == "vllm serve" and v.startswith("vllm serve")), None)
+        _print_rows(title, [(k, "below the table" if v == command else v) for k, v in rows])
+        if command is not None:
+            typer.echo(command)
     for warning in result.get("warnings", ()):  # e.g. a trace too short for a stable p99
         typer.echo(f"warning: {warning}", err=True)
     typer.echo(str(job.out_dir) if quiet else f"output: {job.out_dir}/ ({written})")
+    unmet = job.unmet(result)
+    if unmet and request.searches:  # the report is written; scripts see exit status 1 (docs/planner.md)
+        for line in unmet:
+            typer.echo(f"  {line}", err=True)
+        raise _fail("no configuration meets the SLO (why each candidate was left out: above, and in search.md)",
+                    code=1)
+    if unmet:
+        raise _fail(unmet[0], code=1)
 
 
 @app.command(short_help="KV-cache memory budget of a model on a GPU (no simulation).")

@@ -115,6 +115,19 @@ class PlanJob:
                     seqs_grid=seqs,
                     tokens_grid=tokens)
 
+    def unmet(self, result: dict) -> list[str]:
+        """Why nothing meets the SLO, one line each (empty when an answer was found): the plan's
+        lowest failing load, or each searched candidate's reason for being left out."""
+        if not self.request.searches:
+            s = result["load_search"]
+            unit = "users" if s.get("unit") == "users" else "req/s"
+            return [] if s["answer"] is not None else [
+                f"no load meets the SLO: one replica fails it even at {s['next']:g} {unit} (plan.md says how)"]
+        if result["chosen"] is not None:
+            return []
+        return [f"{row['gpu']} TP{row['tensor_parallel_size']}: "
+                + (row.get("pruned") or row.get("status") or "not confirmed") for row in result["candidates"]]
+
     def write(self, result: dict) -> tuple[str, list[tuple[str, str]], str]:
         """Write the report; (the headline table's title, its rows, what was written)."""
         if self.request.searches:

@@ -77,3 +77,10 @@ def test_prices_are_the_users_where_given_and_refused_when_ambiguous(tmp_path):
         prepare(PlanRequest(QUICKSTART, slo="ttft_ms=500", out=tmp_path / "c", gpus="h100-sxm,h200", gpu_hour_usd=1.0))
     with pytest.raises(ScenarioError, match="--price a100-80gb: not a GPU this plan uses"):
         prepare(PlanRequest(QUICKSTART, slo="ttft_ms=500", out=tmp_path / "d", price="a100-80gb=1.2"))
+
+
+def test_unmet_says_why_a_plan_found_no_load(tmp_path):
+    job = prepare(PlanRequest(QUICKSTART, slo="ttft_ms=500", out=tmp_path / "u"))
+    assert job.unmet({"load_search": {"answer": 4.0, "next": 4.2}}) == []
+    assert job.unmet({"load_search": {"answer": None, "next": 0.5}}) == [
+        "no load meets the SLO: one replica fails it even at 0.5 req/s (plan.md says how)"]

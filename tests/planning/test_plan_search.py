@@ -341,3 +341,16 @@ def test_every_gpu_model_preset_names_the_repository_vllm_loads():
     from sim.presets.models import CPU_PRESETS, MODEL_PRESETS
 
     assert set(HF_REPOS) == set(MODEL_PRESETS) - set(CPU_PRESETS)
+
+
+def test_a_search_where_nothing_meets_the_slo_says_why_and_exits_1(tmp_path):
+    """Scripts tell by the exit status (docs/planner.md): the report is written, each candidate's
+    reason is printed, and the status is 1 (pruned here before any simulation: one L40S replica
+    costs its preset's 1.00 USD/h, over the 0.50 budget)."""
+    out = tmp_path / "s"
+    result = CliRunner().invoke(app, ["plan", str(QUICKSTART), "--slo", "ttft_ms=500", "--gpus", "l40s", "--tp", "1",
+                                      "--target-rate", "20", "--budget-usd-per-hour", "0.5", "--out", str(out)])
+    assert result.exit_code == 1, result.output
+    assert "l40s TP1: one replica costs 1.00 USD/h > --budget-usd-per-hour" in result.output
+    assert "error: no configuration meets the SLO" in result.output and "Traceback" not in result.output
+    assert (out / "search.json").is_file() and (out / "search.md").is_file()
