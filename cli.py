@@ -580,6 +580,10 @@ def plan(
     price: Annotated[str | None, typer.Option(
         help="USD per GPU-hour per GPU type, e.g. [bold]h100-sxm=2.5,h200=3.4[/] (the others keep their "
              "preset's price).", metavar="GPU=USD,...", show_default=False)] = None,
+    emit: Annotated[Path | None, typer.Option(
+        help="Also write what to deploy into DIR: vllm_serve.sh, engine_args.yaml (vllm serve MODEL "
+             "--config) and k8s.yaml (a Deployment of the planned replicas + a Service).", metavar="DIR",
+        show_default=False)] = None,
     out: Annotated[Path | None, typer.Option(
         "--out", "-o", help="Output directory for plan.md, plan.json and the plots. "
                             "\\[default: runs/<scenario name>-plan]", metavar="DIR", show_default=False)] = None,
@@ -654,7 +658,7 @@ def plan(
 
     request = PlanRequest(
         scenario, slo=slo, target_rate=target_rate, target_users=target_users, gpu_hour_usd=gpu_hour_usd,
-        price=price, out=out,
+        price=price, out=out, emit=emit,
         overrides=tuple(set_ or ()), seeds=seeds, resolution=resolution, horizon_s=horizon_s, confidence=confidence,
         headroom=headroom, band=band, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
         gpus=gpus, tp=tp, schedulers=schedulers, speculative=speculative, disaggregation=disaggregation,
@@ -665,6 +669,7 @@ def plan(
         with _Progress(job.label, "simulations", enabled=not quiet) as progress:
             result = job.run(progress)
         title, rows, written = job.write(result)
+        emitted = job.emit(result)
     except ScenarioError as e:
         raise _fail(str(e)) from None
     except OSError as e:
@@ -681,6 +686,10 @@ def plan(
     for warning in result.get("warnings", ()):  # e.g. a trace too short for a stable p99
         typer.echo(f"warning: {warning}", err=True)
     typer.echo(str(job.out_dir) if quiet else f"output: {job.out_dir}/ ({written})")
+    if emitted:
+        typer.echo(f"deploy: {emitted[0].parent}/ ({', '.join(p.name for p in emitted)})")
+    elif emit is not None and not job.unmet(result):
+        typer.echo("warning: --emit: nothing to deploy (the static scheduler has no vLLM equivalent)", err=True)
     unmet = job.unmet(result)
     if unmet and request.searches:  # the report is written; scripts see exit status 1 (docs/planner.md)
         for line in unmet:

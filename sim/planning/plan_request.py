@@ -35,6 +35,7 @@ class PlanRequest:
     gpu_hour_usd: float | None = None      # USD per GPU-hour of the one GPU type planned
     price: str | None = None               # "h100-sxm=2.5,h200=3.4": USD per GPU-hour, per GPU type
     out: Path | None = None                # None: runs/<scenario name>-plan
+    emit: Path | None = None               # write vllm_serve.sh, engine_args.yaml, k8s.yaml here
     overrides: tuple[str, ...] = ()        # --set KEY=VALUE
     seeds: int = 3
     resolution: float = 0.02
@@ -128,6 +129,22 @@ class PlanJob:
         return [f"{row['gpu']} TP{row['tensor_parallel_size']}: "
                 + (row.get("pruned") or row.get("status") or "not confirmed") for row in result["candidates"]]
 
+    def emit(self, result: dict) -> list[Path]:
+        """The deployable files of the answer (sim/planning/deploy.py) into request.emit; [] when
+        there is no vLLM command to deploy (no answer, or the static scheduler)."""
+        from sim.files import write_file
+        from sim.planning.deploy import deploy_files
+
+        if self.request.emit is None:
+            return []
+        answer = result.get("chosen") if self.request.searches else result.get("recommendation")
+        if not answer or not answer.get("vllm_serve"):
+            return []
+        files = deploy_files(answer["vllm_serve"], int(answer.get("replicas", 1)),
+                             int(answer["tensor_parallel_size"]), self.scenario.name)
+        self.request.emit.mkdir(parents=True, exist_ok=True)
+        return [write_file(self.request.emit / name, text) for name, text in files.items()]
+
     def write(self, result: dict) -> tuple[str, list[tuple[str, str]], str]:
         """Write the report; (the headline table's title, its rows, what was written)."""
         if self.request.searches:
@@ -178,6 +195,8 @@ def prepare(r: PlanRequest, note: Callable[[str], None] | None = None) -> PlanJo
                             "e.g. --slo ttft_ms=500,tpot_ms=50,percentile=99")
     out_dir = r.out if r.out is not None else Path("runs") / f"{sc.name}-plan"
     check_out_dir(out_dir)
+    if r.emit is not None:
+        check_out_dir(r.emit)
     if not 0.5 <= r.confidence < 1:
         raise ScenarioError(f"--confidence: {r.confidence:g} is not in [0.5, 1)")
     # the list options, checked now (run() parses them again: cheap, and the job stays plain data)
