@@ -231,13 +231,9 @@ class TableProfileCost(StepCost):
 
     def step_time(self, stats: BatchStats) -> float:
         """step_times(stats, 1)[0] in Python floats: the same operations on the same doubles
-        (the grids answer a scalar as they do an array; tests/cost/test_measured.py holds them equal)."""
+        (the grids answer a scalar as they do an array; tests/cost/test_sim_cost.py holds them equal)."""
+        t = self._without_decodes(stats)
         n = stats.num_decodes
-        chunks = len(stats.prefill_lens)
-        t = self._fixed(stats.total_tokens, chunks + n)
-        if chunks:
-            b, s = prefill_equivalent(stats.prefill_lens.tolist(), stats.prefill_contexts.tolist())
-            t += self._prefill(b, s)
         if n:
             t = t + self._decode(n, stats.decode_context_sum / n)
         t = float(t)
@@ -251,13 +247,19 @@ class TableProfileCost(StepCost):
             times = np.maximum(times, self._floor)
         return times + self._adder if self._adder else times
 
-    def _gpu_times(self, stats: BatchStats, steps: int) -> np.ndarray:
-        n = stats.num_decodes
+    def _without_decodes(self, stats: BatchStats) -> float:
+        """An iteration's kernel time but its decodes' attention: the per-token and per-sequence
+        terms, and the prefill chunks' attention."""
         chunks = len(stats.prefill_lens)
-        t = self._fixed(stats.total_tokens, chunks + n)
+        t = self._fixed(stats.total_tokens, chunks + stats.num_decodes)
         if chunks:
             b, s = prefill_equivalent(stats.prefill_lens.tolist(), stats.prefill_contexts.tolist())
             t += self._prefill(b, s)
+        return t
+
+    def _gpu_times(self, stats: BatchStats, steps: int) -> np.ndarray:
+        n = stats.num_decodes
+        t = self._without_decodes(stats)
         if n == 0:
             return np.full(steps, t)
         mean = stats.decode_context_sum / n
