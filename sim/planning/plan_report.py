@@ -279,13 +279,17 @@ def _is_chosen(entry: dict, t: dict) -> bool:
 
 # ---------------------------------------------------------------- plots
 
-def _finish(fig, ax_list, title: str, path: Path, legend_loc: str = "best") -> Path:
-    """Grid and legend on each axis, a title; saved and closed."""
+def _finish(fig, ax_list, title: str, path: Path, legend_loc: str = "best", legend_outside: bool = False) -> Path:
+    """Grid and legend on each axis (below it: `legend_outside`, for a legend too long to sit on the
+    data), a title; saved and closed."""
     import matplotlib.pyplot as plt
 
     for ax in ax_list:
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc=legend_loc)
+        if legend_outside:
+            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
+        else:
+            ax.legend(fontsize=7, loc=legend_loc)
     fig.suptitle(title)
     fig.tight_layout()
     save_figure(fig, path, dpi=110)
@@ -301,20 +305,34 @@ def _plots(r: dict, out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     s, slo = r["load_search"], r["slo"]
-    pts = [p for p in s["curve"] if not p.get("located_only")] or s["curve"]
+    # every load the search evaluated (plan.json's curve), the locating single-seed ones included
+    pts = sorted(s["curve"], key=lambda p: p["load"])
     x = [p["load"] for p in pts]
     metrics = _metrics(r)
     percentiles = r.get("slo_percentiles", {})
-    fig, axes = plt.subplots(1, len(metrics), figsize=(5.5 * len(metrics), 4.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(metrics), figsize=(max(7.0, 5.5 * len(metrics)), 5.6), squeeze=False)
     axes = axes[0]
     for ax, key in zip(axes, metrics):
         label = key[:-3].upper()
         pct = percentiles.get(key, slo["percentile"])
-        for p_key, style in (("p50", "o-"), ("p90", "s-"), ("slo", "^-")):
-            if p_key == "slo" and pct in (50, 90):
-                continue  # the same line twice
-            name = f"p{_f(pct, 0)}" if p_key == "slo" else p_key
-            ax.plot(x, [p[key][p_key] for p in pts], style, ms=4, label=f"{label} {name}")
+        for p_key, style in (("p50", "o-"), ("p90", "s-")):
+            if p_key == f"p{_f(pct, 0)}":
+                continue  # drawn below as the SLO's percentile
+            ax.plot(x, [p[key][p_key] for p in pts], style, ms=3, lw=1, alpha=0.6, label=f"{label} {p_key}")
+        # the SLO's percentile: mean over seeds, a bar from the lowest to the highest seed, and
+        # each point's verdict (met: the SLO held by the plan's rule over its seeds), never the mean's
+        ys = [p[key]["slo"] for p in pts]
+        lo = [y - min(p[key].get("slo_range", [y, y])) for y, p in zip(ys, pts)]
+        hi = [max(p[key].get("slo_range", [y, y])) - y for y, p in zip(ys, pts)]
+        ax.errorbar(x, ys, yerr=[lo, hi], fmt="-", color="#555555", lw=1, elinewidth=0.8, capsize=2,
+                    label=f"{label} p{_f(pct, 0)} (bar: range over seeds)")
+        for met, colour, marker, text in ((True, "#2ca25f", "o", "met the SLO"), (False, "#de2d26", "X", "failed")):
+            for located, face, how in ((False, colour, ""), (True, "none", ", 1 seed while locating")):
+                sel = [i for i, p in enumerate(pts)
+                       if bool(p.get("met")) is met and bool(p.get("located_only")) is located]
+                if sel:
+                    ax.scatter([x[i] for i in sel], [ys[i] for i in sel], s=34, facecolors=face, edgecolors=colour,
+                               marker="o" if located else marker, zorder=3, label=f"{text}{how} ({len(sel)})")
         if slo.get(key):
             ax.axhline(slo[key], color="red", ls="--", lw=1, label=f"SLO p{_f(pct, 0)} <= {_f(slo[key], 0)} ms")
         if s["answer"] is not None:
@@ -324,8 +342,9 @@ def _plots(r: dict, out: Path) -> list[Path]:
         ax.set_xlabel(f"load ({s['unit']})" if _native(r) is None else
                       f"load (req/s = time_scale x {_native(r):.3f} req/s, the trace's native rate)")
         ax.set_ylabel(f"{label} (ms)")
-    paths = [_finish(fig, axes, f"{r['scenario']} ({r['model']}, {r['hardware']}): latency vs load, one "
-                                "replica, the scenario's setting (mean over seeds)", out / LATENCY_PNG)]
+    paths = [_finish(fig, axes, f"{r['scenario']} ({r['model']}, {r['hardware']}): latency vs load\none replica, "
+                                f"the scenario's setting, all {len(pts)} loads evaluated (lines: mean over seeds)",
+                     out / LATENCY_PNG, legend_outside=True)]
     t = r.get("tradeoff")
     if t:
         panels = [(k, t[k]) for k in ("max_num_seqs", "max_num_batched_tokens") if t[k]]

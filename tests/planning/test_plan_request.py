@@ -84,3 +84,33 @@ def test_unmet_says_why_a_plan_found_no_load(tmp_path):
     assert job.unmet({"load_search": {"answer": 4.0, "next": 4.2}}) == []
     assert job.unmet({"load_search": {"answer": None, "next": 0.5}}) == [
         "no load meets the SLO: one replica fails it even at 0.5 req/s (plan.md says how)"]
+
+
+def test_latency_vs_load_draws_every_load_with_its_own_verdict(tmp_path, monkeypatch):
+    """Every point of plan.json's curve is in the figure, and a point that failed is drawn as failed
+    even where its mean over seeds lies inside the SLO (load 3 here: 450 ms mean, 2 of 3 seeds)."""
+    import matplotlib.axes
+
+    from sim.planning.plan_report import _plots
+
+    def point(load, met, mean, lo, hi, seeds, located=False):
+        q = {"p50": mean / 3, "p90": mean / 2, "p99": mean, "slo": mean, "slo_range": [lo, hi]}
+        return {"load": load, "met": met, "located_only": located, "seeds": seeds, "passes": seeds if met else 0,
+                "ttft_ms": q}
+    curve = [point(1.0, True, 100, 100, 100, 1, located=True), point(2.0, True, 300, 250, 350, 3),
+             point(3.0, False, 450, 300, 620, 3), point(4.0, False, 700, 700, 700, 1, located=True),
+             point(5.0, False, 900, 800, 1000, 3)]
+    r = {"scenario": "s", "model": "m", "hardware": "h", "slo": {"ttft_ms": 500.0, "percentile": 99.0},
+         "load_search": {"curve": curve, "answer": 2.0, "unit": "req/s"}}
+    drawn: list[tuple[str, list[float]]] = []
+    real = matplotlib.axes.Axes.scatter
+
+    def spy(self, x, y, *args, **kwargs):
+        drawn.append((kwargs.get("label", ""), list(x)))
+        return real(self, x, y, *args, **kwargs)
+    monkeypatch.setattr(matplotlib.axes.Axes, "scatter", spy)
+    _plots(r, tmp_path)
+    assert sorted(x for _, xs in drawn for x in xs) == [1.0, 2.0, 3.0, 4.0, 5.0]
+    failed = sorted(x for label, xs in drawn if label.startswith("failed") for x in xs)
+    assert failed == [3.0, 4.0, 5.0]
+    assert (tmp_path / "latency_vs_load.png").stat().st_size > 10_000
