@@ -207,6 +207,7 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
             cheapest = row
 
     out: dict[str, Any] = {"scenario": base.name, "source": str(path), "slo_label": slo.label(),
+                           "slo_targets": slo.targets(),  # metric -> [limit ms, percentile]
                            "model": base.model.name, "target": target, "headroom": headroom,
                            "max_gpus": max_gpus, "budget_usd_per_hour": budget_usd_per_hour,
                            "settings": settings, "candidates": rows, "chosen": None}

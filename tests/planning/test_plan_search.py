@@ -181,6 +181,7 @@ def test_config_search_prunes_ranks_by_cost_and_draws_a_pareto_plot(tmp_path):
                        seqs=(128, 256), options=OWN)
     rows = {(x["gpu"], x["tensor_parallel_size"]): x for x in r["candidates"]}
     assert len(rows) == 6
+    assert r["slo_targets"] == SLO.targets()  # what pareto.png draws its SLO line from
     for gpu in ("h100-sxm", "a100-80gb"):  # TP 3 does not divide Llama-3-8B's 32 heads
         assert "tensor_parallel_size" in rows[gpu, 3]["pruned"]
     chosen = r["chosen"]
