@@ -35,7 +35,7 @@ from sim.config.checks import (
     _show,
 )
 from sim.config.errors import ScenarioError, ServesimWarning
-from sim.workload.traces import TIME_UNITS, TRACE_FORMATS, read_trace, shown
+from sim.workload.traces import TIME_UNITS, TRACE_FORMATS, read_lengths, read_trace, shown
 
 
 @dataclass(frozen=True)
@@ -173,9 +173,16 @@ class Lognormal:
 class Empirical:
     trace: Path   # absolute
     column: str   # prompt | output: which of the trace's lengths to resample
+    format: str | None = None  # the trace's format (None: detected), as workload.format
+    # any CSV: its own column name for prompt_tokens / output_tokens, as workload.columns (no
+    # arrival column needed: only the lengths are read)
+    columns: tuple[tuple[str, str], ...] | None = None
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        lengths = read_trace(self.trace)[f"{self.column}_tokens"].to_numpy()  # a trace's lengths only
+        if self.columns is not None:
+            lengths = read_lengths(self.trace, dict(self.columns)[f"{self.column}_tokens"])
+        else:  # a trace's lengths only
+            lengths = read_trace(self.trace, self.format)[f"{self.column}_tokens"].to_numpy()
         return lengths[rng.integers(0, len(lengths), size=n)]  # with replacement
 
 
@@ -417,8 +424,20 @@ def _dist(top: _Keys, key: str, table: dict, lo: int, base_dir: Path) -> LengthD
         return Lognormal(keys.number("mean"), keys.number("std"), lowest,
                          keys.maybe_integer("max", lowest))
     default_column = {"prompt_tokens": "prompt", "output_tokens": "output"}[key]
-    return Empirical(keys.file("trace", base_dir),
-                     keys.choice("column", ("prompt", "output"), default_column))
+    column = keys.choice("column", ("prompt", "output"), default_column)
+    fmt = keys.choice("format", tuple(TRACE_FORMATS), None)
+    columns = None
+    if keys.raw.get("columns") is not None:
+        if fmt is not None:
+            raise keys.fail("columns", "give format or columns, not both (columns reads any CSV)")
+        mapping = _Keys(keys.raw["columns"], keys.where, f"{keys.path}.columns", ("prompt_tokens", "output_tokens"))
+        mapping.only()
+        wanted = f"{column}_tokens"
+        name = mapping.raw.get(wanted)
+        if not isinstance(name, str) or not name:
+            raise mapping.fail(wanted, "missing: name the CSV column that holds the lengths to resample")
+        columns = tuple((k, v) for k, v in mapping.raw.items() if isinstance(v, str))
+    return Empirical(keys.file("trace", base_dir), column, fmt, columns)
 
 
 _REQUIRED = object()

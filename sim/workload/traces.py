@@ -302,6 +302,20 @@ def _hash_column(col: pd.Series, lines: np.ndarray, name: str, label: str, block
     return out
 
 
+def read_lengths(path: Path, column: str) -> np.ndarray:
+    """One column of token counts from any CSV (an empirical length distribution's `columns:`):
+    int64, each an integer in [1, MAX_TOKENS], else an error naming the file and line."""
+    path = Path(path)
+    name = shown(path)
+    check_input_file(path, "trace", name)
+    df, lines = _frame(path, name)
+    if column not in df:
+        raise ScenarioError(f"{name}: no column {column!r} (the header is {','.join(df.columns)!r})")
+    if not len(df):
+        raise ScenarioError(f"{name}: no rows to draw lengths from")
+    return _ints(df[column], lines, name, column, 1)
+
+
 def _frame(path: Path, name: str) -> tuple[pd.DataFrame, np.ndarray]:
     """The CSV as strings-or-numbers, blank lines dropped, with each row's file line."""
     try:

@@ -265,6 +265,26 @@ def test_empirical_resamples_the_right_column():
     assert set(w.output_tokens.tolist()) == {444, 480, 91, 315, 573, 547, 464, 360}
 
 
+def test_empirical_reads_any_csvs_own_columns(tmp_path):
+    """columns: as workload.columns names them, with no arrival column needed: lengths only."""
+    csv = write(tmp_path, "lens.csv", "request,in_len,out_len\na,100,7\nb,250,9\nc,100,11\n")
+    cfg = parse({**GENERATOR, "prompt_tokens": {"dist": "empirical", "trace": str(csv),
+                                                "columns": {"prompt_tokens": "in_len", "output_tokens": "out_len"}},
+                 "output_tokens": {"dist": "empirical", "trace": str(csv), "columns": {"output_tokens": "out_len"}}})
+    w = build(cfg)
+    assert set(w.prompt_tokens.tolist()) == {100, 250} and set(w.output_tokens.tolist()) == {7, 9, 11}
+    assert 0.55 < float(np.mean(w.prompt_tokens == 100)) < 0.78  # 2 of the 3 rows, drawn 2000 times
+    for spec, says in (({"columns": {"output_tokens": "out_len"}}, "prompt_tokens.columns.prompt_tokens: missing"),
+                       ({"columns": {"prompt_tokens": "in_len"}, "format": "generic"}, "give format or columns"),
+                       ({"columns": {"arrival": "x"}}, "unknown key")):
+        with pytest.raises(ScenarioError, match=says):
+            parse({**GENERATOR, "prompt_tokens": {"dist": "empirical", "trace": str(csv), **spec}})
+    wrong = parse({**GENERATOR, "prompt_tokens": {"dist": "empirical", "trace": str(csv),
+                                                  "columns": {"prompt_tokens": "input"}}})
+    with pytest.raises(ScenarioError, match="lens.csv: no column 'input'"):
+        build(wrong)
+
+
 def test_time_scale_divides_generated_arrivals():
     cfg = parse({**GENERATOR, "arrival": {"process": "constant", "rate": 2.0}, "num_requests": 3})
     assert build(replace(cfg, time_scale=4.0)).arrival_s.tolist() == [0.0, 0.125, 0.25]
