@@ -75,8 +75,12 @@ def headline(r: dict) -> list[tuple[str, str]]:
         rows.append(("sustained load per replica", f"none: the SLO fails even at {load(s['next'])}"))
         return rows
     c = s["confidence"]
+    nxt = s.get("next_point") or {}
+    # "fails" only where no seed met the SLO there; else how many did (29/30 is not confirmed, not failed)
+    verdict = ("fails" if not nxt.get("passes") else
+               f"not confirmed: {nxt['passes']} of {nxt['seeds']} seeds meet the SLO") if nxt else "not confirmed"
     rows += [("sustained load per replica, scenario's setting", load(s["answer"])),
-             ("next step up (fails)", load(s["next"]))]
+             (f"next step up ({verdict})", load(s["next"]))]
     if c["method"] == "deterministic":
         rows.append(("confidence", "deterministic: the workload has no random component, so every seed "
                                    "simulates the same run; 1 seed per load"))

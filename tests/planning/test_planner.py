@@ -332,6 +332,11 @@ def test_plan_end_to_end_with_a_cluster_checked_by_simulation(tmp_path):
     assert "## Engine curve" in md and "(chosen)" in md
     assert all((tmp_path / n).stat().st_size > 10_000 for n in names if n.endswith(".png"))
     assert dict(headline(r))["GPUs"].startswith(str(c["gpus"]))
+    # the step above the answer is "failed" only where no seed met the SLO there
+    nxt = r["load_search"]["next_point"]
+    label = next(k for k, _ in headline(r) if k.startswith("next step up"))
+    assert label == ("next step up (fails)" if nxt["passes"] == 0 else
+                     f"next step up (not confirmed: {nxt['passes']} of {nxt['seeds']} seeds meet the SLO)")
 
 
 def test_unattainable_slo_is_reported_not_raised(tmp_path):
