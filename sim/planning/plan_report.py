@@ -121,6 +121,13 @@ def headline(r: dict) -> list[tuple[str, str]]:
     if u:
         busy = u.get("busy_fraction_at_sustained")
         text = f"engine busy {busy:.0%} of the time at the sustained load" if busy is not None else ""
+        # what fills up as load grows: an engine that is always busy says little, these say which
+        # resource the answer runs against (KV blocks, or the token budget)
+        kv, budget = u.get("kv_utilization_at_sustained"), u.get("token_budget_utilization_at_sustained")
+        if kv is not None:
+            text += f"; KV cache {kv:.0%} full on average"
+        if budget is not None:
+            text += f"; token budget {budget:.0%} used per iteration on average"
         if r.get("headroom", 1.0) < 1.0:
             text += f"; planned at {r['headroom']:.0%} of it ({load(rec['planned_per_replica_load'])} per replica)"
         if "share_of_sustained_at_target" in u:

@@ -273,6 +273,8 @@ def utilisation(best: dict, headroom: float, target: float | None, replicas: int
     load each replica carries."""
     point = best["answer_point"]
     out = {"busy_fraction_at_sustained": point.get("busy_fraction"),
+           "kv_utilization_at_sustained": point.get("kv_utilization"),
+           "token_budget_utilization_at_sustained": point.get("token_budget_utilization"),
            "planned_share_of_sustained": headroom}
     if target is not None:
         out["load_per_replica_at_target"] = target / replicas

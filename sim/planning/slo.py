@@ -22,11 +22,14 @@ import numpy as np
 from sim.config.errors import ScenarioError
 from sim.config.scenario import SLO_METRICS, SLOConfig, split_target
 from sim.runtime.metrics import goodput, weighted_percentiles
+from sim.schedulers import SCHEDULERS
 from sim.simulate import simulate
 
 SLO_KEYS = (*SLO_METRICS, "percentile")
 THROUGHPUTS = ("goodput_rps", "fraction", "request_throughput", "output_throughput", "total_token_throughput",
-               "busy_fraction")
+               "busy_fraction", "kv_utilization")
+# how full each iteration's token budget was (None where the scheduler has none: static batching)
+OPTIONAL = ("token_budget_utilization",)
 EXAMPLE = "e.g. --slo ttft_ms=500,tpot_ms=50 or --slo ttft_ms=500@p99,itl_ms=100@p95"
 
 
@@ -112,11 +115,27 @@ def simulate_point(scenario, slo: SLOConfig, warmup_fraction: float) -> dict:
            "request_throughput": s["request_throughput"], "output_throughput": s["output_throughput"],
            "total_token_throughput": s["total_token_throughput"], "preemptions": s["preemptions"],
            "busy_fraction": busy / (span * replicas) if span > 0 else 0.0,
+           # the KV cache's mean fill over time (summary.json's), and the tokens each iteration
+           # computed as a share of max_num_batched_tokens, over all iterations
+           "kv_utilization": float(s["kv_utilization"]), "token_budget_utilization": _budget_share(scenario, steps),
            "requests": len(result.requests), "wall_s": time.perf_counter() - start}
     for key, column in (("ttft_ms", "ttft_s"), ("tpot_ms", "tpot_s"), ("e2el_ms", "e2e_s")):
         out[key] = _percentiles(done[column].to_numpy() * 1e3, slo.pct(key))
     out["itl_ms"] = _percentiles(gaps[judged] * 1e3, slo.pct("itl_ms"), counts[judged].astype(np.float64))
     return out
+
+
+def _budget_share(scenario, steps) -> float | None:
+    """Tokens computed per iteration over max_num_batched_tokens, all iterations together (a
+    steps.csv row counts `count` alike iterations); None for a scheduler without a token budget."""
+    if not SCHEDULERS[scenario.engine.scheduler].token_budget:
+        return None
+    count = steps["count"].to_numpy()
+    iterations = float(count.sum())
+    if not iterations:
+        return 0.0
+    tokens = float(((steps["prefill_tokens"].to_numpy() + steps["decode_tokens"].to_numpy()) * count).sum())
+    return tokens / (iterations * scenario.engine.max_num_batched_tokens)
 
 
 # ---------------------------------------------------------------- several seeds
@@ -128,6 +147,9 @@ def summarize_point(runs: list[dict], pass_fraction: float, met: bool | None = N
            "met": passes >= pass_fraction * len(runs) - 1e-9 if met is None else met}
     for key in THROUGHPUTS:
         out[key] = float(np.mean([r[key] for r in runs]))
+    for key in OPTIONAL:
+        given = [r[key] for r in runs if r.get(key) is not None]
+        out[key] = float(np.mean(given)) if given else None
     out["goodput_rps_by_seed"] = [r["goodput_rps"] for r in runs]  # seeds compare across points (CRN)
     for metric in SLO_METRICS:
         out[metric] = {}

@@ -114,3 +114,19 @@ def test_latency_vs_load_draws_every_load_with_its_own_verdict(tmp_path, monkeyp
     failed = sorted(x for label, xs in drawn if label.startswith("failed") for x in xs)
     assert failed == [3.0, 4.0, 5.0]
     assert (tmp_path / "latency_vs_load.png").stat().st_size > 10_000
+
+
+def test_token_budget_share_by_hand():
+    """slo._budget_share: tokens per iteration over max_num_batched_tokens, a row counting `count`
+    alike iterations: (100 + 3 x 10) / (4 x 200) = 0.1625; no budget for static batching."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from sim.planning.slo import _budget_share
+
+    steps = pd.DataFrame({"count": [1, 3], "prefill_tokens": [100, 0], "decode_tokens": [0, 10]})
+    chunked = SimpleNamespace(engine=SimpleNamespace(scheduler="chunked", max_num_batched_tokens=200))
+    static = SimpleNamespace(engine=SimpleNamespace(scheduler="static", max_num_batched_tokens=200))
+    assert _budget_share(chunked, steps) == 130 / 800
+    assert _budget_share(static, steps) is None

@@ -332,6 +332,9 @@ def test_plan_end_to_end_with_a_cluster_checked_by_simulation(tmp_path):
     assert "## Engine curve" in md and "(chosen)" in md
     assert all((tmp_path / n).stat().st_size > 10_000 for n in names if n.endswith(".png"))
     assert dict(headline(r))["GPUs"].startswith(str(c["gpus"]))
+    u = r["utilisation"]  # what the answer runs against, means over seeds at the sustained load
+    assert 0 < u["kv_utilization_at_sustained"] <= 1 and 0 < u["token_budget_utilization_at_sustained"] <= 1
+    assert u["kv_utilization_at_sustained"] == best["answer_point"]["kv_utilization"]
     # the step above the answer is "failed" only where no seed met the SLO there
     nxt = r["load_search"]["next_point"]
     label = next(k for k, _ in headline(r) if k.startswith("next step up"))
