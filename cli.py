@@ -686,11 +686,11 @@ def plan(
     for warning in result.get("warnings", ()):  # e.g. a trace too short for a stable p99
         typer.echo(f"warning: {warning}", err=True)
     typer.echo(str(job.out_dir) if quiet else f"output: {job.out_dir}/ ({written})")
+    unmet = job.unmet(result)
     if emitted:
         typer.echo(f"deploy: {emitted[0].parent}/ ({', '.join(p.name for p in emitted)})")
-    elif emit is not None and not job.unmet(result):
+    elif emit is not None and not unmet:
         typer.echo("warning: --emit: nothing to deploy (the static scheduler has no vLLM equivalent)", err=True)
-    unmet = job.unmet(result)
     if unmet and request.searches:  # the report is written; scripts see exit status 1 (docs/planner.md)
         for line in unmet:
             typer.echo(f"  {line}", err=True)

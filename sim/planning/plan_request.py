@@ -75,7 +75,7 @@ class PlanJob:
     @property
     def gpus(self) -> list[str]:
         """The GPU types planned: --gpus, else the scenario's."""
-        return [g.strip() for g in (self.request.gpus or self.scenario.hardware.name).split(",")]
+        return planned_gpus(self.request, self.scenario)
 
     @property
     def prices(self) -> dict[str, float]:
@@ -177,7 +177,7 @@ def prepare(r: PlanRequest, note: Callable[[str], None] | None = None) -> PlanJo
     if r.gpu_hour_usd is not None and not 0 <= r.gpu_hour_usd < math.inf:
         raise ScenarioError(f"--gpu-hour-usd: {r.gpu_hour_usd} is not a finite number >= 0")
     sc = load_scenario(r.scenario, r.overrides)
-    planned = [g.strip() for g in (r.gpus or sc.hardware.name).split(",")]
+    planned = planned_gpus(r, sc)
     if r.gpu_hour_usd is not None and len(set(planned)) > 1:
         raise ScenarioError(f"--gpu-hour-usd: one price for {len(set(planned))} GPU types ({', '.join(planned)}); "
                             f"price each: --price {planned[0]}=USD,{planned[1]}=USD")
@@ -214,6 +214,11 @@ def prepare(r: PlanRequest, note: Callable[[str], None] | None = None) -> PlanJo
                           horizon_s=r.horizon_s, min_requests=r.min_requests, confidence=r.confidence,
                           max_requests=max(r.min_requests, PlanOptions.max_requests), workers=r.workers)
     return PlanJob(r, sc, slo, options, out_dir)
+
+
+def planned_gpus(r: PlanRequest, scenario: Scenario) -> list[str]:
+    """The GPU types a request plans: --gpus, else the scenario's."""
+    return [g.strip() for g in (r.gpus or scenario.hardware.name).split(",")]
 
 
 def parse_prices(text: str | None) -> dict[str, float]:
