@@ -161,6 +161,8 @@ def run(
     from sim.config.errors import ScenarioError
     from sim.config.scenario import load_scenario
 
+    written = False  # the run's files are in out_dir: from here an interruption must not say otherwise
+    trace_unwritten = trace
     try:
         sc = load_scenario(scenario, overrides=set_ or (), seed=seed)
         out_dir = out if out is not None else Path("runs") / sc.name
@@ -174,28 +176,35 @@ def run(
         # Results live in memory until here; write_outputs writes the three files atomically, so
         # a run that fails or is interrupted leaves nothing that looks like a finished run.
         write_outputs(result, out_dir)
+        written = True
         if trace:
             from sim.reporting.analysis import Run
             from sim.reporting.export import chrome_trace
 
             _write_json(chrome_trace(Run.from_result(result)), out_dir / "trace.json")
+            trace_unwritten = False
+        if sc.cost_model.notice:  # the default fell back to an estimate: say so, once
+            typer.echo(f"note: {sc.cost_model.notice}", err=True)
+        if not quiet:
+            from rich.console import Console
+
+            Console().print(summary_table(sc.name, result.summary))
+            from sim.cost.registry import describe
+
+            typer.echo(f"step costs: {describe(result.summary['run']['cost_model'])}")
     except ScenarioError as e:
         raise _fail(str(e)) from None
     except OSError as e:  # e.g. the output directory is not writable
         raise _fail(f"{e.filename or ''}: {e.strerror or e}".lstrip(": "), code=1) from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        # (written_to: the signal came during write_outputs' renames, held until they were done)
+        if written or getattr(e, "written_to", None) is not None:
+            missing = "; trace.json was not written" if trace_unwritten else ""
+            raise _fail(f"interrupted, after the run was written in full to {out_dir}{missing}",
+                        code=130) from None
         where = out if out is not None else "runs/<name>"
         raise _fail(f"interrupted; nothing was written to {where} (an earlier run there is untouched)",
                     code=130) from None
-    if sc.cost_model.notice:  # the default fell back to an estimate: say so, once
-        typer.echo(f"note: {sc.cost_model.notice}", err=True)
-    if not quiet:
-        from rich.console import Console
-
-        Console().print(summary_table(sc.name, result.summary))
-        from sim.cost.registry import describe
-
-        typer.echo(f"step costs: {describe(result.summary['run']['cost_model'])}")
     typer.echo(str(out_dir) if quiet else
                f"output: {out_dir}/ (requests.csv, steps.csv, scenario.yaml, summary.json)")
     total = len(result.requests)

@@ -163,7 +163,8 @@ def write_outputs(result: SimResult, out_dir: Path) -> None:
     Every file is first written under a temporary name; only when all are complete are they renamed
     into place, summary.json last, with SIGINT and SIGTERM held back for those few renames. So an
     interruption or a failure leaves an earlier complete run in `out_dir` untouched, and a folder
-    with summary.json always holds one complete run."""
+    with summary.json always holds one complete run. A signal that arrives during the renames acts
+    once they are done: its KeyboardInterrupt then carries `written_to` (= out_dir)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = json.dumps(finite(result.summary), indent=2, allow_nan=False) + "\n"
@@ -181,9 +182,15 @@ def write_outputs(result: SimResult, out_dir: Path) -> None:
             give_mode(fd, out_dir / name)
             with os.fdopen(fd, "wb") as f:
                 write(f)
-        with signals_held():
-            for name, tmp in temps:
-                os.replace(tmp, out_dir / name)
+        try:
+            with signals_held():
+                for name, tmp in temps:
+                    os.replace(tmp, out_dir / name)
+        except KeyboardInterrupt as interrupted:
+            # held until every rename was done: the run is in out_dir in full, and a caller's
+            # "nothing was written" would be false; it reads this to say what was kept instead
+            interrupted.written_to = out_dir  # type: ignore[attr-defined]
+            raise
     finally:
         for _, tmp in temps:
             tmp.unlink(missing_ok=True)

@@ -530,6 +530,37 @@ def test_signals_wait_for_the_renames_and_then_act_even_from_another_thread():
         signal.signal(signal.SIGTERM, old)
 
 
+# The child CLI signals itself at a chosen moment, a given point in the run rather than after a
+# sleep: a timed signal raced the run on a faster machine (it finished, wrote, then was signalled).
+_SELF_SIGNAL = """
+import os, sys
+import cli, sim.simulate
+SIG, AT = int(sys.argv[1]), sys.argv[2]
+if AT == "mid-run":  # once 1000 requests are done (the progress hook is called even under -q)
+    shown = cli._Progress.__call__
+    def call(self, done, total=None, phase=None):
+        if done >= 1000:
+            os.kill(os.getpid(), SIG)
+        return shown(self, done, total, phase)
+    cli._Progress.__call__ = call
+else:  # "renaming": as the first of the run's files is renamed into place
+    rename = os.replace
+    def replace(src, dst):
+        os.kill(os.getpid(), SIG)
+        return rename(src, dst)
+    sim.simulate.os = type(os)("os_with_signal")
+    sim.simulate.os.__dict__.update(os.__dict__, replace=replace)
+sys.argv = ["servesim"] + sys.argv[3:]
+cli.main_entry()
+"""
+
+
+def _signalled_run(sig: int, at: str, args: list[str]) -> tuple[int, str]:
+    p = subprocess.run([sys.executable, "-c", _SELF_SIGNAL, str(int(sig)), at, *args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    return p.returncode, p.stderr
+
+
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_mid_run_writes_nothing_and_keeps_the_earlier_run(tmp_path, sig, code):
     out = tmp_path / "out"
@@ -538,17 +569,32 @@ def test_a_signal_mid_run_writes_nothing_and_keeps_the_earlier_run(tmp_path, sig
     assert r.exit_code == 0
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     big = tmp_path / "big.yaml"
-    big.write_text(yaml.safe_dump(with_(workload__num_requests=200_000)))
-    prog = "import sys; from cli import main_entry; sys.argv = ['servesim'] + sys.argv[1:]; main_entry()"
-    p = subprocess.Popen([sys.executable, "-c", prog, "run", str(big), "--out", str(out), "-q"], cwd=ROOT,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(3.0)  # imports done, simulating
-    p.send_signal(sig)
-    stdout, stderr = p.communicate(timeout=60)
-    assert p.returncode == code, (p.returncode, stderr)
+    big.write_text(yaml.safe_dump(with_(workload__num_requests=20_000)))
+    returncode, stderr = _signalled_run(sig, "mid-run", ["run", str(big), "--out", str(out), "-q"])
+    assert returncode == code, (returncode, stderr)
     lines = [line for line in stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: interrupted"), stderr
+    assert lines == [f"error: interrupted; nothing was written to {out} (an earlier run there is untouched)"]
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # untouched, no temporaries
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_during_the_renames_waits_for_them_and_says_the_run_was_written(tmp_path, sig, code):
+    out = tmp_path / "out"
+    small = scenario_file(tmp_path, QUICK)
+    r, _ = _limited(["run", str(small), "--out", str(out), "-q"])
+    assert r.exit_code == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    again = tmp_path / "again"
+    returncode, stderr = _signalled_run(sig, "renaming", ["run", str(small), "--out", str(out), "-q",
+                                                          "--seed", "7", "--trace"])
+    assert returncode == code, (returncode, stderr)
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert lines == [f"error: interrupted, after the run was written in full to {out}; trace.json was not written"]
+    r, _ = _limited(["run", str(small), "--out", str(again), "-q", "--seed", "7"])
+    assert r.exit_code == 0
+    after = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert sorted(after) == sorted(before)  # the four files, no temporaries, no trace.json
+    assert after == {p.name: p.read_bytes() for p in again.iterdir()} != before  # the seed-7 run, whole
 
 
 def _peak_rss_kb(argv, tmp: Path) -> tuple[int, int, str]:
