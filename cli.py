@@ -1024,6 +1024,7 @@ def validate_cmd(
     the simulator (cost model: --profile) on the same requests; write real/ and sim/ outputs and
     [bold]comparison.csv[/], [bold]comparison.md[/], [bold]comparison.png[/]. The two halves can run
     on different machines: [bold]--real-only[/] there, [bold]--compare-only[/] here.
+    Exit code 1 when a judged row misses its tolerance (the verdict fails; the files are written).
     See docs/validation.md."""
     try:
         import torch  # noqa: F401  (said here, before anything loads)
@@ -1054,6 +1055,10 @@ def validate_cmd(
 
         Console().print(_comparison_table(outcome.scenario.name, outcome.result))
     typer.echo(outcome.message)
+    from calibrate.comparison import passed, verdict
+
+    if outcome.result is not None and not passed(outcome.result.comparison):  # written, but a failed check
+        raise _fail(f"verdict: {verdict(outcome.result.comparison)}", code=1)
 
 
 def _comparison_table(name: str, result: Any) -> Any:

@@ -105,6 +105,11 @@ def full_compare(real, sim, warmup_fraction: float = 0.0) -> pd.DataFrame:
     return table[COLUMNS]
 
 
+def passed(table: pd.DataFrame) -> bool:
+    """Every row with a tolerance is within it (`servesim validate` exits 1 otherwise)."""
+    return not (table["within"] == False).any()  # noqa: E712  (None: not judged)
+
+
 def verdict(table: pd.DataFrame) -> str:
     judged = table[table["tolerance_pct"].notna()]
     failed = judged[judged["within"] == False]  # noqa: E712  (None: not judged)

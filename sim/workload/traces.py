@@ -272,6 +272,7 @@ def _read_mapped(path: Path, name: str, columns: dict, time_unit: str, hash_bloc
     numbers = pd.to_numeric(col, errors="coerce")
     if numbers.notna().all():
         values = numbers.to_numpy(dtype=np.float64) * TIME_UNITS[time_unit]
+        _check_clock(values, time_unit, name, columns["arrival"])
         arrival = _seconds(pd.Series(values - values.min()), lines, name, columns["arrival"])
     else:
         arrival = _wall_clock(col, lines, name, label=columns["arrival"])
@@ -282,6 +283,27 @@ def _read_mapped(path: Path, name: str, columns: dict, time_unit: str, hash_bloc
     if "hash_ids" in columns:
         table["prefix"] = _hash_column(df[columns["hash_ids"]], lines, name, columns["hash_ids"], hash_block_tokens)
     return table
+
+
+# No clock a trace is written in reads past this many seconds: 1e11 s is ~3,170 years after 1970,
+# while epoch milliseconds today (~1.8e12) or microseconds read as seconds land far beyond it
+_CLOCK_LIMIT_S = 1e11
+
+
+def _check_clock(seconds: np.ndarray, time_unit: str, name: str, label: str) -> None:
+    """Arrivals that, read in `time_unit`, lie thousands of years after 1970 are in a finer unit
+    (epoch ms read as s once made a 290 s trace span 290,076 s at 0.01 req/s): refused, with the
+    unit they fit."""
+    finite = seconds[np.isfinite(seconds)]
+    if not len(finite) or float(np.abs(finite).max()) < _CLOCK_LIMIT_S:
+        return
+    units = list(TIME_UNITS)
+    raw = float(np.abs(finite).max()) / TIME_UNITS[time_unit]
+    fits = next((u for u in units[units.index(time_unit) + 1:]
+                 if raw * TIME_UNITS[u] < _CLOCK_LIMIT_S), units[-1])
+    years = float(np.abs(finite).max()) / (365.25 * 86400)
+    raise ScenarioError(f"{name}: {label} {raw:.6g} read in {time_unit} is {years:,.0f} years after 1970, "
+                        f"not a clock; epoch {fits}? set workload.time_unit: {fits} (allowed: {', '.join(units)})")
 
 
 def _hash_column(col: pd.Series, lines: np.ndarray, name: str, label: str, block_tokens: int) -> list:

@@ -82,11 +82,25 @@ def test_cpu_loop_real_engine_agrees_with_simulator(profile, tmp_path):
     assert {"ttft_ms", "tpot_ms", "e2e_ms", "output_throughput"} <= set(table["metric"])
 
 
+def verdict_code(folder: Path) -> int:
+    """The exit code validate owes for the comparison it wrote: 1 when a judged row missed."""
+    return int((pd.read_csv(folder / "comparison.csv")["within"] == False).any())  # noqa: E712
+
+
 def test_cli_validate_writes_the_comparison(profile, tmp_path):
     out = tmp_path / "v"
     r = runner.invoke(app, ["validate", str(SCENARIO), "--profile", str(profile), "--device", "cpu",
                             "--out", str(out), "--set", "workload.num_requests=6"])
-    assert r.exit_code == 0, r.output
+    # exit 1 exactly when a judged row misses its tolerance (6 requests on a shared CPU: either may
+    # happen), said on the last line; the files are written either way
+    table = pd.read_csv(out / "comparison.csv")
+    missed = table[table["within"] == False]  # noqa: E712  (empty: not judged)
+    assert r.exit_code == (1 if len(missed) else 0), r.output
+    if len(missed):
+        last = r.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"error: verdict: {len(missed)} of {int(table['tolerance_pct'].notna().sum())} "
+                               "judged rows outside tolerance: ")
+        assert all(f"{m} {st} " in last for m, st in zip(missed["metric"], missed["stat"]))
     assert "ttft_ms" in r.output and "error" in r.output
     md = (out / "comparison.md").read_text()
     assert "| e2e_ms | mean |" in md and "clock cpu" in md
@@ -202,7 +216,7 @@ def test_real_only_without_simpy_then_compare_only(profile, tmp_path):
     here = tmp_path / "laptop"
     r = runner.invoke(app, ["validate", str(SCENARIO), "--profile", str(profile),
                             "--compare-only", str(out), "--out", str(here), *few])
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == verdict_code(here), r.output
     for name in ("comparison.md", "comparison.csv", "comparison.png", "sim/summary.json",
                  *(f"real/{f}" for f in REAL_FILES)):
         assert (here / name).stat().st_size > 0, name

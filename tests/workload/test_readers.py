@@ -18,7 +18,7 @@ from sim.reporting.analysis import Run, load_run
 from sim.reporting.export import chrome_trace, vllm_bench
 from sim.simulate import simulate
 from sim.workload.generators import bench_arrivals, build_workload
-from sim.workload.traces import read_trace
+from sim.workload.traces import TIME_UNITS, read_trace
 
 TRACES = Path(__file__).parents[2] / "scenarios" / "traces"
 QUICKSTART = Path(__file__).parents[2] / "scenarios" / "quickstart.yaml"
@@ -71,6 +71,30 @@ def test_a_csv_with_epoch_milliseconds():
         "arrival": "ts_ms", "prompt_tokens": "prompt", "output_tokens": "completion"}, time_unit="ms")
     assert t["arrival_s"].to_numpy() == pytest.approx([0.0, 0.25, 1.5])
     assert t["output_tokens"].tolist() == [120, 300, 64]
+
+
+@pytest.mark.parametrize("unit, says", [
+    ("s", "ts_ms 1.76363e+12 read in s is 55,886 years after 1970, not a clock; epoch ms? set workload.time_unit: ms"),
+    ("us", None), ("ns", None),  # read as finer units: a span of microseconds, not an error
+])
+def test_epoch_milliseconds_read_as_seconds_are_refused_with_the_unit_they_fit(unit, says):
+    columns = {"arrival": "ts_ms", "prompt_tokens": "prompt", "output_tokens": "completion"}
+    if says is None:
+        t = read_trace(TRACES / "request_log_epoch_ms.csv", columns=columns, time_unit=unit)
+        assert t["arrival_s"].to_numpy() == pytest.approx(np.array([0.0, 250, 1500]) * TIME_UNITS[unit])
+        return
+    with pytest.raises(ScenarioError) as e:  # (was: a 1.5 s trace simulated over 1,500 s)
+        read_trace(TRACES / "request_log_epoch_ms.csv", columns=columns, time_unit=unit)
+    assert "request_log_epoch_ms.csv: " in str(e.value)
+    assert str(e.value).endswith(f": {says} (allowed: s, ms, us, ns)")
+
+
+def test_epoch_microseconds_read_as_milliseconds_point_to_microseconds(tmp_path):
+    trace = tmp_path / "us.csv"
+    trace.write_text("t,p,o\n1732700000000000,10,5\n1732700000250000,10,5\n")
+    with pytest.raises(ScenarioError, match=r"read in ms is 54,906 years after 1970, not a clock; epoch us\? "
+                                            "set workload.time_unit: us"):
+        read_trace(trace, columns={"arrival": "t", "prompt_tokens": "p", "output_tokens": "o"}, time_unit="ms")
 
 
 def _scenario_with(trace: Path, tmp_path: Path | None = None, **workload) -> Path:

@@ -1,0 +1,115 @@
+"""The public Python API (servesim.py) against the CLI it mirrors: the same runs, byte for byte;
+the same checks, with the same one-line messages; the same plan."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import servesim
+from cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"
+FILES = ("requests.csv", "steps.csv", "scenario.yaml", "summary.json")
+runner = CliRunner()
+
+
+def files(folder: Path) -> dict[str, bytes]:
+    return {f: (folder / f).read_bytes() for f in FILES}
+
+
+def test_run_writes_what_the_cli_writes_byte_for_byte(tmp_path):
+    cli = runner.invoke(app, ["run", str(QUICKSTART), "--out", str(tmp_path / "cli"), "-q", "--seed", "3",
+                              "--set", "workload.num_requests=150", "--set", "engine.max_num_seqs=32"])
+    assert cli.exit_code == 0, cli.output
+    result = servesim.run(QUICKSTART, seed=3, workload__num_requests=150, engine__max_num_seqs=32)
+    assert result.write(tmp_path / "api") == tmp_path / "api"
+    assert files(tmp_path / "api") == files(tmp_path / "cli")
+    # the frames are the files' rows, and the summary counts them
+    assert len(result.requests) == result.summary["completed"] == 150
+    assert int(result.steps["count"].sum()) == result.summary["iterations"]
+    assert result.summary["run"]["overrides"] == ["workload.num_requests=150", "engine.max_num_seqs=32"]
+
+
+def test_overrides_as_lines_a_mapping_or_keywords_are_the_same_run():
+    lines = servesim.run(QUICKSTART, ["workload.num_requests=60", "engine.scheduler=continuous"])
+    mapping = servesim.run(QUICKSTART, {"workload.num_requests": 60, "engine.scheduler": "continuous"})
+    keywords = servesim.run(QUICKSTART, workload__num_requests=60, engine__scheduler="continuous")
+    assert lines.summary["run"]["engine"]["scheduler"] == "continuous"
+    for other in (mapping, keywords):
+        assert other.requests.equals(lines.requests) and other.steps.equals(lines.steps)
+
+
+def test_a_mapping_or_a_loaded_scenario_runs_like_its_file(tmp_path):
+    import yaml
+
+    raw = yaml.safe_load(QUICKSTART.read_text())
+    raw["workload"]["num_requests"] = 40
+    from_mapping = servesim.run(raw)
+    loaded = servesim.load_scenario(QUICKSTART, workload__num_requests=40)
+    from_file = servesim.run(loaded)
+    assert from_mapping.requests.equals(from_file.requests)
+    with pytest.raises(servesim.ScenarioError, match="a loaded Scenario takes no overrides"):
+        servesim.run(loaded, engine__max_num_seqs=8)
+
+
+@pytest.mark.parametrize("call, cli_args", [
+    (lambda: servesim.run(QUICKSTART, engine__max_num_seqs=-5), ["--set", "engine.max_num_seqs=-5"]),
+    (lambda: servesim.run(QUICKSTART, engine__schedular="chunked"), ["--set", "engine.schedular=chunked"]),
+    (lambda: servesim.run(QUICKSTART, ["engine.max_num_seqs"]), ["--set", "engine.max_num_seqs"]),
+])
+def test_a_bad_setting_raises_the_clis_one_line_message(tmp_path, call, cli_args):
+    with pytest.raises(servesim.ScenarioError) as raised:
+        call()
+    cli = runner.invoke(app, ["run", str(QUICKSTART), "--out", str(tmp_path / "o"), *cli_args])
+    assert cli.exit_code == 2
+    assert cli.stderr.strip() == f"error: {raised.value}"
+    assert "\n" not in str(raised.value)
+
+
+def test_one_string_of_overrides_is_refused_not_split_into_characters():
+    with pytest.raises(servesim.ScenarioError, match="one string"):
+        servesim.run(QUICKSTART, "engine.max_num_seqs=8")
+
+
+def test_summary_frame_and_plots_take_results_and_variants():
+    a = servesim.run(QUICKSTART, workload__num_requests=50)
+    runs = servesim.run_variants(QUICKSTART, {"8": ["engine.max_num_seqs=8"], "64": ["engine.max_num_seqs=64"]},
+                                 common=["workload.num_requests=50"])
+    frame = servesim.summary_frame({"api": a, **runs})
+    assert list(frame.index) == ["api", "8", "64"]
+    assert frame["completed"].tolist() == [50, 50, 50]
+    fig = servesim.plots.latency_cdfs(list(runs.values()))
+    assert fig.axes
+
+
+def test_plan_returns_what_the_cli_writes_to_plan_json(tmp_path):
+    args = dict(slo="ttft_ms=500,tpot_ms=50,percentile=99", horizon_s=10, min_requests=100, resolution=0.2,
+                workers=1, seeds=1)
+    result = servesim.plan(QUICKSTART, out=tmp_path / "api", **args)
+    cli = runner.invoke(app, ["plan", str(QUICKSTART), "--slo", args["slo"], "--horizon-s", "10",
+                              "--min-requests", "100", "--resolution", "0.2", "--workers", "1", "--seeds", "1",
+                              "--out", str(tmp_path / "cli")])
+    assert cli.exit_code == 0, cli.output
+
+    def timeless(doc: dict) -> dict:  # (the wall-clock seconds it took differ from run to run)
+        return {k: v for k, v in doc.items() if not k.endswith("wall_s")}
+    written = json.loads((tmp_path / "api" / "plan.json").read_text())
+    assert timeless(written) == timeless(json.loads((tmp_path / "cli" / "plan.json").read_text()))
+    assert written["load_search"]["answer"] == result["load_search"]["answer"] > 0
+    assert (tmp_path / "api" / "plan.md").is_file()
+    with pytest.raises(servesim.ScenarioError, match="plan: no option 'target'"):
+        servesim.plan(QUICKSTART, slo=args["slo"], target=3)
+
+
+def test_the_installed_module_works_from_another_folder(tmp_path):
+    code = (f"import servesim; r = servesim.run({str(QUICKSTART)!r}, workload__num_requests=20); "
+            "print(r.summary['completed'], servesim.__version__)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["20", servesim.__version__]
