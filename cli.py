@@ -524,8 +524,16 @@ def export(
     from sim.reporting.analysis import load_run
     from sim.reporting.export import chrome_trace, vllm_bench
 
+    def bench(run: Any) -> dict:  # with the run's arrival process, from its scenario.yaml when it wrote one
+        from sim.config.checks import load_yaml, read_text
+
+        resolved = Path(run_dir) / "scenario.yaml"
+        raw = load_yaml(read_text(resolved, "scenario"), str(resolved)) if resolved.is_file() else None
+        workload = raw.get("workload") if isinstance(raw, dict) else None
+        return vllm_bench(run, workload if isinstance(workload, dict) else None)
+
     formats = {"chrome-trace": ("trace.json", lambda r: chrome_trace(r, max_requests)),
-               "vllm-bench": ("vllm_bench.json", vllm_bench)}
+               "vllm-bench": ("vllm_bench.json", bench)}
     try:
         if to not in formats:
             raise ScenarioError(f"--to: {to!r} is not one of {', '.join(formats)}")

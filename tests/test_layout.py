@@ -86,11 +86,11 @@ def test_the_ruff_rules_hold():
     assert run.returncode == 0, run.stdout + run.stderr
 
 
-def test_mypy_is_clean_over_sim_and_the_cli(tmp_path):
-    """mypy with pyproject.toml's [tool.mypy] over every module of sim/ and cli.py (not only the
-    compiled ones, which setup.py checks as it compiles them)."""
-    run = subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path), "sim", "cli.py"], cwd=ROOT,
-                         capture_output=True, text=True)
+def test_mypy_is_clean_over_sim_the_cli_and_the_api(tmp_path):
+    """mypy with pyproject.toml's [tool.mypy] over every module of sim/, cli.py and servesim.py (not
+    only the compiled ones, which setup.py checks as it compiles them)."""
+    run = subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path), "sim", "cli.py", "servesim.py"],
+                         cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
 
 
