@@ -12,10 +12,36 @@ from typing import Annotated, Any
 import typer
 import typer.core
 
+_METAVARS = {"<int>": "N", "<float>": "X", "<str>": "TEXT", "<path>": "PATH"}  # typer's type labels
+
+
+def _untyped_flags(params: list, ctx: Any) -> list:
+    """typer 0.29 shows every option without a metavar with its type, `<bool>` beside each flag
+    (--help, --quiet) and `<str>` where a word would say more; a flag takes no value, so it shows
+    none, and an option without its own metavar shows click's word for its type."""
+    for p in params:
+        if p.metavar is not None or getattr(p, "param_type_name", "") != "option":
+            continue
+        if getattr(p, "is_flag", False):
+            p.metavar = ""
+        elif hasattr(p, "display_type") and p.display_type(ctx) in _METAVARS:
+            p.metavar = _METAVARS[p.display_type(ctx)]
+    return params
+
+
+class _Command(typer.core.TyperCommand):
+    """Every command's help: flags without a `<bool>`."""
+
+    def get_params(self, ctx) -> list:
+        return _untyped_flags(super().get_params(ctx), ctx)
+
 
 class _HelpWithPlugins(typer.core.TyperGroup):
     """`servesim --help` ends with the plug-in names, read from their registries when the help is
     shown (importing them at start-up would slow every command)."""
+
+    def get_params(self, ctx) -> list:
+        return _untyped_flags(super().get_params(ctx), ctx)
 
     def format_help(self, ctx, formatter) -> None:
         super().format_help(ctx, formatter)
@@ -37,7 +63,7 @@ app = typer.Typer(
     cls=_HelpWithPlugins,
     rich_markup_mode="rich",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion: bash, zsh, fish, PowerShell
     pretty_exceptions_show_locals=False,
 )
 
@@ -134,7 +160,7 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
-@app.command(short_help="Simulate one scenario: latency, throughput and utilisation.")
+@app.command(cls=_Command, short_help="Simulate one scenario: latency, throughput and utilisation.")
 def run(
     scenario: Annotated[Path, typer.Argument(help="Scenario YAML, e.g. scenarios/quickstart.yaml.",
                                              show_default=False)],
@@ -337,7 +363,7 @@ def _goodput_rows(t: Any, g: Any) -> None:
 
 # ---- sweep (issue 4: owned by the sweep engineer) ----
 
-@app.command(short_help="Every combination of --grid values, in parallel; resumable.")
+@app.command(cls=_Command, short_help="Every combination of --grid values, in parallel; resumable.")
 def sweep(
     scenario: Annotated[Path, typer.Argument(help="Scenario YAML that the grid varies.", show_default=False)],
     grid: Annotated[list[str] | None, typer.Option(
@@ -438,7 +464,7 @@ def _write_json(doc: dict, path: Path) -> None:
     write_file(path, json.dumps(doc, allow_nan=False, separators=(",", ":")) + "\n")
 
 
-@app.command(short_help="A vllm bench serve result beside a servesim run: percentiles, errors, a plot.")
+@app.command(cls=_Command, short_help="A vllm bench serve result beside a servesim run: percentiles, errors, a plot.")
 def compare(
     bench: Annotated[Path, typer.Argument(help="vllm bench serve --save-result JSON, or a BLIS trace v2 CSV of a "
                                               "real run (measured).", show_default=False)],
@@ -485,7 +511,7 @@ def compare(
     typer.echo(f"output: {folder}/ (compare.json, compare.png)")
 
 
-@app.command(short_help="One self-contained HTML page for a run, sweep or plan folder.")
+@app.command(cls=_Command, short_help="One self-contained HTML page for a run, sweep or plan folder.")
 def report(
     folder: Annotated[Path, typer.Argument(help="A folder written by servesim run, sweep or plan.",
                                            show_default=False)],
@@ -506,7 +532,7 @@ def report(
     typer.echo(str(path))
 
 
-@app.command(short_help="A run folder as a Perfetto trace or a vllm bench serve JSON.")
+@app.command(cls=_Command, short_help="A run folder as a Perfetto trace or a vllm bench serve JSON.")
 def export(
     run_dir: Annotated[Path, typer.Argument(help="A run folder (servesim run's output).", show_default=False)],
     to: Annotated[str, typer.Option(
@@ -574,7 +600,7 @@ def _print_rows(title: str, rows: list[tuple[str, str]]) -> None:
     Console().print(t)
 
 
-@app.command(short_help="Sustained load under an SLO, engine setting, replicas, cost.")
+@app.command(cls=_Command, short_help="Sustained load under an SLO, engine setting, replicas, cost.")
 def plan(
     scenario: Annotated[Path, typer.Argument(help="Scenario YAML: a generated workload (an arrival rate, or "
                                                   "closed_loop users) or a trace replay (its load is "
@@ -717,7 +743,7 @@ def plan(
         raise _fail(unmet[0], code=1)
 
 
-@app.command(short_help="KV-cache memory budget of a model on a GPU (no simulation).")
+@app.command(cls=_Command, short_help="KV-cache memory budget of a model on a GPU (no simulation).")
 def capacity(
     model: Annotated[str | None, typer.Option(
         help="A model preset (e.g. llama-3-8b) or a path to a Hugging Face config.json.", metavar="NAME",
@@ -769,7 +795,7 @@ def capacity(
 
 # ---- plot (issue 5: owned by the plots engineer) ----
 
-@app.command(short_help="Draw a run's figures as PNGs; --compare runs side by side.")
+@app.command(cls=_Command, short_help="Draw a run's figures as PNGs; --compare runs side by side.")
 def plot(
     run_dir: Annotated[Path, typer.Argument(help="A folder written by [bold]servesim run[/], "
                                                  "[bold]sweep[/] or [bold]plan[/].", show_default=False)],
@@ -830,7 +856,7 @@ def plot(
 # ---- calibrate (issue 6: owned by the calibration engineer) ----
 
 
-@app.command("calibrate", short_help="Time a real model step over batch shapes; fit a profile.")
+@app.command("calibrate", cls=_Command, short_help="Time a real model step over batch shapes; fit a profile.")
 def calibrate_cmd(
     model: Annotated[str, typer.Option(help="Model preset built with random weights, e.g. "
                                             "[bold]llama-3-8b[/] (GPU) or [bold]tiny[/] (CPU).",
@@ -983,7 +1009,7 @@ def _calibrate_from_tables(tables: Path, model: str, gpu: str | None, tp: int, o
 # ---- validate (issue 6: owned by the validation engineer) ----
 
 
-@app.command("validate", short_help="Real engine vs simulator on the same requests.")
+@app.command("validate", cls=_Command, short_help="Real engine vs simulator on the same requests.")
 def validate_cmd(
     scenario: Annotated[Path, typer.Argument(help="Scenario YAML (continuous or chunked, one "
                                                   "replica), e.g. scenarios/validate-tiny-cpu.yaml.",

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -53,6 +54,33 @@ def test_help_gives_each_command_a_one_line_summary(command):
     assert lines[at].rstrip(" │").endswith(".")  # the whole summary fits on the command's line
     assert not lines[at + 1].startswith("│   ")  # no continuation line
     assert invoke(command, "--help").exit_code == 0
+
+
+COMMANDS = ["run", "sweep", "compare", "report", "export", "plan", "capacity", "plot", "calibrate", "validate"]
+
+
+@pytest.mark.parametrize("command", [[], *([c] for c in COMMANDS)], ids=["servesim", *COMMANDS])
+def test_help_reads_at_80_columns_without_type_labels(command):
+    """No line past 80 columns; a flag shows no `<bool>`, a value option its metavar or click's
+    word for its type (typer 0.29 prints `<bool>`, `<str>`, `<int>` otherwise)."""
+    result = runner.invoke(app, [*command, "--help"], env={"COLUMNS": "80"}, terminal_width=80)
+    assert result.exit_code == 0
+    lines = result.output.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert not any(label in result.output for label in ("<bool>", "<str>", "<int>", "<float>"))
+    quiet = next((line for line in lines if "--quiet" in line), None)
+    if quiet is not None:
+        assert quiet.split("--quiet")[1].split()[:2] in (["-q", "Print"], ["Print", "only"])
+
+
+def test_shell_completion_completes_commands_and_options():
+    env = {**os.environ, "_SERVESIM_COMPLETE": "complete_bash", "COMP_WORDS": "servesim ru", "COMP_CWORD": "1"}
+    code = "import sys; from cli import main_entry; sys.argv = ['servesim']; main_entry()"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.split() == ["run"], done.stderr
+    env |= {"COMP_WORDS": "servesim plan --target-r", "COMP_CWORD": "2"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True)
+    assert done.stdout.split() == ["--target-rate"], done.stderr
 
 
 def test_run_help():
