@@ -1088,6 +1088,9 @@ def validate_cmd(
         from rich.console import Console
 
         Console().print(_comparison_table(outcome.scenario.name, outcome.result))
+        for note in outcome.result.notes:  # (also in comparison.md) what makes the verdict worth less
+            if note.startswith("warning:"):
+                typer.echo(note, err=True)
     typer.echo(outcome.message)
     from calibrate.comparison import passed, verdict
 

@@ -105,6 +105,31 @@ def full_compare(real, sim, warmup_fraction: float = 0.0) -> pd.DataFrame:
     return table[COLUMNS]
 
 
+SATURATED_SERVED = 0.9  # served / offered request rate below which a run's queue was growing
+
+
+def saturation_warning(requests: pd.DataFrame) -> str | None:
+    """A `warning:` line when the real engine could not keep up with its arrivals: it served (its
+    requests over first arrival to last finish) under 90% of the rate offered (over first to last
+    arrival). Its latencies then measure a growing queue, which agreement with the simulator does
+    not make a validation of steady serving. None when it kept up, or all arrived at once (a burst
+    is queued by design)."""
+    arrival, finish = requests["arrival_s"].to_numpy(float), requests["finish_s"].to_numpy(float)
+    n = len(arrival)
+    span = float(np.nanmax(arrival) - np.nanmin(arrival)) if n > 1 else 0.0
+    if n < 2 or span <= 0 or not np.isfinite(finish).any():
+        return None
+    offered = (n - 1) / span
+    served = int(np.isfinite(finish).sum()) / float(np.nanmax(finish) - np.nanmin(arrival))
+    if served >= SATURATED_SERVED * offered:
+        return None
+    queue = requests["queue_s"].to_numpy(float) if "queue_s" in requests else np.array([np.nan])
+    waited = f", median queue {np.nanmedian(queue):.3g} s" if np.isfinite(queue).any() else ""
+    return (f"warning: the real engine ran saturated: it served {served:.3g} req/s of the {offered:.3g} req/s "
+            f"offered{waited}; its latencies measure a growing queue, not steady serving (a lower "
+            f"workload.arrival.rate validates that)")
+
+
 def passed(table: pd.DataFrame) -> bool:
     """Every row with a tolerance is within it (`servesim validate` exits 1 otherwise)."""
     return not (table["within"] == False).any()  # noqa: E712  (None: not judged)

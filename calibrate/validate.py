@@ -32,7 +32,7 @@ from sim.cost.registry import ProfileCost, load_profile
 from sim.files import probe_writable
 from sim.workload.generators import Workload, build_workload
 
-from .comparison import Validation, compare, full_compare, write  # noqa: F401  (for callers)
+from .comparison import Validation, compare, full_compare, saturation_warning, write  # noqa: F401  (for callers)
 from .engine import (
     EngineResult,
     check_engine_scenario,
@@ -372,7 +372,8 @@ def _notes(scenario: Scenario, prof, meta: dict, real: EngineResult, sim,
     if pm["device"].startswith("CPU") != (meta["device"] == "cpu"):
         notes.append(f"warning: the profile was measured on {pm['device']!r}, the engine ran on "
                      f"{meta['device']}")
-    return notes + meta.get("warnings", [])
+    saturated = saturation_warning(real.requests)
+    return notes + meta.get("warnings", []) + ([saturated] if saturated else [])
 
 
 def _device_name(device: str) -> str:

@@ -7,12 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
 import yaml
 from typer.testing import CliRunner
 
+from calibrate.comparison import saturation_warning
 from calibrate.harness import calibrate
 from calibrate.validate import REAL_FILES, validate, write
 from cli import app
@@ -265,3 +267,30 @@ def test_gpu_scenario_fits_an_h100_and_a_too_large_cache_is_refused(monkeypatch)
     with pytest.raises(ScenarioError, match=r"engine.num_gpu_blocks: 16384 blocks .* set "
                                             r"engine.num_gpu_blocks <= 8343$"):
         check_memory(sc, "cuda", torch.bfloat16)
+
+
+# ---------------------------------------------------------------- saturation
+
+def _requests(arrival, finish, queue=None) -> pd.DataFrame:
+    arrival, finish = np.asarray(arrival, float), np.asarray(finish, float)
+    return pd.DataFrame({"arrival_s": arrival, "finish_s": finish,
+                         "queue_s": np.zeros(len(arrival)) if queue is None else np.asarray(queue, float)})
+
+
+def test_a_real_run_that_kept_up_is_not_called_saturated():
+    arrival = np.arange(10.0)  # 1 req/s offered: (10 - 1) / 9 s
+    assert saturation_warning(_requests(arrival, arrival + 0.1)) is None  # 10 / 9.1 s served
+    assert saturation_warning(_requests(np.zeros(10), np.arange(1.0, 11.0))) is None  # a burst: queued by design
+
+
+def test_a_real_run_whose_queue_grew_is_called_saturated_with_its_rates():
+    arrival = np.arange(10.0)
+    finish = 5.0 * np.arange(1.0, 11.0)  # one every 5 s: 10 / 50 s = 0.2 req/s served of 1 offered
+    queue = finish - 5.0 - arrival
+    said = saturation_warning(_requests(arrival, finish, queue))
+    assert said == ("warning: the real engine ran saturated: it served 0.2 req/s of the 1 req/s offered, median "
+                    f"queue {np.median(queue):.3g} s; its latencies measure a growing queue, not steady serving "
+                    "(a lower workload.arrival.rate validates that)")
+    # at the edge: 90% of the offered rate served is not saturated, just under it is
+    assert saturation_warning(_requests(arrival, arrival * 0 + 10 / 0.9 * 1.0001)) is not None
+    assert saturation_warning(_requests(arrival, arrival * 0 + 10 / 0.9 * 0.9999)) is None
