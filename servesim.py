@@ -19,9 +19,14 @@ A setting is overridden as on the command line's --set: `engine.max_num_seqs=64`
 or as a keyword with `__` for each dot (engine__max_num_seqs=64); values are checked as the CLI
 checks them, and a bad one raises ScenarioError with the same one-line message.
 
-Besides these functions, three namespaces load on first use: `servesim.plots` (the figures, on
-matplotlib), `servesim.analysis` (reading runs back, slots, workloads to reuse) and
-`servesim.presets` (models, GPUs, the KV-cache memory budget).
+    servesim.kv_budget("llama-3-70b", "h100-sxm", tp=4).max_concurrent_seqs(4096)
+    cost = servesim.cost_model("measured", "llama-3-8b", "h100-sxm")
+    cost.step_times(servesim.Batch(num_decodes=64, decode_context_sum=64 * 1025))[0]   # s
+
+Besides these functions, namespaces load on first use: `servesim.plots` (the figures, on
+matplotlib), `servesim.analysis` (reading runs back, slots, workloads to reuse), `servesim.claims`
+(the published-claims audit), `servesim.models` and `servesim.gpus` (the presets by name), and
+`servesim.Batch` (one iteration's batch, as a cost model prices it).
 """
 from __future__ import annotations
 
@@ -41,20 +46,40 @@ if TYPE_CHECKING:
     from sim.config.scenario import Scenario
     from sim.reporting.analysis import Run
 
-# (and the namespaces plots, analysis and presets, loaded by __getattr__ below)
-__all__ = ["Result", "ScenarioError", "__version__", "load_run", "load_scenario", "plan", "run", "run_variants",
-           "summary_frame"]
+# (and plots, analysis, claims, models, gpus, Batch, model_from_hf_config: loaded by __getattr__ below)
+__all__ = ["Result", "ScenarioError", "__version__", "cost_model", "headline", "kv_budget", "load_run",
+           "load_scenario", "plan", "run", "run_variants", "step_terms", "summary_frame"]
 
 # the namespaces, imported when first named (matplotlib alone takes ~0.3 s)
-_NAMESPACES = {"plots": "sim.reporting.plots", "analysis": "sim.reporting.analysis", "presets": "sim.presets"}
+_NAMESPACES = {"plots": "sim.reporting.plots", "analysis": "sim.reporting.analysis", "claims": "sim.reporting.claims"}
+_NAMES = {"models": ("sim.presets.models", "MODEL_PRESETS"), "gpus": ("sim.presets.hardware", "HARDWARE_PRESETS"),
+          "Batch": ("sim.cost.batch", "BatchStats"),
+          "model_from_hf_config": ("sim.presets.models", "model_from_hf_config")}
 
 
 def __getattr__(name: str) -> Any:
     if name in _NAMESPACES:
-        module = importlib.import_module(_NAMESPACES[name])
-        globals()[name] = module
-        return module
-    raise AttributeError(f"module 'servesim' has no attribute {name!r}")
+        value = importlib.import_module(_NAMESPACES[name])
+    elif name in _NAMES:
+        module, attr = _NAMES[name]
+        value = getattr(importlib.import_module(module), attr)
+    else:
+        raise AttributeError(f"module 'servesim' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def _preset(kind: str, value: Any) -> Any:
+    """A model or GPU given by preset name (or already a spec): ScenarioError naming the choices."""
+    if not isinstance(value, str):
+        return value
+    from sim.presets.hardware import HARDWARE_PRESETS
+    from sim.presets.models import MODEL_PRESETS
+
+    presets: Mapping[str, Any] = MODEL_PRESETS if kind == "model" else HARDWARE_PRESETS
+    if value not in presets:
+        raise ScenarioError(f"{kind} {value!r}: not a preset; presets: {', '.join(sorted(presets))}")
+    return presets[value]
 
 
 def _override_lines(overrides: Iterable[str] | Mapping[str, Any], settings: Mapping[str, Any]) -> list[str]:
@@ -161,12 +186,14 @@ def load_run(folder: str | Path, name: str | None = None) -> Run:
 
 
 def plan(scenario: str | Path, *, slo: str | None = None, overrides: Iterable[str] | Mapping[str, Any] = (),
-         out: str | Path | None = None, **options: Any) -> dict:
+         out: str | Path | None = None, search: Mapping[str, Any] | None = None, **options: Any) -> dict:
     """`servesim plan` (or, given gpus=/tp=/schedulers=..., its configuration search): the result
     plan.json or search.json holds, as a dict. `options` are the command's options by their Python
     names (target_rate=20, max_num_seqs=[64, 128], gpus=["h100-sxm", "h200"], seeds=3, ...); a
     list may also be given as its comma-separated text. With `out`, the report is written there too
-    (plan.md, plan.json and the figures, or search.md, search.json and pareto.png)."""
+    (plan.md, plan.json and the figures, or search.md, search.json and pareto.png). `search` sets
+    the load search's own knobs beyond the command's (sim/planning/evaluator.PlanOptions: e.g.
+    first_seeds, max_seeds, curve_resolution), over what the options make of them."""
     from dataclasses import fields
 
     from sim.planning.plan_request import PlanRequest, prepare
@@ -180,8 +207,57 @@ def plan(scenario: str | Path, *, slo: str | None = None, overrides: Iterable[st
     request = PlanRequest(scenario=Path(scenario), slo=slo, out=None if out is None else Path(out),
                           overrides=tuple(_override_lines(overrides, {})), **given)
     job = prepare(request)
+    if search:
+        from dataclasses import replace
+
+        from sim.planning.evaluator import PlanOptions
+
+        allowed = {f.name for f in fields(PlanOptions)}
+        wrong = sorted(set(search) - allowed)
+        if wrong:
+            raise ScenarioError(f"plan: search has no knob {wrong[0]!r}; knobs: {', '.join(sorted(allowed))}")
+        job = replace(job, options=replace(job.options, **search))
     result = job.run()
     if out is not None:
         job.write(result)
         job.emit(result)
     return result
+
+
+def headline(result: dict) -> list[tuple[str, str]]:
+    """A plan's answer as the rows `servesim plan` prints (what, answer)."""
+    from sim.planning.plan_report import headline as rows
+
+    return rows(result)
+
+
+def kv_budget(model: Any, gpu: Any, *, tp: int = 1, gpu_memory_utilization: float = 0.9, block_size: int = 16,
+              max_num_batched_tokens: int = 8192, kv_cache_dtype: str = "auto") -> Any:
+    """The KV-cache memory budget of a model (preset name or spec) on a GPU (likewise), as
+    `servesim capacity` computes it: .num_gpu_blocks, .max_concurrent_seqs(tokens), ..."""
+    from sim.presets.memory import kv_budget as budget
+
+    return budget(_preset("model", model), _preset("GPU", gpu), tensor_parallel_size=tp,
+                  gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
+                  max_num_batched_tokens=max_num_batched_tokens, kv_cache_dtype=kv_cache_dtype)
+
+
+def cost_model(name: Any, model: Any, gpu: Any, tp: int = 1) -> Any:
+    """A step-cost model as a scenario's `cost_model:` names it ("measured", "roofline", a
+    profile's path or mapping), for a model and a GPU (preset names or specs):
+    .step_times(servesim.Batch(...)) gives an iteration's seconds."""
+    from sim.cost.registry import make_cost_model
+
+    return make_cost_model(name, _preset("model", model), _preset("GPU", gpu), tp)
+
+
+def step_terms(model: Any, gpu: Any, batch: Any, tp: int = 1) -> dict[str, float]:
+    """Milliseconds of each part of one iteration of `batch` (servesim.Batch) as the measured
+    cost model composes it from the GPU's kernel tables (GEMMs, attention, communication, ...)."""
+    from sim.cost.composer import SYSTEMS, TABLES, KernelTables, StepComposer
+
+    hardware = _preset("GPU", gpu)
+    if hardware.name not in SYSTEMS:
+        raise ScenarioError(f"GPU {hardware.name!r}: no kernel tables; tables for: {', '.join(sorted(SYSTEMS))}")
+    tables = KernelTables.load(TABLES / SYSTEMS[hardware.name], hardware.hbm_bandwidth)
+    return StepComposer(tables, _preset("model", model), tp).terms(batch)

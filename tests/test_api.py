@@ -113,3 +113,36 @@ def test_the_installed_module_works_from_another_folder(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["20", servesim.__version__]
+
+
+def test_presets_by_name_and_a_wrong_name_lists_them():
+    from sim.presets.hardware import HARDWARE_PRESETS
+    from sim.presets.memory import kv_budget
+    from sim.presets.models import MODEL_PRESETS
+
+    got = servesim.kv_budget("llama-3-70b", "h100-sxm", tp=4)
+    want = kv_budget(MODEL_PRESETS["llama-3-70b"], HARDWARE_PRESETS["h100-sxm"], tensor_parallel_size=4,
+                     gpu_memory_utilization=0.9, block_size=16)
+    assert got == want and got.max_concurrent_seqs(4096) > 0
+    assert servesim.models is MODEL_PRESETS and servesim.gpus is HARDWARE_PRESETS
+    with pytest.raises(servesim.ScenarioError, match="model 'llama-9': not a preset; presets: .*llama-3-8b"):
+        servesim.kv_budget("llama-9", "h100-sxm")
+
+
+def test_a_cost_model_prices_a_batch_as_the_simulator_does():
+    batch = servesim.Batch(num_decodes=64, decode_context_sum=64 * 1025)
+    roofline = servesim.cost_model("roofline", "llama-3-8b", "h100-sxm")
+    from sim.cost.registry import make_cost_model
+
+    same = make_cost_model("roofline", servesim.models["llama-3-8b"], servesim.gpus["h100-sxm"], 1)
+    assert roofline.step_times(batch)[0] == same.step_times(batch)[0] > 0
+    terms = servesim.step_terms("llama-3-8b", "h100-sxm", batch)
+    assert terms["decode_attention"] > 0 and terms["prefill_attention"] == 0  # decodes only
+    # the measured profile is fitted to these same terms (composed): within 10% of their sum
+    measured = servesim.cost_model("measured", "llama-3-8b", "h100-sxm").step_times(batch)[0] * 1e3
+    assert sum(terms.values()) == pytest.approx(measured, rel=0.10)
+
+
+def test_plan_search_knobs_are_checked():
+    with pytest.raises(servesim.ScenarioError, match="plan: search has no knob 'seedz'; knobs: .*first_seeds"):
+        servesim.plan(QUICKSTART, slo="ttft_ms=500", search={"seedz": 1})

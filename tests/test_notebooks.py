@@ -30,6 +30,19 @@ def test_core_notebook_is_committed_clean(path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_uses_only_the_public_api(path):
+    """`import servesim` (servesim.py) and nothing of servesim's own packages: the notebooks show
+    what a user's code looks like, and the internals may move."""
+    import re
+
+    nb = nbformat.read(path, as_version=4)
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    inner = re.findall(r"^\s*(?:from|import)\s+(sim|calibrate|kernels|cli)\b.*$", code, re.M)
+    assert not inner, f"{path.name} imports servesim's internals: {inner}"
+    assert re.search(r"^import servesim$", code, re.M)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_runs_short(path, monkeypatch):
     monkeypatch.setenv("SERVESIM_NOTEBOOK_SHORT", "1")   # the kernel inherits it
     nb = nbformat.read(path, as_version=4)
