@@ -516,8 +516,9 @@ def report(
     folder: Annotated[Path, typer.Argument(help="A folder written by servesim run, sweep or plan.",
                                            show_default=False)],
 ) -> None:
-    """Write FOLDER/report.html: the summary table, the figures (embedded) and the scenario, one
-    file to share."""
+    """Write FOLDER/report.html, one file to share that works offline: the summary or answer,
+    interactive figures (hover, zoom, series toggled), plan.md / search.md as tables, the static
+    figures and the scenario. See docs/plots.md."""
     from sim.config.errors import ScenarioError
     from sim.reporting.html_report import write_report
 

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 # (and plots, analysis, claims, models, gpus, Batch, model_from_hf_config: loaded by __getattr__ below)
 __all__ = ["Result", "ScenarioError", "__version__", "cost_model", "headline", "kv_budget", "load_run",
-           "load_scenario", "plan", "run", "run_variants", "step_terms", "summary_frame"]
+           "load_scenario", "plan", "read_report", "report", "run", "run_variants", "step_terms", "summary_frame"]
 
 # the namespaces, imported when first named (matplotlib alone takes ~0.3 s)
 _NAMESPACES = {"plots": "sim.reporting.plots", "analysis": "sim.reporting.analysis", "claims": "sim.reporting.claims"}
@@ -222,6 +222,21 @@ def plan(scenario: str | Path, *, slo: str | None = None, overrides: Iterable[st
         job.write(result)
         job.emit(result)
     return result
+
+
+def report(folder: str | Path) -> Path:
+    """FOLDER/report.html for a run, sweep, plan or search folder, as `servesim report` writes it."""
+    from sim.reporting.html_report import write_report
+
+    return write_report(folder)
+
+
+def read_report(path: str | Path) -> dict:
+    """The data a report.html embeds: {"kind": "run", "summary"}, {"kind": "sweep", "keys", "rows"}
+    or {"kind": "plan" | "search", "result"}."""
+    from sim.reporting.html_report import read_report as read
+
+    return read(path)
 
 
 def headline(result: dict) -> list[tuple[str, str]]:

@@ -1,13 +1,19 @@
 """One self-contained HTML page for a run, sweep, plan or configuration-search folder, to share:
-a summary table, the figures (PNG embedded as base64: the page needs no other file) and the
-scenario.
+a summary table, interactive figures (sim/reporting/interactive.py: Plotly, its library embedded
+once, so the page works offline and needs no other file), plan.md / search.md rendered with their
+tables as tables (markdown-it-py, which rich already brings), the static figures `servesim plot`
+draws (PNG, embedded, under a fold), the scenario and where the step costs came from. The data
+behind the page is embedded as JSON too (`read_report` gives it back).
 
     write_report(folder) -> Path   # folder/report.html
+    read_report(path) -> dict      # {"kind", "summary" | "result" | "rows", ...} as embedded
 """
 from __future__ import annotations
 
 import base64
 import html
+import json
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -17,10 +23,12 @@ from sim.config.errors import ScenarioError
 from sim.files import write_file
 from sim.reporting.analysis import load_run
 
-STYLE = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;color:#222}
+STYLE = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;
 font-size:14px}th{background:#f3f3f3}img{max-width:100%;border:1px solid #eee;margin:0.5em 0}
-pre{background:#f7f7f7;padding:1em;overflow:auto;font-size:13px}h1{font-size:1.6em}"""
+pre{background:#f7f7f7;padding:1em;overflow:auto;font-size:13px}h1{font-size:1.6em}
+details{margin:1em 0}summary{cursor:pointer;font-weight:600}.figure{margin:1em 0}"""
+DATA_ID = "servesim-data"  # the <script type="application/json"> holding the page's data
 
 
 def _table(rows: list[tuple[str, str]], head: tuple[str, str] | None = None) -> str:
@@ -31,8 +39,17 @@ def _table(rows: list[tuple[str, str]], head: tuple[str, str] | None = None) -> 
     return "\n".join(out + ["</table>"])
 
 
+# a sweep's columns as people read them (results.csv keeps the names its tools address)
+HEADERS = {"request_throughput": "throughput (req/s)", "ttft_ms.p99": "p99 TTFT (ms)", "tpot_ms.p99": "p99 TPOT (ms)",
+           "itl_ms.p99": "p99 ITL (ms)", "goodput.met": "SLO met"}
+
+
+def _number(v: float) -> str:
+    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}"
+
+
 def _frame(df) -> str:
-    return df.to_html(index=False, float_format=lambda v: f"{v:,.3g}", border=0, na_rep="-")
+    return df.rename(columns=HEADERS).to_html(index=False, float_format=_number, border=0, na_rep="-")
 
 
 def _img(path: Path) -> str:
@@ -61,19 +78,56 @@ def _run_rows(s: dict) -> list[tuple[str, Any]]:  # (label, value shown as str()
     return rows
 
 
+def _markdown(path: Path, folder: Path) -> str:
+    """A report's markdown (plan.md, search.md) as HTML: tables as tables; an image it links to in
+    the folder embedded, any other image link left as its alt text (the page stands alone)."""
+    from markdown_it import MarkdownIt
+
+    def image(m: re.Match) -> str:
+        target = folder / m.group(2)
+        if target.parent == folder and target.suffix == ".png" and target.is_file():
+            return f'<img alt="{html.escape(m.group(1))}" src="data:image/png;base64,' \
+                   f'{base64.b64encode(target.read_bytes()).decode()}">'
+        return html.escape(m.group(1))
+    text = path.read_text(encoding="utf-8", errors="replace")
+    # images first, as raw HTML (markdown-it leaves it; user text in the markdown is escaped below)
+    parts = re.split(r"(!\[[^\]]*\]\([^)\s]+\))", text)
+    md = MarkdownIt("commonmark", {"html": False}).enable("table")
+    out = []
+    for part in parts:
+        m = re.fullmatch(r"!\[([^\]]*)\]\(([^)\s]+)\)", part)
+        out.append(f"<figure>{image(m)}</figure>" if m else md.render(part))
+    return "\n".join(out)
+
+
+def _figures_html(figures: list) -> list[str]:
+    """Each Plotly figure as a div; the library itself only with the first (inline: no CDN)."""
+    config = {"displaylogo": False, "responsive": True,
+              "toImageButtonOptions": {"format": "png", "scale": 2}}
+    return [f'<div class="figure">{fig.to_html(full_html=False, include_plotlyjs=i == 0, config=config)}</div>'
+            for i, fig in enumerate(figures)]
+
+
 def write_report(folder: str | Path) -> Path:
     """folder/report.html for a run (summary.json), sweep (results.csv), plan (plan.json) or
     configuration search (search.json) folder."""
+    from sim.reporting import interactive
     from sim.reporting.plots import save_folder_plots, save_plots
 
     folder = Path(folder)
     body: list[str] = []
+    live: list = []  # interactive figures
+    after: list[str] = []  # what follows them
+    data: dict[str, Any]
     with tempfile.TemporaryDirectory() as tmp:
         if (folder / "summary.json").is_file():
-            s = load_run(folder).summary  # (a damaged folder: one error naming the file)
+            run = load_run(folder)  # (a damaged folder: one error naming the file)
+            s = run.summary
             title = f"servesim run: {s.get('scenario')}"
             body += ["<h2>Summary</h2>", _table(_run_rows(s))]
+            live = interactive.run_figures(run)
             figures = save_plots(folder, out=tmp)
+            data = {"kind": "run", "summary": s}
         elif (folder / "results.csv").is_file():
             from sim.planning.sweep import read_results  # (numbers checked: one error naming a bad cell)
             rows = read_results(folder / "results.csv")
@@ -82,7 +136,9 @@ def write_report(folder: str | Path) -> Path:
             cols = [c for c in (*keys, "repeat", "error", "request_throughput", "ttft_ms.p99", "tpot_ms.p99",
                                 "itl_ms.p99", "goodput.met") if c in rows]
             body += [f"<h2>Runs ({len(rows)})</h2>", _frame(rows[cols])]
+            live = interactive.sweep_figures(rows, keys)
             figures = save_folder_plots(folder, out=tmp) if len(rows) else []
+            data = {"kind": "sweep", "keys": keys, "rows": json.loads(rows[cols].to_json(orient="records"))}
         elif (folder / "plan.json").is_file() or (folder / "search.json").is_file():
             from sim.planning.plan_report import headline
             from sim.planning.search_report import search_headline
@@ -95,17 +151,41 @@ def write_report(folder: str | Path) -> Path:
                 raise ScenarioError(f"{path}: not a servesim {kind} (no scenario key)")
             title = f"servesim {kind}: {r['scenario']}"
             body += ["<h2>Answer</h2>", _table(rows_of(r))]
-            if (folder / f"{stem}.md").is_file():
-                body += [f"<h2>{stem}.md</h2>", f"<pre>{html.escape((folder / f'{stem}.md').read_text())}</pre>"]
+            live = interactive.plan_figures(r) if stem == "plan" else interactive.search_figures(r)
+            if (folder / f"{stem}.md").is_file():  # (after the figures: the whole report)
+                after += [f"<h2>{stem}.md</h2>", _markdown(folder / f"{stem}.md", folder)]
             figures = save_folder_plots(folder, out=tmp)
+            data = {"kind": stem, "result": r}
         else:
             raise ScenarioError(f"{folder}: not a run, sweep, plan or search folder (no summary.json, results.csv, "
                                 "plan.json or search.json)")
-        body += ["<h2>Figures</h2>"] + [_img(Path(p)) for p in figures]
+        if live:
+            body += ["<h2>Figures</h2>", "<p><small>Hover for values, drag to zoom (double-click resets), click "
+                     "a legend entry to hide or show its series.</small></p>"] + _figures_html(live)
+        if figures:
+            body += [f"<details{'' if live else ' open'}><summary>Static figures ({len(figures)}, as "
+                     "<code>servesim plot</code> draws them)</summary>"] + [_img(Path(p)) for p in figures] \
+                + ["</details>"]
+        body += after
     scenario = folder / "scenario.yaml"
     if scenario.is_file():
         body += ["<h2>Scenario</h2>", f"<pre>{html.escape(scenario.read_text())}</pre>"]
+    # the data, for read_report: "</" escaped so that no text in it can close the script element
+    embedded = json.dumps(data, allow_nan=False, default=str).replace("</", "<\\/")
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>\n" + "\n".join(body)
+            + f'\n<script type="application/json" id="{DATA_ID}">{embedded}</script>'
             + f"\n<p><small>{html.escape(str(folder))}</small></p></body></html>\n")
     return write_file(folder / "report.html", page)
+
+
+def read_report(path: str | Path) -> dict:
+    """The data a report.html embeds: {"kind": "run", "summary": ...}, {"kind": "sweep", "keys",
+    "rows"}, {"kind": "plan" | "search", "result": ...}. ScenarioError if it holds none."""
+    path = Path(path)
+    text = path.read_text(encoding="utf-8", errors="replace")
+    m = re.search(rf'<script type="application/json" id="{DATA_ID}">(.*?)</script>', text, re.S)
+    if m is None:
+        raise ScenarioError(f"{path}: not a servesim report (no embedded data; reports before this version "
+                            "have none: run servesim report again)")
+    return json_object(m.group(1), str(path), "a report's data")

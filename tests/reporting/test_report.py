@@ -1,0 +1,125 @@
+"""`servesim report`: one page per run, sweep, plan or configuration search, interactive figures
+(Plotly, its library inlined once), markdown tables as tables, and the data embedded to read back.
+The `browser` tests open each page in headless Chromium (apt-get install chromium; pytest -m browser)."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import servesim
+from cli import app
+from sim.reporting.html_report import read_report
+from sim.reporting.interactive import MAX_POINTS
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"
+runner = CliRunner()
+PLOTLY_BANNER = re.compile(r"\* plotly\.js v\d")  # the library's own header comment: once per page
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, Path]:
+    """A run, a sweep, a plan and a configuration search, small, each with its report."""
+    base = tmp_path_factory.mktemp("reports")
+    small = ["--set", "workload.num_requests=120"]
+    plan = ["--slo", "ttft_ms=500,tpot_ms=50,percentile=99", "--horizon-s", "10", "--min-requests", "100",
+            "--resolution", "0.2", "--seeds", "1", "--workers", "1", "-q"]
+    commands = {
+        "run": ["run", str(QUICKSTART), "--out", str(base / "run"), "-q", *small],
+        "sweep": ["sweep", str(QUICKSTART), "--grid", "engine.max_num_seqs=16,64", "--grid",
+                  "workload.arrival.rate=4,8", "--out", str(base / "sweep"), "--workers", "1", "-q", *small],
+        "plan": ["plan", str(QUICKSTART), "--out", str(base / "plan"), *plan],
+        "search": ["plan", str(QUICKSTART), "--gpus", "h100-sxm,l40s", "--tp", "1", "--target-rate", "20",
+                   "--out", str(base / "search"), *plan],
+    }
+    for name, args in commands.items():
+        done = runner.invoke(app, args)
+        assert done.exit_code == 0, (name, done.output)
+        report = runner.invoke(app, ["report", str(base / name)])
+        assert report.exit_code == 0, (name, report.output)
+        assert report.stdout.strip() == str(base / name / "report.html")
+    return {name: base / name for name in commands}
+
+
+@pytest.mark.parametrize("kind, figures", [("run", 3), ("sweep", 1), ("plan", 1), ("search", 1)])
+def test_each_page_has_its_interactive_figures_and_the_library_once(folders, kind, figures):
+    page = (folders[kind] / "report.html").read_text()
+    assert page.count('class="plotly-graph-div"') == figures
+    assert len(PLOTLY_BANNER.findall(page)) == 1  # inlined, once: no CDN, nothing to fetch
+    assert not re.search(r"<script[^>]+src=", page)
+    assert "<details" in page and "data:image/png;base64," in page  # the static figures, folded
+
+
+def test_plan_and_search_markdown_become_tables_with_their_images_embedded(folders):
+    for kind in ("plan", "search"):
+        md = (folders[kind] / f"{kind}.md").read_text()
+        page = (folders[kind] / "report.html").read_text()
+        md_tables = len(re.findall(r"^\|(?:\s*:?-{3,}:?\s*\|)+$", md, re.M))  # one separator row per table
+        assert md_tables > 0 and page.count("<table>") >= md_tables + 1  # and the answer's
+        section = page.split(f"<h2>{kind}.md</h2>")[1].split("<h2>Scenario</h2>")[0]  # (not the library)
+        # no markdown pasted raw (a code block in it renders as <pre><code>)
+        assert not re.search(r"<pre>(?!<code>)", section) and "![" not in section and "|---" not in section
+        for image in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md):
+            assert (folders[kind] / image).is_file()
+        assert section.count('src="data:image/png;base64,') == len(re.findall(r"!\[", md))
+
+
+def test_the_data_behind_each_page_reads_back(folders):
+    run = read_report(folders["run"] / "report.html")
+    assert run["kind"] == "run" and run["summary"] == json.loads((folders["run"] / "summary.json").read_text())
+    plan = servesim.read_report(folders["plan"] / "report.html")
+    assert plan["kind"] == "plan" and plan["result"] == json.loads((folders["plan"] / "plan.json").read_text())
+    sweep = read_report(folders["sweep"] / "report.html")
+    assert sweep["keys"] == ["engine.max_num_seqs", "workload.arrival.rate"] and len(sweep["rows"]) == 4
+    with pytest.raises(servesim.ScenarioError, match="not a servesim report"):
+        read_report(folders["run"] / "scenario.yaml")
+
+
+def test_a_big_run_is_thinned_for_the_page_and_says_so(tmp_path):
+    from sim.reporting.analysis import Run
+    from sim.reporting.interactive import run_figures
+
+    n = MAX_POINTS * 3 + 7
+    result = servesim.run(QUICKSTART, workload__num_requests=n, workload__arrival={"process": "poisson", "rate": 50})
+    cdf, ttft, over = run_figures(Run("big", result.requests, result.steps, result.summary))
+    assert ttft.layout.title.text == f"TTFT by arrival time ({MAX_POINTS:,} of {n:,} shown)"
+    assert len(ttft.data[0].x) == MAX_POINTS
+    assert all(len(trace.x) <= MAX_POINTS for trace in cdf.data)
+    # the CDF keeps its ends: the fastest and slowest request, at 1/n and 1
+    ttft_ms = np.sort(result.requests["ttft_s"].to_numpy()) * 1e3
+    assert cdf.data[0].x[0] == ttft_ms[0] and cdf.data[0].x[-1] == ttft_ms[-1] and cdf.data[0].y[-1] == 1.0
+
+
+def _chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if found is None:
+        pytest.fail("no Chromium: apt-get install -y chromium (the browser tests need it)")
+    return found
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("kind, figures", [("run", 3), ("sweep", 1), ("plan", 1), ("search", 1)])
+def test_the_page_renders_in_headless_chromium_without_console_errors(folders, tmp_path, kind, figures):
+    from matplotlib.image import imread
+
+    url = (folders[kind] / "report.html").as_uri()
+    flags = ["--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--virtual-time-budget=8000",
+             "--enable-logging=stderr", "--v=0"]
+    shot = tmp_path / f"{kind}.png"
+    done = subprocess.run([_chromium(), *flags, "--window-size=1280,2000", f"--screenshot={shot}", url],
+                          capture_output=True, text=True, timeout=120)
+    console = [line for line in done.stderr.splitlines() if "CONSOLE" in line]
+    assert not console, console  # any message the page logs: an error, a warning, a deprecation
+    pixels = imread(shot)
+    assert pixels.shape[:2] == (2000, 1280) and pixels[..., :3].std() > 0.05  # drawn, not blank
+    dom = subprocess.run([_chromium(), *flags, "--dump-dom", url], capture_output=True, text=True, timeout=120)
+    # Plotly drew each figure: an SVG of class main-svg per figure (plus one for its hover layer)
+    assert dom.stdout.count('class="main-svg"') >= figures
+    assert len(re.findall(r'<div[^>]+class="[^"]*js-plotly-plot', dom.stdout)) == figures  # (the class Plotly adds)
