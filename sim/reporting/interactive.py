@@ -50,7 +50,7 @@ def run_figures(run: Run) -> list:
     from plotly.subplots import make_subplots
 
     rq, steps, s = run.requests, run.steps, run.summary
-    goodput = s.get("goodput") if isinstance(s.get("goodput"), dict) else {}
+    goodput: dict = s["goodput"] if isinstance(s.get("goodput"), dict) else {}
     cdf = make_subplots(rows=1, cols=3, subplot_titles=[f"{label} (ms)" for _, label in LATENCIES])
     for col, (column, label) in enumerate(LATENCIES, start=1):
         values = np.sort(rq[column].to_numpy(dtype=float)) * 1e3
