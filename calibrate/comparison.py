@@ -181,10 +181,14 @@ def plot(v: Validation, path: Path) -> None:
     real_label = f"vLLM {meta.get('vllm')}" if meta.get("engine_kind") == "vllm" else "real"
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     for ax, (name, col) in zip(axes, LATENCIES):
+        longest = max(float(f[col].max()) for f in (v.real.requests, v.sim.requests) if f[col].notna().any()) \
+            if any(f[col].notna().any() for f in (v.real.requests, v.sim.requests)) else 0.0
+        # seconds past 10 s: a saturated run's TTFTs of hundreds of seconds in ms overlapped their labels
+        unit, scale = ("s", 1.0) if longest > 10.0 else ("ms", 1e3)
         for label, frame, style in ((real_label, v.real.requests, "-"), ("simulated", v.sim.requests, "--")):
-            x = np.sort(frame[col].dropna().to_numpy() * 1e3)
+            x = np.sort(frame[col].dropna().to_numpy() * scale)
             ax.step(x, np.arange(1, len(x) + 1) / max(len(x), 1), style, where="post", label=label)
-        ax.set_xlabel(f"{name.split('_')[0].upper()} (ms)")
+        ax.set_xlabel(f"{name.split('_')[0].upper()} ({unit})")
         ax.set_ylabel("fraction of requests")
         ax.grid(alpha=0.3)
     axes[0].legend(loc="lower right")

@@ -99,6 +99,9 @@ def compare(doc: dict, run: Run) -> pd.DataFrame:
     ok = table["measured"].notna() & table["simulated"].notna() & (table["measured"] != 0)
     table["error"] = np.where(ok, table["simulated"] / table["measured"].where(ok, 1.0) - 1, np.nan)
     table.attrs["source"] = doc.get("source", "vllm bench serve")
+    # requests on each side, for the figure's n: what the measurement completed, what was simulated
+    table.attrs["n_measured"] = doc.get("completed")
+    table.attrs["n_simulated"] = s.get("completed")
     return table
 
 
@@ -127,8 +130,10 @@ def compare_plot(table: pd.DataFrame, run: Run, path: str | Path) -> Path:
     ax.legend(fontsize=8)
     rec = run.summary.get("run") or {}
     cost = (rec.get("cost_model") or {}).get("name", "?")
+    measured, simulated = (table.attrs.get(k) or "?" for k in ("n_measured", "n_simulated"))
+    n = f"n = {measured} measured, {simulated} simulated requests"
     ax.set_title(f"{run.summary.get('scenario')} ({rec.get('model')}, {rec.get('hardware')}, {cost}): "
-                 "measured vs simulated", fontsize=10)
+                 f"measured vs simulated\n{n}", fontsize=10)
     fig.tight_layout()
     save_figure(fig, path, dpi=110)
     plt.close(fig)

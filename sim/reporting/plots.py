@@ -34,6 +34,7 @@ from sim.reporting.analysis import (
 
 MAX_TIMELINE_REQUESTS = 300   # requests drawn in a slot timeline before it is cut (title says so)
 LABELLED_REQUESTS = 40        # up to this many drawn requests, bars carry their request id
+MAX_TIMELINE_SLOTS = 64       # rows of a slot timeline: past this a row is a stripe (the busiest are drawn)
 _PADDING = {"facecolor": "#d9d9d9", "edgecolor": "#8c8c8c", "hatch": "///", "linewidth": 0.3}
 _PALETTE = [f"C{i}" for i in range(10)]
 
@@ -86,6 +87,14 @@ def slot_timeline(run: Run, replica: int = 0, max_requests: int = MAX_TIMELINE_R
     used = int(slots["slot"].max()) + 1 if len(slots) else 1
     # rows no request reaches are not drawn (a chat run uses 40 of 256 slots): the label says so
     n_slots = capacity if used > 0.75 * capacity or capacity <= 16 else max(used + 1, 8)
+    busiest = ""
+    if n_slots > MAX_TIMELINE_SLOTS:  # hundreds of rows are stripes: the busiest, in slot order, said
+        work = (slots["end_it"] - slots["start_it"]).groupby(slots["slot"]).sum()
+        keep = np.sort(work.sort_values(ascending=False, kind="stable").index[:MAX_TIMELINE_SLOTS].to_numpy())
+        slots = slots[slots["slot"].isin(keep)].assign(slot=lambda f: np.searchsorted(keep, f["slot"]))
+        busiest = f"the {len(keep)} busiest of {used} slots used"  # (keep: their slot ids, ascending)
+        note += f"\n{busiest} (most iterations computing), in slot order"
+        n_slots = len(keep)
     fig = Figure(figsize=(11, min(10.0, 2.2 + 0.22 * n_slots)), layout="constrained")
     ax = fig.add_subplot()
     for slot, rows in slots.groupby("slot"):
@@ -103,10 +112,14 @@ def slot_timeline(run: Run, replica: int = 0, max_requests: int = MAX_TIMELINE_R
                         va="center", fontsize=8, color="white")
     ax.set_xlim(x_start, max(x_end, x_start + 1))
     ax.set_ylim(n_slots - 0.5, -0.5)
-    if n_slots <= 32:
+    if busiest:  # rows are ranks among the slots kept: the ticks name the slots themselves
+        rows_shown = range(0, n_slots, 8)
+        ax.set_yticks(list(rows_shown), [str(int(keep[i])) for i in rows_shown])
+    elif n_slots <= 32:
         ax.set_yticks(range(n_slots))
     ax.set_xlabel("iteration (engine step)")
-    ax.set_ylabel(f"batch slot (max_num_seqs = {capacity})" if n_slots >= capacity else
+    ax.set_ylabel(f"batch slot: {busiest} (max_num_seqs = {capacity})" if busiest else
+                  f"batch slot (max_num_seqs = {capacity})" if n_slots >= capacity else
                   f"batch slot: {used} used (max_num_seqs = {capacity})")
     ax.grid(axis="x", alpha=0.3)
     kind = "static batching" if run.is_static else "iteration-level batching"
@@ -114,9 +127,9 @@ def slot_timeline(run: Run, replica: int = 0, max_requests: int = MAX_TIMELINE_R
     preempted = int((slots["preemptions"] > 0).sum())
     if preempted:
         note += f"\n{preempted} preempted requests drawn from first scheduling to finish"
-    ax.set_title(f"{describe(run)}: batch slots over iterations ({kind}{where}) - "
-                 f"slot utilisation {util:.1%} over the run{note}")
-    handles = [Patch(facecolor="C0", label="request computing (colour = request)"),
+    ax.set_title(f"{describe(run)}: batch slots over iterations ({kind}{where})\n"
+                 f"slot utilisation {util:.1%} over the run{note}")  # (one line was cut at the figure's edge)
+    handles = [Patch(facecolor="C0", label="a request computing (colours cycle: neighbouring requests differ)"),
                Patch(facecolor="white", edgecolor="#8c8c8c", label="idle slot")]
     if run.is_static:
         handles.insert(1, Patch(**_PADDING, label="finished, held as padding until batch ends"))
@@ -334,6 +347,22 @@ def sweep_columns(rows) -> list[str]:
     return cols[cols.index("scenario_sha256") + 1: cols.index("repeat")]
 
 
+_METRIC_NAMES = {"ttft_ms": "TTFT", "tpot_ms": "TPOT", "itl_ms": "ITL", "e2el_ms": "E2E latency"}
+_COLUMN_NAMES = {"request_throughput": "request throughput (req/s)",
+                 "output_throughput": "output throughput (tokens/s)",
+                 "total_token_throughput": "total throughput (tokens/s)", "slot_utilization": "slot utilisation",
+                 "kv_utilization": "KV cache utilisation", "goodput.requests_per_s": "goodput (req/s meeting the SLO)",
+                 "workload.arrival.rate": "arrival rate (req/s)"}
+
+
+def readable(column: str) -> str:
+    """A results.csv column as an axis says it: ttft_ms.p99 -> p99 TTFT (ms); a knob keeps its name."""
+    metric, _, stat = column.partition(".")
+    if metric in _METRIC_NAMES and stat:
+        return f"{stat} {_METRIC_NAMES[metric]} (ms)"
+    return _COLUMN_NAMES.get(column, column)
+
+
 @plain_text
 def sweep_plot(rows, x: str | None = None, y: str = "ttft_ms.p99", hue: str | None = None,
                title: str = "sweep") -> Figure:
@@ -379,12 +408,12 @@ def sweep_plot(rows, x: str | None = None, y: str = "ttft_ms.p99", hue: str | No
         same = slo_pct is not None and float(slo_pct.dropna().iloc[0]) == float(pct[1:])
         own = "" if same or slo_pct is None else f" (at p{float(slo_pct.dropna().iloc[0]):g}, not {pct})"
         ax.axhline(t, color="red", ls="--", lw=1, label=f"SLO {metric[:-3].upper()} {t:g} ms" + own)
-    ax.set_xlabel(x)
-    ax.set_ylabel(y + (" (log scale)" if ax.get_yscale() == "log" else ""))
+    ax.set_xlabel(readable(x))
+    ax.set_ylabel(readable(y) + (" (log scale)" if ax.get_yscale() == "log" else ""))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     reps = int(ok.groupby(keys).size().max()) if len(ok) else 0
-    text = (f"{title}: {y} vs {x}" + (f", one line per {hue}" if hue else "")
+    text = (f"{title}: {readable(y)} vs {readable(x)}" + (f", one line per {hue}" if hue else "")
             + (f" (mean of {reps} repeats, band: min-max)" if reps > 1 else ""))
     ax.set_title(textwrap.fill(text, 110), fontsize=10)  # long scenario and key names: two lines
     return fig

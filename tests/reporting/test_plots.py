@@ -284,6 +284,9 @@ def test_plot_a_sweep_folder(tmp_path):
     assert any(ln.get_linestyle() == "--" and ln.get_ydata()[0] == 500 for ln in ax.get_lines())  # the SLO
     assert ax.get_yscale() == ("log" if rows["ttft_ms.p99"].max() > 10 * rows["ttft_ms.p99"].min() else "linear")
     assert [t.get_text() for t in ax.get_xticklabels()] == ["4", "16"]  # the grid's own values
+    # axes in words, not results.csv's column names
+    assert ax.get_xlabel() == "arrival rate (req/s)" and ax.get_ylabel().startswith("p99 TTFT (ms)")
+    assert "p99 TTFT (ms) vs arrival rate (req/s)" in ax.get_title()
     written = save_folder_plots(tmp_path / "sw", y="tpot_ms.p50")
     assert [p.name for p in written] == ["sweep_tpot_ms_p50.png"]
     # the table as the folder's reader gives it (an error-free run's error is "", not NaN): the
@@ -310,3 +313,26 @@ def test_report_is_one_self_contained_page(run_dir, tmp_path):
     assert not re.findall(r'<(?:img|script|link|iframe)\b[^>]*\b(?:src|href)="(?!data:)', page)
     bad = CliRunner().invoke(app, ["report", str(tmp_path)])
     assert bad.exit_code == 2 and "not a run, sweep, plan or search folder" in bad.output
+
+
+def test_a_timeline_of_hundreds_of_slots_draws_the_busiest_and_says_which():
+    import servesim
+    from sim.reporting.analysis import slot_assignment
+    from sim.reporting.plots import MAX_TIMELINE_SLOTS
+
+    result = servesim.run(ROOT / "scenarios/quickstart.yaml", workload__num_requests=1500, engine__max_num_seqs=256,
+                          workload__arrival={"process": "poisson", "rate": 40}, cost_model="roofline")
+    run = result.as_run()
+    fig = slot_timeline(run, max_requests=100_000)  # the whole run: no window
+    ax = fig.axes[0]
+    slots = slot_assignment(run)
+    used = int(slots["slot"].max()) + 1
+    assert used > MAX_TIMELINE_SLOTS
+    work = (slots["end_it"] - slots["start_it"]).groupby(slots["slot"]).sum()
+    busiest = sorted(work.sort_values(ascending=False, kind="stable").index[:MAX_TIMELINE_SLOTS])
+    assert ax.get_ylim() == (MAX_TIMELINE_SLOTS - 0.5, -0.5)
+    assert f"the {MAX_TIMELINE_SLOTS} busiest of {used} slots used" in ax.get_title()
+    assert [int(t.get_text()) for t in ax.get_yticklabels()] == busiest[::8]  # ticks name real slots
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert not any("colour = request" in t for t in legend)  # (10 colours cycle: not one per request)
+    assert all(len(line) <= 110 for line in ax.get_title().splitlines())  # no line cut at the edge

@@ -213,7 +213,9 @@ def test_compare_puts_measured_beside_simulated_with_errors(tmp_path):
     assert t.loc[("ITL (ms)", "mean"), "measured"] == pytest.approx(20.0)
     assert np.isnan(t.loc[("ITL (ms)", "mean"), "error"])
     assert t.loc[("requests/s", ""), "error"] == pytest.approx(0.5)
-    assert compare_plot(compare(doc, run), run, tmp_path / "c.png").stat().st_size > 10_000
+    table = compare({**doc, "completed": 3}, Run("r", None, None, {**run.summary, "completed": 4}))
+    assert (table.attrs["n_measured"], table.attrs["n_simulated"]) == (3, 4)  # the figure's n
+    assert compare_plot(table, run, tmp_path / "c.png").stat().st_size > 10_000
 
 
 def test_cli_compare(tmp_path):
