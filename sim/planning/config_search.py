@@ -40,7 +40,7 @@ from sim.config.errors import ScenarioError
 from sim.config.scenario import SLOConfig, load_scenario
 from sim.planning.engine_curve import SETTING_KEYS
 from sim.planning.evaluator import Evaluator, PlanOptions
-from sim.planning.load_search import Knob, load_knob, max_load
+from sim.planning.load_search import Knob, load_knob, max_load, replay_stats
 from sim.planning.planner import size_cluster
 from sim.planning.vllm_command import vllm_serve
 from sim.presets.hardware import HARDWARE_PRESETS
@@ -70,9 +70,10 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
     unknown = [g for g in gpus if g not in HARDWARE_PRESETS]
     if unknown:
         raise ScenarioError(f"--gpus: unknown GPU {unknown[0]!r}; allowed: {', '.join(HARDWARE_PRESETS)}")
-    if base.workload.trace is not None or load_knob(base, options).unit != "req/s":
-        raise ScenarioError("--gpus/--tp: the configuration search plans open-loop generated workloads "
-                            "(an arrival rate); plan a trace replay or closed loop one GPU at a time")
+    if load_knob(base, options).unit != "req/s":  # (a trace replay's knob is its rate, through time_scale)
+        raise ScenarioError("--gpus/--tp: the configuration search plans an arrival rate (a generated "
+                            "open-loop workload or a trace replayed faster or slower); plan a closed loop "
+                            "one GPU at a time")
     e = base.engine
     own_spec = e.speculative.as_yaml() if e.speculative else None
     specs = list(speculative) or [own_spec]
@@ -211,6 +212,8 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
                            "model": base.model.name, "target": target, "headroom": headroom,
                            "max_gpus": max_gpus, "budget_usd_per_hour": budget_usd_per_hour,
                            "settings": settings, "candidates": rows, "chosen": None}
+    if base.workload.trace is not None:  # every load is the trace replayed at time_scale = load / native rate
+        out["workload"] = replay_stats(base.workload)
     # 5. the cluster of the cheapest, simulated
     if cheapest is not None:
         ev = evaluators[cheapest["gpu"], cheapest["tensor_parallel_size"]]

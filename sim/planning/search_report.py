@@ -83,6 +83,12 @@ def markdown(r: dict, plot: Path | None) -> str:
     lines = [f"# Configuration search: {r['scenario']}", "", f"`{r['source']}`, {r['model']}; SLO "
              f"{r['slo_label']}" + (f"; target {r['target']:g} req/s" if r["target"] is not None else "") + ".", ""]
     lines += ["| | |", "| --- | --- |"] + [f"| {a} | {b} |" for a, b in search_headline(r)] + [""]
+    w = r.get("workload") or {}
+    if w.get("native_rate"):
+        lines += [f"The trace `{w['trace']}` ({w['requests']} requests over {w['span_s']:.1f} s, "
+                  f"{w['native_rate']:.3f} req/s native: {w['native_rate_definition']}) is replayed faster or "
+                  "slower to reach each load: "
+                  "workload.time_scale = load / native rate, its requests and their lengths as recorded.", ""]
     with_target = r["target"] is not None
     cols = ["GPU", "TP", "setting (max_num_seqs / max_num_batched_tokens)", "sustained per replica or P+D unit (req/s)",
             "per GPU (req/s)", "p99 TTFT at it (ms)", "$/M output tokens"]

@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli import app
+from sim.config.errors import ScenarioError
 from sim.config.scenario import SLOConfig, load_scenario
 from sim.planning.config_search import search_configs
 from sim.planning.evaluator import Evaluator, PlanOptions
@@ -355,3 +356,29 @@ def test_a_search_where_nothing_meets_the_slo_says_why_and_exits_1(tmp_path):
     assert "l40s TP1: one replica costs 1.00 USD/h > --budget-usd-per-hour" in result.output
     assert "error: no configuration meets the SLO" in result.output and "Traceback" not in result.output
     assert (out / "search.json").is_file() and (out / "search.md").is_file()
+
+
+def test_a_trace_replay_is_searched_across_gpus_at_its_time_scale(tmp_path):
+    """The search's load is a rate: a trace's is time_scale x its native rate, for every candidate
+    and for the chosen cluster at the target; search.md and search.json say so."""
+    from sim.planning.load_search import replay_stats
+    from sim.planning.search_report import write_search_report
+
+    r = search_configs(SHORT_TRACE, SLOConfig(ttft_ms=2000, tpot_ms=50, percentile=99),
+                       gpus=["h100-sxm", "a100-80gb"], tps=(1,), target=10.0, options=OWN)
+    native = replay_stats(load_scenario(SHORT_TRACE).workload)["native_rate"]
+    assert r["workload"]["native_rate"] == native and r["workload"]["requests"] == 200
+    chosen = r["chosen"]
+    assert chosen is not None
+    key, _, value = chosen["cluster_point"]["overrides"][0].partition("=")
+    assert key == "workload.time_scale" and float(value) == pytest.approx(10.0 / native, rel=1e-6)
+    for row in r["candidates"]:
+        assert row.get("pruned") is None and row["sustained_per_gpu"] > 0
+    write_search_report(r, tmp_path)
+    assert f"{native:.3f} req/s native" in (tmp_path / "search.md").read_text()
+
+
+def test_a_closed_loop_is_not_searched_across_gpus():
+    with pytest.raises(ScenarioError, match="plan a closed loop one GPU at a time"):
+        search_configs(REPO / "scenarios" / "closed-loop-llama3-8b-h100.yaml", SLOConfig(ttft_ms=500),
+                       gpus=["h100-sxm"], tps=(1,), options=OWN)
