@@ -689,6 +689,10 @@ def plan(
              "it is not repeated.", metavar="N")] = 1000,
     workers: Annotated[int | None, typer.Option(
         help="Worker processes. \\[default: all cores]", metavar="N", show_default=False)] = None,
+    cluster: Annotated[str | None, typer.Option(
+        help="Run the simulations on a running Dask distributed scheduler instead, e.g. "
+             "[bold]tcp://host:8786[/] (needs servesim\\[cluster] here and on the workers); the same "
+             "answers as a local plan.", metavar="ADDRESS", show_default=False)] = None,
     quiet: Annotated[bool, typer.Option(
         "--quiet", "-q", help="Print only the output directory: no progress, no table.")] = False,
 ) -> None:
@@ -707,7 +711,7 @@ def plan(
         headroom=headroom, band=band, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
         gpus=gpus, tp=tp, schedulers=schedulers, speculative=speculative, disaggregation=disaggregation,
         prefix_caching=prefix_caching, max_gpus=max_gpus, budget_usd_per_hour=budget_usd_per_hour,
-        min_requests=min_requests, workers=workers)
+        min_requests=min_requests, workers=workers, cluster=cluster)
     try:
         job = prepare(request, note=lambda text: typer.echo(f"note: {text}", err=True))
         with _Progress(job.label, "simulations", enabled=not quiet) as progress:

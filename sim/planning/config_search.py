@@ -61,9 +61,10 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
                    max_gpus: int | None = None, budget_usd_per_hour: float | None = None,
                    prices: dict[str, float] | None = None,
                    headroom: float = 1.0, options: PlanOptions = PlanOptions(),
-                   progress: Callable[..., None] | None = None) -> dict:
+                   progress: Callable[..., None] | None = None, runner: Any = None) -> dict:
     """Every candidate's sustained load and cost; the cheapest meeting the SLO at `target`
-    (without a target: the lowest USD per million output tokens at the sustained load)."""
+    (without a target: the lowest USD per million output tokens at the sustained load). `runner`:
+    where simulations run (a DaskRunner for a cluster; default local processes)."""
     start = time.perf_counter()
     overrides = tuple(overrides)
     base = load_scenario(path, overrides)
@@ -121,7 +122,7 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
             row["pruned"] = f"one replica costs {tp * row['usd_per_gpu_hour']:.2f} USD/h > --budget-usd-per-hour"
             continue
         try:
-            ev = Evaluator(path, slo, overrides + extra, options)
+            ev = Evaluator(path, slo, overrides + extra, options, runner=runner)
         except ScenarioError as err:  # does not fit, TP does not divide the heads, no profile...
             row["pruned"] = str(err).split(": ", 1)[-1] if str(err).startswith(str(path)) else str(err)
             continue

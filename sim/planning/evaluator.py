@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from sim.config.scenario import SLOConfig, load_scenario
-from sim.planning.parallel import run_parallel
+from sim.planning.parallel import LocalRunner
 from sim.planning.slo import Z_ONE_SIDED_90, seeds_to_confirm, simulate_point, summarize_point, wilson, worst_ratio
 from sim.workload.generators import Workload, build_workload
 
@@ -84,8 +84,11 @@ class Evaluator:
 
     def __init__(self, path: str | Path, slo: SLOConfig, overrides: Iterable[str] = (),
                  options: PlanOptions = PlanOptions(),
-                 progress: Callable[[int], None] | None = None, cost_scale: float = 1.0):
+                 progress: Callable[[int], None] | None = None, cost_scale: float = 1.0,
+                 runner: Any = None):
         self.path, self.slo, self.options, self.progress = Path(path), slo, options, progress
+        # where batches of simulations run: local processes (options.workers), or a DaskRunner
+        self.runner = runner if runner is not None else LocalRunner(options.workers)
         self.cost_scale = cost_scale  # every step costs this much more (the cost model's error band)
         self.base = tuple(overrides)
         scenario = load_scenario(self.path, self.base)
@@ -114,7 +117,7 @@ class Evaluator:
 
     def scaled(self, cost_scale: float) -> Evaluator:
         """The same plan with every step `cost_scale` times as long (its own simulations)."""
-        return Evaluator(self.path, self.slo, self.base, self.options, self.progress, cost_scale)
+        return Evaluator(self.path, self.slo, self.base, self.options, self.progress, cost_scale, self.runner)
 
     def runs(self, overrides: tuple[str, ...], seeds: range) -> list[dict]:
         jobs = [(overrides, self.scenario.seed + k) for k in seeds]
@@ -125,7 +128,7 @@ class Evaluator:
         """Simulate the (overrides, seed) jobs not yet cached, in parallel."""
         todo = [j for j in dict.fromkeys(jobs) if j not in self.cache]
         args = [(self.load(o, s), self.slo, self.options.warmup_fraction) for o, s in todo]
-        for i, result in run_parallel(simulate_point, args, workers=self.options.workers):
+        for i, result in self.runner.map(simulate_point, args):
             self.cache[todo[i]] = result
             if self.progress is not None:
                 self.progress(self.simulations)

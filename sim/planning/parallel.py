@@ -9,6 +9,10 @@
 process start-up and pickling are noise. workers=1 runs in this process (debuggers, tests).
 With `cluster`, the cluster's workers must be able to import `fn`'s module (install servesim there)
 and read any files the arguments name (traces, profiles). dask is imported only then.
+
+A plan runs hundreds of small batches (a few seeds each): `DaskRunner(address)` connects once and
+runs every batch on the same connection (`with DaskRunner(a) as runner: runner.map(fn, args)`);
+`LocalRunner(workers)` is the same interface over local processes.
 """
 from __future__ import annotations
 
@@ -71,20 +75,65 @@ def _worker_init(parent: int) -> None:
         os._exit(1)
 
 
-def _run_on_cluster(fn: Callable[..., Any], args: Sequence[tuple], address: str
-                    ) -> Iterator[tuple[int, Any]]:
+def _connect(address: str) -> Any:
+    """A distributed.Client of the scheduler at `address`; ScenarioError, one line, if there is none."""
     try:
-        from distributed import Client, as_completed
+        from distributed import Client
     except ImportError:
         raise ScenarioError(f"--cluster {address}: dask distributed is not installed; "
                             "pip install 'servesim[cluster]'") from None
     try:
-        client = Client(address, timeout=CONNECT_TIMEOUT_S)
+        return Client(address, timeout=CONNECT_TIMEOUT_S)
     except (OSError, TimeoutError, ValueError) as e:
         raise ScenarioError(f"--cluster {address}: cannot connect to a Dask scheduler there "
                             f"({type(e).__name__}: {e})".replace("\n", " ")) from None
-    with client:  # leaving it (also on an error or an early stop) releases the pending tasks
-        futures = [client.submit(fn, *a, pure=False) for a in args]
-        index = {f.key: i for i, f in enumerate(futures)}
+
+
+def _submit(client: Any, fn: Callable[..., Any], args: Sequence[tuple]) -> Iterator[tuple[int, Any]]:
+    from distributed import as_completed
+
+    futures = [client.submit(fn, *a, pure=False) for a in args]
+    index = {f.key: i for i, f in enumerate(futures)}
+    try:
         for fut in as_completed(futures):
             yield index[fut.key], fut.result()
+    finally:  # an error or an early stop: what has not run yet is released
+        pending = [f for f in futures if not f.done()]
+        if pending:
+            client.cancel(pending)
+
+
+def _run_on_cluster(fn: Callable[..., Any], args: Sequence[tuple], address: str
+                    ) -> Iterator[tuple[int, Any]]:
+    with _connect(address) as client:  # leaving it (also on an error or an early stop) releases the tasks
+        yield from _submit(client, fn, args)
+
+
+class LocalRunner:
+    """Batches of calls on local processes (run_parallel with `workers`)."""
+
+    def __init__(self, workers: int | None = None):
+        self.workers = workers
+
+    def map(self, fn: Callable[..., Any], args: Sequence[tuple]) -> Iterator[tuple[int, Any]]:
+        return run_parallel(fn, args, workers=self.workers)
+
+
+class DaskRunner:
+    """Batches of calls on a running Dask cluster, over one connection for all of them (a plan's
+    batches are a few seeds each: a connection per batch would cost more than the batch)."""
+
+    def __init__(self, address: str):
+        self.address, self.client = address, _connect(address)
+
+    def map(self, fn: Callable[..., Any], args: Sequence[tuple]) -> Iterator[tuple[int, Any]]:
+        return _submit(self.client, fn, args)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def __enter__(self) -> DaskRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -106,8 +106,9 @@ def headline(r: dict) -> list[tuple[str, str]]:
         cl = r["cluster"]
         fewer = cl["one_fewer"]
         check = f"; {rec['replicas'] - 1} miss it ({_seeds(fewer)} seeds meet)" if fewer else ""
+        rule = "confirmed as the load is" if cl["point"].get("wilson_90") is not None else "judged"
         rows.append((f"replicas for {load(cl['target'])}",
-                     f"{rec['replicas']} ({_seeds(cl['point'])} seeds meet the SLO){check}"))
+                     f"{rec['replicas']} ({rule}: {_seeds(cl['point'])} seeds meet the SLO){check}"))
     if "band" in r:
         b = r["band"]
         if "steps_slower" not in b:
@@ -230,6 +231,9 @@ def markdown(r: dict, plots: list[str]) -> str:
               f"the requests after the first {o['warmup_fraction']:.0%} (warm-up: they arrive at an empty "
               "engine); ITL over the inter-token gaps after the first of them arrives.",
               runs,
+              "- One rule accepts every answer: the sustained load, the chosen engine setting's load and the "
+              "replicas for the target are each kept only when the stricter judge above confirms them (a "
+              "replica count found on the first judge is confirmed, one replica more at a time until one is).",
               "- Latencies are means over seeds; pSLO is the SLO percentile. Goodput: requests/s "
               "meeting every target.", ""]
     if r.get("warnings"):

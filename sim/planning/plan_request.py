@@ -55,6 +55,7 @@ class PlanRequest:
     budget_usd_per_hour: float | None = None
     min_requests: int = 1000
     workers: int | None = None
+    cluster: str | None = None             # a Dask scheduler's address: the simulations run there
 
     @property
     def searches(self) -> bool:
@@ -91,6 +92,15 @@ class PlanJob:
         return "searching" if self.request.searches else "planning"
 
     def run(self, progress: Callable[..., None] | None = None) -> dict:
+        """The plan or search; on request.cluster's Dask workers when given (one connection)."""
+        if self.request.cluster is None:
+            return self._run(progress, None)
+        from sim.planning.parallel import DaskRunner
+
+        with DaskRunner(self.request.cluster) as runner:
+            return self._run(progress, runner)
+
+    def _run(self, progress: Callable[..., None] | None, runner: Any) -> dict:
         r = self.request
         target = r.target_rate if r.target_users is None else r.target_users
         seqs = parse_int_list("--max-num-seqs", r.max_num_seqs)
@@ -107,14 +117,14 @@ class PlanJob:
                 prefix_caching=parse_on_off("--prefix-caching", r.prefix_caching),
                 speculative=parse_spec_list(r.speculative), disaggregation=parse_split_list(r.disaggregation),
                 max_gpus=r.max_gpus, budget_usd_per_hour=r.budget_usd_per_hour, headroom=r.headroom,
-                options=self.options, progress=progress)
+                options=self.options, progress=progress, runner=runner)
         from sim.planning.planner import plan
 
         return plan(r.scenario, self.slo, overrides=r.overrides, options=self.options, progress=progress,
                     target=target, target_unit="users" if r.target_users is not None else "req/s",
                     gpu_hour_usd=self.prices.get(self.scenario.hardware.name), headroom=r.headroom, band=r.band,
                     seqs_grid=seqs,
-                    tokens_grid=tokens)
+                    tokens_grid=tokens, runner=runner)
 
     def unmet(self, result: dict) -> list[str]:
         """Why nothing meets the SLO, one line each (empty when an answer was found): the plan's
@@ -174,6 +184,8 @@ def prepare(r: PlanRequest, note: Callable[[str], None] | None = None) -> PlanJo
     for flag, v, cap in (("--target-rate", r.target_rate, MAX_RATE), ("--target-users", r.target_users, MAX_COUNT)):
         if v is not None and v > cap:  # said before any search runs
             raise ScenarioError(f"{flag}: {v:g} is more than {cap:g}, the most servesim plans for")
+    if r.cluster is not None and r.workers is not None:
+        raise ScenarioError("--workers: not used with --cluster (the cluster's workers run the plan)")
     if r.gpu_hour_usd is not None and not 0 <= r.gpu_hour_usd < math.inf:
         raise ScenarioError(f"--gpu-hour-usd: {r.gpu_hour_usd} is not a finite number >= 0")
     sc = load_scenario(r.scenario, r.overrides)

@@ -36,19 +36,25 @@ MAX_REPLICAS = 10_000  # the most replicas size_cluster starts at (a cluster tha
 def size_cluster(ev: Evaluator, knob: Knob, target: float, per_replica: float,
                  engine: tuple[str, ...], scale: Callable[[int], tuple[str, ...]] | None = None) -> dict:
     """Fewest replicas whose simulated cluster (with the scenario's router) meets the SLO at
-    `target`; starts at ceil(target / per_replica), gallops down or up (1, 2, 4, ... replicas) to a
-    bracket, then bisects. The start can be far off: round-robin smooths each replica's arrivals.
-    `scale(n)`: the overrides for n replicas (default engine.replicas=n; a disaggregated unit: n
-    times each pool)."""
+    `target`, by the answer's own rule (Evaluator.confirm: the one-sided 90% Wilson lower bound of
+    P(a fresh seed meets the SLO) reaches options.confidence), so that a count is never accepted on
+    fewer passing seeds than the load it serves. Starts at ceil(target / per_replica), gallops down
+    or up (1, 2, 4, ... replicas) to a bracket, then bisects, judging each count as the load search
+    does (Evaluator.judge); the count found is then confirmed, one more replica at a time until one
+    is. The start can be far off: round-robin smooths each replica's arrivals. `scale(n)`: the
+    overrides for n replicas (default engine.replicas=n; a disaggregated unit: n times each pool)."""
     scale = scale or (lambda n: (f"engine.replicas={n}",))
     at = engine + knob.overrides(target, ev.options)
     tried: dict[int, dict] = {}
     length = ev.scenario.workload.num_requests if knob.own_length else None
 
+    def cluster(n: int) -> tuple[str, ...]:  # the scenario's own length per replica: n replicas, n times the requests
+        more = (f"workload.num_requests={min(length * n, MAX_REQUESTS)}",) if length else ()
+        return at + more + scale(n)
+
     def meets(n: int) -> bool:
-        if n not in tried:  # the scenario's own length per replica: n replicas get n times the requests
-            more = (f"workload.num_requests={min(length * n, MAX_REQUESTS)}",) if length else ()
-            tried[n] = ev.judge(at + more + scale(n), replicas=n)
+        if n not in tried:
+            tried[n] = ev.judge(cluster(n), replicas=n)
         return tried[n]["met"]
 
     n = max(1, math.ceil(target / per_replica - 1e-9))
@@ -73,6 +79,12 @@ def size_cluster(ev: Evaluator, knob: Knob, target: float, per_replica: float,
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if meets(mid) else (mid, hi)
     n = hi
+    while not (point := ev.confirm(cluster(n), replicas=n))["met"]:  # (its first seeds are cached)
+        tried[n] = point
+        if n + 1 > limit:
+            raise ScenarioError(f"plan: {limit} replicas are not confirmed to meet the SLO at {target} {knob.unit}")
+        n += 1
+    tried[n] = point
     return {"target": target, "setting": knob.setting(target), "replicas": n, "point": tried[n],
             "one_fewer": tried.get(n - 1), "tried": [tried[k] for k in sorted(tried)]}
 
@@ -142,14 +154,16 @@ def plan(path: str | Path, slo: SLOConfig, *, overrides: Iterable[str] = (), tar
          target_unit: str = "req/s", gpu_hour_usd: float | None = None, headroom: float = 1.0,
          band: bool = True, seqs_grid: tuple[int, ...] | None = None,
          tokens_grid: tuple[int, ...] | None = None,
-         options: PlanOptions = PlanOptions(), progress: Callable[..., None] | None = None) -> dict:
+         options: PlanOptions = PlanOptions(), progress: Callable[..., None] | None = None,
+         runner: Any = None) -> dict:
     """Sustained load per replica (confirmed: met with probability >= options.confidence), the engine
     curve, replicas for `target` (in `target_unit`: req/s, or users for a closed-loop scenario) at
     `headroom` x the sustained load with the chosen setting, the cost, and, when the cost model
     carries a held-out error, the sustained load with steps that much slower and faster (`band`).
-    progress(done, estimated total, phase)."""
+    progress(done, estimated total, phase). `runner`: where simulations run (sim/planning/parallel.py:
+    a DaskRunner for a cluster; default local processes)."""
     start = time.perf_counter()
-    ev = Evaluator(path, slo, overrides, options)
+    ev = Evaluator(path, slo, overrides, options, runner=runner)
     sc, options = ev.scenario, ev.options  # one seed per point when the workload is deterministic
     knob = load_knob(sc, options)
     if target is not None and target_unit != knob.unit:

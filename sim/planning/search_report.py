@@ -130,8 +130,10 @@ def markdown(r: dict, plot: Path | None) -> str:
         if "replicas" in c:
             p = c["cluster_point"]
             unit = "replicas" if c.get("disaggregation") is None else "units (each the pools above)"
+            rule = (" (confirmed as a sustained load is: P(a fresh seed meets the SLO) >= the plan's confidence, "
+                    "one-sided 90% Wilson bound)" if p.get("wilson_90") is not None else "")
             lines += ["", f"{c['replicas']} {unit} behind the scenario's router, simulated at the target "
-                          f"/ headroom: {p['passes']}/{p['seeds']} seeds meet the SLO."]
+                          f"/ headroom: {p['passes']}/{p['seeds']} seeds meet the SLO{rule}."]
     if plot:
         lines += ["", f"![{plot.name}]({plot.name})"]
     return "\n".join(lines) + "\n"

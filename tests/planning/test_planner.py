@@ -540,3 +540,58 @@ def test_generated_time_scale_loads_are_offered_rates():
     assert (len(w) - 1) / w.arrival_s[-1] == pytest.approx(16.0, rel=0.15)
     r = max_load(FakeEvaluator(21.0), knob)  # the answer and the SLO are in offered req/s
     assert r["answer"] <= 21.0 < r["next"] and r["answer_setting"] == pytest.approx(r["answer"] / 2)
+
+
+def test_replicas_are_accepted_by_the_loads_own_rule():
+    """size_cluster finds a count with the first judge, then keeps it only when Evaluator.confirm
+    (the Wilson rule that accepts a sustained load) does, adding one replica at a time."""
+    from types import SimpleNamespace
+
+    from sim.planning.load_search import load_knob
+    from sim.planning.planner import size_cluster
+
+    sc = load_scenario(QUICKSTART)
+    calls: list[tuple[str, int]] = []
+
+    def point(kind: str, n: int, met: bool) -> dict:
+        calls.append((kind, n))
+        return {"met": met, "passes": 2 if met else 0, "seeds": 2, "replicas": n,
+                **({"wilson_90": [0.95 if met else 0.5, 1.0]} if kind == "confirm" else {})}
+    ev = SimpleNamespace(scenario=sc, options=TINY,
+                         judge=lambda o, replicas: point("judge", replicas, replicas >= 2),      # 2 look enough
+                         confirm=lambda o, replicas: point("confirm", replicas, replicas >= 4))  # 4 are
+    cl = size_cluster(ev, load_knob(sc, TINY), target=20.0, per_replica=10.0, engine=())
+    assert cl["replicas"] == 4 and cl["point"]["wilson_90"][0] >= 0.9
+    assert [c for c in calls if c[0] == "confirm"] == [("confirm", 2), ("confirm", 3), ("confirm", 4)]
+    assert cl["one_fewer"]["replicas"] == 3 and not cl["one_fewer"]["met"]
+
+
+def test_a_plans_replicas_are_confirmed_and_say_so(tmp_path):
+    r = planner.plan(QUICKSTART, SLO, target=40.0, options=TINY)
+    cl = r["cluster"]
+    low, _ = cl["point"]["wilson_90"]
+    assert cl["point"]["met"] and low >= TINY.confidence
+    write_report(r, tmp_path)
+    row = next(line for line in (tmp_path / "plan.md").read_text().splitlines() if line.startswith("| replicas for"))
+    assert f"{cl['replicas']} (confirmed as the load is: {cl['point']['passes']}/{cl['point']['seeds']} seeds" in row
+
+
+def test_plan_on_a_dask_cluster_gives_the_local_answer(tmp_path):
+    """`servesim plan --cluster ADDRESS`: every simulation on the cluster's workers over one
+    connection, the same seeds, so the same plan.json as a local plan (but for the wall times)."""
+    distributed = pytest.importorskip("distributed")
+    args = ["plan", str(QUICKSTART), "--slo", "ttft_ms=500,tpot_ms=50,percentile=99", "--target-rate", "20",
+            "--horizon-s", "10", "--min-requests", "100", "--resolution", "0.2", "--seeds", "2", "--no-band", "-q",
+            "--max-num-seqs", "64,256", "--max-num-batched-tokens", "8192"]  # (a small engine curve)
+    local = runner.invoke(app, [*args, "--workers", "1", "--out", str(tmp_path / "local")])
+    assert local.exit_code == 0, local.output
+    with distributed.LocalCluster(processes=False, n_workers=1, threads_per_worker=2,
+                                  dashboard_address=None) as cluster:
+        remote = runner.invoke(app, [*args, "--cluster", cluster.scheduler_address, "--out", str(tmp_path / "dask")])
+        assert remote.exit_code == 0, remote.output
+
+    def timeless(path: Path) -> dict:
+        return {k: v for k, v in json.loads(path.read_text()).items() if not k.endswith("wall_s")}
+    assert timeless(tmp_path / "dask" / "plan.json") == timeless(tmp_path / "local" / "plan.json")
+    both = runner.invoke(app, [*args, "--workers", "2", "--cluster", "tcp://127.0.0.1:1"])
+    assert both.exit_code == 2 and "--workers: not used with --cluster" in both.stderr
