@@ -85,7 +85,9 @@ def _markdown(path: Path, folder: Path) -> str:
 
     def image(m: re.Match) -> str:
         target = folder / m.group(2)
-        if target.parent == folder and target.suffix == ".png" and target.is_file():
+        # only the folder's own PNG files: not a link planted there (its target, maybe a file of the
+        # user's, would go into a page made to be shared), nor a path out of the folder
+        if target.parent == folder and target.suffix == ".png" and target.is_file() and not target.is_symlink():
             return f'<img alt="{html.escape(m.group(1))}" src="data:image/png;base64,' \
                    f'{base64.b64encode(target.read_bytes()).decode()}">'
         return html.escape(m.group(1))

@@ -123,3 +123,20 @@ def test_the_page_renders_in_headless_chromium_without_console_errors(folders, t
     # Plotly drew each figure: an SVG of class main-svg per figure (plus one for its hover layer)
     assert dom.stdout.count('class="main-svg"') >= figures
     assert len(re.findall(r'<div[^>]+class="[^"]*js-plotly-plot', dom.stdout)) == figures  # (the class Plotly adds)
+
+
+def test_a_link_planted_as_a_plans_figure_is_not_read_into_the_page(folders, tmp_path):
+    """plan.md links its figures by name: a symbolic link planted under one of those names (to a
+    file of the user's) must not be embedded in a page made to be shared."""
+    plan = tmp_path / "plan"
+    shutil.copytree(folders["plan"], plan)
+    secret = tmp_path / "secret.png"
+    secret.write_bytes(b"\x89PNG\r\n\x1a\n" + b"private bytes" * 100)
+    linked = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", (plan / "plan.md").read_text())[0]
+    (plan / linked).unlink()
+    (plan / linked).symlink_to(secret)
+    done = runner.invoke(app, ["report", str(plan)])
+    assert done.exit_code == 0, done.output
+    import base64
+
+    assert base64.b64encode(secret.read_bytes()).decode()[:200] not in (plan / "report.html").read_text()
