@@ -54,6 +54,7 @@ def test_plan_emit_writes_the_files_of_its_answer(tmp_path):
     emit = tmp_path / "deploy"
     result = CliRunner().invoke(app, ["plan", str(ROOT / "scenarios" / "quickstart.yaml"), "--slo", "ttft_ms=500",
                                       "--target-rate", "10", "--seeds", "1", "--no-band", "--min-requests", "300",
+                                      "--horizon-s", "10", "--resolution", "0.1",  # (a small plan: its files are tested)
                                       "--out", str(tmp_path / "plan"), "--emit", str(emit), "--quiet"])
     assert result.exit_code == 0, result.output
     import json
