@@ -29,7 +29,7 @@ from sim.kv.cache import PagedKVCache, WindowedKVCache
 from sim.kv.prefix_cache import PrefixKVCache, request_chains
 from sim.presets import models
 from sim.presets.memory import kv_bytes_per_token_per_rank
-from sim.runtime.routers import make_router
+from sim.runtime.routers import ROUTERS, Router, make_router
 from sim.schedulers import SCHEDULERS, Scheduler
 from sim.schedulers.queues import make_queue
 from sim.schedulers.speculative import SpeculativePool
@@ -38,6 +38,7 @@ from sim.workload.sessions import Sessions
 
 if TYPE_CHECKING:
     from sim.presets.models import KVLayout
+    from sim.runtime.autoscaler import Autoscaler
     from sim.runtime.cluster import ClosedLoopRouter
     from sim.runtime.disaggregation import KVTransfers
     from sim.workload.generators import Workload
@@ -236,6 +237,7 @@ class Replicas:
     schedulers: list                     # one per replica (a disaggregated run: prefill pool first)
     transfers: KVTransfers | None        # disaggregated pools: the KV on its way between them
     loop: ClosedLoopRouter | None        # closed-loop users: who sent what, their sessions
+    autoscaler: Autoscaler | None = None  # engine.autoscaling: the fleet's changes, its GPU-hours
 
 
 def build_replicas(env, scenario: Scenario, req: RequestTable, workload: Workload, cost, recorder,
@@ -244,6 +246,7 @@ def build_replicas(env, scenario: Scenario, req: RequestTable, workload: Workloa
     by the users (closed loop) or by the KV transfers (a disaggregated decode pool)."""
     # imported here, not above: they need simpy, and the real engine (calibrate/engine.py) builds
     # its scheduler through this module where simpy may not be installed
+    from sim.runtime.autoscaler import Autoscaler
     from sim.runtime.cluster import ClosedLoopRouter, make_inboxes
     from sim.runtime.engine import Replica
 
@@ -253,10 +256,26 @@ def build_replicas(env, scenario: Scenario, req: RequestTable, workload: Workloa
                                             fast_forward)
         return Replicas(schedulers, transfers, None)
     blocks, layout = scenario.budget.num_gpu_blocks, scenario.budget.layout
-    schedulers = [build_scheduler(e, req, blocks, workload, rng, layout) for _ in range(e.replicas)]
-    router = make_router(e.router, e.replicas)
-    if hasattr(router, "attach"):  # a rule that reads the replicas' KV caches (prefix_aware)
-        router.attach([s.kv for s in schedulers])
+    a = e.autoscaling
+    # an autoscaled fleet: every replica it may hold is built (idle until started)
+    built = e.replicas if a is None else a.max_replicas
+    if a is not None and prefix_caching(e, workload):
+        raise ScenarioError(f"{scenario.source or 'scenario'}: engine.autoscaling with prefix caching over the "
+                            "workload's shared prefixes is not modelled (a new replica's cache starts empty); set "
+                            "engine.enable_prefix_caching: false")
+    schedulers = [build_scheduler(e, req, blocks, workload, rng, layout) for _ in range(built)]
+    fleet = None
+    router: Router
+    if a is None:
+        router = make_router(e.router, e.replicas)
+        if hasattr(router, "attach"):  # a rule that reads the replicas' KV caches (prefix_aware)
+            router.attach([s.kv for s in schedulers])
+    else:
+        from sim.runtime.autoscaler import Fleet, FleetRouter
+
+        fleet = Fleet(built, e.replicas)
+        make_router(e.router, 1)  # (the name checked)
+        router = FleetRouter(ROUTERS[e.router], fleet, [s.kv for s in schedulers])
     loop = None
     inboxes: list
     if workload.users is None:
@@ -273,4 +292,13 @@ def build_replicas(env, scenario: Scenario, req: RequestTable, workload: Workloa
     for i, (sched, inbox) in enumerate(zip(schedulers, inboxes)):
         Replica(env, i, sched, cost, recorder, inbox, fast_forward=fast_forward, on_iteration=on_iteration,
                 alone=alone)
-    return Replicas(schedulers, None, loop)
+    scaler = None
+    if a is not None and fleet is not None:
+        from sim.runtime.autoscaler import Autoscaler
+
+        def done() -> bool:  # nothing more will arrive: every user done, or no arrival due anywhere
+            return loop.done if loop is not None else all(box.next_arrival() == np.inf for box in inboxes)
+
+        scaler = Autoscaler(env, a, fleet, lambda: [s.load() + box.pending() for s, box in zip(schedulers, inboxes)],
+                            done, req)
+    return Replicas(schedulers, None, loop, scaler)

@@ -82,6 +82,11 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
     env.run()
     if progress is not None:
         progress(len(req), len(req))
+    scaler = built.autoscaler
+    if scaler is not None:  # the fleet is released when the last request finishes (engine time)
+        finished = req.finish[np.isfinite(req.finish)]
+        end_s = float(finished.max()) if len(finished) else env.now
+        scaler.close(end_s)
     caches = [s.kv for s in schedulers if isinstance(s.kv, PrefixKVCache) and s.kv.reports]
     steps = steps_frame(recorder, cached=bool(caches))  # prefix caching: cached blocks over time
     if overheads is not None and overheads.on_requests:  # request handling, scheduling lag
@@ -100,6 +105,10 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
     m, hw = scenario.model, scenario.hardware
     itl = inter_token_latencies(steps, recorder, req)  # (takes the recorder's durations)
     replicas, gpus = e.replicas, e.replicas * e.tensor_parallel_size
+    fleet = None
+    if scaler is not None:  # replicas held over the run, on average: what utilisation is measured against
+        fleet = scaler.summary(end_s, e.tensor_parallel_size, scenario.hardware.usd_per_hour)
+        replicas, gpus = fleet["mean_replicas"], fleet["mean_replicas"] * e.tensor_parallel_size
     if e.disaggregation is not None:
         d = e.disaggregation
         replicas = d.prefill_replicas + d.decode_replicas
@@ -108,6 +117,8 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
                         gpus=gpus, flops_per_token=m.flops_per_token,
                         weight_bytes=m.weight_bytes, kv_bytes_per_token=m.kv_bytes_per_token,
                         peak_flops=hw.bf16_flops, hbm_bandwidth=hw.hbm_bandwidth, slo=scenario.slo)
+    if fleet is not None:
+        summary["autoscaling"] = fleet
     if caches:
         queried = sum(c.queried_tokens for c in caches)
         summary["prefix_cache_hit_rate"] = sum(c.hit_tokens for c in caches) / queried if queried else 0.0

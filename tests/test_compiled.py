@@ -6,7 +6,7 @@ the compiled code keeps Python's arithmetic, order of operations and numpy calls
 may differ. The runs reach every compiled path: chunked and continuous batching with preemption
 and prefix caching, static batching, live and closed-loop routing over several replicas, multi-turn
 sessions, speculative decoding, disaggregated pools, a sliding-window model, stepping without
-fast-forward.
+fast-forward, an autoscaled fleet.
 
     python tests/test_compiled.py OUT   # (the child: writes each run's files under OUT)
 """
@@ -40,6 +40,11 @@ RUNS = {
     "sliding-window": ("chat-chunked.yaml", ["workload.num_requests=300", "model=mistral-7b",
                                              "engine.num_gpu_blocks=2000"]),
     "sjf-stepped": ("chat-chunked.yaml", ["workload.num_requests=150", "engine.policy=sjf"]),
+    # replicas started and drained during the run, routed live among those serving
+    "autoscaled": ("chat-chunked.yaml", [
+        "workload.num_requests=400", "engine.router=least_loaded", "workload.arrival.rate=12",
+        "engine.autoscaling={max_replicas: 3, target_in_flight: 6, interval_s: 2, cold_start_s: 3, "
+        "scale_down_delay_s: 4}"]),
 }
 NO_FAST_FORWARD = {"sjf-stepped"}
 
@@ -86,6 +91,8 @@ def test_compiled_and_pure_python_write_the_same_bytes(tmp_path):
     assert summary["chunked-preempting"]["preemptions"] > 0
     assert summary["multi-turn-preempting"]["preemptions"] > 0
     assert summary["multi-turn-preempting"]["prefix_cache_hit_rate"] > 0
+    actions = {e["action"] for e in summary["autoscaled"]["autoscaling"]["events"]}
+    assert {"started", "draining"} <= actions
     rows = {name: (tmp_path / "compiled" / name / "steps.csv").read_text().count("\n") - 1 for name in RUNS}
     assert rows["sjf-stepped"] == summary["sjf-stepped"]["iterations"]
     assert rows["chunked-preempting"] < summary["chunked-preempting"]["iterations"] / 5

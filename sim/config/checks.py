@@ -75,7 +75,7 @@ MAX_STEP_SECONDS = 3600.0        # any per-iteration or per-sequence time consta
 MAX_YAML_DEPTH = 64              # nested mappings/lists in a YAML or JSON input
 MAX_INPUT_BYTES = {              # largest input file read, by kind
     "scenario": 10 << 20, "profile": 64 << 20, "config": 10 << 20, "trace": 4 << 30,
-    "summary": 64 << 20,
+    "summary": 64 << 20, "rate profile": 16 << 20,
 }
 
 _EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")  # what YAML 1.1 leaves a string

@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from sim.config.autoscaling import AutoscalingConfig, parse_autoscaling
 from sim.config.checks import (
     MAX_BLOCKS,
     MAX_COUNT,
@@ -85,6 +86,8 @@ class EngineConfig:
     speculative: SpeculativeConfig | None = None
     # disaggregated prefill/decode pools (sim/config/disaggregation.py): None = every replica does both
     disaggregation: DisaggregationConfig | None = None
+    # replicas added and removed during the run (sim/config/autoscaling.py): None = `replicas`, fixed
+    autoscaling: AutoscalingConfig | None = None
 
 
 SLO_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")  # vLLM's metric names, milliseconds
@@ -218,6 +221,8 @@ def resolved_mapping(scenario: Scenario) -> dict:
         engine["speculative"] = e.speculative.as_yaml()
     if e.disaggregation is not None:
         engine["disaggregation"] = e.disaggregation.as_yaml()
+    if e.autoscaling is not None:
+        engine["autoscaling"] = e.autoscaling.as_yaml()
     out = {"name": scenario.name, "seed": scenario.seed,
            "model": {k: v for k, v in dataclasses.asdict(scenario.model).items() if v is not None},
            "hardware": {f.name: getattr(scenario.hardware, f.name) for f in fields(HardwareSpec)},
@@ -401,7 +406,14 @@ def _parse_engine(v: Any, w: Where) -> EngineConfig:
         scheduler_reserve_full_isl=_bool(get("scheduler_reserve_full_isl"), at("scheduler_reserve_full_isl")),
         speculative=parse_speculative(m.get("speculative"), at("speculative"), models.MODEL_PRESETS),
         disaggregation=parse_disaggregation(m.get("disaggregation"), w, dict(m), _parse_engine),
+        autoscaling=parse_autoscaling(m.get("autoscaling"), at, None if m.get("replicas") is None else get("replicas")),
     )
+    a = engine.autoscaling
+    if a is not None:
+        if m.get("replicas") is None:  # the fleet starts at its floor
+            engine = dataclasses.replace(engine, replicas=a.min_replicas)
+        if engine.disaggregation is not None:
+            raise ScenarioError(f"{at('autoscaling')}: autoscaling disaggregated pools is not modelled")
     d = engine.disaggregation
     if d is not None:
         if engine.replicas != 1:

@@ -23,7 +23,7 @@ import numpy as np
 
 from sim.config.errors import ScenarioError
 from sim.planning.slo import Z_ONE_SIDED_90, wilson
-from sim.workload.generators import ClosedLoop, build_workload
+from sim.workload.generators import ClosedLoop, Profile, build_workload
 from sim.workload.traces import shown
 
 RATE_DEFINITION = "(requests - 1) / (last arrival - first arrival)"
@@ -102,6 +102,10 @@ def load_knob(scenario, options) -> Knob:
         return Knob("workload.time_scale", "req/s", w.time_scale, options.resolution, False, native, True)
     if isinstance(w.arrival, ClosedLoop):  # the load is a number of concurrent users
         return Knob("workload.arrival.users", "users", w.arrival.users, 0.0, True)
+    if isinstance(w.arrival, Profile):
+        raise ScenarioError("plan: workload.arrival profile varies its rate over the day; plan searches one "
+                            "steady load per replica (a rate, users, or a trace): plan the profile's peak rate "
+                            "with process: poisson, or run the profile with engine.autoscaling (docs/fleet.md)")
     if not hasattr(w.arrival, "rate"):
         raise ScenarioError(f"plan: workload.arrival {type(w.arrival).__name__.lower()} sends every request "
                             "at one instant: there is no rate to vary; use poisson, gamma or constant, "

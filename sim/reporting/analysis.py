@@ -302,3 +302,42 @@ def sequences_that_fit(budget, prompt_tokens: int, output_tokens: int, max_outpu
     return {"contiguous": budget.max_tokens // (prompt_tokens + max_output_tokens),
             "paged, at the end": budget.num_gpu_blocks // blocks(prompt_tokens + output_tokens),
             "paged, on average": budget.num_gpu_blocks // blocks(prompt_tokens + output_tokens / 2)}
+
+
+# ---- a fleet over time (engine.autoscaling) ----
+
+def fleet_timeline(run: Run, bins: int = 288) -> pd.DataFrame:
+    """An autoscaled run (summary.json's `autoscaling`) in `bins` equal stretches of its clock:
+    t_s (each stretch's start), the arrival rate in it (req/s), replicas held and serving at its
+    start (held: from the decision to start to the release; serving: from the end of the cold start
+    to the decision to drain), and the p99 TTFT (ms) of the requests that arrived in it (NaN: none).
+    ScenarioError when the run has no autoscaling."""
+    fleet = run.summary.get("autoscaling")
+    if not isinstance(fleet, dict) or not fleet.get("spans"):
+        raise ScenarioError(f"{run.name}: not an autoscaled run (summary.json has no autoscaling spans)")
+    rq = run.requests
+    end = max(float(rq["finish_s"].max()), max(s["end_s"] or 0.0 for s in fleet["spans"]))
+    edges = np.linspace(0.0, end, bins + 1)
+    t = edges[:-1]
+    cold = float(fleet.get("cold_start_s") or 0.0)
+    spans = fleet["spans"]
+    start = np.array([s["start_s"] for s in spans])
+    stop = np.array([s["end_s"] if s["end_s"] is not None else end for s in spans])
+    drain = np.array([s["drain_s"] if s.get("drain_s") is not None else stop[i] for i, s in enumerate(spans)])
+    # replicas held from 0 (the fleet's first) serve from 0: no cold start before the run
+    ready = np.where(start > 0, start + cold, start)
+    held = ((start[None, :] <= t[:, None]) & (t[:, None] < stop[None, :])).sum(axis=1)
+    serving = ((ready[None, :] <= t[:, None]) & (t[:, None] < drain[None, :])).sum(axis=1)
+    arrival = rq["arrival_s"].to_numpy(float)
+    which = np.clip(np.searchsorted(edges, arrival, side="right") - 1, 0, bins - 1)
+    width = edges[1] - edges[0] if end > 0 else 1.0
+    rate = np.bincount(which, minlength=bins) / width
+    ttft = rq["ttft_s"].to_numpy(float) * 1e3
+    p99 = np.full(bins, np.nan)
+    order = np.argsort(which, kind="stable")
+    groups = np.split(ttft[order], np.flatnonzero(np.diff(which[order])) + 1) if len(order) else []
+    for b, g in zip(np.unique(which[order]), groups):
+        g = g[np.isfinite(g)]
+        if len(g):
+            p99[b] = np.percentile(g, 99)
+    return pd.DataFrame({"t_s": t, "arrival_rate": rate, "held": held, "serving": serving, "ttft_p99_ms": p99})

@@ -99,7 +99,41 @@ def run_figures(run: Run) -> list:
     over.update_xaxes(title_text="time (s)", row=3, col=1)
     over.update_layout(**{**LAYOUT, "height": 640},
                        title=dict(text=f"Batch, queue and KV cache over time{thinned if len(steps) else ''}", x=0.01))
-    return [cdf, ttft, over]
+    figures = [cdf, ttft, over]
+    if isinstance(s.get("autoscaling"), dict):  # an autoscaled fleet over the run
+        figures.append(fleet_figure(run))
+    return figures
+
+
+def fleet_figure(run: Run) -> Any:
+    """An autoscaled run (analysis.fleet_timeline): arrivals, replicas held and serving, p99 TTFT."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from sim.reporting.analysis import fleet_timeline
+
+    f = fleet_timeline(run)
+    hours = float(f["t_s"].iloc[-1]) > 7200
+    x, unit = (f["t_s"] / 3600, "h") if hours else (f["t_s"], "s")
+    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06,
+                        subplot_titles=["arrivals (req/s)", "replicas", "p99 TTFT of each stretch's arrivals (ms)"])
+    fig.add_trace(go.Scatter(x=x, y=f["arrival_rate"], mode="lines", name="arrivals",
+                             hovertemplate=f"%{{x:.2f}} {unit}: %{{y:.2f}} req/s<extra></extra>"), row=1, col=1)
+    for col, name in (("held", "held"), ("serving", "serving")):
+        fig.add_trace(go.Scatter(x=x, y=f[col], mode="lines", line_shape="hv", name=name,
+                                 hovertemplate=f"%{{x:.2f}} {unit}: %{{y}} {name}<extra></extra>"), row=2, col=1)
+    fig.add_trace(go.Scatter(x=x, y=f["ttft_p99_ms"], mode="lines", name="p99 TTFT",
+                             hovertemplate=f"%{{x:.2f}} {unit}: %{{y:,.0f}} ms<extra></extra>"), row=3, col=1)
+    target = ((run.summary.get("goodput") or {}).get("ttft_ms") or {}).get("target")
+    if target:
+        fig.add_hline(y=target, line_dash="dash", line_color="crimson", row=3, col=1,
+                      annotation_text=f"SLO {target:g} ms")
+    fig.update_xaxes(title_text=f"time ({unit})", row=3, col=1)
+    a = run.summary["autoscaling"]
+    fig.update_layout(**{**LAYOUT, "height": 640},
+                      title=dict(text=f"The fleet: {a['gpu_hours']:,.1f} GPU-hours, {a['mean_replicas']:.2f} replicas "
+                                      f"on average, at most {a['peak_replicas']}", x=0.01))
+    return fig
 
 
 def sweep_figures(rows: pd.DataFrame, keys: list[str]) -> list:

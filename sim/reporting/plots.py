@@ -199,6 +199,47 @@ def batch_kv(run: Run) -> Figure:
     return fig
 
 
+def fleet_plot(run: Run, bins: int = 288) -> Figure:
+    """An autoscaled run over its clock (in hours past 2 h): the arrival rate, the replicas held
+    and serving, the p99 TTFT of each stretch's arrivals with the SLO target
+    (analysis.fleet_timeline)."""
+    from sim.reporting.analysis import fleet_timeline
+
+    f = fleet_timeline(run, bins)
+    hours = float(f["t_s"].iloc[-1]) > 7200
+    x = f["t_s"] / 3600 if hours else f["t_s"]
+    fig = Figure(figsize=(11, 7.5), layout="constrained")
+    axes = fig.subplots(3, 1, sharex=True)
+    axes[0].plot(x, f["arrival_rate"], lw=1.0, color="C0")
+    axes[0].set_ylabel("arrivals\n(req/s)")
+    axes[1].step(x, f["held"], where="post", lw=1.2, color="C1", label="held (starting, serving, draining)")
+    axes[1].step(x, f["serving"], where="post", lw=1.0, color="C2", ls="--", label="serving")
+    a = run.summary["autoscaling"]
+    limits = (run.summary.get("run") or {}).get("engine", {}).get("autoscaling") or {}
+    if limits.get("max_replicas"):
+        axes[1].axhline(limits["max_replicas"], color="k", lw=0.8, ls=":",
+                        label=f"max_replicas = {limits['max_replicas']}")
+    axes[1].set_ylabel("replicas")
+    axes[1].yaxis.set_major_locator(MaxNLocator(integer=True))
+    axes[1].set_ylim(bottom=0)
+    axes[1].legend(loc="upper left", fontsize=8)
+    axes[2].plot(x, f["ttft_p99_ms"], lw=1.0, color="C3", label="p99 TTFT of the arrivals in each stretch")
+    target = ((run.summary.get("goodput") or {}).get("ttft_ms") or {}).get("target")
+    if target:
+        axes[2].axhline(target, color="red", ls="--", lw=0.8, label=f"SLO TTFT {target:g} ms")
+    axes[2].set_ylabel("p99 TTFT\n(ms)")
+    axes[2].set_ylim(bottom=0)
+    axes[2].legend(loc="upper left", fontsize=8)
+    axes[2].set_xlabel("time (h)" if hours else "time (s)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[0].set_title(f"{describe(run)}: the fleet over the run ({len(f)} stretches)\n"
+                      f"{a['gpu_hours']:,.1f} GPU-hours (${a['usd']:,.0f}), {a['mean_replicas']:.2f} replicas held on "
+                      f"average, at most {a['peak_replicas']}: {a['saving_vs_static_max']:.0%} less than "
+                      f"{limits.get('max_replicas', '?')} all the time")
+    return fig
+
+
 _CDF_METRICS = (("ttft_s", "TTFT", 1e3, "ms", "ttft_ms"), ("tpot_s", "TPOT", 1e3, "ms", "tpot_ms"),
                 ("e2e_s", "E2E latency", 1, "s", "e2el_ms"))
 
@@ -326,6 +367,8 @@ def save_plots(run_dir: str | Path, compare: Sequence[str | Path] = (), out: str
     figures = {"slot_timeline": slot_timeline(main, max_requests=max_requests, window_s=window_s),
                "batch_kv": batch_kv(main),
                "latency_cdf": latency_cdfs([main])}
+    if isinstance(main.summary.get("autoscaling"), dict):  # an autoscaled fleet: it over the run
+        figures["fleet"] = fleet_plot(main)
     if len(runs) > 1:
         figures["compare_bars"] = compare_bars(runs)
         figures["compare_cdf"] = latency_cdfs(runs)

@@ -220,7 +220,7 @@ def inter_token_latencies(steps: pd.DataFrame, recorder: Recorder, req: RequestT
 
 def summarize(req: RequestTable, rq: pd.DataFrame, steps: pd.DataFrame, recorder: Recorder, *,
               itl: InterTokenGaps, max_num_seqs: int,
-              replicas: int, gpus: int, flops_per_token: float, weight_bytes: float,
+              replicas: float, gpus: float, flops_per_token: float, weight_bytes: float,
               kv_bytes_per_token: float, peak_flops: float, hbm_bandwidth: float,
               slo=None) -> dict:
     done = rq[~rq["finish_s"].isna()]

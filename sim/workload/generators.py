@@ -33,6 +33,7 @@ from sim.config.checks import (
     _int,
     _num,
     _show,
+    read_text,
 )
 from sim.config.errors import ScenarioError, ServesimWarning
 from sim.workload.traces import TIME_UNITS, TRACE_FORMATS, read_lengths, read_trace, shown
@@ -104,6 +105,39 @@ class Burst:
 
     def times(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return np.full(n, self.at, dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A rate that changes over time, e.g. a day of traffic: `rates[i]` req/s from `starts_s[i]`
+    until the next start; after the last, that rate holds, or (`period_s`) the whole profile
+    repeats every period. Poisson arrivals at the rate of the moment (a non-homogeneous Poisson
+    process), drawn by inverting the cumulative rate: unit-rate arrival times E_k mapped to the t
+    with integral of rate over [0, t] = E_k. The first arrival is where it falls, not at 0."""
+    starts_s: tuple[float, ...]  # s, from 0, increasing
+    rates: tuple[float, ...]     # req/s, >= 0
+    period_s: float | None = None
+
+    def cumulative(self) -> np.ndarray:
+        """Expected arrivals by each start (and, with a period, by its end)."""
+        starts, rates = np.asarray(self.starts_s), np.asarray(self.rates)
+        ends = np.append(starts[1:], self.period_s) if self.period_s is not None else starts[1:]
+        return np.concatenate(([0.0], np.cumsum(rates[:len(ends)] * (ends - starts[:len(ends)]))))
+
+    def times(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return self.at(np.cumsum(rng.exponential(1.0, size=n)))
+
+    def at(self, expected: np.ndarray) -> np.ndarray:
+        """The times by which `expected` arrivals are expected (the inverse of the cumulative rate)."""
+        starts, rates, cum = np.asarray(self.starts_s), np.asarray(self.rates), self.cumulative()
+        shift = np.zeros(len(expected))
+        if self.period_s is not None:  # whole periods first, then within one
+            whole = np.floor(expected / cum[-1])
+            expected, shift = expected - whole * cum[-1], whole * self.period_s
+        j = np.minimum(np.searchsorted(cum, expected, side="right") - 1, len(rates) - 1)
+        rate = rates[j]
+        inside = np.divide(expected - cum[j], rate, out=np.zeros(len(expected)), where=rate > 0)
+        return shift + starts[j] + inside
 
 
 @dataclass(frozen=True)
@@ -187,7 +221,7 @@ class Empirical:
 
 
 ARRIVALS = {"poisson": Poisson, "gamma": Gamma, "constant": Constant, "burst": Burst,
-            "closed_loop": ClosedLoop}
+            "profile": Profile, "closed_loop": ClosedLoop}
 THINK_DISTS = ("exponential", "fixed")
 LENGTHS = {"fixed": Fixed, "uniform": Uniform, "lognormal": Lognormal, "empirical": Empirical}
 PRIORITIES = {"fixed": Fixed, "uniform": Uniform}
@@ -335,7 +369,7 @@ def parse_workload(raw: dict, where: str, base_dir: Path) -> WorkloadConfig:
     if missing:
         raise ScenarioError(f"{where}: workload: needs either trace or all of "
                             f"{', '.join(GENERATOR_KEYS)} (missing {', '.join(missing)})")
-    arrival = _arrival(top)
+    arrival = _arrival(top, base_dir)
     prefix = None
     assert num_requests is not None  # (a generator needs it: `missing` above)
     if raw.get("prefix") is not None:
@@ -382,7 +416,7 @@ def _trace_format(top: _Keys, raw: dict) -> tuple[str | None, tuple[tuple[str, s
     return fmt, columns, time_unit, block_tokens
 
 
-def _arrival(top: _Keys) -> ArrivalProcess | ClosedLoop:
+def _arrival(top: _Keys, base_dir: Path) -> ArrivalProcess | ClosedLoop:
     keys = top.sub("arrival", "process")
     process = keys.choice("process", tuple(ARRIVALS))
     keys.only(ARRIVALS[process])
@@ -390,6 +424,8 @@ def _arrival(top: _Keys) -> ArrivalProcess | ClosedLoop:
         return Burst(keys.number("at", default=0.0, low=0, high=MAX_SECONDS))
     if process == "gamma":
         return Gamma(_rate(keys), keys.number("cv", high=1e3, floor=1e-3))
+    if process == "profile":
+        return _profile(keys, base_dir)
     if process == "closed_loop":
         turns = keys.raw.get("turns")
         if isinstance(turns, dict):
@@ -403,6 +439,43 @@ def _arrival(top: _Keys) -> ArrivalProcess | ClosedLoop:
                           keys.choice("think_dist", THINK_DISTS, "exponential"), turns,
                           keys.maybe_integer("max_context", 2))
     return ARRIVALS[process](_rate(keys))
+
+
+def _profile(keys: _Keys, base_dir: Path) -> Profile:
+    """arrival: {process: profile, rates: [[start_s, req/s], ...] or a CSV file (columns start_s,rate;
+    relative to the scenario's folder), period_s: optional}."""
+    raw = keys.raw.get("rates")
+    at = keys.at("rates")
+    if isinstance(raw, str):
+        path = keys.file("rates", base_dir)
+        text = read_text(path, "rate profile").strip().splitlines()
+        header = [h.strip() for h in text[0].split(",")] if text else []
+        if header[:2] != ["start_s", "rate"]:
+            raise ScenarioError(f"{shown(path)}: a rate profile CSV has the header start_s,rate (req/s from "
+                                f"that second on); got {','.join(header)!r}")
+        rows: list = []
+        for line_no, line in enumerate(text[1:], start=2):
+            cells = line.split(",")
+            try:
+                rows.append([float(cells[0]), float(cells[1])])
+            except (ValueError, IndexError):
+                raise ScenarioError(f"{shown(path)}:{line_no}: {line[:60]!r} is not start_s,rate numbers") from None
+        raw, at = rows, shown(path)
+    if not isinstance(raw, list) or not raw or not all(isinstance(r, (list, tuple)) and len(r) == 2 for r in raw):
+        raise ScenarioError(f"{at}: a list of [start_s, rate] pairs (req/s from that second on, the first "
+                            "at 0), or a CSV file with columns start_s,rate; e.g. [[0, 2], [3600, 8]]")
+    starts = [_num(t, f"{at}[{k}] start_s", 0, cap=MAX_SECONDS) for k, (t, _) in enumerate(raw)]
+    rates = [_num(r, f"{at}[{k}] rate", 0, cap=MAX_RATE) for k, (_, r) in enumerate(raw)]
+    if starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])):
+        raise ScenarioError(f"{at}: start times must begin at 0 and increase; got {starts[:6]}")
+    period = keys.number("period_s", default=None, low=0, high=MAX_SECONDS)
+    if period is not None and period <= starts[-1]:
+        raise keys.fail("period_s", f"{period:g} is not after the last start ({starts[-1]:g} s): the "
+                                    "profile repeats once its last segment ends")
+    if max(rates) < MIN_RATE or (period is None and rates[-1] < MIN_RATE):
+        raise ScenarioError(f"{at}: without period_s the last rate holds for ever, so it must be at least "
+                            f"{MIN_RATE:g} req/s (with period_s, some segment's must be)")
+    return Profile(tuple(starts), tuple(rates), period)
 
 
 def _rate(keys: _Keys) -> float:

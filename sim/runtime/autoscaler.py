@@ -1,0 +1,198 @@
+"""A fleet whose replicas are added and removed during the run (engine.autoscaling; the rule:
+sim/config/autoscaling.py).
+
+Every replica the fleet may hold (max_replicas) is built up front, idle; the `Fleet` says which
+serve. `FleetRouter` routes each arrival with the scenario's rule over the serving replicas only.
+`Autoscaler` is a SimPy process: every interval it counts the requests in flight on the serving
+replicas, decides, starts replicas (they serve `cold_start_s` later) or drains them (no new
+requests; released when their last request finishes), and logs each change. The replica-seconds
+held (starting, serving, draining) give the GPU-hours and their cost.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.config.autoscaling import AutoscalingConfig
+from sim.workload.request import RequestTable
+
+IDLE, STARTING, SERVING, DRAINING = "idle", "starting", "serving", "draining"
+
+
+@dataclass
+class Span:
+    """One replica held from `start_s` (the decision to start it) until `end_s` (released)."""
+    replica: int
+    start_s: float
+    end_s: float | None = None
+    drain_s: float | None = None  # when it was told to drain (None: held to the end)
+
+
+class Fleet:
+    """Which of the built replicas serve, start, drain or sit idle; the spans each was held."""
+
+    def __init__(self, size: int, serving: int):
+        self.state = [SERVING if i < serving else IDLE for i in range(size)]
+        self.spans = [Span(i, 0.0) for i in range(serving)]
+        self.serving = list(range(serving))  # indices routed to, ascending
+        self.drained_at: dict[int, float] = {}  # replica -> when it was told to drain
+
+    def _update(self) -> None:
+        self.serving = [i for i, s in enumerate(self.state) if s == SERVING]
+
+    def count(self, state: str) -> int:
+        return sum(s == state for s in self.state)
+
+    def start(self, now: float) -> int:
+        """Hold an idle replica (the lowest index): it starts now."""
+        i = self.state.index(IDLE)
+        self.state[i] = STARTING
+        self.spans.append(Span(i, now))
+        return i
+
+    def ready(self, i: int) -> None:
+        if self.state[i] == STARTING:
+            self.state[i] = SERVING
+            self._update()
+
+    def drain(self, i: int, now: float) -> None:
+        self.state[i] = DRAINING
+        self.drained_at[i] = now
+        next(s for s in reversed(self.spans) if s.replica == i and s.end_s is None).drain_s = now
+        self._update()
+
+    def release(self, i: int, at: float) -> None:
+        self.state[i] = IDLE
+        span = next(s for s in reversed(self.spans) if s.replica == i and s.end_s is None)
+        span.end_s = at
+        self._update()
+
+
+class FleetRouter:
+    """The scenario's routing rule (a class of sim/runtime/routers.ROUTERS) over the serving
+    replicas only: each arrival is routed live, as the serving set changes."""
+
+    def __init__(self, rule: type, fleet: Fleet, caches: list | None = None):
+        self.rule, self.fleet, self.caches = rule, fleet, caches
+
+    def plan(self, num_requests: int) -> None:
+        return None  # the serving set changes during the run: route at each arrival
+
+    def choose(self, rid: int, loads: list[int]) -> int:
+        serving = self.fleet.serving
+        rule = self.rule(len(serving))
+        if self.caches is not None and hasattr(rule, "attach"):  # prefix_aware: the serving ones' caches
+            rule.attach([self.caches[i] for i in serving])
+        return serving[rule.choose(rid, [loads[i] for i in serving])]
+
+
+class Autoscaler:
+    """Decides every `config.interval_s` (the first decision one interval in) until every request
+    has arrived and finished; `events` logs each change. `loads()`: each built replica's requests
+    in flight; `done()`: nothing more will arrive."""
+
+    def __init__(self, env, config: AutoscalingConfig, fleet: Fleet, loads, done, req: RequestTable):
+        self.env, self.config, self.fleet, self.loads, self.done, self.req = env, config, fleet, loads, done, req
+        self.window: deque[tuple[float, int]] = deque()  # (time, replicas wanted) over scale_down_delay_s
+        self.events: list[dict] = []
+        env.process(self.run())
+
+    def run(self):
+        c, env = self.config, self.env
+        while True:
+            yield env.timeout(c.interval_s)
+            loads = self.loads()
+            if self.done() and not any(loads):
+                return
+            self._release_drained(loads)
+            self._decide(env.now, loads)
+
+    def _release_drained(self, loads: list[int]) -> None:
+        """Draining replicas with nothing left are released: held until they were told to drain
+        or their last request finished, whichever is later."""
+        for i, state in enumerate(self.fleet.state):
+            if state == DRAINING and loads[i] == 0:
+                self.fleet.release(i, max(self.fleet.drained_at[i], self._last_finish(i)))
+                self._log("released", loads)
+
+    def _last_finish(self, i: int) -> float:
+        """When replica i's last request finished (-inf: it had none)."""
+        finish = self.req.finish[self.req.replica == i]
+        finish = finish[np.isfinite(finish)]
+        return float(finish.max()) if len(finish) else -np.inf
+
+    def _decide(self, now: float, loads: list[int]) -> None:
+        c, fleet = self.config, self.fleet
+        in_flight = sum(loads[i] for i in fleet.serving)
+        current = fleet.count(SERVING) + fleet.count(STARTING)
+        if abs(in_flight / (c.target_in_flight * current) - 1) <= c.tolerance:
+            want = current  # within the tolerance: no change
+        else:
+            want = min(c.max_replicas, max(c.min_replicas, math.ceil(in_flight / c.target_in_flight)))
+        self.window.append((now, want))
+        while self.window[0][0] < now and self.window[0][0] <= now - c.scale_down_delay_s:  # (now's stays)
+            self.window.popleft()
+        if want > current:
+            room = c.max_replicas - current - fleet.count(DRAINING)  # replicas held never exceed the max
+            for _ in range(min(want - current, room)):
+                i = fleet.start(now)
+                if c.cold_start_s > 0:
+                    self.env.timeout(c.cold_start_s).callbacks.append(lambda _e, i=i: fleet.ready(i))
+                else:
+                    fleet.ready(i)
+            if room > 0:
+                self._log("started", loads, want)
+        else:
+            # fewer only when every wish over the window was fewer: the most wanted then
+            keep = max(w for _, w in self.window)
+            surplus = current - max(keep, c.min_replicas)
+            serving = sorted(fleet.serving, key=lambda i: (loads[i], -i))  # the lightest first
+            for i in serving[:min(surplus, max(len(serving) - 1, 0))]:  # one serves to the end
+                fleet.drain(i, now)
+            if surplus > 0 and serving:
+                self._log("draining", loads, keep)
+            self._release_drained(loads)
+
+    def _log(self, action: str, loads: list[int], want: int | None = None) -> None:
+        fleet = self.fleet
+        self.events.append({"t_s": self.env.now, "action": action, "wanted": want,
+                            "in_flight": int(sum(loads[i] for i in fleet.serving)),
+                            "serving": fleet.count(SERVING), "starting": fleet.count(STARTING),
+                            "draining": fleet.count(DRAINING)})
+
+    def close(self, end_s: float) -> None:
+        """The run is over at `end_s` (its last request finished): every replica still held is
+        released then."""
+        for i, state in enumerate(self.fleet.state):
+            if state != IDLE:
+                self.fleet.release(i, end_s)
+
+    def summary(self, end_s: float, tensor_parallel_size: int, usd_per_gpu_hour: float) -> dict:
+        """GPU-hours held and their cost, against a static fleet of max_replicas over the same
+        time; the replicas held over time (mean, peak); the log of changes."""
+        held_s = sum((s.end_s if s.end_s is not None else end_s) - s.start_s for s in self.fleet.spans)
+        gpu_hours = held_s * tensor_parallel_size / 3600
+        static = self.config.max_replicas * end_s * tensor_parallel_size / 3600
+        return {"gpu_hours": gpu_hours, "usd": gpu_hours * usd_per_gpu_hour, "usd_per_gpu_hour": usd_per_gpu_hour,
+                "mean_replicas": held_s / end_s if end_s > 0 else float(self.config.min_replicas),
+                "peak_replicas": _peak(self.fleet.spans, end_s),
+                "static_max_gpu_hours": static,
+                "saving_vs_static_max": 1 - gpu_hours / static if static > 0 else 0.0,
+                "cold_start_s": self.config.cold_start_s,
+                "spans": [{"replica": s.replica, "start_s": s.start_s, "end_s": s.end_s, "drain_s": s.drain_s}
+                          for s in self.fleet.spans],
+                "events": self.events}
+
+
+def _peak(spans: list[Span], end_s: float) -> int:
+    """Most replicas held at once."""
+    edges = sorted([(s.start_s, 1) for s in spans] + [(s.end_s if s.end_s is not None else end_s, -1)
+                                                       for s in spans], key=lambda e: (e[0], e[1]))
+    held = peak = 0
+    for _, step in edges:
+        held += step
+        peak = max(peak, held)
+    return peak
