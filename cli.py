@@ -233,10 +233,14 @@ def run(
                     code=130) from None
     typer.echo(str(out_dir) if quiet else
                f"output: {out_dir}/ (requests.csv, steps.csv, scenario.yaml, summary.json)")
-    total = len(result.requests)
+    shed = (result.summary.get("admission") or {}).get("shed", 0)  # turned away by the gateway, by design
+    total = len(result.requests) - shed
     if result.summary["completed"] < total:  # written, but not a success
-        raise _fail(f"only {result.summary['completed']} of {total} requests completed; see "
+        raise _fail(f"only {result.summary['completed']} of {total} admitted requests completed; see "
                     f"{out_dir}/requests.csv (empty finish_s)", code=1)
+    if shed and not quiet:
+        typer.echo(f"note: the gateway (engine.admission) turned {shed} of {len(result.requests)} requests away "
+                   "(requests.csv: shed)", err=True)
 
 
 class _Progress:
@@ -330,6 +334,15 @@ def summary_table(name: str, s: dict) -> Any:
     sessions = s.get("sessions")
     if isinstance(sessions, dict):  # multi-turn closed loop
         run.add_row("conversations (mean turns)", f"{sessions['conversations']:,} ({sessions['turns_mean']:.2f})")
+    admission = s.get("admission")
+    if isinstance(admission, dict):  # a gateway turned some away: latencies are the admitted ones'
+        run.add_row("shed by the gateway", f"{admission['shed']:,} of {admission['offered']:,} "
+                                           f"({admission['shed_fraction']:.1%})")
+    autoscaling = s.get("autoscaling")
+    if isinstance(autoscaling, dict):
+        run.add_row("GPU-hours (autoscaled)", f"{autoscaling['gpu_hours']:,.2f} (${autoscaling['usd']:,.2f}); "
+                                              f"{autoscaling['mean_replicas']:.2f} replicas on average, at most "
+                                              f"{autoscaling['peak_replicas']}")
     _goodput_rows(run, s.get("goodput"))
 
     lat = Table(title=f"latency ({'1/1000 iterations: unit cost model' if unit else ms})", title_justify="left",
@@ -352,6 +365,8 @@ def _goodput_rows(t: Any, g: Any) -> None:
         t.add_row("goodput (req/s meeting the SLO)", _fmt(g["requests_per_s"], 2))
     if isinstance(g.get("fraction"), (int, float)):
         t.add_row("requests meeting the SLO", f"{g['fraction']:.1%}")
+    if isinstance(g.get("fraction_of_offered"), (int, float)):  # (a gateway shed some)
+        t.add_row("requests meeting the SLO, of those offered", f"{g['fraction_of_offered']:.1%}")
     pct = _fmt(g.get("percentile"), 0)
     for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT")):
         slo = g.get(key)

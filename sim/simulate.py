@@ -71,6 +71,10 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
             raise ScenarioError(f"{_where(scenario)}{err}") from None
     e, where = scenario.engine, _where(scenario)
     blocks, layout = scenario.budget.num_gpu_blocks, scenario.budget.layout
+    offered = workload  # every request sent (a gateway may turn some away: engine.admission)
+    admitted_at = None
+    if e.admission is not None:
+        workload, admitted_at = _through_gateway(e.admission, workload, where)
     check_servable(workload, e, blocks, where, layout)
     cost = cost if cost is not None else cost_model(scenario)
     req = RequestTable.from_workload(workload)
@@ -94,6 +98,8 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
                         req.replica, (steps["replica"].to_numpy(), steps["start_s"].to_numpy(),
                                       steps["duration_s"].to_numpy(), steps["count"].to_numpy()),
                         np.frombuffer(recorder.durations, dtype=np.float64))
+    if admitted_at is not None:  # latencies from each request's own arrival: the gateway's wait is the client's
+        req.arrival = offered.arrival_s[np.isfinite(admitted_at)]
     requests = requests_frame(req)
     if loop is not None:  # (closed-loop users)
         requests["user"] = loop.user  # who sent each request (closed loop only)
@@ -102,6 +108,11 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
             requests["turn"] = loop.sessions.turn
     if caches:  # prefix caching simulated: tokens each request found cached (vLLM: cached tokens)
         requests["cached_tokens"] = np.sum([c.cached_tokens for c in caches], axis=0)
+    if transfers is not None:  # (sized like req: before the shed rows join)
+        requests["prefill_replica"] = transfers.prefill_replica
+        requests["kv_transfer_s"] = transfers.transfer_s
+    if admitted_at is not None:  # every offered request, the shed ones marked
+        requests = _with_shed(requests, offered, admitted_at)
     m, hw = scenario.model, scenario.hardware
     itl = inter_token_latencies(steps, recorder, req)  # (takes the recorder's durations)
     replicas, gpus = e.replicas, e.replicas * e.tensor_parallel_size
@@ -119,6 +130,15 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
                         peak_flops=hw.bf16_flops, hbm_bandwidth=hw.hbm_bandwidth, slo=scenario.slo)
     if fleet is not None:
         summary["autoscaling"] = fleet
+    if admitted_at is not None:
+        shed = int(np.isnan(admitted_at).sum())
+        waited = (admitted_at - offered.arrival_s)[np.isfinite(admitted_at)]
+        summary["admission"] = {"offered": len(offered), "admitted": len(offered) - shed, "shed": shed,
+                                "shed_fraction": shed / len(offered) if len(offered) else 0.0,
+                                "gateway_wait_ms": distribution(waited)}
+        if "goodput" in summary:  # met the SLO, of every request offered (a shed one did not)
+            g = summary["goodput"]
+            g["fraction_of_offered"] = g["fraction"] * summary["completed"] / len(offered) if len(offered) else 0.0
     if caches:
         queried = sum(c.queried_tokens for c in caches)
         summary["prefix_cache_hit_rate"] = sum(c.hit_tokens for c in caches) / queried if queried else 0.0
@@ -126,8 +146,6 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
         summary["sessions"] = loop.sessions.summary()
     if transfers is not None:
         d = transfers.config
-        requests["prefill_replica"] = transfers.prefill_replica
-        requests["kv_transfer_s"] = transfers.transfer_s
         summary["kv_transfer_bytes"] = transfers.bytes
         summary["kv_transfer_ms"] = distribution(transfers.transfer_s)
         summary["pool_utilization"] = pool_utilization(steps, summary["duration_s"], d.prefill_replicas,
@@ -135,6 +153,42 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
     summary = {"scenario": scenario.name, **summary, "run": run_record(scenario)}
     return SimResult(requests=requests, steps=steps, summary=summary,
                      scenario=scenario if own_workload else None, itl=itl)
+
+
+def _through_gateway(config, workload: Workload, where: str) -> tuple[Workload, np.ndarray]:
+    """The requests the gateway admits, arriving at the engine when they pass it; and each offered
+    request's passing time (NaN: shed)."""
+    from sim.runtime.gateway import admit
+
+    if workload.users is not None:
+        raise ScenarioError(f"{where}engine.admission: a gateway before closed-loop users is not modelled "
+                            "(a shed user would retry); use an open-loop workload or a trace")
+    admitted_at = admit(config, workload.arrival_s)
+    keep = np.flatnonzero(np.isfinite(admitted_at))
+    if not len(keep):
+        raise ScenarioError(f"{where}engine.admission: the gateway turns every request away")
+    prefix = None if workload.prefix is None else [workload.prefix[i] for i in keep]
+    return Workload(admitted_at[keep], workload.prompt_tokens[keep], workload.output_tokens[keep],
+                    workload.priority[keep], None, prefix), admitted_at
+
+
+def _with_shed(admitted: pd.DataFrame, offered: Workload, admitted_at: np.ndarray) -> pd.DataFrame:
+    """requests.csv over every offered request: the admitted ones' rows under their own ids, a row
+    per shed one (no times; replica -1), a `shed` column, and `gateway_wait_s` (s each admitted one
+    waited for a token; counted in its queue_s, TTFT and E2E)."""
+    keep = np.isfinite(admitted_at)
+    n = len(offered)
+    out = pd.DataFrame({c: np.full(n, np.nan) for c in admitted.columns})
+    for c in admitted.columns:
+        if admitted[c].dtype.kind in "iu":
+            out[c] = np.full(n, -1 if c == "replica" else 0, dtype=np.int64)
+        out.loc[keep, c] = admitted[c].to_numpy()
+    out["request_id"] = np.arange(n)
+    out["arrival_s"] = offered.arrival_s
+    out["prompt_tokens"], out["output_tokens"] = offered.prompt_tokens, offered.output_tokens
+    out["shed"] = ~keep
+    out["gateway_wait_s"] = admitted_at - offered.arrival_s
+    return out
 
 
 def run_record(scenario: Scenario) -> dict:

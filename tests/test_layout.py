@@ -27,7 +27,7 @@ LAYERS = (
     "sim.cost",
     "sim.workload",
     "sim.kv",
-    "sim.config.speculative | sim.config.disaggregation | sim.config.autoscaling",
+    "sim.config.speculative | sim.config.disaggregation | sim.config.autoscaling | sim.config.admission",
     "sim.presets",
     "sim.files",
     "sim.config.checks",

@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from sim.config.admission import AdmissionConfig, parse_admission
 from sim.config.autoscaling import AutoscalingConfig, parse_autoscaling
 from sim.config.checks import (
     MAX_BLOCKS,
@@ -88,6 +89,8 @@ class EngineConfig:
     disaggregation: DisaggregationConfig | None = None
     # replicas added and removed during the run (sim/config/autoscaling.py): None = `replicas`, fixed
     autoscaling: AutoscalingConfig | None = None
+    # a token bucket in front of the router (sim/config/admission.py): None = every request admitted
+    admission: AdmissionConfig | None = None
 
 
 SLO_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")  # vLLM's metric names, milliseconds
@@ -223,6 +226,8 @@ def resolved_mapping(scenario: Scenario) -> dict:
         engine["disaggregation"] = e.disaggregation.as_yaml()
     if e.autoscaling is not None:
         engine["autoscaling"] = e.autoscaling.as_yaml()
+    if e.admission is not None:
+        engine["admission"] = e.admission.as_yaml()
     out = {"name": scenario.name, "seed": scenario.seed,
            "model": {k: v for k, v in dataclasses.asdict(scenario.model).items() if v is not None},
            "hardware": {f.name: getattr(scenario.hardware, f.name) for f in fields(HardwareSpec)},
@@ -407,6 +412,7 @@ def _parse_engine(v: Any, w: Where) -> EngineConfig:
         speculative=parse_speculative(m.get("speculative"), at("speculative"), models.MODEL_PRESETS),
         disaggregation=parse_disaggregation(m.get("disaggregation"), w, dict(m), _parse_engine),
         autoscaling=parse_autoscaling(m.get("autoscaling"), at, None if m.get("replicas") is None else get("replicas")),
+        admission=parse_admission(m.get("admission"), at),
     )
     a = engine.autoscaling
     if a is not None:

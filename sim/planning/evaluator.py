@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from sim.config.errors import ScenarioError
 from sim.config.scenario import SLOConfig, load_scenario
 from sim.planning.parallel import LocalRunner
 from sim.planning.slo import Z_ONE_SIDED_90, seeds_to_confirm, simulate_point, summarize_point, wilson, worst_ratio
@@ -94,6 +95,10 @@ class Evaluator:
         scenario = load_scenario(self.path, self.base)
         if scenario.engine.replicas != 1:  # one replica, unless a point sets engine.replicas (a cluster)
             self.base += ("engine.replicas=1",)
+        for knob in ("admission", "autoscaling"):  # what a plan sizes is every request served by fixed replicas
+            if getattr(scenario.engine, knob) is not None:
+                raise ScenarioError(f"plan: engine.{knob} is set; a plan sizes fixed replicas serving every request "
+                                    f"(remove it with --set engine.{knob}=null; docs/fleet.md)")
         self.scenario = replace(scenario, engine=replace(scenario.engine, replicas=1), slo=slo)
         self.deterministic = deterministic(self.scenario)
         if self.deterministic:  # every seed simulates the same run: more seeds only repeat it

@@ -169,7 +169,9 @@ def vllm_bench(run: Run, workload: dict | None = None) -> dict:
                start_times=rq["arrival_s"].astype(float).tolist(),
                ttfts=[None if not np.isfinite(x) else float(x) for x in rq["ttft_s"].to_numpy()],
                itls=itls,
-               errors=["" if ok else "not finished" for ok in done.tolist()])
+               errors=["" if ok else "shed by the gateway" if shed else "not finished"
+                       for ok, shed in zip(done.tolist(), rq["shed"].astype(bool).tolist() if "shed" in rq
+                                            else [False] * len(rq))])
     return out
 
 

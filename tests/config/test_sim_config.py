@@ -87,9 +87,9 @@ def test_every_key_given(tmp_path):
     sc = load_scenario(write(tmp_path, raw))
     assert (sc.name, sc.seed, sc.cost_model.as_yaml()) == ("x", 7, "unit")
     assert sc.engine.speculative.acceptance == (0.8, 0.6) and sc.engine.speculative.as_yaml() == engine["speculative"]
-    assert sc.engine.disaggregation is None and sc.engine.autoscaling is None
+    assert sc.engine.disaggregation is None and sc.engine.autoscaling is None and sc.engine.admission is None
     assert {k: v for k, v in {**dataclasses.asdict(sc.engine), "speculative": engine["speculative"]}.items()
-            if k not in ("disaggregation", "autoscaling")} == engine
+            if k not in ("disaggregation", "autoscaling", "admission")} == engine
     assert sc.slo == SLOConfig(ttft_ms=300.0, tpot_ms=40.0, percentile=90.0)
 
 

@@ -1,0 +1,100 @@
+"""engine.admission: the token bucket in front of the router (sim/runtime/gateway.py), on
+arrivals and timelines computed by hand (unit step costs: every iteration 1 s)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+import servesim
+from cli import app
+from sim.config.admission import AdmissionConfig
+from sim.runtime.gateway import admit
+
+ARRIVALS = np.array([0, 0, 0, 0.5, 1.0, 3.0])
+
+
+def test_a_bucket_that_sheds_admits_what_its_tokens_allow():
+    """rate 1/s, burst 2 (full at 0): 0 and 0 take the two tokens, the third 0 finds none; at 0.5
+    half a token; at 1.0 one (0.5 + 0.5); at 3.0 the bucket is full again (capped at 2)."""
+    out = admit(AdmissionConfig(rate=1.0, burst=2.0), ARRIVALS)
+    assert np.isnan(out).tolist() == [False, False, True, True, False, False]
+    assert out[~np.isnan(out)].tolist() == [0, 0, 1.0, 3.0]
+
+
+def test_a_bucket_that_queues_admits_in_arrival_order_up_to_the_longest_wait():
+    """The same, queueing at most 1.5 s: the third 0 waits for the token of t=1; 0.5 queues behind
+    it for t=2 (1.5 s: allowed); 1.0 would get t=3 (2 s): shed, and 3.0 takes that token at 3."""
+    out = admit(AdmissionConfig(rate=1.0, burst=2.0, on_empty="queue", max_wait_s=1.5), ARRIVALS)
+    assert np.isnan(out).tolist() == [False, False, False, False, True, False]
+    assert out[~np.isnan(out)].tolist() == [0, 0, 1.0, 2.0, 3.0]
+    unbounded = admit(AdmissionConfig(rate=1.0, burst=2.0, on_empty="queue"), ARRIVALS)
+    assert unbounded.tolist() == [0, 0, 1, 2, 3, 4]  # every one, a token a second
+
+
+def scenario(tmp_path, rows: list[str], admission: dict) -> str:
+    (tmp_path / "t.csv").write_text("arrival_s,prompt_tokens,output_tokens\n" + "\n".join(rows) + "\n")
+    raw = {"name": "gate", "model": "llama-3-8b", "hardware": "h100-sxm", "cost_model": "unit",
+           "engine": {"scheduler": "continuous", "max_num_seqs": 8, "admission": admission},
+           "workload": {"trace": "t.csv"}, "slo": {"ttft_ms": 1500, "percentile": 50}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
+    return str(tmp_path / "s.yaml")
+
+
+def test_a_queued_requests_wait_is_the_clients(tmp_path):
+    """Three one-token requests at 0 through a bucket of 1 token refilled at 1/s, queueing: they
+    reach the engine at 0, 1 and 2 and finish a second later each. TTFT counts from their own
+    arrival, 0: 1, 2 and 3 s; the gateway's wait is in queue_s too."""
+    result = servesim.run(scenario(tmp_path, ["0,1,1"] * 3, {"rate": 1, "burst": 1, "on_empty": "queue"}))
+    rq = result.requests
+    assert rq["ttft_s"].tolist() == [1, 2, 3] and rq["gateway_wait_s"].tolist() == [0, 1, 2]
+    assert rq["queue_s"].tolist() == [0, 1, 2] and not rq["shed"].any()
+    a = result.summary["admission"]
+    assert (a["offered"], a["admitted"], a["shed"]) == (3, 3, 0) and a["gateway_wait_ms"]["mean"] == 1000
+
+
+def test_shed_requests_are_counted_and_kept_not_dropped(tmp_path, monkeypatch):
+    """Six requests (the arrivals above) through the shedding bucket: two shed. requests.csv keeps
+    all six under their ids, the shed ones without times; the SLO (p50 TTFT 1.5 s) is met by the
+    four served, which are 4/6 of those offered. The CLI exits 0 and says so."""
+    rows = [f"{t},1,1" for t in ARRIVALS]
+    path = scenario(tmp_path, rows, {"rate": 1, "burst": 2})
+    result = servesim.run(path)
+    rq, s = result.requests, result.summary
+    assert rq["request_id"].tolist() == list(range(6)) and rq["shed"].tolist() == [False, False, True, True, False, False]
+    assert rq["finish_s"][rq["shed"]].isna().all() and (rq["replica"][rq["shed"]] == -1).all()
+    assert s["completed"] == 4 and s["admission"]["shed_fraction"] == pytest.approx(2 / 6)
+    assert s["goodput"]["fraction"] == 1.0 and s["goodput"]["fraction_of_offered"] == pytest.approx(4 / 6)
+    out = tmp_path / "out"
+    r = CliRunner().invoke(app, ["run", path, "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "note: the gateway (engine.admission) turned 2 of 6 requests away (requests.csv: shed)" in r.stderr
+    assert "shed by the gateway" in r.stdout
+    r = CliRunner().invoke(app, ["export", str(out), "--to", "vllm-bench"])
+    assert r.exit_code == 0
+    doc = json.loads((out / "vllm_bench.json").read_text())
+    assert doc["errors"] == ["", "", "shed by the gateway", "shed by the gateway", "", ""]
+    assert servesim.load_run(out).summary["admission"]["shed"] == 2  # the folder reads back
+
+
+@pytest.mark.parametrize("admission, says", [
+    ({"burst": 3}, "engine.admission.rate: missing"),
+    ({"rate": 2, "max_wait_s": 1}, "engine.admission.max_wait_s: only with on_empty: queue"),
+    ({"rate": 2, "on_empty": "drop"}, "engine.admission.on_empty"),
+    ({"rate": 0}, "engine.admission.rate"),
+    ({"rate": 2, "burst": 0.5}, "engine.admission.burst"),
+])
+def test_admission_settings_are_checked(tmp_path, admission, says):
+    with pytest.raises(servesim.ScenarioError, match=says):
+        servesim.run(scenario(tmp_path, ["0,1,1"], admission))
+
+
+def test_a_gateway_before_closed_loop_users_or_a_plan_is_refused():
+    with pytest.raises(servesim.ScenarioError, match="a gateway before closed-loop users is not modelled"):
+        servesim.run("scenarios/closed-loop-llama3-8b-h100.yaml", engine__admission={"rate": 5})
+    with pytest.raises(servesim.ScenarioError, match="plan: engine.admission is set"):
+        servesim.plan("scenarios/quickstart.yaml", overrides=["engine.admission={rate: 5}"],
+                      slo="ttft_ms=500", horizon_s=5)
