@@ -157,9 +157,11 @@ def test_a_profile_csv_with_another_header_is_refused_naming_it(tmp_path):
         servesim.load_scenario(tmp_path / "s.yaml")
 
 
-def test_plan_refuses_a_profile_and_says_what_to_do():
-    with pytest.raises(servesim.ScenarioError, match="plan: workload.arrival profile varies its rate"):
+def test_plan_refuses_a_profile_or_a_fleet_and_says_what_to_do():
+    with pytest.raises(servesim.ScenarioError, match=r"plan: engine.autoscaling is set; .* --set engine.autoscaling=null"):
         servesim.plan("scenarios/day-autoscaling.yaml")
+    with pytest.raises(servesim.ScenarioError, match="plan: workload.arrival profile varies its rate"):
+        servesim.plan("scenarios/day-autoscaling.yaml", overrides=["engine.autoscaling=null"])
 
 
 def test_the_fleet_over_time_is_read_from_its_spans(tmp_path):
