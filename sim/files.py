@@ -17,6 +17,7 @@ from __future__ import annotations
 import fcntl
 import functools
 import io
+import math
 import os
 import stat
 import tempfile
@@ -99,20 +100,35 @@ def save_figure(fig, path: str | Path, **savefig) -> Path:
 
 
 def _plain_log_ticks(fig) -> None:
-    """Log axes labelled in plain numbers (100, 200, 500, 1000): matplotlib's default log
+    """Log axes labelled in plain numbers (0.2, 1, 100, 200, 500): matplotlib's default log
     formatters write math text ($\\mathdefault{10^{3}}$), which figures drawn with math text off
-    (plain_text) would show as written, and whose minor labels read "4x10^2". LogFormatter labels
-    the same ticks (minor ones where the axis spans few decades) as plain numbers."""
-    from matplotlib.ticker import LogFormatter, LogFormatterMathtext
+    (plain_text) would show as written, their minor labels read "4x10^2", and a plain LogFormatter
+    writes 0.2 as "2e-01", whose minor labels then ran into each other. Majors: every decade as %g.
+    Minors: all of 2-9 where the axis spans at most one decade, 2 and 5 up to three, none past that."""
+    from matplotlib.ticker import FuncFormatter, LogFormatterMathtext
+
+    def plain(x: float, _pos: int = 0) -> str:
+        return f"{x:g}" if x > 0 else ""
+
+    def minor_of(axis):
+        def label(x: float, _pos: int = 0) -> str:
+            lo, hi = sorted(axis.get_view_interval())
+            if x <= 0 or lo <= 0:
+                return ""
+            decades = math.log10(hi / lo)
+            mantissa = x / 10 ** math.floor(math.log10(x) + 1e-9)
+            shown = range(2, 10) if decades <= 1 else (2, 5) if decades <= 3 else ()
+            return plain(x) if any(abs(mantissa - m) < 1e-6 for m in shown) else ""
+        return label
     for ax in fig.axes:
         for axis in (ax.xaxis, ax.yaxis):
             if axis.get_scale() != "log":
                 continue
             # (only matplotlib's own math-text formatters: ticks a plot labelled itself stay)
             if isinstance(axis.get_major_formatter(), LogFormatterMathtext):
-                axis.set_major_formatter(LogFormatter())
+                axis.set_major_formatter(FuncFormatter(plain))
             if isinstance(axis.get_minor_formatter(), LogFormatterMathtext):
-                axis.set_minor_formatter(LogFormatter(minor_thresholds=(2, 0.5)))
+                axis.set_minor_formatter(FuncFormatter(minor_of(axis)))
 
 
 @contextmanager

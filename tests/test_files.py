@@ -185,3 +185,28 @@ def test_log_axes_are_labelled_in_plain_numbers():
         labels = draw(Path(d) / "f.png")
     assert labels and all("$" not in t and float(t) > 0 for t in labels), labels
     assert "100" in labels and "200" in labels
+
+
+def test_a_log_axis_over_a_few_decades_labels_its_ticks_plainly_without_collisions():
+    """0.15 to 60 s (2.6 decades): majors 1 and 10, minors 2 and 5 of each decade, as plain
+    numbers; LogFormatter wrote 0.2 as "2e-01" and labelled 2, 3, 4 of the narrow first decade,
+    which ran into each other."""
+    import matplotlib.pyplot as plt
+
+    from sim.files import plain_text
+
+    @plain_text
+    def draw(path):
+        fig, ax = plt.subplots(figsize=(4, 3))
+        ax.plot([0.15, 60], [0, 1])
+        ax.set_xscale("log")
+        ax.set_xlim(0.15, 60)
+        save_figure(fig, path, dpi=50)
+        labels = [t.get_text() for t in ax.get_xticklabels(which="both")  # (the ticks drawn: inside the view)
+                  if t.get_text() and 0.15 <= t.get_position()[0] <= 60]
+        plt.close(fig)
+        return labels
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        labels = draw(Path(d) / "f.png")
+    assert sorted(labels, key=float) == ["0.2", "0.5", "1", "2", "5", "10", "20", "50"]
