@@ -185,6 +185,9 @@ def run_sweep(scenario: str | Path, grid: Mapping[str, list], out_dir: str | Pat
                    **{k: yaml_text(v) for k, v in run.params.items()},
                    "repeat": run.repeat, "seed": run.scenario.seed, "error": summary.pop("error", "")}
             summary.pop("scenario", None)
+            fleet = summary.get("autoscaling")
+            if isinstance(fleet, dict):  # a row per run: its fleet's totals; each change stays in its summary.json
+                summary["autoscaling"] = {k: v for k, v in fleet.items() if k not in ("events", "spans")}
             table.append({**row, **flatten(summary)})
             if progress is not None:
                 progress(len(runs) - len(todo) + n, len(runs))

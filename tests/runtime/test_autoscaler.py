@@ -185,3 +185,16 @@ def test_the_fleet_over_time_is_read_from_its_spans(tmp_path):
     assert run_figures(result.as_run())[-1].layout.title.text.startswith("The fleet: ")
     with pytest.raises(servesim.ScenarioError, match="not an autoscaled run"):
         fleet_timeline(servesim.run("scenarios/quickstart.yaml", workload__num_requests=20).as_run())
+
+
+def test_a_sweep_over_the_autoscalers_target_keeps_each_fleets_totals_in_its_row(tmp_path):
+    from sim.planning.sweep import parse_grid, run_sweep
+
+    rows = ["0,1,95"] * 40 + ["41,1,10"] * 20
+    path = scenario(tmp_path, rows, {"min_replicas": 1, "max_replicas": 4, "target_in_flight": 20,
+                                     "interval_s": 10, "cold_start_s": 25, "scale_down_delay_s": 20})
+    done = run_sweep(path, parse_grid(["engine.autoscaling.target_in_flight=20,40"]), tmp_path / "sw", workers=1)
+    r = done.rows.set_index(done.rows["engine.autoscaling.target_in_flight"].astype(float))
+    assert r.loc[20, "autoscaling.gpu_hours"] == pytest.approx(200 / 3600)  # the timeline above
+    assert r.loc[40, "autoscaling.gpu_hours"] < r.loc[20, "autoscaling.gpu_hours"]  # 40 in flight: 1 replica
+    assert not [c for c in done.rows.columns if c.startswith("autoscaling.events") or c.startswith("autoscaling.spans")]
