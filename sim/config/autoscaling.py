@@ -54,7 +54,8 @@ def parse_autoscaling(v: Any, at, replicas: int | None) -> AutoscalingConfig | N
         min_replicas=low,
         max_replicas=_int(m["max_replicas"], where("max_replicas"), lo=low, cap=MAX_REPLICAS),
         target_in_flight=_num(m["target_in_flight"], where("target_in_flight"), 0, open_lo=True, cap=1e9),
-        interval_s=_num(m.get("interval_s", 15.0), where("interval_s"), 0, open_lo=True, cap=MAX_SECONDS),
+        # at least 0.1 s: a decision per microsecond would tick a day's run 1e11 times (a hang)
+        interval_s=_num(m.get("interval_s", 15.0), where("interval_s"), 0.1, cap=MAX_SECONDS),
         cold_start_s=_num(m.get("cold_start_s", 60.0), where("cold_start_s"), 0, cap=MAX_SECONDS),
         scale_down_delay_s=_num(m.get("scale_down_delay_s", 300.0), where("scale_down_delay_s"), 0,
                                 cap=MAX_SECONDS),

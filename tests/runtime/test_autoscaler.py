@@ -83,6 +83,8 @@ def test_a_fleet_never_holds_more_than_its_max_and_never_serves_fewer_than_its_m
                                                                         "integer >= 3"),
     ({"max_replicas": 2, "target_in_flight": 8, "cooldown": 3}, {}, "cooldown"),
     ({"max_replicas": 2, "target_in_flight": 0}, {}, "engine.autoscaling.target_in_flight"),
+    ({"max_replicas": 2, "target_in_flight": 8, "interval_s": 1e-6}, {}, "engine.autoscaling.interval_s: 1e-06 is not "
+                                                                         "a number >= 0.1"),
 ])
 def test_autoscaling_settings_are_checked(tmp_path, autoscaling, engine, says):
     with pytest.raises(servesim.ScenarioError, match=says.replace("[", r"\[").replace("]", r"\]")):
