@@ -200,3 +200,18 @@ def test_a_sweep_over_the_autoscalers_target_keeps_each_fleets_totals_in_its_row
     assert r.loc[20, "autoscaling.gpu_hours"] == pytest.approx(200 / 3600)  # the timeline above
     assert r.loc[40, "autoscaling.gpu_hours"] < r.loc[20, "autoscaling.gpu_hours"]  # 40 in flight: 1 replica
     assert not [c for c in done.rows.columns if c.startswith("autoscaling.events") or c.startswith("autoscaling.spans")]
+
+
+@pytest.mark.parametrize("path, settings", [
+    ("scenarios/closed-loop-llama3-8b-h100.yaml", {"engine__enable_prefix_caching": False}),  # users, routed live
+    ("scenarios/quickstart.yaml", {"engine__router": "prefix_aware"}),  # a rule that reads the serving caches
+])
+def test_closed_loops_and_every_router_run_on_an_autoscaled_fleet(path, settings):
+    result = servesim.run(path, engine__autoscaling={"max_replicas": 3, "target_in_flight": 4, "interval_s": 2,
+                                                     "cold_start_s": 3, "scale_down_delay_s": 10}, **settings)
+    a, rq = result.summary["autoscaling"], result.requests
+    assert result.summary["completed"] == len(rq) and a["peak_replicas"] == 3
+    assert set(rq["replica"]) == {0, 1, 2}
+    for span in a["spans"]:  # no request ran on a replica outside the times it served
+        mine = rq[(rq["replica"] == span["replica"]) & (rq["arrival_s"] >= span["start_s"])]
+        assert (mine["first_token_s"] >= span["start_s"] + (3 if span["start_s"] > 0 else 0) - 1e-9).all()
