@@ -561,13 +561,18 @@ def _signalled_run(sig: int, at: str, args: list[str]) -> tuple[int, str]:
     return p.returncode, p.stderr
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_a_signal_mid_run_writes_nothing_and_keeps_the_earlier_run(tmp_path, sig, code):
+def _an_earlier_run(tmp_path: Path) -> tuple[Path, Path, dict[str, bytes]]:
+    """A small run written to tmp_path/out: (that folder, its scenario, its files' bytes)."""
     out = tmp_path / "out"
     small = scenario_file(tmp_path, QUICK)
     r, _ = _limited(["run", str(small), "--out", str(out), "-q"])
     assert r.exit_code == 0
-    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    return out, small, {p.name: p.read_bytes() for p in out.iterdir()}
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_mid_run_writes_nothing_and_keeps_the_earlier_run(tmp_path, sig, code):
+    out, _, before = _an_earlier_run(tmp_path)
     big = tmp_path / "big.yaml"
     big.write_text(yaml.safe_dump(with_(workload__num_requests=20_000)))
     returncode, stderr = _signalled_run(sig, "mid-run", ["run", str(big), "--out", str(out), "-q"])
@@ -579,11 +584,7 @@ def test_a_signal_mid_run_writes_nothing_and_keeps_the_earlier_run(tmp_path, sig
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_during_the_renames_waits_for_them_and_says_the_run_was_written(tmp_path, sig, code):
-    out = tmp_path / "out"
-    small = scenario_file(tmp_path, QUICK)
-    r, _ = _limited(["run", str(small), "--out", str(out), "-q"])
-    assert r.exit_code == 0
-    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    out, small, before = _an_earlier_run(tmp_path)
     again = tmp_path / "again"
     returncode, stderr = _signalled_run(sig, "renaming", ["run", str(small), "--out", str(out), "-q",
                                                           "--seed", "7", "--trace"])
