@@ -71,6 +71,14 @@ def _run_rows(s: dict) -> list[tuple[str, Any]]:  # (label, value shown as str()
     if isinstance(g, dict):
         rows.append(("SLO", "met" if g.get("met") else "missed") )
         rows.append(("goodput (req/s meeting the SLO)", f"{g.get('requests_per_s', 0):.3f}"))
+    admission = s.get("admission")
+    if isinstance(admission, dict):  # a gateway turned some away (docs/fleet.md)
+        rows.append(("shed by the gateway", f"{admission.get('shed', 0):,} of {admission.get('offered', 0):,}"))
+    fleet = s.get("autoscaling")
+    if isinstance(fleet, dict):  # an autoscaled fleet
+        rows.append(("GPU-hours (autoscaled)", f"{fleet.get('gpu_hours', 0):,.2f} (${fleet.get('usd', 0):,.2f}); "
+                                               f"{fleet.get('mean_replicas', 0):.2f} replicas on average, at most "
+                                               f"{fleet.get('peak_replicas')}"))
     rec = s.get("run") or {}
     rows += [("model / GPU", f"{rec.get('model')} / {rec.get('hardware')}"),
              ("cost model", str((rec.get("cost_model") or {}).get("name"))),

@@ -85,8 +85,11 @@ def run_figures(run: Run) -> list:
 
     over = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06,
                          subplot_titles=["running batch (sequences)", "waiting requests", "KV cache in use"])
+    thinned_any = ""
     for replica, rows in steps.groupby("replica", sort=True):
         keep, thinned = _thin(len(rows))
+        if thinned:  # (said once for all replicas: each series is thinned on its own)
+            thinned_any = f" (each replica's series thinned to {MAX_POINTS:,} points)"
         part = rows.iloc[keep]
         name = f"replica {int(replica)}"
         kv = part["kv_blocks_used"] / part["kv_blocks_total"].where(part["kv_blocks_total"] > 0)
@@ -98,7 +101,7 @@ def run_figures(run: Run) -> list:
     over.update_yaxes(tickformat=".0%", row=3, col=1)
     over.update_xaxes(title_text="time (s)", row=3, col=1)
     over.update_layout(**{**LAYOUT, "height": 640},
-                       title=dict(text=f"Batch, queue and KV cache over time{thinned if len(steps) else ''}", x=0.01))
+                       title=dict(text=f"Batch, queue and KV cache over time{thinned_any}", x=0.01))
     figures = [cdf, ttft, over]
     if isinstance(s.get("autoscaling"), dict):  # an autoscaled fleet over the run
         figures.append(fleet_figure(run))

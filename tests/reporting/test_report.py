@@ -91,6 +91,9 @@ def test_a_big_run_is_thinned_for_the_page_and_says_so(tmp_path):
     cdf, ttft, over = run_figures(Run("big", result.requests, result.steps, result.summary))
     assert ttft.layout.title.text == f"TTFT by arrival time ({MAX_POINTS:,} of {n:,} shown)"
     assert len(ttft.data[0].x) == MAX_POINTS
+    assert len(result.steps) > MAX_POINTS  # (so the batch/KV figure was thinned too, and says so)
+    assert over.layout.title.text.endswith(f"(each replica's series thinned to {MAX_POINTS:,} points)")
+    assert all(len(trace.x) <= MAX_POINTS for trace in over.data)
     assert all(len(trace.x) <= MAX_POINTS for trace in cdf.data)
     # the CDF keeps its ends: the fastest and slowest request, at 1/n and 1
     ttft_ms = np.sort(result.requests["ttft_s"].to_numpy()) * 1e3

@@ -48,6 +48,9 @@ def test_a_fleet_grows_after_its_cold_start_and_drains_what_it_no_longer_needs(t
     assert a["static_max_gpu_hours"] == pytest.approx(4 * 95 / 3600)
     assert a["saving_vs_static_max"] == pytest.approx(1 - 200 / 380)
     assert a["usd"] == pytest.approx(200 / 3600 * a["usd_per_gpu_hour"])
+    # the report's summary says it: 200/3600 GPU-hours, at the H100 preset's $3.00, 200/95 replicas
+    page = servesim.report(result.write(tmp_path / "out")).read_text()
+    assert "<td>GPU-hours (autoscaled)</td><td>0.06 ($0.17); 2.11 replicas on average, at most 3</td>" in page
 
 
 def test_a_draining_replica_takes_no_new_requests_and_is_held_until_its_last_finishes(tmp_path):

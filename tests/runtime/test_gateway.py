@@ -78,6 +78,8 @@ def test_shed_requests_are_counted_and_kept_not_dropped(tmp_path, monkeypatch):
     doc = json.loads((out / "vllm_bench.json").read_text())
     assert doc["errors"] == ["", "", "shed by the gateway", "shed by the gateway", "", ""]
     assert servesim.load_run(out).summary["admission"]["shed"] == 2  # the folder reads back
+    page = servesim.report(out).read_text()
+    assert "<td>shed by the gateway</td><td>2 of 6</td>" in page
 
 
 @pytest.mark.parametrize("admission, says", [
