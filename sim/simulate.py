@@ -19,6 +19,7 @@ import pandas as pd
 import simpy
 
 from sim.build import build_replicas, check_servable, cost_model
+from sim.config.checks import MAX_SECONDS
 from sim.config.errors import ScenarioError
 from sim.config.scenario import Scenario, resolved_yaml
 from sim.cost.step_cost import CostModel
@@ -165,6 +166,9 @@ def _through_gateway(config, workload: Workload, where: str) -> tuple[Workload, 
                             "(a shed user would retry); use an open-loop workload or a trace")
     admitted_at = admit(config, workload.arrival_s)
     keep = np.flatnonzero(np.isfinite(admitted_at))
+    if len(keep) and admitted_at[keep].max() > MAX_SECONDS:  # a queue at a slow bucket: a runaway clock
+        raise ScenarioError(f"{where}engine.admission: its queue holds requests until {admitted_at[keep].max():.3g} s, "
+                            f"past servesim's {MAX_SECONDS:g} s bound; raise rate or set max_wait_s")
     if not len(keep):
         raise ScenarioError(f"{where}engine.admission: the gateway turns every request away")
     prefix = None if workload.prefix is None else [workload.prefix[i] for i in keep]

@@ -100,3 +100,10 @@ def test_a_gateway_before_closed_loop_users_or_a_plan_is_refused():
     with pytest.raises(servesim.ScenarioError, match="plan: engine.admission is set"):
         servesim.plan("scenarios/quickstart.yaml", overrides=["engine.admission={rate: 5}"],
                       slo="ttft_ms=500", horizon_s=5)
+
+
+def test_a_queue_that_would_run_the_clock_past_its_bound_is_refused(tmp_path):
+    # 3 requests at 0, one token every 1e9 s: the third would pass the gateway at 2e9 s
+    with pytest.raises(servesim.ScenarioError, match=r"engine.admission: its queue holds requests until 2e\+09 s, "
+                                                     r"past servesim's 1e\+09 s bound"):
+        servesim.run(scenario(tmp_path, ["0,1,1"] * 3, {"rate": 1e-9, "burst": 1, "on_empty": "queue"}))
