@@ -24,8 +24,8 @@ def _untyped_flags(params: list, ctx: Any) -> list:
             continue
         if getattr(p, "is_flag", False):
             p.metavar = ""
-        elif hasattr(p, "display_type") and p.display_type(ctx) in _METAVARS:
-            p.metavar = _METAVARS[p.display_type(ctx)]
+        elif hasattr(p, "display_type"):
+            p.metavar = _METAVARS.get(p.display_type(ctx))  # (None: typer's own label stays)
     return params
 
 

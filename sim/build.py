@@ -274,7 +274,6 @@ def build_replicas(env, scenario: Scenario, req: RequestTable, workload: Workloa
         from sim.runtime.autoscaler import Fleet, FleetRouter
 
         fleet = Fleet(built, e.replicas)
-        make_router(e.router, 1)  # (the name checked)
         router = FleetRouter(ROUTERS[e.router], fleet, [s.kv for s in schedulers])
     loop = None
     inboxes: list

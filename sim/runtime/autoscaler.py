@@ -38,7 +38,6 @@ class Fleet:
         self.state = [SERVING if i < serving else IDLE for i in range(size)]
         self.spans = [Span(i, 0.0) for i in range(serving)]
         self.serving = list(range(serving))  # indices routed to, ascending
-        self.drained_at: dict[int, float] = {}  # replica -> when it was told to drain
 
     def _update(self) -> None:
         self.serving = [i for i, s in enumerate(self.state) if s == SERVING]
@@ -58,16 +57,18 @@ class Fleet:
             self.state[i] = SERVING
             self._update()
 
+    def held(self, i: int) -> Span:
+        """Replica i's span now (it is held)."""
+        return next(s for s in reversed(self.spans) if s.replica == i and s.end_s is None)
+
     def drain(self, i: int, now: float) -> None:
         self.state[i] = DRAINING
-        self.drained_at[i] = now
-        next(s for s in reversed(self.spans) if s.replica == i and s.end_s is None).drain_s = now
+        self.held(i).drain_s = now
         self._update()
 
     def release(self, i: int, at: float) -> None:
         self.state[i] = IDLE
-        span = next(s for s in reversed(self.spans) if s.replica == i and s.end_s is None)
-        span.end_s = at
+        self.held(i).end_s = at
         self._update()
 
 
@@ -115,7 +116,9 @@ class Autoscaler:
         or their last request finished, whichever is later."""
         for i, state in enumerate(self.fleet.state):
             if state == DRAINING and loads[i] == 0:
-                self.fleet.release(i, max(self.fleet.drained_at[i], self._last_finish(i)))
+                drain_s = self.fleet.held(i).drain_s
+                assert drain_s is not None  # (draining)
+                self.fleet.release(i, max(drain_s, self._last_finish(i)))
                 self._log("released", loads)
 
     def _last_finish(self, i: int) -> float:

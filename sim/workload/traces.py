@@ -294,14 +294,15 @@ def _check_clock(seconds: np.ndarray, time_unit: str, name: str, label: str) -> 
     """Arrivals that, read in `time_unit`, lie thousands of years after 1970 are in a finer unit
     (epoch ms read as s once made a 290 s trace span 290,076 s at 0.01 req/s): refused, with the
     unit they fit."""
-    finite = seconds[np.isfinite(seconds)]
-    if not len(finite) or float(np.abs(finite).max()) < _CLOCK_LIMIT_S:
+    finite = np.abs(seconds[np.isfinite(seconds)])
+    largest = float(finite.max()) if len(finite) else 0.0
+    if largest < _CLOCK_LIMIT_S:
         return
     units = list(TIME_UNITS)
-    raw = float(np.abs(finite).max()) / TIME_UNITS[time_unit]
+    raw = largest / TIME_UNITS[time_unit]
     fits = next((u for u in units[units.index(time_unit) + 1:]
                  if raw * TIME_UNITS[u] < _CLOCK_LIMIT_S), units[-1])
-    years = float(np.abs(finite).max()) / (365.25 * 86400)
+    years = largest / (365.25 * 86400)
     raise ScenarioError(f"{name}: {label} {raw:.6g} read in {time_unit} is {years:,.0f} years after 1970, "
                         f"not a clock; epoch {fits}? set workload.time_unit: {fits} (allowed: {', '.join(units)})")
 
