@@ -29,7 +29,7 @@ from sim.kv.cache import PagedKVCache, WindowedKVCache
 from sim.kv.prefix_cache import PrefixKVCache, request_chains
 from sim.presets import models
 from sim.presets.memory import kv_bytes_per_token_per_rank
-from sim.runtime.routers import ROUTERS, Router, make_router
+from sim.runtime.routers import Router, Signals, make_router
 from sim.schedulers import SCHEDULERS, Scheduler
 from sim.schedulers.queues import make_queue
 from sim.schedulers.speculative import SpeculativePool
@@ -193,6 +193,7 @@ def start_pools(env, scenario, req, workload, recorder, rng, on_iteration, fast_
     from sim.runtime.engine import Replica
 
     d = scenario.engine.disaggregation
+    weights = None if scenario.engine.routing is None else scenario.engine.routing.weights
     if workload.users is not None:
         raise ScenarioError("engine.disaggregation: closed-loop users with disaggregated pools are not modelled")
     prefill_sc, decode_sc = pool_scenarios(scenario)
@@ -218,9 +219,10 @@ def start_pools(env, scenario, req, workload, recorder, rng, on_iteration, fast_
     kv_bytes = kv_bytes_per_token_per_rank(scenario.model, tp, scenario.engine.kv_cache_dtype) * tp
     # nvlink: the slower pool's interconnect
     link_hw = min(prefill_sc.hardware, decode_sc.hardware, key=lambda h: h.interconnect_bandwidth)
-    transfers = KVTransfers(env, req, decode, make_router(scenario.engine.router, d.decode_replicas), d, kv_bytes,
+    router = scenario.engine.router
+    transfers = KVTransfers(env, req, decode, make_router(router, d.decode_replicas, weights), d, kv_bytes,
                             link_hw, d.prefill_replicas)
-    inboxes = make_inboxes(make_router(scenario.engine.router, d.prefill_replicas), env, req.arrival, prefill,
+    inboxes = make_inboxes(make_router(router, d.prefill_replicas, weights), env, req.arrival, prefill,
                            req.replica)
     prefill_cost, decode_cost = cost_model(prefill_sc), cost_model(decode_sc)
     for i, (s, box) in enumerate(zip(prefill, inboxes)):
@@ -247,7 +249,7 @@ def build_replicas(env, scenario: Scenario, req: RequestTable, workload: Workloa
     # imported here, not above: they need simpy, and the real engine (calibrate/engine.py) builds
     # its scheduler through this module where simpy may not be installed
     from sim.runtime.autoscaler import Autoscaler
-    from sim.runtime.cluster import ClosedLoopRouter, make_inboxes
+    from sim.runtime.cluster import ClosedLoopRouter, Scraper, make_inboxes
     from sim.runtime.engine import Replica
 
     e = scenario.engine
@@ -266,27 +268,31 @@ def build_replicas(env, scenario: Scenario, req: RequestTable, workload: Workloa
     schedulers = [build_scheduler(e, req, blocks, workload, rng, layout) for _ in range(built)]
     fleet = None
     router: Router
+    routing = e.routing
+    weights = None if routing is None else routing.weights
     if a is None:
-        router = make_router(e.router, e.replicas)
-        if hasattr(router, "attach"):  # a rule that reads the replicas' KV caches (prefix_aware)
-            router.attach([s.kv for s in schedulers])
+        router = make_router(e.router, e.replicas, weights)
     else:
         from sim.runtime.autoscaler import Fleet, FleetRouter
 
         fleet = Fleet(built, e.replicas)
-        router = FleetRouter(ROUTERS[e.router], fleet, [s.kv for s in schedulers])
+        router = FleetRouter(lambda n: make_router(e.router, n, weights), fleet)
+    staleness = 0.0 if routing is None else routing.staleness_s
+    signals = Signals(schedulers, stale=staleness > 0)
     loop = None
     inboxes: list
     if workload.users is None:
-        inboxes = make_inboxes(router, env, req.arrival, schedulers, req.replica)
+        inboxes = make_inboxes(router, env, req.arrival, schedulers, req.replica, signals, staleness)
     else:  # closed loop: arrivals are filled in as users' requests finish
         sessions = None
         if workload.users.turns is not None:  # multi-turn: prompts grow turn by turn
             shared = [s.kv for s in schedulers if isinstance(s.kv, PrefixKVCache) and s.kv.reports]
             sessions = Sessions(req, workload.users, workload.prefix, shared, e.block_size,
                                 servable(e, blocks, int(workload.output_tokens.max()), layout))
-        loop = ClosedLoopRouter(env, req, workload.users, schedulers, router, sessions)
+        loop = ClosedLoopRouter(env, req, workload.users, schedulers, router, signals, sessions)
         inboxes = loop.inboxes
+        if staleness > 0:
+            Scraper(env, signals, staleness, loop)
     alone = len(schedulers) == 1 and workload.users is None  # (an open loop's inbox: planned)
     for i, (sched, inbox) in enumerate(zip(schedulers, inboxes)):
         Replica(env, i, sched, cost, recorder, inbox, fast_forward=fast_forward, on_iteration=on_iteration,

@@ -199,9 +199,12 @@ def run_record(scenario: Scenario) -> dict:
     """What summary.json records to reproduce and interpret a run: the engine settings, seed,
     overrides, where the step costs came from, and the servesim version."""
     e = scenario.engine
+    engine = dataclasses.asdict(e)
+    if e.routing is not None:  # weights as a mapping, as the scenario writes them
+        engine["routing"] = e.routing.as_yaml(e.router)
     return {"servesim_version": __version__, "seed": scenario.seed,
             "overrides": list(scenario.overrides), "model": scenario.model.name,
-            "hardware": scenario.hardware.name, "engine": dataclasses.asdict(e),
+            "hardware": scenario.hardware.name, "engine": engine,
             "num_gpu_blocks": scenario.budget.num_gpu_blocks,
             "cost_model": scenario.cost_model.provenance()}
 

@@ -27,7 +27,8 @@ LAYERS = (
     "sim.cost",
     "sim.workload",
     "sim.kv",
-    "sim.config.speculative | sim.config.disaggregation | sim.config.autoscaling | sim.config.admission",
+    "sim.config.speculative | sim.config.disaggregation | sim.config.autoscaling | sim.config.admission"
+    " | sim.config.routing",
     "sim.presets",
     "sim.files",
     "sim.config.checks",

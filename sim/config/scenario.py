@@ -47,6 +47,7 @@ from sim.config.checks import (
 )
 from sim.config.disaggregation import DisaggregationConfig, parse_disaggregation
 from sim.config.errors import ScenarioError
+from sim.config.routing import RoutingConfig, parse_routing
 from sim.config.speculative import SpeculativeConfig, parse_speculative
 from sim.cost import registry as cost
 from sim.cost.registry import CostModelSpec
@@ -91,6 +92,9 @@ class EngineConfig:
     autoscaling: AutoscalingConfig | None = None
     # a token bucket in front of the router (sim/config/admission.py): None = every request admitted
     admission: AdmissionConfig | None = None
+    # what the router sees (stale load signals) and how `weighted` weighs it (sim/config/routing.py):
+    # None = exact signals, the default weights
+    routing: RoutingConfig | None = None
 
 
 SLO_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")  # vLLM's metric names, milliseconds
@@ -228,6 +232,8 @@ def resolved_mapping(scenario: Scenario) -> dict:
         engine["autoscaling"] = e.autoscaling.as_yaml()
     if e.admission is not None:
         engine["admission"] = e.admission.as_yaml()
+    if e.routing is not None:
+        engine["routing"] = e.routing.as_yaml(e.router)
     out = {"name": scenario.name, "seed": scenario.seed,
            "model": {k: v for k, v in dataclasses.asdict(scenario.model).items() if v is not None},
            "hardware": {f.name: getattr(scenario.hardware, f.name) for f in fields(HardwareSpec)},
@@ -413,6 +419,7 @@ def _parse_engine(v: Any, w: Where) -> EngineConfig:
         disaggregation=parse_disaggregation(m.get("disaggregation"), w, dict(m), _parse_engine),
         autoscaling=parse_autoscaling(m.get("autoscaling"), at, None if m.get("replicas") is None else get("replicas")),
         admission=parse_admission(m.get("admission"), at),
+        routing=parse_routing(m.get("routing"), at, str(get("router"))),
     )
     a = engine.autoscaling
     if a is not None:
@@ -428,6 +435,9 @@ def _parse_engine(v: Any, w: Where) -> EngineConfig:
         if engine.speculative is not None:
             raise ScenarioError(f"{at('speculative')}: speculative decoding with disaggregated pools is not "
                                 "modelled")
+        if engine.routing is not None and engine.routing.staleness_s > 0:
+            raise ScenarioError(f"{at('routing.staleness_s')}: stale routing signals with disaggregated pools "
+                                "are not modelled (0: exact)")
         for name, pool in (("prefill", d.prefill), ("decode", d.decode)):
             if not SCHEDULERS[pool.scheduler].iteration_level:
                 raise ScenarioError(f"{at('disaggregation.' + name + '.scheduler')}: {pool.scheduler} cannot "

@@ -146,6 +146,12 @@ class ContiguousKVCache:
     def for_replica(cls, num_blocks: int, block_size: int, num_requests: int) -> ContiguousKVCache:
         return cls(num_blocks, block_size, num_requests)
 
+    @property
+    def used(self) -> int:
+        """Blocks' worth of token slots reserved (rounded up): the paged caches' measure, for a
+        router reading KV utilisation."""
+        return -(-(self.capacity - self.free_tokens) // self.block_size)
+
     @staticmethod
     def slots_needed(prompt: np.ndarray, output: np.ndarray, block_size: int):
         """Token slots each request reserves (its prompt + the longest output), and why."""

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from sim.config.autoscaling import AutoscalingConfig
+from sim.runtime.routers import Router, Signals, SignalView
 from sim.workload.request import RequestTable
 
 IDLE, STARTING, SERVING, DRAINING = "idle", "starting", "serving", "draining"
@@ -73,20 +75,25 @@ class Fleet:
 
 
 class FleetRouter:
-    """The scenario's routing rule (a class of sim/runtime/routers.ROUTERS) over the serving
-    replicas only: each arrival is routed live, as the serving set changes."""
+    """The scenario's routing rule over the serving replicas only: each arrival is routed live, as
+    the serving set changes. `make_rule(n)`: the rule over n replicas (sim/runtime/routers.make_router)."""
 
-    def __init__(self, rule: type, fleet: Fleet, caches: list | None = None):
-        self.rule, self.fleet, self.caches = rule, fleet, caches
+    def __init__(self, make_rule: Callable[[int], Router], fleet: Fleet):
+        self.make_rule, self.fleet = make_rule, fleet
+        self.signals: Signals | None = None
+
+    def attach(self, signals: Signals | SignalView) -> None:
+        assert isinstance(signals, Signals)  # every built replica's
+        self.signals = signals
 
     def plan(self, num_requests: int) -> None:
         return None  # the serving set changes during the run: route at each arrival
 
     def choose(self, rid: int, loads: list[int]) -> int:
         serving = self.fleet.serving
-        rule = self.rule(len(serving))
-        if self.caches is not None and hasattr(rule, "attach"):  # prefix_aware: the serving ones' caches
-            rule.attach([self.caches[i] for i in serving])
+        rule = self.make_rule(len(serving))
+        if self.signals is not None:  # what the rule reads of the serving ones (prefix_aware, weighted)
+            rule.attach(self.signals.view(serving))
         return serving[rule.choose(rid, [loads[i] for i in serving])]
 
 

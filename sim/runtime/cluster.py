@@ -23,13 +23,9 @@ import numpy as np
 import simpy
 
 from sim.runtime.fast_forward import SCHEDULE, Runner, fire, phase_timeout
-from sim.runtime.routers import Router
+from sim.runtime.routers import Router, Signals
 from sim.workload.generators import Users
 from sim.workload.request import RequestTable
-
-
-def _loads(schedulers: list, inboxes: list) -> list[int]:
-    return [s.load() + box.pending() for s, box in zip(schedulers, inboxes)]
 
 
 class Source(Protocol):
@@ -123,14 +119,31 @@ class Inbox:
         return env.any_of([self._wakeup, env.timeout(retry_at - env.now)])
 
 
+class Scraper:
+    """Takes stale `signals` every `interval_s` (the first at time 0, when they are bound) while
+    `source` may still route a request (engine.routing.staleness_s)."""
+
+    def __init__(self, env, signals: Signals, interval_s: float, source: Source):
+        self.env, self.signals, self.interval_s, self.source = env, signals, interval_s, source
+        env.process(self.run())
+
+    def run(self):
+        while not self.source.done:
+            yield self.env.timeout(self.interval_s)
+            self.signals.scrape()
+
+
 class LiveRouter:
     """Routes each open-loop request at its arrival time with a rule that reads the replicas' load."""
 
     def __init__(self, env, router: Router, arrival: np.ndarray, schedulers: list,
-                 replica_of: np.ndarray):
+                 replica_of: np.ndarray, signals: Signals):
         self.env, self.router, self.arrival, self.schedulers = env, router, arrival, schedulers
         self.replica_of = replica_of  # written as requests are routed
         self.inboxes = [Inbox([], [], router=self) for _ in schedulers]
+        self.signals = signals
+        signals.bind(self.inboxes)
+        router.attach(signals)
         self._next = 0
         self.done = len(arrival) == 0
         env.process(self.run())
@@ -145,7 +158,7 @@ class LiveRouter:
             if t > env.now:
                 yield env.timeout(t - env.now)
             rid = self._next
-            target = self.router.choose(rid, _loads(self.schedulers, self.inboxes))
+            target = self.router.choose(rid, self.signals.loads())
             self.replica_of[rid] = target
             self._next += 1
             self.done = self._next == len(self.arrival)
@@ -159,13 +172,16 @@ class ClosedLoopRouter:
     Every arrival is routed by `router.choose` as it happens."""
 
     def __init__(self, env, req: RequestTable, users: Users, schedulers: list, router: Router,
-                 sessions=None):
+                 signals: Signals, sessions=None):
         self.env, self.req, self.schedulers, self.router = env, req, schedulers, router
+        self.signals = signals
         self.sessions = sessions  # multi-turn: sim/workload/sessions.Sessions sets each arrival's prompt
         self.think = users.think_s
         self.user = np.full(len(req), -1, dtype=np.int64)  # who sent each request
         req.arrival = np.full(len(req), np.nan)  # filled in as requests arrive
         self.inboxes = [UserInbox(self) for _ in schedulers]
+        signals.bind(self.inboxes)
+        router.attach(signals)
         self._due: list[tuple[float, int]] = []  # (arrival time, user), one per pending timeout
         self._arrived = 0
         for user, delay in enumerate(users.start_s.tolist()):
@@ -195,7 +211,7 @@ class ClosedLoopRouter:
         self.req.arrival[rid], self.user[rid] = t, user
         if self.sessions is not None:  # before routing: prefix_aware reads the grown prompt's blocks
             self.sessions.begin(rid, user)
-        target = self.router.choose(rid, _loads(self.schedulers, self.inboxes))
+        target = self.router.choose(rid, self.signals.loads())
         self.req.replica[rid] = target
         self.inboxes[target].deliver(rid, t)
 
@@ -233,11 +249,17 @@ class UserInbox(Inbox):
 
 
 def make_inboxes(router: Router, env, arrival: np.ndarray, schedulers: list,
-                 replica_of: np.ndarray) -> list[Inbox]:
-    """Open-loop inboxes: planned up front when the rule allows it (or there is one replica)."""
+                 replica_of: np.ndarray, signals: Signals | None = None,
+                 staleness_s: float = 0.0) -> list[Inbox]:
+    """Open-loop inboxes: planned up front when the rule allows it (or there is one replica);
+    else routed live, reading `signals` (None: exact ones), scraped every `staleness_s` if > 0."""
     plan = router.plan(len(arrival)) if len(schedulers) > 1 else np.zeros(len(arrival), np.int64)
     if plan is None:
-        return LiveRouter(env, router, arrival, schedulers, replica_of).inboxes
+        live = LiveRouter(env, router, arrival, schedulers, replica_of,
+                          signals if signals is not None else Signals(schedulers))
+        if staleness_s > 0:
+            Scraper(env, live.signals, staleness_s, live)
+        return live.inboxes
     replica_of[:] = plan
     return [Inbox(_packed(arrival[plan == r], "d"), _packed(np.flatnonzero(plan == r), "q"))
             for r in range(len(schedulers))]

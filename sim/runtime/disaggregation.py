@@ -37,7 +37,8 @@ import heapq
 import numpy as np
 
 from sim.config.disaggregation import DisaggregationConfig
-from sim.runtime.cluster import UserInbox, _loads
+from sim.runtime.cluster import UserInbox
+from sim.runtime.routers import Signals
 
 
 class KVTransfers:
@@ -50,6 +51,9 @@ class KVTransfers:
         self.env, self.req, self.schedulers, self.router = env, req, decode_schedulers, router
         self.config, self.kv_bytes, self.hardware, self.first = config, kv_bytes_per_token, hardware, first_index
         self.inboxes = [UserInbox(self) for _ in decode_schedulers]
+        self.signals = Signals(decode_schedulers)  # exact (stale signals are refused with pools)
+        self.signals.bind(self.inboxes)
+        router.attach(self.signals)
         self.prefilled_at = np.full(len(req), np.nan)   # when each prefill ended (s)
         self.transfer_s = np.full(len(req), np.nan)     # how long its KV took to arrive (s)
         self.prefill_replica = np.full(len(req), -1, dtype=np.int64)
@@ -80,7 +84,7 @@ class KVTransfers:
     def _arrive(self, _event) -> None:
         t, rid = heapq.heappop(self._due)
         self._delivered += 1
-        target = self.router.choose(rid, _loads(self.schedulers, self.inboxes))
+        target = self.router.choose(rid, self.signals.loads())
         self.req.replica[rid] = self.first + target
         self.inboxes[target].deliver(rid, t)
 

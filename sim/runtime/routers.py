@@ -1,6 +1,11 @@
 """Routing rules: which replica serves a request. A rule is a `Router` plus one line in `ROUTERS`;
 sim/runtime/cluster.py delivers requests with it and config validation reads the names from here. Nothing
 here imports simpy (the real engine's machine may have none).
+
+A rule that reads the replicas' state sees it through `Signals`: the requests in flight and the KV
+blocks in use on each, exact at every arrival or, with engine.routing.staleness_s, as of the last
+scrape (sim/runtime/cluster.Scraper takes them), and the KV caches themselves for prefix lookups
+(always exact: llm-d follows the servers' KV-cache events, not a scrape).
 """
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from typing import Protocol
 import numpy as np
 
 from sim.config.errors import ScenarioError
+from sim.config.routing import DEFAULT_WEIGHTS
 
 
 class Router(Protocol):
@@ -18,12 +24,67 @@ class Router(Protocol):
 
     def choose(self, rid: int, loads: list[int]) -> int:
         """The replica for request `rid` arriving now; `loads[i]`: requests waiting or running on
-        replica i, including those routed to it and not yet handed to its scheduler."""
+        replica i, including those routed to it and not yet handed to its scheduler (as the
+        `Signals` show them: exact, or as of the last scrape)."""
+
+    def attach(self, signals: Signals | SignalView) -> None:
+        """What the rule may read of the replicas beyond their loads (a rule that reads nothing
+        more ignores it); called once, before the first `choose`."""
+
+
+class Signals:
+    """What rules read of the replicas: requests in flight (`loads`), the fraction of KV blocks in
+    use (`kv_usage`), and the KV caches (`caches`, for prefix lookups). With `stale`, loads and
+    usage are the last `scrape()`'s (the first is taken at time 0), else exact at every call.
+    `bind(inboxes)`: the requests routed to each replica and not yet scheduled count as its load."""
+
+    def __init__(self, schedulers: list, stale: bool = False):
+        self.schedulers, self.stale = schedulers, stale
+        self.caches = [s.kv for s in schedulers]
+        self.inboxes: list = []
+        self._loads: list[int] = [0] * len(schedulers)
+        self._usage: list[float] = [0.0] * len(schedulers)
+
+    def bind(self, inboxes: list) -> None:
+        self.inboxes = inboxes
+        if self.stale:
+            self.scrape()
+
+    def exact_loads(self) -> list[int]:
+        return [s.load() + box.pending() for s, box in zip(self.schedulers, self.inboxes)]
+
+    def loads(self) -> list[int]:
+        return self._loads if self.stale else self.exact_loads()
+
+    def kv_usage(self) -> list[float]:
+        return self._usage if self.stale else [c.used / c.num_blocks for c in self.caches]
+
+    def scrape(self) -> None:
+        self._loads = self.exact_loads()
+        self._usage = [c.used / c.num_blocks for c in self.caches]
+
+    def view(self, replicas: list[int]) -> SignalView:
+        return SignalView(self, replicas)
+
+
+class SignalView:
+    """The `Signals` of some replicas (an autoscaled fleet's serving ones), indexed 0.. in that order."""
+
+    def __init__(self, signals: Signals, replicas: list[int]):
+        self.signals, self.replicas = signals, replicas
+        self.caches = [signals.caches[i] for i in replicas]
+
+    def kv_usage(self) -> list[float]:
+        usage = self.signals.kv_usage()
+        return [usage[i] for i in self.replicas]
 
 
 class RoundRobin:
     def __init__(self, num_replicas: int):
         self.num_replicas = num_replicas
+
+    def attach(self, signals: Signals | SignalView) -> None:
+        pass  # reads nothing
 
     def plan(self, num_requests: int) -> np.ndarray:
         return np.arange(num_requests) % self.num_replicas
@@ -35,6 +96,9 @@ class RoundRobin:
 class LeastLoaded:
     def __init__(self, num_replicas: int):
         self.num_replicas = num_replicas
+
+    def attach(self, signals: Signals | SignalView) -> None:
+        pass  # reads the loads only
 
     def plan(self, num_requests: int) -> None:
         return None
@@ -49,7 +113,7 @@ class PrefixAware:
     replica with the most cached blocks wins (ties: the less loaded, then the lower index) unless
     its load exceeds the least loaded replica's by more than `MAX_IMBALANCE` x that + 1 requests,
     when the least loaded wins instead; with nothing cached anywhere, the least loaded wins. Sees
-    the replicas' caches through `attach` (sim/simulate.py calls it); without prefix caching it is
+    the replicas' caches through `attach` (sim/build.py calls it); without prefix caching it is
     least_loaded."""
 
     MAX_IMBALANCE = 1.0  # a replica may carry up to 2 x + 1 the lightest load and still win on hits
@@ -58,8 +122,8 @@ class PrefixAware:
         self.num_replicas = num_replicas
         self.caches: list = []
 
-    def attach(self, caches: list) -> None:
-        self.caches = caches
+    def attach(self, signals: Signals | SignalView) -> None:
+        self.caches = signals.caches
 
     def plan(self, num_requests: int) -> None:
         return None
@@ -75,13 +139,75 @@ class PrefixAware:
         return winner if loads[winner] <= limit else lightest
 
 
+def _prefix_hits(caches: list, rid: int) -> list[float]:
+    """Each replica's cached share of request `rid`'s prompt: blocks found / the prompt's full
+    blocks (llm-d's prefix scorer; 0 everywhere without prefix caching)."""
+    scores = []
+    for c in caches:
+        if not hasattr(c, "prompt"):  # a cache without prefix caching holds no identified block
+            scores.append(0.0)
+            continue
+        prompt = int(c.prompt[rid])
+        full = prompt // c.block_size
+        scores.append(len(c.lookup(rid, prompt)) / full if full else 0.0)
+    return scores
+
+
+def _queue_depth(loads: list[int]) -> list[float]:
+    """The Gateway API Inference Extension's queue scorer, min-max normalised over the replicas:
+    the lightest 1, the heaviest 0, all 1 when equal. Its measure here is the requests in flight
+    (waiting or running, as BLIS's queue-depth scorer counts), not the waiting ones only."""
+    lo, hi = min(loads), max(loads)
+    return [1.0] * len(loads) if hi == lo else [(hi - x) / (hi - lo) for x in loads]
+
+
+class Weighted:
+    """llm-d's scorer-and-picker scheme: every scorer gives each replica a score in [0, 1],
+    prefix_affinity (the cached share of the prompt), queue_depth (min-max over the requests in
+    flight), kv_utilization (1 - the fraction of KV blocks in use); the replica with the highest
+    weighted sum wins, ties to the lowest index (llm-d picks among ties at random). Weights:
+    engine.routing.weights (default prefix_affinity 3, queue_depth 2, kv_utilization 2)."""
+
+    def __init__(self, num_replicas: int, weights: tuple[tuple[str, float], ...] = DEFAULT_WEIGHTS):
+        self.num_replicas, self.weights = num_replicas, weights
+        self.signals: Signals | SignalView | None = None
+
+    def attach(self, signals: Signals | SignalView) -> None:
+        self.signals = signals
+
+    def plan(self, num_requests: int) -> None:
+        return None
+
+    def scores(self, rid: int, loads: list[int]) -> list[float]:
+        """Each replica's weighted score for request `rid`."""
+        signals = self.signals
+        assert signals is not None, "Weighted.attach(signals) first"
+        total = [0.0] * len(loads)
+        for name, weight in self.weights:
+            if weight == 0:
+                continue
+            if name == "queue_depth":
+                part = _queue_depth(loads)
+            elif name == "kv_utilization":
+                part = [1.0 - u for u in signals.kv_usage()]
+            else:  # prefix_affinity
+                part = _prefix_hits(signals.caches, rid)
+            total = [t + weight * p for t, p in zip(total, part)]
+        return total
+
+    def choose(self, rid: int, loads: list[int]) -> int:
+        total = self.scores(rid, loads)
+        return total.index(max(total))  # ties: the lowest index
+
+
 ROUTERS: dict[str, type] = {"round_robin": RoundRobin, "least_loaded": LeastLoaded,
-                            "prefix_aware": PrefixAware}
+                            "prefix_aware": PrefixAware, "weighted": Weighted}
 
 
-def make_router(name: str, num_replicas: int) -> Router:
+def make_router(name: str, num_replicas: int, weights: tuple[tuple[str, float], ...] | None = None) -> Router:
+    """The rule `name` over `num_replicas` replicas (`weights`: the weighted rule's, None: default)."""
     if name not in ROUTERS:
         raise ScenarioError(f"engine.router: {name!r} is not one of {', '.join(ROUTERS)}")
+    if name == "weighted" and weights is not None:
+        return Weighted(num_replicas, weights)
     return ROUTERS[name](num_replicas)
-
-

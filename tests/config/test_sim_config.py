@@ -78,17 +78,21 @@ def test_null_means_default(tmp_path):
 def test_every_key_given(tmp_path):
     engine = dict(scheduler="chunked", max_num_seqs=128, max_num_batched_tokens=2048, block_size=32,
                   gpu_memory_utilization=0.8, num_gpu_blocks=5000, tensor_parallel_size=2,
-                  replicas=3, router="least_loaded", policy="sjf", batch_timeout_s=0.25,
+                  replicas=3, router="weighted", policy="sjf", batch_timeout_s=0.25,
                   kv_cache_dtype="fp8", enable_expert_parallel=True, enable_prefix_caching=False,
                   scheduler_reserve_full_isl=False,
-                  speculative={"method": "eagle", "num_speculative_tokens": 2, "acceptance_rate": [0.8, 0.6]})
+                  speculative={"method": "eagle", "num_speculative_tokens": 2, "acceptance_rate": [0.8, 0.6]},
+                  routing={"staleness_s": 0.05, "weights": {"prefix_affinity": 1.0, "queue_depth": 0.0,
+                                                            "kv_utilization": 4.0}})
     raw = with_(name="x", seed=7, cost_model="unit", engine=engine,
                 slo={"ttft_ms": 300, "tpot_ms": 40, "percentile": 90})
     sc = load_scenario(write(tmp_path, raw))
     assert (sc.name, sc.seed, sc.cost_model.as_yaml()) == ("x", 7, "unit")
     assert sc.engine.speculative.acceptance == (0.8, 0.6) and sc.engine.speculative.as_yaml() == engine["speculative"]
     assert sc.engine.disaggregation is None and sc.engine.autoscaling is None and sc.engine.admission is None
-    assert {k: v for k, v in {**dataclasses.asdict(sc.engine), "speculative": engine["speculative"]}.items()
+    assert sc.engine.routing.as_yaml(sc.engine.router) == engine["routing"]
+    assert {k: v for k, v in {**dataclasses.asdict(sc.engine), "speculative": engine["speculative"],
+                              "routing": engine["routing"]}.items()
             if k not in ("disaggregation", "autoscaling", "admission")} == engine
     assert sc.slo == SLOConfig(ttft_ms=300.0, tpot_ms=40.0, percentile=90.0)
 

@@ -422,13 +422,16 @@ def test_prefix_aware_gives_way_to_load():
         def lookup(self, rid, num_tokens):
             return [0] * self.hit
 
+    from types import SimpleNamespace
+
+    seen = lambda *caches: SimpleNamespace(caches=list(caches))  # noqa: E731  (what Signals carries)
     r = PrefixAware(2)
-    r.attach([Cache(3), Cache(0)])
+    r.attach(seen(Cache(3), Cache(0)))
     assert r.choose(0, [3, 1]) == 0       # 3 <= 2 x 1 + 1
     assert r.choose(0, [4, 1]) == 1       # 4 > 3: the least loaded instead
-    r.attach([Cache(2), Cache(2)])
+    r.attach(seen(Cache(2), Cache(2)))
     assert r.choose(0, [5, 4]) == 1       # equal hits: the less loaded
-    r.attach([Cache(0), Cache(0)])
+    r.attach(seen(Cache(0), Cache(0)))
     assert r.choose(0, [2, 1]) == 1       # nothing cached: least loaded
 
 
