@@ -708,6 +708,9 @@ def plan(
         help="Run the simulations on a running Dask distributed scheduler instead, e.g. "
              "[bold]tcp://host:8786[/] (needs servesim\\[cluster] here and on the workers); the same "
              "answers as a local plan.", metavar="ADDRESS", show_default=False)] = None,
+    window_s: Annotated[float | None, typer.Option(
+        help="A fleet plan (a scenario with engine.autoscaling): the SLO must hold in every window of this "
+             "many seconds of arrivals. \\[default: 3600]", metavar="S", show_default=False)] = None,
     quiet: Annotated[bool, typer.Option(
         "--quiet", "-q", help="Print only the output directory: no progress, no table.")] = False,
 ) -> None:
@@ -715,7 +718,9 @@ def plan(
     each max_num_seqs / max_num_batched_tokens setting's own sustained load and the one with the best
     goodput, the replicas (simulated with the router) for a target load, and the cost. Writes
     [bold]plan.md[/], [bold]plan.json[/] and plots. A trace replay is searched over its
-    workload.time_scale and reported in requests/s (time_scale x its native rate)."""
+    workload.time_scale and reported in requests/s (time_scale x its native rate). A scenario with
+    [bold]engine.autoscaling[/] gets a fleet plan instead: the cheapest autoscaling policy meeting the
+    SLO in every window of its whole run, against the static fleet for its peak (docs/fleet.md)."""
     from sim.config.errors import ScenarioError
     from sim.planning.plan_request import PlanRequest, prepare
 
@@ -726,7 +731,7 @@ def plan(
         headroom=headroom, band=band, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
         gpus=gpus, tp=tp, schedulers=schedulers, speculative=speculative, disaggregation=disaggregation,
         prefix_caching=prefix_caching, max_gpus=max_gpus, budget_usd_per_hour=budget_usd_per_hour,
-        min_requests=min_requests, workers=workers, cluster=cluster)
+        min_requests=min_requests, workers=workers, cluster=cluster, window_s=window_s)
     try:
         job = prepare(request, note=lambda text: typer.echo(f"note: {text}", err=True))
         with _Progress(job.label, "simulations", enabled=not quiet) as progress:

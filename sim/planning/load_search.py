@@ -105,7 +105,8 @@ def load_knob(scenario, options) -> Knob:
     if isinstance(w.arrival, Profile):
         raise ScenarioError("plan: workload.arrival profile varies its rate over the day; plan searches one "
                             "steady load per replica (a rate, users, or a trace): plan the profile's peak rate "
-                            "with process: poisson, or run the profile with engine.autoscaling (docs/fleet.md)")
+                            "with process: poisson, or add engine.autoscaling for a fleet plan of the day "
+                            "(docs/fleet.md)")
     if not hasattr(w.arrival, "rate"):
         raise ScenarioError(f"plan: workload.arrival {type(w.arrival).__name__.lower()} sends every request "
                             "at one instant: there is no rate to vary; use poisson, gamma or constant, "

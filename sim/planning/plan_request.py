@@ -56,6 +56,7 @@ class PlanRequest:
     min_requests: int = 1000
     workers: int | None = None
     cluster: str | None = None             # a Dask scheduler's address: the simulations run there
+    window_s: float | None = None          # a fleet plan: the SLO judged in every window of this many s (3600)
 
     @property
     def searches(self) -> bool:
@@ -88,8 +89,14 @@ class PlanJob:
         return given
 
     @property
+    def fleet(self) -> bool:
+        """A fleet plan (the scenario autoscales): the cheapest policy over its whole run
+        (sim/planning/fleet_plan.py), rather than one replica's sustained load."""
+        return self.scenario.engine.autoscaling is not None
+
+    @property
     def label(self) -> str:
-        return "searching" if self.request.searches else "planning"
+        return "planning a fleet" if self.fleet else "searching" if self.request.searches else "planning"
 
     def run(self, progress: Callable[..., None] | None = None) -> dict:
         """The plan or search; on request.cluster's Dask workers when given (one connection)."""
@@ -105,6 +112,12 @@ class PlanJob:
         target = r.target_rate if r.target_users is None else r.target_users
         seqs = parse_int_list("--max-num-seqs", r.max_num_seqs)
         tokens = parse_int_list("--max-num-batched-tokens", r.max_num_batched_tokens)
+        if self.fleet:
+            from sim.planning.fleet_plan import plan_fleet
+
+            return plan_fleet(r.scenario, self.slo, overrides=r.overrides, window_s=r.window_s or 3600.0,
+                              seeds=r.seeds, gpu_hour_usd=self.prices.get(self.scenario.hardware.name),
+                              workers=r.workers, runner=runner, progress=progress)
         if r.searches:
             from sim.planning.config_search import search_configs
 
@@ -129,6 +142,9 @@ class PlanJob:
     def unmet(self, result: dict) -> list[str]:
         """Why nothing meets the SLO, one line each (empty when an answer was found): the plan's
         lowest failing load, or each searched candidate's reason for being left out."""
+        if self.fleet:
+            return [] if result["policy"] is not None else [
+                "no autoscaled policy meets the SLO in every window (plan.md lists the probes)"]
         if not self.request.searches:
             s = result["load_search"]
             unit = "users" if s.get("unit") == "users" else "req/s"
@@ -157,6 +173,12 @@ class PlanJob:
 
     def write(self, result: dict) -> tuple[str, list[tuple[str, str]], str]:
         """Write the report; (the headline table's title, its rows, what was written)."""
+        if self.fleet:
+            from sim.planning.fleet_report import FLEET_PNG, fleet_headline, write_fleet_report
+
+            write_fleet_report(result, self.out_dir)
+            return (f"servesim plan (a fleet): {result['scenario']}", fleet_headline(result),
+                    f"plan.md, plan.json, {FLEET_PNG}")
         if self.request.searches:
             from sim.planning.search_report import search_headline, write_search_report
 
@@ -186,9 +208,12 @@ def prepare(r: PlanRequest, note: Callable[[str], None] | None = None) -> PlanJo
             raise ScenarioError(f"{flag}: {v:g} is more than {cap:g}, the most servesim plans for")
     if r.cluster is not None and r.workers is not None:
         raise ScenarioError("--workers: not used with --cluster (the cluster's workers run the plan)")
+    if r.window_s is not None and not 0 < r.window_s < math.inf:
+        raise ScenarioError(f"--window-s: {r.window_s} is not a finite number > 0")
     if r.gpu_hour_usd is not None and not 0 <= r.gpu_hour_usd < math.inf:
         raise ScenarioError(f"--gpu-hour-usd: {r.gpu_hour_usd} is not a finite number >= 0")
     sc = load_scenario(r.scenario, r.overrides)
+    _check_fleet(r, sc)
     planned = planned_gpus(r, sc)
     if r.gpu_hour_usd is not None and len(set(planned)) > 1:
         raise ScenarioError(f"--gpu-hour-usd: one price for {len(set(planned))} GPU types ({', '.join(planned)}); "
@@ -226,6 +251,27 @@ def prepare(r: PlanRequest, note: Callable[[str], None] | None = None) -> PlanJo
                           horizon_s=r.horizon_s, min_requests=r.min_requests, confidence=r.confidence,
                           max_requests=max(r.min_requests, PlanOptions.max_requests), workers=r.workers)
     return PlanJob(r, sc, slo, options, out_dir)
+
+
+def _check_fleet(r: PlanRequest, sc: Scenario) -> None:
+    """A fleet plan (engine.autoscaling) takes the scenario's own load, hardware and engine: the
+    options that size one replica or search configurations are refused, and --window-s needs it."""
+    if sc.engine.autoscaling is None:
+        if r.window_s is not None:
+            raise ScenarioError("--window-s: only for a fleet plan (a scenario with engine.autoscaling; docs/fleet.md)")
+        return
+    given = [flag for flag, v in (
+        ("--target-rate", r.target_rate), ("--target-users", r.target_users), ("--gpus", r.gpus), ("--tp", r.tp),
+        ("--schedulers", r.schedulers), ("--speculative", r.speculative), ("--disaggregation", r.disaggregation),
+        ("--prefix-caching", r.prefix_caching), ("--max-num-seqs", r.max_num_seqs),
+        ("--max-num-batched-tokens", r.max_num_batched_tokens), ("--horizon-s", r.horizon_s), ("--emit", r.emit),
+        ("--max-gpus", r.max_gpus), ("--budget-usd-per-hour", r.budget_usd_per_hour)) if v is not None]
+    if sc.engine.admission is not None:
+        raise ScenarioError("plan: engine.admission is set; a fleet plan sizes a fleet that serves every request "
+                            "(remove it with --set engine.admission=null; docs/fleet.md)")
+    if given:
+        raise ScenarioError(f"{given[0]}: not with a fleet plan ({r.scenario} sets engine.autoscaling: the plan "
+                            "searches its policy over the scenario's own load; docs/fleet.md)")
 
 
 def planned_gpus(r: PlanRequest, scenario: Scenario) -> list[str]:

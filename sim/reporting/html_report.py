@@ -159,13 +159,20 @@ def write_report(folder: str | Path) -> Path:
             r = json_object(path.read_text(encoding="utf-8", errors="replace"), str(path), f"a {kind}")
             if "scenario" not in r:
                 raise ScenarioError(f"{path}: not a servesim {kind} (no scenario key)")
+            fleet = stem == "plan" and "static" in r and "policy" in r  # a fleet plan (sim/planning/fleet_plan.py)
+            if fleet:
+                from sim.planning.fleet_report import FLEET_PNG, fleet_headline
+                kind, rows_of = "fleet plan", fleet_headline
             title = f"servesim {kind}: {r['scenario']}"
             body += ["<h2>Answer</h2>", _table(rows_of(r))]
-            live = interactive.plan_figures(r) if stem == "plan" else interactive.search_figures(r)
+            if fleet:  # its one figure, as plan wrote it
+                live, figures = [], [p for p in (folder / FLEET_PNG,) if p.is_file() and not p.is_symlink()]
+            else:
+                live = interactive.plan_figures(r) if stem == "plan" else interactive.search_figures(r)
+                figures = save_folder_plots(folder, out=tmp)
             if (folder / f"{stem}.md").is_file():  # (after the figures: the whole report)
                 after += [f"<h2>{stem}.md</h2>", _markdown(folder / f"{stem}.md", folder)]
-            figures = save_folder_plots(folder, out=tmp)
-            data = {"kind": stem, "result": r}
+            data = {"kind": "fleet plan" if fleet else stem, "result": r}
         else:
             raise ScenarioError(f"{folder}: not a run, sweep, plan or search folder (no summary.json, results.csv, "
                                 "plan.json or search.json)")

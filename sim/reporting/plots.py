@@ -486,7 +486,11 @@ def save_folder_plots(folder: str | Path, out: str | Path | None = None, x: str 
         return [path]
     if (folder / "plan.json").is_file():
         from sim.planning.plan_report import _plots
-        return _plots(read_json_object(folder / "plan.json", "a plan"), out)
+        plan = read_json_object(folder / "plan.json", "a plan")
+        if "static" in plan and "policy" in plan:  # a fleet plan (sim/planning/fleet_plan.py)
+            from sim.planning.fleet_report import FLEET_PNG, fleet_figure
+            return [save_figure(fleet_figure(plan), out / FLEET_PNG, dpi=110)]
+        return _plots(plan, out)
     if (folder / "search.json").is_file():
         from sim.planning.search_report import PARETO_PNG, pareto_plot
         pareto = pareto_plot(read_json_object(folder / "search.json", "a configuration search"), out / PARETO_PNG)

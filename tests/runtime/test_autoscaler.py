@@ -162,10 +162,13 @@ def test_a_profile_csv_with_another_header_is_refused_naming_it(tmp_path):
         servesim.load_scenario(tmp_path / "s.yaml")
 
 
-def test_plan_refuses_a_profile_or_a_fleet_and_says_what_to_do():
-    with pytest.raises(servesim.ScenarioError, match=r"plan: engine.autoscaling is set; .* --set engine.autoscaling=null"):
-        servesim.plan("scenarios/day-autoscaling.yaml")
-    with pytest.raises(servesim.ScenarioError, match="plan: workload.arrival profile varies its rate"):
+def test_plan_refuses_a_profile_without_a_fleet_and_sizing_options_with_one():
+    """An autoscaled scenario gets a fleet plan (tests/planning/test_fleet_plan.py), which takes the
+    scenario's own load: a target rate is refused; a profile without autoscaling has no steady load."""
+    with pytest.raises(servesim.ScenarioError, match=r"--target-rate: not with a fleet plan"):
+        servesim.plan("scenarios/day-autoscaling.yaml", target_rate=5.0)
+    with pytest.raises(servesim.ScenarioError, match="plan: workload.arrival profile varies its rate.*add "
+                                                     "engine.autoscaling for a fleet plan"):
         servesim.plan("scenarios/day-autoscaling.yaml", overrides=["engine.autoscaling=null"])
 
 

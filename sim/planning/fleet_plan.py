@@ -1,0 +1,254 @@
+"""A fleet plan: the cheapest autoscaling policy that meets the SLO over a day of traffic, against
+the static fleet sized for that day's peak (`servesim plan` on a scenario with engine.autoscaling).
+
+Every candidate is the scenario's whole run (its day of arrivals), judged window by window: the
+SLO must hold in every `window_s` of arrivals (an hour by default), not only over the day, so that
+a policy cannot hide a morning ramp it misses inside a daily p99. A random workload is run on two
+seeds (the scenario's and the next) and a candidate meets the SLO only when both runs do; its cost
+is the first run's.
+
+1. **The static fleet for the peak**: the fewest fixed replicas (no autoscaling) that meet the SLO
+   in every window. The search starts at the replicas the scenario's own policy held at most, and
+   steps down while they meet (up while they do not).
+2. **The policy**: max_replicas = that static fleet (the autoscaler never needs more than what
+   serves the peak), min_replicas the scenario's, and target_in_flight searched: a larger target
+   holds fewer replicas (cheaper) and queues more (slower), so the answer is the largest target on
+   a grid of 2^(k/4) x the scenario's (k in -16..16: 1/16x to 16x, steps of 19%) that meets the SLO.
+   Probed at k = -16, -8, 0, 8, 16, then narrowed between the last that met and the first that
+   failed. When none meets (a cold start too slow for the ramp), min_replicas rises by one and the
+   search repeats, up to the static fleet itself (min = max: the static fleet, which meets it).
+
+The cost of each is its GPU-hours over its own run (replica-seconds held x tensor_parallel_size)
+at the hardware's price per GPU-hour; the saving is 1 - policy / static.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sim.config.errors import ScenarioError
+from sim.config.scenario import SLOConfig, load_scenario
+from sim.planning.parallel import LocalRunner, default_workers
+from sim.runtime.metrics import goodput
+
+GRID = range(-16, 17)                 # k: target_in_flight = scenario's x 2^(k/4)
+FIRST_PROBES = (-16, -8, 0, 8, 16)
+MOST_STATIC = 256                     # the most replicas the static search tries
+
+
+def target_at(base: float, k: int) -> float:
+    return base * 2 ** (k / 4)
+
+
+def judge_day(result, slo: SLOConfig, window_s: float) -> dict:
+    """The SLO judged over the whole run and in every window of `window_s` s of arrivals (by the
+    request's arrival); the run `met` it when every request finished and every window met it."""
+    rq = result.requests
+    gaps, counts, ends = result.itl
+    done = rq[~rq["finish_s"].isna()]
+    end_s = float(done["finish_s"].max()) if len(done) else 0.0
+    day = goodput(done, slo, end_s, (gaps, counts))
+    which = (rq["arrival_s"].to_numpy() // window_s).astype(np.int64)
+    gap_window = (ends // window_s).astype(np.int64)
+    windows = []
+    for w in range(int(which.max()) + 1 if len(which) else 0):
+        mine = done[which[~rq["finish_s"].isna().to_numpy()] == w]
+        g = goodput(mine, slo, window_s, (gaps[gap_window == w], counts[gap_window == w]))
+        observed = {k: v["observed"] for k, v in g.items() if isinstance(v, dict)}
+        windows.append({"start_s": w * window_s, "requests": int((which == w).sum()), "met": bool(g["met"]),
+                        "fraction": g["fraction"],
+                        "worst_ratio": max((0.0 if math.isnan(observed[k]) else observed[k] / t)
+                                           for k, (t, _) in slo.targets().items())})
+    completed = len(done) == len(rq)
+    return {"met": completed and all(w["met"] for w in windows), "completed": len(done), "requests": len(rq),
+            "end_s": end_s, "day": {k: v for k, v in day.items() if isinstance(v, dict)},
+            "fraction": day["fraction"], "windows": windows,
+            "windows_missed": sum(not w["met"] for w in windows)}
+
+
+def evaluate(path: str, overrides: tuple[str, ...], slo: SLOConfig, window_s: float) -> dict:
+    """One candidate, on a worker: its run judged (small numbers: this crosses processes)."""
+    from sim.simulate import simulate
+
+    sc = load_scenario(path, overrides)
+    result = simulate(sc)
+    out = judge_day(result, slo, window_s)
+    tp = sc.engine.tensor_parallel_size
+    fleet = result.summary.get("autoscaling")
+    if fleet is None:  # a static fleet: every replica held from 0 to the last finish
+        replicas = sc.engine.replicas
+        out.update(gpu_hours=replicas * tp * out["end_s"] / 3600, mean_replicas=float(replicas),
+                   peak_replicas=replicas, spans=[])
+    else:
+        out.update(gpu_hours=fleet["gpu_hours"], mean_replicas=fleet["mean_replicas"],
+                   peak_replicas=fleet["peak_replicas"], spans=fleet["spans"])
+    out["overrides"] = list(overrides)
+    return out
+
+
+class _Probe:
+    """Runs candidates (a batch at a time on the runner) and remembers each."""
+
+    def __init__(self, path: Path, base: tuple[str, ...], slo: SLOConfig, window_s: float, seeds: list[int],
+                 runner: Any, progress: Callable[..., None] | None):
+        self.path, self.base, self.slo, self.window_s, self.seeds = str(path), base, slo, window_s, seeds
+        self.runner, self.progress = runner, progress
+        self.done: dict[tuple[str, ...], dict] = {}  # a run (candidate + seed) -> its judgement
+        self.judged: dict[tuple[str, ...], dict] = {}  # a candidate -> over every seed
+        self.phase = "the scenario's own policy"  # what the runs under way are for (the progress line)
+        # candidates worth running at once while narrowing (a local runner's workers; else 2)
+        workers = max(1, min(4, getattr(runner, "workers", None) or default_workers()))
+        self.width = max(1, workers // len(seeds))
+
+    def __call__(self, candidates: Iterable[tuple[str, ...]]) -> list[dict]:
+        """Each candidate's run on the first seed, `met` only when it met the SLO on every seed."""
+        wanted = list(dict.fromkeys(tuple(c) for c in candidates))
+        runs = [c + (f"seed={seed}",) for c in wanted for seed in self.seeds]
+        todo = [r for r in runs if r not in self.done]
+        args = [(self.path, self.base + r, self.slo, self.window_s) for r in todo]
+        for i, result in self.runner.map(evaluate, args):
+            self.done[todo[i]] = result
+            if self.progress is not None:  # an adaptive search: a count, no total
+                self.progress(len(self.done), None, self.phase)
+        out = []
+        for c in wanted:
+            each = [self.done[c + (f"seed={seed}",)] for seed in self.seeds]
+            out.append({**each[0], "met": all(e["met"] for e in each), "met_each": [e["met"] for e in each]})
+            self.judged[c] = out[-1]
+        return out
+
+
+def _static(n: int) -> tuple[str, ...]:
+    return ("engine.autoscaling=null", f"engine.replicas={n}")
+
+
+def _policy(low: int, high: int, target: float) -> tuple[str, ...]:
+    return (f"engine.autoscaling.min_replicas={low}", f"engine.autoscaling.max_replicas={high}",
+            f"engine.replicas={low}", f"engine.autoscaling.target_in_flight={target!r}")
+
+
+def plan_fleet(path: str | Path, slo: SLOConfig, *, overrides: Iterable[str] = (), window_s: float = 3600.0,
+               seeds: int = 2, gpu_hour_usd: float | None = None, workers: int | None = None,
+               runner: Any = None, progress: Callable[..., None] | None = None) -> dict:
+    """The cheapest autoscaling policy meeting `slo` in every window, and the static fleet for the
+    peak (module docstring). `seeds` >= 2: a random workload is judged on seed and seed + 1."""
+    from sim.planning.evaluator import deterministic  # (imports the simulator: not at module import)
+
+    path, base = Path(path), tuple(overrides)
+    sc = load_scenario(path, base)
+    a = sc.engine.autoscaling
+    if a is None:
+        raise ScenarioError("plan: a fleet plan needs engine.autoscaling (the policy it searches)")
+    if sc.engine.admission is not None:
+        raise ScenarioError("plan: engine.admission is set; a fleet plan sizes a fleet that serves every request "
+                            "(remove it with --set engine.admission=null)")
+    if not 0 < window_s < math.inf:
+        raise ScenarioError(f"--window-s: {window_s} is not a finite number > 0")
+    # judged on two seeds (a random workload; --seeds 1: one): met only when both meet the SLO
+    judged = [sc.seed] if seeds < 2 or deterministic(sc) else [sc.seed, sc.seed + 1]
+    probe = _Probe(path, base, slo, window_s, judged, runner if runner is not None else LocalRunner(workers),
+                   progress)
+    price = gpu_hour_usd if gpu_hour_usd is not None else sc.hardware.usd_per_hour
+    own = probe([()])[0]  # the scenario's own policy, as written
+
+    # 1. the static fleet for the peak: the fewest fixed replicas meeting the SLO in every window
+    probe.phase = "the static fleet for the peak"
+    static_n = _fewest_static(probe, max(1, int(own["peak_replicas"])), slo)
+    static = probe([_static(static_n)])[0]
+
+    # 2. the policy: the largest target_in_flight meeting the SLO, max_replicas = the static fleet
+    tried: list[dict] = []
+
+    def policy_runs(low: int, ks: list[int]) -> dict[int, dict]:
+        found = probe([_policy(low, static_n, target_at(a.target_in_flight, k)) for k in ks])
+        for k, f in zip(ks, found):
+            tried.append({"min_replicas": low, "target_in_flight": target_at(a.target_in_flight, k),
+                          "met_each": f["met_each"], **_brief(f, price)})
+        return dict(zip(ks, found))
+
+    probe.phase = "the autoscaling policy"
+    chosen: tuple[int, int] | None = None  # (min_replicas, k)
+    for low in range(min(a.min_replicas, static_n), static_n + 1):  # at static_n: the static fleet itself
+        k = _largest_meeting(functools.partial(policy_runs, low), probe.width)
+        if k is not None:
+            chosen = (low, k)
+            break
+
+    result: dict[str, Any] = {
+        "scenario": str(path), "name": sc.name, "slo": slo.label(), "window_s": window_s,
+        "usd_per_gpu_hour": price, "tensor_parallel_size": sc.engine.tensor_parallel_size,
+        "hardware": sc.hardware.name, "model": sc.model.name,
+        "autoscaling": a.as_yaml(), "own_policy": _brief(own, price),
+        "static": {"replicas": static_n, **_brief(static, price), "windows": static["windows"]},
+        "seeds": judged, "probes": tried,
+        "static_probes": sorted(({"replicas": int(c[1].split("=")[1]), "met_each": f["met_each"], **_brief(f, price)}
+                                 for c, f in probe.judged.items() if c[:1] == ("engine.autoscaling=null",)),
+                                key=lambda row: row["replicas"]), "simulations": len(probe.done)}
+    if chosen is None:
+        result["policy"] = None
+        return result
+    low, k = chosen
+    target = target_at(a.target_in_flight, k)
+    best = probe([_policy(low, static_n, target)])[0]
+    result["policy"] = {"min_replicas": low, "max_replicas": static_n,
+                        "target_in_flight": target, "interval_s": a.interval_s, "cold_start_s": a.cold_start_s,
+                        "scale_down_delay_s": a.scale_down_delay_s, "tolerance": a.tolerance,
+                        **_brief(best, price),
+                        "windows": best["windows"], "spans": best["spans"],
+                        "overrides": list(base) + list(_policy(low, static_n, target))}
+    s_usd, p_usd = result["static"]["usd"], result["policy"]["usd"]
+    result["saving"] = {"gpu_hours": result["static"]["gpu_hours"] - result["policy"]["gpu_hours"],
+                        "usd": s_usd - p_usd, "fraction": 1 - p_usd / s_usd if s_usd > 0 else 0.0}
+    return result
+
+
+def _fewest_static(probe: _Probe, start: int, slo: SLOConfig) -> int:
+    """The fewest static replicas meeting the SLO in every window, from `start`: down while the
+    next fewer still meet, else up (two at a time: a batch runs them in parallel)."""
+    n = start
+    if probe([_static(n)])[0]["met"]:
+        while n > 1:
+            fewer = [m for m in (n - 1, n - 2) if m >= 1]
+            met = [f["met"] for f in probe([_static(m) for m in fewer])]
+            if not met[0]:
+                break
+            n -= 2 if len(met) > 1 and met[1] else 1
+            if len(met) > 1 and not met[1]:
+                break
+        return n
+    while n < MOST_STATIC:
+        more = [m for m in (n + 1, n + 2) if m <= MOST_STATIC]
+        met = [f["met"] for f in probe([_static(m) for m in more])]
+        if any(met):
+            return more[met.index(True)]
+        n = more[-1]
+    raise ScenarioError(f"plan: {MOST_STATIC} static replicas do not meet the SLO in every window ({slo.label()}); "
+                        "check the SLO and the load")
+
+
+def _largest_meeting(runs: Callable[[list[int]], dict[int, dict]], width: int) -> int | None:
+    """The largest k of GRID whose policy meets the SLO (None: none does), taking the policies as
+    monotone in k: FIRST_PROBES, then `width` points at a time between the last that met and the
+    first that failed."""
+    seen = runs(list(FIRST_PROBES))
+    while True:
+        hi = min([k for k, f in seen.items() if not f["met"]], default=max(GRID) + 1)
+        lo = max([k for k, f in seen.items() if f["met"] and k < hi], default=min(GRID) - 1)
+        inside = [k for k in GRID if lo < k < hi]
+        if not inside:
+            return lo if lo >= min(GRID) else None
+        picks = sorted({inside[int(len(inside) * (j + 1) / (width + 1))] for j in range(width)})
+        seen.update(runs(picks))
+
+
+def _brief(f: dict, price: float) -> dict:
+    """A candidate's row: met, cost, replicas, the day's observed percentiles, missed windows."""
+    return {"met": f["met"], "gpu_hours": f["gpu_hours"], "usd": f["gpu_hours"] * price,
+            "mean_replicas": f["mean_replicas"], "peak_replicas": f["peak_replicas"], "end_s": f["end_s"],
+            "windows_missed": f["windows_missed"], "fraction": f["fraction"], "completed": f["completed"],
+            "requests": f["requests"], "observed": {k: v["observed"] for k, v in f["day"].items()}}

@@ -1,0 +1,181 @@
+"""A fleet plan as files: plan.json (the dict sim/planning/fleet_plan.plan_fleet returns), plan.md
+and fleet_plan.png (load, replicas and the SLO per window: the policy against the static fleet).
+
+    write_fleet_report(result, out_dir) -> list[Path]
+    fleet_headline(result) -> list[tuple[str, str]]    # the short table the CLI prints
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from sim.files import plain_text, save_figure, write_file
+
+FLEET_PNG = "fleet_plan.png"
+
+
+def _clock(seconds: float) -> str:
+    return f"{seconds / 3600:,.1f} h" if seconds >= 7200 else f"{seconds:,.0f} s"
+
+
+def _policy_text(p: dict) -> str:
+    return (f"{p['min_replicas']}-{p['max_replicas']} replicas, target_in_flight {p['target_in_flight']:.3g} "
+            f"(cold start {p['cold_start_s']:g} s)")
+
+
+def fleet_headline(r: dict) -> list[tuple[str, str]]:
+    s, p = r["static"], r["policy"]
+    rows = [("SLO", f"{r['slo']}, in every {_clock(r['window_s'])} of arrivals"),
+            ("static fleet for the peak", f"{s['replicas']} x TP{r['tensor_parallel_size']} {r['hardware']}: "
+                                          f"{s['gpu_hours']:,.1f} GPU-hours (${s['usd']:,.2f})")]
+    if p is None:
+        return rows + [("autoscaled policy", "none meets the SLO in every window below the static fleet")]
+    sv = r["saving"]
+    return rows + [("autoscaled policy", _policy_text(p)),
+                   ("its cost", f"{p['gpu_hours']:,.1f} GPU-hours (${p['usd']:,.2f}); {p['mean_replicas']:.2f} "
+                                f"replicas held on average, at most {p['peak_replicas']}"),
+                   ("saving", f"{sv['fraction']:.1%}: {sv['gpu_hours']:,.1f} GPU-hours (${sv['usd']:,.2f}) over "
+                              f"{_clock(p['end_s'])}"),
+                   ("simulations", f"{r['simulations']} whole runs")]
+
+
+def _observed(row: dict) -> str:
+    return ", ".join(f"{k[:-3].upper()} {v:,.0f} ms" for k, v in row["observed"].items()
+                     if v is not None and np.isfinite(v))
+
+
+def _each(row: dict) -> str:
+    return " / ".join("yes" if m else "no" for m in row["met_each"])
+
+
+def markdown(r: dict, figure: str | None) -> str:
+    s, p = r["static"], r["policy"]
+    windows = len(s["windows"])
+    lines = [f"# Fleet plan: {r['name']}", "",
+             f"{r['model']} on TP{r['tensor_parallel_size']} {r['hardware']} replicas at "
+             f"${r['usd_per_gpu_hour']:g} per GPU-hour, over the scenario's whole run ({r['scenario']}). "
+             f"SLO: {r['slo']}, judged in each of the {windows} windows of {_clock(r['window_s'])} of arrivals "
+             "(every one must meet it), every request served"
+             + (f", on seeds {' and '.join(map(str, r['seeds']))} (a candidate meets the SLO only when every seed's "
+                "run does; costs are the first seed's)." if len(r["seeds"]) > 1 else "."), "",
+             "| | static fleet for the peak | autoscaled policy |", "| --- | --- | --- |"]
+    cells = [("replicas", f"{s['replicas']} all the time",
+              "-" if p is None else _policy_text(p)),
+             ("GPU-hours", f"{s['gpu_hours']:,.2f}", "-" if p is None else f"{p['gpu_hours']:,.2f}"),
+             ("cost (USD)", f"{s['usd']:,.2f}", "-" if p is None else f"{p['usd']:,.2f}"),
+             ("replicas held: mean / peak", f"{s['mean_replicas']:.2f} / {s['peak_replicas']}",
+              "-" if p is None else f"{p['mean_replicas']:.2f} / {p['peak_replicas']}"),
+             ("over the run (its percentile)", _observed(s), "-" if p is None else _observed(p)),
+             ("windows meeting the SLO", f"{windows - s['windows_missed']} of {windows}",
+              "-" if p is None else f"{len(p['windows']) - p['windows_missed']} of {len(p['windows'])}"),
+             ("requests meeting every target", f"{s['fraction']:.2%}", "-" if p is None else f"{p['fraction']:.2%}")]
+    lines += [f"| {a} | {b} | {c} |" for a, b, c in cells]
+    lines.append("")
+    if p is None:
+        lines += ["No autoscaled policy meets the SLO in every window with fewer GPU-hours than the static fleet "
+                  "(probes below).", ""]
+    else:
+        sv = r["saving"]
+        lines += [f"**Saving: {sv['fraction']:.1%}**, {sv['gpu_hours']:,.2f} GPU-hours (${sv['usd']:,.2f}) over "
+                  f"{_clock(p['end_s'])}.", "",
+                  "The policy, as a scenario writes it:", "", "```yaml", "engine:", "  autoscaling:"]
+        lines += [f"    {k}: {p[k]:.4g}" if isinstance(p[k], float) else f"    {k}: {p[k]}"
+                  for k in ("min_replicas", "max_replicas", "target_in_flight", "interval_s", "cold_start_s",
+                            "scale_down_delay_s", "tolerance")]
+        lines += ["```", "", "or: `servesim run " + r["scenario"] + "".join(f" --set {o}" for o in p["overrides"])
+                  + "`", ""]
+    own = r["own_policy"]
+    a = r["autoscaling"]
+    lines += [f"The scenario's own policy ({a['min_replicas']}-{a['max_replicas']} replicas, target_in_flight "
+              f"{a['target_in_flight']:g}): {'meets' if own['met'] else 'misses'} the SLO "
+              f"({own['windows_missed']} windows missed), {own['gpu_hours']:,.2f} GPU-hours.", ""]
+    if figure:
+        lines += [f"![the policy against the static fleet]({figure})", ""]
+    lines += ["## How it was found", "",
+              "1. The static fleet: the fewest fixed replicas (engine.autoscaling off) that meet the SLO in every "
+              "window, searched from the most replicas the scenario's own policy held.",
+              "2. The policy: max_replicas = that fleet, target_in_flight on a grid of 2^(k/4) x the scenario's "
+              "(1/16x to 16x), the largest that meets the SLO (a larger target holds fewer replicas); when none "
+              "does, min_replicas one higher.",
+              "", "| static replicas | meets (each seed) | windows missed (first seed) | GPU-hours |",
+              "| --- | --- | --- | --- |"]
+    lines += [f"| {t['replicas']} | {_each(t)} | {t['windows_missed']} | {t['gpu_hours']:,.2f} |"
+              for t in r["static_probes"]]
+    lines += ["", "| min_replicas | target_in_flight | meets (each seed) | windows missed (first seed) | GPU-hours "
+              "| mean / peak replicas |", "| --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {t['min_replicas']} | {t['target_in_flight']:.3g} | {_each(t)} | "
+              f"{t['windows_missed']} | {t['gpu_hours']:,.2f} | {t['mean_replicas']:.2f} / {t['peak_replicas']} |"
+              for t in r["probes"]]
+    lines += ["", f"{r['simulations']} whole runs simulated. GPU-hours: replica-seconds held (starting, serving, "
+              "draining) x tensor_parallel_size / 3600, each over its own run (to its last request's finish).", ""]
+    return "\n".join(lines)
+
+
+@plain_text
+def fleet_figure(r: dict):
+    """Three panels over the run: arrivals per second in each window; replicas held, the policy's
+    (from its spans) against the static fleet; the worst observed / target per window, both."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    s, p = r["static"], r["policy"]
+    w = r["window_s"]
+    hours = max(s["end_s"], p["end_s"] if p else 0) > 7200
+    scale = 3600 if hours else 1
+    starts = np.array([x["start_s"] for x in s["windows"]], dtype=float)
+    fig = Figure(figsize=(11, 7.5), layout="constrained")
+    axes = fig.subplots(3, 1, sharex=True)
+    rate = np.array([x["requests"] for x in s["windows"]], dtype=float) / w
+    axes[0].step(np.append(starts, starts[-1] + w) / scale, np.append(rate, rate[-1]), where="post", color="C0")
+    axes[0].set_ylabel("arrivals\n(req/s)")
+    axes[0].set_ylim(bottom=0)
+    end = max(s["end_s"], p["end_s"] if p else 0)
+    axes[1].hlines(s["replicas"], 0, s["end_s"] / scale, color="C7", lw=1.5,
+                   label=f"static fleet: {s['replicas']}")
+    if p is not None:
+        edges = sorted([(sp["start_s"], 1) for sp in p["spans"]]
+                       + [(sp["end_s"] if sp["end_s"] is not None else p["end_s"], -1) for sp in p["spans"]],
+                       key=lambda e: (e[0], e[1]))
+        t, held = [0.0], [0]
+        for at, step in edges:
+            t.append(at)
+            held.append(held[-1] + step)
+        axes[1].step(np.array(t) / scale, held, where="post", color="C1", lw=1.2,
+                     label=f"autoscaled: {_policy_text(p)}")
+    axes[1].set_ylabel("replicas held")
+    axes[1].yaxis.set_major_locator(MaxNLocator(integer=True))
+    axes[1].set_ylim(0, s["replicas"] + 1)
+    axes[1].legend(loc="upper left", fontsize=8)
+    mids = (starts + w / 2) / scale
+    axes[2].plot(mids, [x["worst_ratio"] for x in s["windows"]], "o-", ms=3, color="C7", label="static fleet")
+    if p is not None:
+        axes[2].plot(mids[:len(p["windows"])], [x["worst_ratio"] for x in p["windows"]], "o-", ms=3, color="C1",
+                     label="autoscaled")
+    axes[2].axhline(1.0, color="red", ls="--", lw=0.8, label="the SLO (observed = target)")
+    axes[2].set_ylabel("worst observed /\ntarget, per window")
+    axes[2].set_ylim(bottom=0)
+    axes[2].legend(loc="upper left", fontsize=8)
+    axes[2].set_xlabel("time (h)" if hours else "time (s)")
+    axes[2].set_xlim(0, end / scale)
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    title = f"{r['name']}: {r['slo']} in every {_clock(w)} of arrivals"
+    if p is not None:
+        title += (f"\nautoscaled {p['gpu_hours']:,.1f} GPU-hours against {s['gpu_hours']:,.1f} for "
+                  f"{s['replicas']} fixed replicas: {r['saving']['fraction']:.0%} less")
+    axes[0].set_title(title)
+    return fig
+
+
+def write_fleet_report(r: dict, out_dir: str | Path) -> list[Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = [write_file(out / "plan.json", json.dumps(r, indent=2) + "\n")]
+    figure = None
+    if r["static"]["windows"]:
+        written.append(save_figure(fleet_figure(r), out / FLEET_PNG, dpi=110))
+        figure = FLEET_PNG
+    written.append(write_file(out / "plan.md", markdown(r, figure)))
+    return written

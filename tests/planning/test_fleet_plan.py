@@ -1,0 +1,144 @@
+"""The fleet plan (sim/planning/fleet_plan.py): the SLO judged per window by hand, the searches on
+stand-in judgements, and a whole plan on a short day checked against runs made here."""
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+import servesim
+from cli import app
+from sim.config.scenario import SLOConfig, load_scenario
+from sim.planning.fleet_plan import FIRST_PROBES, GRID, _fewest_static, _largest_meeting, judge_day
+from sim.simulate import simulate
+from simhelpers import assert_one_line_error
+
+
+def _result(arrival, ttft_s, finish_s=None):
+    n = len(arrival)
+    finish = np.asarray(finish_s if finish_s is not None else np.asarray(arrival) + 1.0, dtype=float)
+    rq = pd.DataFrame({"arrival_s": np.asarray(arrival, float), "finish_s": finish, "ttft_s": np.asarray(ttft_s, float),
+                       "tpot_s": np.full(n, 0.01), "e2e_s": finish - np.asarray(arrival, float)})
+    return SimpleNamespace(requests=rq, itl=(np.zeros(0), np.zeros(0), np.zeros(0)))
+
+
+def test_the_slo_is_judged_in_every_window_by_hand():
+    """Windows of 10 s; p50 TTFT <= 100 ms. Window 0 (arrivals 0-9): TTFTs 50, 60, 200 -> p50 60:
+    met, worst 0.6. Window 1: 150, 160 -> p50 155: missed, worst 1.55. Window 2 (no arrivals):
+    met. Over the run p50 is 150 -> the day misses too; the run fails on window 1 alone."""
+    slo = SLOConfig(ttft_ms=100.0, percentile=50.0)
+    r = judge_day(_result([1, 2, 3, 11, 12], [0.05, 0.06, 0.2, 0.15, 0.16]), slo, 10.0)
+    assert [(w["start_s"], w["requests"], w["met"]) for w in r["windows"]] == [(0, 3, True), (10, 2, False)]
+    assert r["windows"][0]["worst_ratio"] == pytest.approx(0.6)
+    assert r["windows"][1]["worst_ratio"] == pytest.approx(1.55)
+    assert r["windows_missed"] == 1 and not r["met"] and r["completed"] == 5
+    fine = judge_day(_result([1, 2, 3, 25], [0.05, 0.06, 0.2, 0.09]), slo, 10.0)
+    assert [w["requests"] for w in fine["windows"]] == [3, 0, 1]
+    assert fine["met"] and fine["windows_missed"] == 0
+    unfinished = judge_day(_result([1, 2], [0.05, 0.06], [2.0, np.nan]), slo, 10.0)
+    assert not unfinished["met"] and unfinished["completed"] == 1  # a request never served fails the run
+
+
+def test_the_largest_meeting_target_is_found_with_few_probes():
+    """Policies meet up to k = 5 (monotone): probed at -16, -8, 0, 8, 16, then narrowed in (0, 8)."""
+    calls: list[list[int]] = []
+
+    def runs(threshold):
+        def run(ks):
+            calls.append(ks)
+            return {k: {"met": k <= threshold} for k in ks}
+        return run
+
+    assert _largest_meeting(runs(5), 2) == 5
+    assert calls[0] == list(FIRST_PROBES) and sum(map(len, calls)) <= 5 + 2 * 3
+    assert _largest_meeting(runs(99), 2) == max(GRID)       # every target meets: the largest
+    assert _largest_meeting(runs(-99), 1) is None           # none meets
+    assert _largest_meeting(runs(-16), 1) == -16
+
+
+@pytest.mark.parametrize("start", [1, 3, 6, 9])
+def test_the_fewest_static_replicas_from_any_start(start):
+    """3 replicas meet (and more), 2 do not: found from below, at, or above."""
+    def probe(candidates):
+        return [{"met": int(c[1].split("=")[1]) >= 3} for c in candidates]
+
+    assert _fewest_static(probe, start, SLOConfig(ttft_ms=1.0)) == 3
+
+
+DAY = {"name": "mini-day", "seed": 0, "model": "llama-3-70b", "hardware": "h100-sxm", "cost_model": "roofline",
+       "engine": {"scheduler": "chunked", "tensor_parallel_size": 4, "router": "least_loaded",
+                  "autoscaling": {"min_replicas": 1, "max_replicas": 6, "target_in_flight": 24, "interval_s": 5,
+                                  "cold_start_s": 20, "scale_down_delay_s": 30}},
+       "workload": {"arrival": {"process": "profile", "rates": [[0, 3.0], [300, 30.0], [450, 3.0]], "period_s": 900},
+                    "prompt_tokens": {"dist": "lognormal", "mean": 600, "std": 400, "max": 4096},
+                    "output_tokens": {"dist": "lognormal", "mean": 120, "std": 80, "max": 1024},
+                    "num_requests": 6750},
+       "slo": {"ttft_ms": 500, "tpot_ms": 50, "percentile": 99}}
+
+
+def test_a_fleet_plan_finds_a_cheaper_policy_and_the_runs_here_agree(tmp_path):
+    """A 900 s 'day' at 3 req/s with a 150 s peak at 30 req/s, windows of 150 s. The plan's static
+    fleet is the fewest replicas that meet the SLO in every window on both seeds: checked here by
+    running it and one fewer. Its policy, run here with the overrides plan.md prints, meets the
+    SLO in every window on both seeds and holds fewer GPU-hours than the static fleet."""
+    (tmp_path / "day.yaml").write_text(yaml.safe_dump(DAY))
+    out = tmp_path / "plan"
+    result = CliRunner().invoke(app, ["plan", str(tmp_path / "day.yaml"), "--window-s", "150", "--out", str(out),
+                                      "--workers", "1"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads((out / "plan.json").read_text())
+    slo = SLOConfig(ttft_ms=500.0, tpot_ms=50.0, percentile=99.0)
+    n, policy = plan["static"]["replicas"], plan["policy"]
+    assert plan["seeds"] == [0, 1]
+
+    def judged(*overrides, seed):
+        r = simulate(load_scenario(tmp_path / "day.yaml", list(overrides) + [f"seed={seed}"]))
+        return judge_day(r, slo, 150.0), r
+
+    assert all(judged("engine.autoscaling=null", f"engine.replicas={n}", seed=s)[0]["met"] for s in (0, 1))
+    assert not all(judged("engine.autoscaling=null", f"engine.replicas={n - 1}", seed=s)[0]["met"] for s in (0, 1))
+    mine = [judged(*policy["overrides"], seed=s) for s in (0, 1)]
+    assert all(j["met"] for j, _ in mine)
+    fleet = mine[0][1].summary["autoscaling"]
+    assert fleet["gpu_hours"] == pytest.approx(policy["gpu_hours"])
+    static_hours = n * 4 * mine[0][0]["end_s"] / 3600  # close to the static run's own span
+    assert fleet["gpu_hours"] < 0.9 * static_hours
+    assert plan["saving"]["fraction"] == pytest.approx(1 - policy["usd"] / plan["static"]["usd"])
+    assert policy["max_replicas"] == n and policy["target_in_flight"] in {p["target_in_flight"] for p in plan["probes"]}
+    # every larger target probed on the same min_replicas failed (the answer is the largest that met)
+    assert all(not p["met"] for p in plan["probes"]
+               if p["min_replicas"] == policy["min_replicas"] and p["target_in_flight"] > policy["target_in_flight"])
+    text = (out / "plan.md").read_text()
+    assert "Saving:" in text and "fleet_plan.png" in text and (out / "fleet_plan.png").stat().st_size > 10_000
+    # the folder reads back as a fleet plan: servesim report and servesim plot
+    assert CliRunner().invoke(app, ["report", str(out)]).exit_code == 0
+    embedded = servesim.read_report(out / "report.html")
+    assert embedded["kind"] == "fleet plan" and embedded["result"]["static"]["replicas"] == n
+    replot = CliRunner().invoke(app, ["plot", str(out), "--out", str(tmp_path / "again")])
+    assert replot.exit_code == 0 and (tmp_path / "again" / "fleet_plan.png").is_file()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--target-rate", "5"], "--target-rate: not with a fleet plan"),
+    (["--gpus", "h100-sxm,h200"], "--gpus: not with a fleet plan"),
+    (["--window-s", "0"], "--window-s: 0.0 is not a finite number > 0"),
+    (["--set", "engine.admission.rate=5"], "engine.admission is set"),
+])
+def test_fleet_plan_mistakes_are_refused(tmp_path, args, message):
+    (tmp_path / "day.yaml").write_text(yaml.safe_dump(DAY))
+    result = CliRunner().invoke(app, ["plan", str(tmp_path / "day.yaml"), "--out", str(tmp_path / "p")] + args)
+    assert_one_line_error(result, message)
+    assert not (tmp_path / "p").exists()
+
+
+def test_window_s_needs_an_autoscaled_scenario(tmp_path):
+    raw = {**DAY, "engine": {k: v for k, v in DAY["engine"].items() if k != "autoscaling"},
+           "workload": {**DAY["workload"], "arrival": {"process": "poisson", "rate": 3.0}}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
+    result = CliRunner().invoke(app, ["plan", str(tmp_path / "s.yaml"), "--window-s", "60", "--out", str(tmp_path / "p")])
+    assert_one_line_error(result, "--window-s: only for a fleet plan")
