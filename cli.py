@@ -367,13 +367,24 @@ def _goodput_rows(t: Any, g: Any) -> None:
         t.add_row("requests meeting the SLO", f"{g['fraction']:.1%}")
     if isinstance(g.get("fraction_of_offered"), (int, float)):  # (a gateway shed some)
         t.add_row("requests meeting the SLO, of those offered", f"{g['fraction_of_offered']:.1%}")
-    pct = _fmt(g.get("percentile"), 0)
-    for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT")):
+    classes = g.get("classes") if isinstance(g.get("classes"), dict) else None
+    if classes:  # workload classes, each held to its own targets: their verdicts (ITL: over all)
+        for name, c in classes.items():
+            if isinstance(c, dict):
+                _verdict_rows(t, c, f"{name}: ", ("ttft_ms", "tpot_ms", "e2el_ms"))
+        _verdict_rows(t, g, "", ("itl_ms",))
+    else:
+        _verdict_rows(t, g, "", ("ttft_ms", "tpot_ms"))
+
+
+def _verdict_rows(t: Any, g: dict, prefix: str, keys: tuple[str, ...]) -> None:
+    """A row per SLO target in `keys` that `g` judged: its percentile's observed value, met or missed."""
+    for key in keys:
         slo = g.get(key)
         if isinstance(slo, dict):
             verdict = "[green]met[/]" if slo.get("met") else "[red]missed[/]"
-            t.add_row(f"SLO: p{pct} {label} <= {_fmt(slo.get('target'), 0)} ms",
-                      f"{_fmt(slo.get('observed'), 1)} ms {verdict}")
+            t.add_row(f"{prefix}SLO: p{_fmt(slo.get('percentile', g.get('percentile')), 0)} {key[:-3].upper()} <= "
+                      f"{_fmt(slo.get('target'), 0)} ms", f"{_fmt(slo.get('observed'), 1)} ms {verdict}")
 
 
 # ---- sweep (issue 4: owned by the sweep engineer) ----

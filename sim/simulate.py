@@ -114,6 +114,8 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
         requests["kv_transfer_s"] = transfers.transfer_s
     if admitted_at is not None:  # every offered request, the shed ones marked
         requests = _with_shed(requests, offered, admitted_at)
+    if offered.classes is not None:  # workload.classes: each request's class by name (rows: every offered request)
+        requests["class"] = np.asarray(offered.class_names, dtype=object)[offered.classes]
     m, hw = scenario.model, scenario.hardware
     itl = inter_token_latencies(steps, recorder, req)  # (takes the recorder's durations)
     replicas, gpus = e.replicas, e.replicas * e.tensor_parallel_size
@@ -128,7 +130,8 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
     summary = summarize(req, requests, steps, recorder, itl=itl, max_num_seqs=e.max_num_seqs, replicas=replicas,
                         gpus=gpus, flops_per_token=m.flops_per_token,
                         weight_bytes=m.weight_bytes, kv_bytes_per_token=m.kv_bytes_per_token,
-                        peak_flops=hw.bf16_flops, hbm_bandwidth=hw.hbm_bandwidth, slo=scenario.slo)
+                        peak_flops=hw.bf16_flops, hbm_bandwidth=hw.hbm_bandwidth, slo=scenario.slo,
+                        classes=offered.class_names if offered.classes is not None else ())
     if fleet is not None:
         summary["autoscaling"] = fleet
     if admitted_at is not None:
@@ -159,12 +162,12 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
 def _through_gateway(config, workload: Workload, where: str) -> tuple[Workload, np.ndarray]:
     """The requests the gateway admits, arriving at the engine when they pass it; and each offered
     request's passing time (NaN: shed)."""
-    from sim.runtime.gateway import admit
+    from sim.runtime.gateway import admit_all
 
     if workload.users is not None:
         raise ScenarioError(f"{where}engine.admission: a gateway before closed-loop users is not modelled "
                             "(a shed user would retry); use an open-loop workload or a trace")
-    admitted_at = admit(config, workload.arrival_s)
+    admitted_at = admit_all(config, workload.arrival_s, workload.classes, workload.class_names)
     keep = np.flatnonzero(np.isfinite(admitted_at))
     if len(keep) and admitted_at[keep].max() > MAX_SECONDS:  # a queue at a slow bucket: a runaway clock
         raise ScenarioError(f"{where}engine.admission: its queue holds requests until {admitted_at[keep].max():.3g} s, "
@@ -172,8 +175,9 @@ def _through_gateway(config, workload: Workload, where: str) -> tuple[Workload, 
     if not len(keep):
         raise ScenarioError(f"{where}engine.admission: the gateway turns every request away")
     prefix = None if workload.prefix is None else [workload.prefix[i] for i in keep]
+    classes = None if workload.classes is None else workload.classes[keep]
     return Workload(admitted_at[keep], workload.prompt_tokens[keep], workload.output_tokens[keep],
-                    workload.priority[keep], None, prefix), admitted_at
+                    workload.priority[keep], None, prefix, classes, workload.class_names), admitted_at
 
 
 def _with_shed(admitted: pd.DataFrame, offered: Workload, admitted_at: np.ndarray) -> pd.DataFrame:

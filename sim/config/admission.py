@@ -6,6 +6,10 @@ arriving request takes one. When none is left, `on_empty: shed` turns the reques
 never silently dropped: requests.csv marks it `shed`), and `queue` holds it at the gateway until a
 token comes, in arrival order, turning it away only if that would take longer than `max_wait_s`.
 The wait is the client's: TTFT and E2E count it from the request's own arrival.
+
+`classes` gives a workload class (workload.classes) a bucket of its own, a tenant's quota: its
+requests pass through that bucket alone, the others through the shared one (or freely, when only
+classes have buckets).
 """
 from __future__ import annotations
 
@@ -15,12 +19,13 @@ from typing import Any
 from sim.config.checks import MAX_COUNT, MAX_RATE, MAX_SECONDS, _choice, _num, _section
 from sim.config.errors import ScenarioError
 
-KEYS = ("rate", "burst", "on_empty", "max_wait_s")
+KEYS = ("rate", "burst", "on_empty", "max_wait_s", "classes")
+CLASS_KEYS = ("rate", "burst", "on_empty", "max_wait_s")
 ON_EMPTY = ("shed", "queue")
 
 
 @dataclass(frozen=True)
-class AdmissionConfig:
+class Bucket:
     rate: float                     # tokens (requests) per second the bucket refills
     burst: float                    # tokens it holds at most (and at the start)
     on_empty: str = "shed"          # shed | queue
@@ -30,20 +35,57 @@ class AdmissionConfig:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
 
+@dataclass(frozen=True)
+class AdmissionConfig(Bucket):
+    """The shared bucket (rate/burst/...), and a workload class's own (`classes`: a tenant's quota):
+    a class with its own bucket passes through it alone; the others through the shared one, or
+    freely when the shared one is not set (rate 0: only with classes)."""
+    classes: tuple[tuple[str, Bucket], ...] = ()
+
+    @property
+    def shared(self) -> Bucket | None:
+        return None if self.rate == 0 else Bucket(self.rate, self.burst, self.on_empty, self.max_wait_s)
+
+    def as_yaml(self) -> dict:
+        out = Bucket.as_yaml(self) if self.shared is not None else {}
+        out.pop("classes", None)
+        if self.classes:
+            out["classes"] = {name: b.as_yaml() for name, b in self.classes}
+        return out
+
+
 def parse_admission(v: Any, at) -> AdmissionConfig | None:
     """engine.admission as written; `at(key)` names an engine key's path."""
     if v is None:
         return None
     m = _section(v, "admission", lambda k: at(k), KEYS)
-    where = lambda k: at(f"admission.{k}")  # noqa: E731
+    classes: list[tuple[str, Bucket]] = []
+    if m.get("classes") is not None:
+        if not isinstance(m["classes"], dict) or not m["classes"]:
+            raise ScenarioError(f"{at('admission.classes')}: {m['classes']!r} is not a mapping of workload class "
+                                "names to their own bucket, e.g. {batch: {rate: 2, burst: 10}}")
+        for name, section in m["classes"].items():
+            where = f"admission.classes.{name}"
+            classes.append((str(name), _bucket(_section(section, where, lambda k: at(k), CLASS_KEYS),
+                                               lambda k, w=where: at(f"{w}.{k}"))))
     if m.get("rate") is None:
-        raise ScenarioError(f"{where('rate')}: missing; engine.admission is a token bucket, e.g. "
+        if classes and all(m.get(k) is None for k in CLASS_KEYS):  # every class's own, no shared bucket
+            return AdmissionConfig(rate=0.0, burst=0.0, classes=tuple(classes))
+        raise ScenarioError(f"{at('admission.rate')}: missing; engine.admission is a token bucket, e.g. "
                             "{rate: 20, burst: 40} (requests/s, and the most admitted at once)")
+    shared = _bucket(m, lambda k: at(f"admission.{k}"))
+    return AdmissionConfig(shared.rate, shared.burst, shared.on_empty, shared.max_wait_s, tuple(classes))
+
+
+def _bucket(m: dict, where) -> Bucket:
+    """One bucket's keys (rate required); `where(key)` names its path."""
+    if m.get("rate") is None:
+        raise ScenarioError(f"{where('rate')}: missing; a token bucket needs a rate, e.g. {{rate: 20, burst: 40}}")
     on_empty = _choice(m.get("on_empty", "shed"), where("on_empty"), ON_EMPTY)
     wait = m.get("max_wait_s")
     if wait is not None and on_empty != "queue":
         raise ScenarioError(f"{where('max_wait_s')}: only with on_empty: queue (shed turns a request away at once)")
-    return AdmissionConfig(
+    return Bucket(
         rate=_num(m["rate"], where("rate"), 0, open_lo=True, cap=MAX_RATE),
         burst=_num(m.get("burst", 1), where("burst"), 1, cap=MAX_COUNT),
         on_empty=on_empty,

@@ -110,6 +110,9 @@ class SLOConfig:
     e2el_ms: float | None = None
     percentile: float = 99.0                          # of a target that names none
     percentiles: tuple[tuple[str, float], ...] = ()   # per-target, e.g. (("itl_ms", 95.0),)
+    # a workload class's own SLO (slo.classes.<name>: TTFT, TPOT, E2EL), for its requests instead of
+    # this one's per-request targets; the others' requests are held to this one
+    classes: tuple[tuple[str, SLOConfig], ...] = ()
 
     def pct(self, key: str) -> float:
         return dict(self.percentiles).get(key, self.percentile)
@@ -119,14 +122,27 @@ class SLOConfig:
         return {k: (getattr(self, k), self.pct(k)) for k in SLO_METRICS if getattr(self, k) is not None}
 
     def label(self) -> str:
-        """'p99 TTFT <= 500 ms, p95 ITL <= 100 ms'"""
-        return ", ".join(f"p{p:g} {k[:-3].upper()} <= {t:g} ms" for k, (t, p) in self.targets().items())
+        """'p99 TTFT <= 500 ms, p95 ITL <= 100 ms' (and '; batch: p99 E2EL <= 600000 ms' per class)"""
+        text = ", ".join(f"p{p:g} {k[:-3].upper()} <= {t:g} ms" for k, (t, p) in self.targets().items())
+        return "; ".join([text] + [f"{name}: {c.label()}" for name, c in self.classes])
+
+    def for_class(self, name: str) -> SLOConfig:
+        """The per-request targets a class's requests are held to: its own, else this SLO's (without
+        ITL, which is judged over every token stream at once, not per class)."""
+        own = dict(self.classes).get(name)
+        if own is not None:
+            return own
+        return dataclasses.replace(self, itl_ms=None, classes=(),
+                                   percentiles=tuple((k, p) for k, p in self.percentiles if k != "itl_ms"))
 
     def as_yaml(self) -> dict:
         """The SLO as a scenario writes it: a target with its own percentile as "100@p95"."""
         own = dict(self.percentiles)
         out: dict[str, Any] = {k: (f"{t:g}@p{own[k]:g}" if k in own else t) for k, (t, _) in self.targets().items()}
-        return {**out, "percentile": self.percentile}
+        out["percentile"] = self.percentile
+        if self.classes:
+            out["classes"] = {name: c.as_yaml() for name, c in self.classes}
+        return out
 
 
 @dataclass(frozen=True)
@@ -209,8 +225,17 @@ def scenario_from_dict(raw: Mapping[str, Any], source: str | Path | None = None,
         raw.get("cost_model"), w, base_dir, model, hw, engine))
     work = _delegate(overridden, "workload", lambda: workload.parse_workload(
         raw["workload"], label, base_dir))  # its messages read "<label>: workload.<key>: ..."
+    slo = _parse_slo(raw.get("slo"), w)
+    names = [c.name for c in work.classes or ()]
+    for path, named in (("slo.classes", slo.classes if slo is not None else ()),
+                        ("engine.admission.classes", engine.admission.classes if engine.admission else ())):
+        for cls, _ in named:  # every class SLO and class bucket names a class of the workload
+            if cls not in names:
+                raise ScenarioError(f"{w(f'{path}.{cls}')}: no workload class {cls!r} "
+                                    + (f"(workload.classes: {', '.join(names)})" if names else
+                                       "(the workload has no classes: workload.classes)"))
     scenario = Scenario(name=name, seed=seed, model=model, hardware=hw, cost_model=cost_model,
-                        engine=engine, workload=work, slo=_parse_slo(raw.get("slo"), w),
+                        engine=engine, workload=work, slo=slo,
                         source=Path(source) if source is not None else None, base_dir=base_dir,
                         overrides=tuple(overrides), raw=raw)
     scenario.__dict__["budget"] = budget  # resolved once: what cached_property would compute
@@ -508,26 +533,42 @@ def _parse_cost_model(v: Any, w: Where, base_dir: Path, model: ModelSpec, hw: Ha
                                                            w("cost_model")), engine.kv_cache_dtype, w("cost_model"))
 
 
-def _parse_slo(v: Any, w: Where) -> SLOConfig | None:
+def _parse_slo(v: Any, w: Where, path: str = "slo", percentile: float | None = None) -> SLOConfig | None:
+    """The slo section (`path`: where it sits; a class's: slo.classes.<name>, which takes no ITL
+    target and inherits the scenario's `percentile`)."""
     if v is None:
         return None
-    m = _section(v, "slo", w, (*SLO_METRICS, "percentile"))
-    pct = _num(_or(m.get("percentile"), SLOConfig.percentile), w("slo.percentile"), 0, 100,
-               open_lo=True, open_hi=True)
+    top = path == "slo"
+    metrics = SLO_METRICS if top else tuple(k for k in SLO_METRICS if k != "itl_ms")
+    if not top and isinstance(v, dict) and v.get("itl_ms") is not None:
+        raise ScenarioError(f"{w(path + '.itl_ms')}: not per class (ITL is judged over every token stream at once)")
+    m = _section(v, path, w, (*metrics, "percentile", *(("classes",) if top else ())))
+    pct = _num(_or(m.get("percentile"), percentile if percentile is not None else SLOConfig.percentile),
+               w(f"{path}.percentile"), 0, 100, open_lo=True, open_hi=True)
     limits: dict[str, float] = {}
     own: list[tuple[str, float]] = []
-    for k in SLO_METRICS:
+    for k in metrics:
         if m.get(k) is None:
             continue
         value, at = split_target(m[k])
-        limits[k] = _num(value, w(f"slo.{k}"), 0, open_lo=True, cap=MAX_SECONDS * 1e3)
+        limits[k] = _num(value, w(f"{path}.{k}"), 0, open_lo=True, cap=MAX_SECONDS * 1e3)
         if at is not None:
-            own.append((k, _num(at, w(f"slo.{k}") + " (the percentile after @p)", 0, 100,
+            own.append((k, _num(at, w(f"{path}.{k}") + " (the percentile after @p)", 0, 100,
                                 open_lo=True, open_hi=True)))
     if not limits:
-        raise ScenarioError(f"{w('slo')}: give at least one of {', '.join(SLO_METRICS)} (milliseconds; "
-                            "e.g. ttft_ms: 500 or itl_ms: 100@p95), or leave slo out")
-    return SLOConfig(percentile=pct, percentiles=tuple(own), **limits)
+        raise ScenarioError(f"{w(path)}: give at least one of {', '.join(metrics)} (milliseconds; "
+                            "e.g. ttft_ms: 500 or tpot_ms: 50@p95)" + (", or leave slo out" if top else ""))
+    classes: list[tuple[str, SLOConfig]] = []
+    if top and m.get("classes") is not None:
+        if not isinstance(m["classes"], dict) or not m["classes"]:
+            raise ScenarioError(f"{w('slo.classes')}: {m['classes']!r} is not a mapping of workload class names to "
+                                "their SLO, e.g. {batch: {e2el_ms: 600000}}")
+        for name, section in m["classes"].items():
+            parsed = _parse_slo(section, w, f"slo.classes.{name}", pct)
+            if parsed is None:
+                raise ScenarioError(f"{w(f'slo.classes.{name}')}: empty; give its targets, e.g. {{e2el_ms: 600000}}")
+            classes.append((str(name), parsed))
+    return SLOConfig(percentile=pct, percentiles=tuple(own), classes=tuple(classes), **limits)
 
 
 def split_target(v: Any) -> tuple[Any, Any]:

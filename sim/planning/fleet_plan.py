@@ -32,9 +32,9 @@ from typing import Any
 import numpy as np
 
 from sim.config.errors import ScenarioError
-from sim.config.scenario import SLOConfig, load_scenario
+from sim.config.scenario import SLO_METRICS, SLOConfig, load_scenario
 from sim.planning.parallel import LocalRunner, default_workers
-from sim.runtime.metrics import goodput
+from sim.runtime.metrics import judge
 
 GRID = range(-16, 17)                 # k: target_in_flight = scenario's x 2^(k/4)
 FIRST_PROBES = (-16, -8, 0, 8, 16)
@@ -45,30 +45,40 @@ def target_at(base: float, k: int) -> float:
     return base * 2 ** (k / 4)
 
 
-def judge_day(result, slo: SLOConfig, window_s: float) -> dict:
+def judge_day(result, slo: SLOConfig, window_s: float, classes: tuple[str, ...] = ()) -> dict:
     """The SLO judged over the whole run and in every window of `window_s` s of arrivals (by the
-    request's arrival); the run `met` it when every request finished and every window met it."""
+    request's arrival), each workload class held to its own (`classes`: their names); the run `met`
+    it when every request finished and every window met it."""
     rq = result.requests
     gaps, counts, ends = result.itl
     done = rq[~rq["finish_s"].isna()]
     end_s = float(done["finish_s"].max()) if len(done) else 0.0
-    day = goodput(done, slo, end_s, (gaps, counts))
+    day = judge(done, slo, end_s, (gaps, counts), classes)
     which = (rq["arrival_s"].to_numpy() // window_s).astype(np.int64)
     gap_window = (ends // window_s).astype(np.int64)
     windows = []
     for w in range(int(which.max()) + 1 if len(which) else 0):
         mine = done[which[~rq["finish_s"].isna().to_numpy()] == w]
-        g = goodput(mine, slo, window_s, (gaps[gap_window == w], counts[gap_window == w]))
-        observed = {k: v["observed"] for k, v in g.items() if isinstance(v, dict)}
+        g = judge(mine, slo, window_s, (gaps[gap_window == w], counts[gap_window == w]), classes)
         windows.append({"start_s": w * window_s, "requests": int((which == w).sum()), "met": bool(g["met"]),
-                        "fraction": g["fraction"],
-                        "worst_ratio": max((0.0 if math.isnan(observed[k]) else observed[k] / t)
-                                           for k, (t, _) in slo.targets().items())})
+                        "fraction": g["fraction"], "worst_ratio": _worst(g, slo, classes)})
     completed = len(done) == len(rq)
     return {"met": completed and all(w["met"] for w in windows), "completed": len(done), "requests": len(rq),
-            "end_s": end_s, "day": {k: v for k, v in day.items() if isinstance(v, dict)},
+            "end_s": end_s, "day": {k: v for k, v in day.items() if isinstance(v, dict) and k in SLO_METRICS},
             "fraction": day["fraction"], "windows": windows,
             "windows_missed": sum(not w["met"] for w in windows)}
+
+
+def _worst(g: dict, slo: SLOConfig, classes: tuple[str, ...]) -> float:
+    """The largest observed / target of a judgement: over its targets, or each class's own."""
+    def ratios(verdict: dict, targets: SLOConfig):
+        for k, (t, _) in targets.targets().items():
+            observed = verdict.get(k, {}).get("observed", math.nan)
+            yield 0.0 if math.isnan(observed) else observed / t
+    if not classes:
+        return max(ratios(g, slo))
+    itl = [r for k, r in zip(slo.targets(), ratios(g, slo)) if k == "itl_ms"]
+    return max([*itl, *(r for name in classes for r in ratios(g["classes"][name], slo.for_class(name)))])
 
 
 def evaluate(path: str, overrides: tuple[str, ...], slo: SLOConfig, window_s: float) -> dict:
@@ -77,7 +87,7 @@ def evaluate(path: str, overrides: tuple[str, ...], slo: SLOConfig, window_s: fl
 
     sc = load_scenario(path, overrides)
     result = simulate(sc)
-    out = judge_day(result, slo, window_s)
+    out = judge_day(result, slo, window_s, tuple(c.name for c in sc.workload.classes or ()))
     tp = sc.engine.tensor_parallel_size
     fleet = result.summary.get("autoscaling")
     if fleet is None:  # a static fleet: every replica held from 0 to the last finish

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -225,6 +225,11 @@ def prepare(r: PlanRequest, note: Callable[[str], None] | None = None) -> PlanJo
         note(sc.cost_model.notice)
     if r.slo is not None:
         slo = parse_slo(r.slo)
+        if sc.slo is not None and sc.slo.classes:  # --slo is the default targets; the classes keep their own
+            slo = replace(slo, classes=sc.slo.classes)
+            if note is not None:
+                note(f"--slo sets the targets of every workload class without its own; "
+                     f"{', '.join(n for n, _ in sc.slo.classes)} keep slo.classes' targets")
     elif sc.slo is not None:
         slo = sc.slo
     else:

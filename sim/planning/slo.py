@@ -21,7 +21,7 @@ import numpy as np
 
 from sim.config.errors import ScenarioError
 from sim.config.scenario import SLO_METRICS, SLOConfig, split_target
-from sim.runtime.metrics import goodput, weighted_percentiles
+from sim.runtime.metrics import judge, weighted_percentiles
 from sim.schedulers import SCHEDULERS
 from sim.simulate import simulate
 
@@ -55,7 +55,10 @@ def parse_slo(text: str) -> SLOConfig:
             own.append((key, _positive(f"{key} (after @p)", at, True, allowed)))
     if not set(values) & set(SLO_METRICS):
         raise ScenarioError(f"--slo: give at least one of {', '.join(SLO_METRICS)}; {allowed}")
-    return SLOConfig(**values, percentiles=tuple(own))
+    targets = {k: v for k, v in values.items() if k in SLO_METRICS}
+    return SLOConfig(ttft_ms=targets.get("ttft_ms"), tpot_ms=targets.get("tpot_ms"), itl_ms=targets.get("itl_ms"),
+                     e2el_ms=targets.get("e2el_ms"), percentile=values.get("percentile", SLOConfig.percentile),
+                     percentiles=tuple(own))
 
 
 def _positive(key: str, value, percentile: bool, allowed: str) -> float:
@@ -92,6 +95,11 @@ def _percentiles(values: np.ndarray, slo_pct: float, weights: np.ndarray | None 
     return {"p50": float(p50), "p90": float(p90), "p99": float(p99), "slo": float(at)}
 
 
+def class_names(scenario) -> tuple[str, ...]:
+    """The scenario's workload classes (workload.classes), in order; () for one class."""
+    return tuple(c.name for c in scenario.workload.classes or ())
+
+
 def simulate_point(scenario, slo: SLOConfig, warmup_fraction: float) -> dict:
     """Simulate and judge one scenario; returns only small numbers (this crosses processes).
     Judged: the requests after the first `warmup_fraction` (by arrival), and the inter-token gaps
@@ -106,7 +114,7 @@ def simulate_point(scenario, slo: SLOConfig, warmup_fraction: float) -> dict:
     assert result.itl is not None  # (simulate always measures the gaps)
     gaps, counts, ends = result.itl
     judged = ends >= since
-    g = goodput(done, slo, duration, (gaps[judged], counts[judged]))
+    g = judge(done, slo, duration, (gaps[judged], counts[judged]), class_names(scenario))
     s, steps = result.summary, result.steps
     busy = float(steps["duration_s"].sum())  # a row's duration_s: all of its iterations
     span = float(result.requests["finish_s"].max() - result.requests["arrival_s"].min())

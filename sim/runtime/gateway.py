@@ -6,12 +6,32 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.config.admission import AdmissionConfig
+from sim.config.admission import AdmissionConfig, Bucket
 
 EPS = 1e-12  # tokens: a bucket refilled to 1 - 1e-16 by float rounding holds a token
 
 
-def admit(config: AdmissionConfig, arrival_s: np.ndarray) -> np.ndarray:
+def admit_all(config: AdmissionConfig, arrival_s: np.ndarray, classes: np.ndarray | None = None,
+              names: tuple[str, ...] = ()) -> np.ndarray:
+    """`admit` over every request: each workload class with its own bucket (config.classes) through
+    it, the others through the shared bucket, or admitted at arrival when there is none."""
+    if not config.classes:
+        return admit(config, arrival_s)
+    assert classes is not None  # (config checks: bucket classes name workload classes)
+    own = dict(config.classes)
+    out = np.array(arrival_s, dtype=np.float64)  # no bucket: passes at once
+    rest = np.ones(len(arrival_s), dtype=bool)
+    for k, name in enumerate(names):
+        if name in own:
+            mine = classes == k
+            out[mine] = admit(own[name], arrival_s[mine])
+            rest &= ~mine
+    if config.shared is not None and rest.any():
+        out[rest] = admit(config.shared, arrival_s[rest])
+    return out
+
+
+def admit(config: Bucket, arrival_s: np.ndarray) -> np.ndarray:
     """Per request (arrivals ascending): when it passes the gateway (>= its arrival; later when it
     queued for a token), NaN when shed. The bucket is full at t = 0; queued requests take tokens
     in arrival order, so a request waits behind those queued before it."""

@@ -62,6 +62,9 @@ class Workload:
     # len(ids) x unit tokens are identified unit by unit by chained ids (sim/kv/prefix_cache.py); a
     # request without one (None) shares nothing. None for the whole workload: no prefix identity.
     prefix: list | None = None
+    # workload.classes: each request's class (an index into class_names), int64 [n]; None: one class
+    classes: np.ndarray | None = None
+    class_names: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -229,6 +232,18 @@ TURN_DISTS = {"fixed": Fixed, "uniform": Uniform, "lognormal": Lognormal}  # tur
 
 
 @dataclass(frozen=True)
+class RequestClass:
+    """A kind of traffic in the mix (chat, RAG, batch, a tenant): its share of the requests, its own
+    lengths (None: the workload's) and priority (policy: priority; lower = sooner). Its SLO, if it
+    has its own, is the scenario's `slo.classes.<name>`."""
+    name: str
+    share: float                         # of all requests, (0, 1]; the shares sum to 1
+    prompt_tokens: LengthDist | None = None
+    output_tokens: LengthDist | None = None
+    priority: int = 0
+
+
+@dataclass(frozen=True)
 class WorkloadConfig:
     trace: Path | None = None                   # absolute; set = replay it, None = generate
     arrival: ArrivalProcess | ClosedLoop | None = None  # generator only
@@ -244,6 +259,7 @@ class WorkloadConfig:
     columns: tuple[tuple[str, str], ...] | None = None
     time_unit: str = "s"
     hash_block_tokens: int = 512  # tokens per id of a CSV's hash_ids column (Mooncake's blocks: 512)
+    classes: tuple[RequestClass, ...] | None = None  # generator: a mix of request classes
 
     def read(self):
         """The trace's table (sim/workload/traces.read_trace) with this section's format options."""
@@ -269,7 +285,7 @@ class SharedPrefix:
 def build_workload(cfg: WorkloadConfig, rng: np.random.Generator) -> Workload:
     """The requests `cfg` describes; every random draw comes from `rng`. A closed loop's arrival
     times are nan (the run fills them in); time_scale divides its think times and start offsets."""
-    users, prefix = None, None
+    users, prefix, which = None, None, None
     if cfg.trace is not None:
         arrival, prompt, output, priority, prefix = _replay(cfg, rng)
     else:  # a generator: parse_workload set all four
@@ -279,9 +295,12 @@ def build_workload(cfg: WorkloadConfig, rng: np.random.Generator) -> Workload:
             users, arrival = process.plan(rng, n), np.full(n, np.nan)
         else:
             arrival = process.times(rng, n)
-        prompt = cfg.prompt_tokens.sample(rng, n)
-        output = cfg.output_tokens.sample(rng, n)
-        priority = np.zeros(n, dtype=np.int64)
+        if cfg.classes is None:
+            prompt = cfg.prompt_tokens.sample(rng, n)
+            output = cfg.output_tokens.sample(rng, n)
+            priority = np.zeros(n, dtype=np.int64)
+        else:
+            which, prompt, output, priority = _mix(cfg, rng, n)
     if cfg.priority is not None:
         priority = cfg.priority.sample(rng, len(arrival))
     if cfg.prefix is not None:  # drawn last: workloads without a prefix keep their numbers
@@ -304,7 +323,24 @@ def build_workload(cfg: WorkloadConfig, rng: np.random.Generator) -> Workload:
                                 f"{cfg.time_scale:g}), past servesim's {MAX_SECONDS:g} s bound; raise "
                                 f"time_scale or use fewer requests")
     return Workload(arrival_s=arrival, prompt_tokens=prompt,
-                    output_tokens=output, priority=priority, users=users, prefix=prefix)
+                    output_tokens=output, priority=priority, users=users, prefix=prefix, classes=which,
+                    class_names=tuple(c.name for c in cfg.classes) if cfg.classes else ())
+
+
+def _mix(cfg: WorkloadConfig, rng: np.random.Generator, n: int) -> tuple[np.ndarray, ...]:
+    """(class, prompt, output, priority) of n requests in a mix of classes: each request's class
+    drawn by share, then the prompts class by class, then the outputs class by class."""
+    classes = cfg.classes
+    assert classes is not None
+    which = rng.choice(len(classes), size=n, p=np.array([c.share for c in classes]) / sum(c.share for c in classes))
+    prompt, output = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+    members = [np.flatnonzero(which == k) for k in range(len(classes))]
+    for lengths, key in ((prompt, "prompt_tokens"), (output, "output_tokens")):
+        for c, idx in zip(classes, members):
+            dist = getattr(c, key) or getattr(cfg, key)
+            lengths[idx] = dist.sample(rng, len(idx))
+    priority = np.array([c.priority for c in classes], dtype=np.int64)[which]
+    return which.astype(np.int64), prompt, output, priority
 
 
 def _replay(cfg: WorkloadConfig, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
@@ -345,7 +381,8 @@ def bench_arrivals(attrs: dict, n: int, rng: np.random.Generator, trace: Path) -
 
 GENERATOR_KEYS = ("arrival", "prompt_tokens", "output_tokens", "num_requests")
 SECTION_KEYS = ("trace", "format", "columns", "time_unit", "hash_block_tokens", "time_scale", "priority", "prefix",
-                *GENERATOR_KEYS)
+                *GENERATOR_KEYS, "classes")
+CLASS_KEYS = ("name", "share", "prompt_tokens", "output_tokens", "priority")
 COLUMN_KEYS = ("arrival", "prompt_tokens", "output_tokens", "priority", "hash_ids")
 
 
@@ -357,7 +394,7 @@ def parse_workload(raw: dict, where: str, base_dir: Path) -> WorkloadConfig:
     num_requests = top.maybe_integer("num_requests", 1, high=MAX_REQUESTS)
     priority = None if raw.get("priority") is None else _dist(top, "priority", PRIORITIES, 0, base_dir)
     if raw.get("trace") is not None:
-        clash = [k for k in (*GENERATOR_KEYS[:3], "prefix") if raw.get(k) is not None]
+        clash = [k for k in (*GENERATOR_KEYS[:3], "prefix", "classes") if raw.get(k) is not None]
         if clash:
             raise top.fail(clash[0], "not allowed with workload.trace (a trace gives arrivals and "
                                      "lengths: use either trace or a generator)")
@@ -365,7 +402,10 @@ def parse_workload(raw: dict, where: str, base_dir: Path) -> WorkloadConfig:
         return WorkloadConfig(trace=top.file("trace", base_dir), time_scale=time_scale, num_requests=num_requests,
                               priority=priority, format=fmt, columns=columns, time_unit=time_unit,
                               hash_block_tokens=block_tokens)
-    missing = [k for k in GENERATOR_KEYS if raw.get(k) is None]
+    classes = _classes(top, raw, base_dir)
+    missing = [k for k in GENERATOR_KEYS if raw.get(k) is None
+               and not (classes and k in ("prompt_tokens", "output_tokens")
+                        and all(getattr(c, k) is not None for c in classes))]
     if missing:
         raise ScenarioError(f"{where}: workload: needs either trace or all of "
                             f"{', '.join(GENERATOR_KEYS)} (missing {', '.join(missing)})")
@@ -382,10 +422,46 @@ def parse_workload(raw: dict, where: str, base_dir: Path) -> WorkloadConfig:
         raise top.fail("arrival.rate", f"{num_requests} requests at {rate:g} req/s "
                                        f"(time_scale {time_scale:g}) span more than "
                                        f"{MAX_SECONDS:g} s; raise the rate or lower num_requests")
+    prompt, output = (_dist(top, k, LENGTHS, 1, base_dir) if raw.get(k) is not None else None
+                      for k in ("prompt_tokens", "output_tokens"))
     return WorkloadConfig(arrival=arrival, time_scale=time_scale, num_requests=num_requests, priority=priority,
-                          prefix=prefix,
-                          prompt_tokens=_dist(top, "prompt_tokens", LENGTHS, 1, base_dir),
-                          output_tokens=_dist(top, "output_tokens", LENGTHS, 1, base_dir))
+                          prefix=prefix, classes=classes, prompt_tokens=prompt, output_tokens=output)
+
+
+def _classes(top: _Keys, raw: dict, base_dir: Path) -> tuple[RequestClass, ...] | None:
+    """workload.classes: a list of {name, share, prompt_tokens?, output_tokens?, priority?}; the
+    shares sum to 1 (within 1e-6), names are unique, and a class's priority replaces
+    workload.priority (so both are refused)."""
+    v = raw.get("classes")
+    if v is None:
+        return None
+    if not isinstance(v, list) or not v:
+        what = "an empty list" if isinstance(v, list) else f"{_show(v)} is not a list of classes"
+        raise top.fail("classes", f"{what}; e.g. [{{name: chat, share: 0.8}}, "
+                                  "{name: batch, share: 0.2, output_tokens: {dist: fixed, value: 1024}}]")
+    if raw.get("priority") is not None:
+        raise top.fail("priority", "not with workload.classes (each class has its own priority)")
+    out: list[RequestClass] = []
+    for i, item in enumerate(v):
+        keys = _Keys(item, top.where, f"workload.classes[{i}]", CLASS_KEYS)
+        keys.only()
+        name = item.get("name")
+        if not isinstance(name, str) or not name.strip() or len(name) > 64 or any(ch in name for ch in ",\n\r\"="):
+            raise keys.fail("name", f"{_show(name)} is not a class name (text, up to 64 characters, no , = \" or "
+                                    "line breaks)")
+        if name in (c.name for c in out):
+            raise keys.fail("name", f"{name!r} names two classes")
+        out.append(RequestClass(
+            name=name, share=keys.number("share", high=1),
+            prompt_tokens=_dist(keys, "prompt_tokens", LENGTHS, 1, base_dir) if item.get("prompt_tokens") is not None
+            else None,
+            output_tokens=_dist(keys, "output_tokens", LENGTHS, 1, base_dir) if item.get("output_tokens") is not None
+            else None,
+            priority=keys.integer("priority", 0, default=0, high=MAX_COUNT)))
+    total = sum(c.share for c in out)
+    if abs(total - 1) > 1e-6:
+        raise top.fail("classes", f"the shares sum to {total:g}; they must sum to 1")
+    return tuple(out)
 
 
 def _trace_format(top: _Keys, raw: dict) -> tuple[str | None, tuple[tuple[str, str], ...] | None, str, int]:

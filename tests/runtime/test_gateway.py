@@ -107,3 +107,57 @@ def test_a_queue_that_would_run_the_clock_past_its_bound_is_refused(tmp_path):
     with pytest.raises(servesim.ScenarioError, match=r"engine.admission: its queue holds requests until 2e\+09 s, "
                                                      r"past servesim's 1e\+09 s bound"):
         servesim.run(scenario(tmp_path, ["0,1,1"] * 3, {"rate": 1e-9, "burst": 1, "on_empty": "queue"}))
+
+
+def test_a_class_with_its_own_bucket_passes_through_it_alone():
+    """Arrivals 0, 0, 0, 0.5, 1.0 of classes a, b, a, b, a. a's bucket: 1/s, burst 1: 0 passes, the
+    second 0 sheds, 1.0 finds a fresh token. b through the shared bucket (1/s, burst 1): 0 passes,
+    0.5 finds half a token: shed. Without a shared bucket b passes freely; with b's own bucket
+    (10/s) 0.5 finds a token again."""
+    from sim.config.admission import Bucket
+    from sim.runtime.gateway import admit_all
+
+    arrival, classes, names = np.array([0, 0, 0, 0.5, 1.0]), np.array([0, 1, 0, 1, 0]), ("a", "b")
+    a = (("a", Bucket(rate=1.0, burst=1.0)),)
+    shared = admit_all(AdmissionConfig(rate=1.0, burst=1.0, classes=a), arrival, classes, names)
+    assert np.isnan(shared).tolist() == [False, False, True, True, False]
+    free = admit_all(AdmissionConfig(rate=0.0, burst=0.0, classes=a), arrival, classes, names)
+    assert np.isnan(free).tolist() == [False, False, True, False, False] and free[3] == 0.5
+    both = a + (("b", Bucket(rate=10.0, burst=1.0)),)
+    own = admit_all(AdmissionConfig(rate=0.0, burst=0.0, classes=both), arrival, classes, names)
+    assert np.isnan(own).tolist() == [False, False, True, False, False]
+
+
+def test_class_buckets_in_a_run_count_each_class_shed(tmp_path):
+    fixed = lambda v: {"dist": "fixed", "value": v}  # noqa: E731
+    raw = {"name": "tenants", "model": "llama-3-8b", "hardware": "h100-sxm", "cost_model": "roofline",
+           "engine": {"admission": {"classes": {"free": {"rate": 1, "burst": 2}}}},
+           "workload": {"arrival": {"process": "constant", "rate": 20}, "num_requests": 400,
+                        "prompt_tokens": fixed(64), "output_tokens": fixed(8),
+                        "classes": [{"name": "paid", "share": 0.5}, {"name": "free", "share": 0.5}]}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
+    r = servesim.run(str(tmp_path / "s.yaml"))
+    rq, c = r.requests, r.summary["classes"]
+    assert c["paid"]["shed"] == 0 and c["paid"]["completed"] == c["paid"]["requests"]
+    # free: 1 token/s over the 20 s of arrivals (2 at the start) admits at most 2 + 20 of ~200
+    assert c["free"]["completed"] <= 22 and c["free"]["shed"] == c["free"]["requests"] - c["free"]["completed"]
+    assert r.summary["admission"]["shed"] == c["free"]["shed"]
+    assert rq.loc[rq["shed"], "class"].eq("free").all()
+    assert r.summary["run"]["engine"]["admission"]["classes"]
+
+
+@pytest.mark.parametrize("admission, message", [
+    ({"classes": {"nope": {"rate": 1}}}, "engine.admission.classes.nope: no workload class 'nope'"),
+    ({"classes": {"a": {"burst": 3}}}, "engine.admission.classes.a.rate: missing"),
+    ({"classes": {"a": {"rate": 1, "max_wait_s": 2}}}, "engine.admission.classes.a.max_wait_s: only with on_empty"),
+    ({"burst": 3, "classes": {"a": {"rate": 1}}}, "engine.admission.rate: missing"),
+    ({"classes": {}}, "engine.admission.classes: {} is not a mapping"),
+])
+def test_class_bucket_mistakes_are_refused(admission, message):
+    from simhelpers import make_scenario
+
+    w = {"arrival": {"process": "poisson", "rate": 5}, "num_requests": 10,
+         "prompt_tokens": {"dist": "fixed", "value": 8}, "output_tokens": {"dist": "fixed", "value": 2},
+         "classes": [{"name": "a", "share": 1}]}
+    with pytest.raises(servesim.ScenarioError, match=message.replace("{", r"\{").replace("}", r"\}")):
+        make_scenario(workload=w, admission=admission)
