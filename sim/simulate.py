@@ -148,6 +148,11 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
         summary["prefix_cache_hit_rate"] = sum(c.hit_tokens for c in caches) / queried if queried else 0.0
     if loop is not None and loop.sessions is not None:
         summary["sessions"] = loop.sessions.summary()
+    if loop is not None and loop.left is not None:  # agents: each session from its first call to its last answer
+        first = pd.Series(req.arrival).groupby(loop.user).min()
+        last = pd.Series(req.finish).groupby(loop.user).max()
+        summary["agents"] = {"sessions": int(len(first)), "calls_mean": len(req) / len(first) if len(first) else 0.0,
+                             "session_s": distribution((last - first).to_numpy(), scale=1.0)}
     if transfers is not None:
         d = transfers.config
         summary["kv_transfer_bytes"] = transfers.bytes

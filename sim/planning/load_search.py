@@ -23,7 +23,7 @@ import numpy as np
 
 from sim.config.errors import ScenarioError
 from sim.planning.slo import Z_ONE_SIDED_90, wilson
-from sim.workload.generators import ClosedLoop, Profile, build_workload
+from sim.workload.generators import Agents, ClosedLoop, Profile, build_workload
 from sim.workload.traces import shown
 
 RATE_DEFINITION = "(requests - 1) / (last arrival - first arrival)"
@@ -102,6 +102,10 @@ def load_knob(scenario, options) -> Knob:
         return Knob("workload.time_scale", "req/s", w.time_scale, options.resolution, False, native, True)
     if isinstance(w.arrival, ClosedLoop):  # the load is a number of concurrent users
         return Knob("workload.arrival.users", "users", w.arrival.users, 0.0, True)
+    if isinstance(w.arrival, Agents):
+        raise ScenarioError("plan: workload.arrival agents: a load search over agent sessions is not modelled yet; "
+                            "sweep workload.arrival.rate (servesim sweep), or add engine.autoscaling for a fleet "
+                            "plan of the scenario's own load (docs/fleet.md)")
     if isinstance(w.arrival, Profile):
         raise ScenarioError("plan: workload.arrival profile varies its rate over the day; plan searches one "
                             "steady load per replica (a rate, users, or a trace): plan the profile's peak rate "

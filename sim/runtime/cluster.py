@@ -168,8 +168,9 @@ class LiveRouter:
 class ClosedLoopRouter:
     """`users` users, each with at most one request in flight: when a request finishes, its user
     sends the next one after its think time. Request ids (and the lengths drawn for them) go in
-    arrival order, ties by user; once `len(req)` requests have arrived, users send no more.
-    Every arrival is routed by `router.choose` as it happens."""
+    arrival order, ties by user; once `len(req)` requests have arrived, users send no more, and
+    an agent session (users.calls) stops after its own calls. Every arrival is routed by
+    `router.choose` as it happens."""
 
     def __init__(self, env, req: RequestTable, users: Users, schedulers: list, router: Router,
                  signals: Signals, sessions=None):
@@ -178,6 +179,8 @@ class ClosedLoopRouter:
         self.sessions = sessions  # multi-turn: sim/workload/sessions.Sessions sets each arrival's prompt
         self.think = users.think_s
         self.user = np.full(len(req), -1, dtype=np.int64)  # who sent each request
+        # agents: the calls each session has yet to send (None: users send until len(req) arrived)
+        self.left = None if users.calls is None else users.calls.copy()
         req.arrival = np.full(len(req), np.nan)  # filled in as requests arrive
         self.inboxes = [UserInbox(self) for _ in schedulers]
         signals.bind(self.inboxes)
@@ -196,8 +199,11 @@ class ClosedLoopRouter:
 
     def finished(self, rids) -> None:
         """These requests have just finished: their users think, then send the next."""
+        left = self.left
         for rid in rids:
-            self._send(int(self.user[rid]), float(self.think[rid]))
+            user = int(self.user[rid])
+            if left is None or left[user] > 0:
+                self._send(user, float(self.think[rid]))
 
     def _send(self, user: int, delay: float) -> None:
         heapq.heappush(self._due, (self.env.now + delay, user))  # the time SimPy schedules it at
@@ -209,6 +215,8 @@ class ClosedLoopRouter:
             return  # num_requests reached: this request is never sent
         rid, self._arrived = self._arrived, self._arrived + 1
         self.req.arrival[rid], self.user[rid] = t, user
+        if self.left is not None:
+            self.left[user] -= 1
         if self.sessions is not None:  # before routing: prefix_aware reads the grown prompt's blocks
             self.sessions.begin(rid, user)
         target = self.router.choose(rid, self.signals.loads())

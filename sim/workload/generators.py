@@ -15,7 +15,7 @@ The YAML format is in docs/workload.md.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -49,6 +49,9 @@ class Users:
     # None: every request is a conversation of its own (its prompt shares nothing with the last)
     turns: np.ndarray | None = None
     max_context: int | None = None  # tokens: a conversation ends before its prompt + output exceed it
+    # agents: how many requests user u sends in all, int64 [users] (then it stops); None: users send
+    # until the workload's num_requests have arrived
+    calls: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -164,6 +167,31 @@ class ClosedLoop:
         return Users(start, think)
 
 
+@dataclass(frozen=True)
+class Agents:
+    """Agent sessions arriving open loop: `sessions` of them, Poisson at `rate` sessions/s (the
+    first at 0); each makes `steps` LLM calls one after another, a tool running `tool_time` s
+    (mean) between a call's last token and the next call, whose prompt is the whole session so far
+    plus the tool's result (a multi-turn conversation: sim/workload/sessions.py). The requests are
+    the sessions' calls: their count is the sum of the steps, drawn up front."""
+    rate: float                        # sessions/s
+    sessions: int
+    steps: LengthDist                  # LLM calls per session, >= 1
+    tool_time: float                   # s, mean
+    tool_dist: str = "exponential"     # exponential | fixed
+    max_context: int | None = None     # tokens a session's context may reach (then it starts afresh)
+
+    def plan(self, rng: np.random.Generator) -> Users:
+        """Session start times, then each session's steps, then the tool time after every call;
+        turns without end (a session's calls, `calls`, end it)."""
+        start = Poisson(self.rate).times(rng, self.sessions)
+        steps = self.steps.sample(rng, self.sessions)
+        n = int(steps.sum())
+        think = (rng.exponential(self.tool_time, size=n) if self.tool_dist == "exponential" and self.tool_time > 0
+                 else np.full(n, float(self.tool_time)))
+        return Users(start, think, np.full(n, n, dtype=np.int64), self.max_context, steps.astype(np.int64))
+
+
 def _cumulative(gaps: np.ndarray) -> np.ndarray:
     out = np.zeros(len(gaps) + 1, dtype=np.float64)
     np.cumsum(gaps, out=out[1:])
@@ -224,7 +252,7 @@ class Empirical:
 
 
 ARRIVALS = {"poisson": Poisson, "gamma": Gamma, "constant": Constant, "burst": Burst,
-            "profile": Profile, "closed_loop": ClosedLoop}
+            "profile": Profile, "closed_loop": ClosedLoop, "agents": Agents}
 THINK_DISTS = ("exponential", "fixed")
 LENGTHS = {"fixed": Fixed, "uniform": Uniform, "lognormal": Lognormal, "empirical": Empirical}
 PRIORITIES = {"fixed": Fixed, "uniform": Uniform}
@@ -246,7 +274,7 @@ class RequestClass:
 @dataclass(frozen=True)
 class WorkloadConfig:
     trace: Path | None = None                   # absolute; set = replay it, None = generate
-    arrival: ArrivalProcess | ClosedLoop | None = None  # generator only
+    arrival: ArrivalProcess | ClosedLoop | Agents | None = None  # generator only
     prompt_tokens: LengthDist | None = None     # generator only
     output_tokens: LengthDist | None = None     # generator only
     num_requests: int | None = None             # generator: how many; trace: the first N (None = all)
@@ -288,14 +316,21 @@ def build_workload(cfg: WorkloadConfig, rng: np.random.Generator) -> Workload:
     users, prefix, which = None, None, None
     if cfg.trace is not None:
         arrival, prompt, output, priority, prefix = _replay(cfg, rng)
-    else:  # a generator: parse_workload set all four
+    else:  # a generator: parse_workload set all four (agents: the steps set the count)
         n, process = cfg.num_requests, cfg.arrival
-        assert n is not None and process is not None and cfg.prompt_tokens and cfg.output_tokens
-        if isinstance(process, ClosedLoop):
+        assert process is not None
+        if isinstance(process, Agents):  # the sessions' calls: as many as their steps
+            users = process.plan(rng)
+            n = len(users.think_s)
+            arrival = np.full(n, np.nan)
+        elif isinstance(process, ClosedLoop):
+            assert n is not None
             users, arrival = process.plan(rng, n), np.full(n, np.nan)
         else:
+            assert n is not None
             arrival = process.times(rng, n)
         if cfg.classes is None:
+            assert cfg.prompt_tokens is not None and cfg.output_tokens is not None
             prompt = cfg.prompt_tokens.sample(rng, n)
             output = cfg.output_tokens.sample(rng, n)
             priority = np.zeros(n, dtype=np.int64)
@@ -307,9 +342,10 @@ def build_workload(cfg: WorkloadConfig, rng: np.random.Generator) -> Workload:
         prefix = cfg.prefix.draw(rng, prompt)
     if users is not None:
         loop = cfg.arrival
-        assert isinstance(loop, ClosedLoop)
-        turns = loop.turns.sample(rng, len(prompt)) if loop.turns is not None else None  # (last again)
-        users = Users(users.start_s / cfg.time_scale, users.think_s / cfg.time_scale, turns, loop.max_context)
+        if isinstance(loop, ClosedLoop):
+            turns = loop.turns.sample(rng, len(prompt)) if loop.turns is not None else None  # (last again)
+            users = Users(users.start_s, users.think_s, turns, loop.max_context)
+        users = replace(users, start_s=users.start_s / cfg.time_scale, think_s=users.think_s / cfg.time_scale)
     arrival = arrival / cfg.time_scale
     # the times the simulation will use, after time_scale: past MAX_SECONDS a float64 clock no
     # longer resolves a step (its spacing at 1e15 s is 0.125 s), and late requests came out with
@@ -403,23 +439,30 @@ def parse_workload(raw: dict, where: str, base_dir: Path) -> WorkloadConfig:
                               priority=priority, format=fmt, columns=columns, time_unit=time_unit,
                               hash_block_tokens=block_tokens)
     classes = _classes(top, raw, base_dir)
+    agents = isinstance(raw.get("arrival"), dict) and raw["arrival"].get("process") == "agents"
+    if agents and raw.get("num_requests") is not None:
+        raise top.fail("num_requests", "not with agents: the sessions' steps set how many requests there are")
     missing = [k for k in GENERATOR_KEYS if raw.get(k) is None
                and not (classes and k in ("prompt_tokens", "output_tokens")
-                        and all(getattr(c, k) is not None for c in classes))]
+                        and all(getattr(c, k) is not None for c in classes))
+               and not (agents and k == "num_requests")]
     if missing:
         raise ScenarioError(f"{where}: workload: needs either trace or all of "
                             f"{', '.join(GENERATOR_KEYS)} (missing {', '.join(missing)})")
     arrival = _arrival(top, base_dir)
     prefix = None
-    assert num_requests is not None  # (a generator needs it: `missing` above)
+    assert num_requests is not None or agents  # (a generator needs it: `missing` above)
     if raw.get("prefix") is not None:
         keys = _Keys(raw["prefix"], top.where, "workload.prefix", ("tokens", "groups", "share"))
         keys.only()
         prefix = SharedPrefix(keys.integer("tokens", 1), keys.integer("groups", 1, high=MAX_COUNT),
                                         keys.number("share", low=0, high=1))
     rate = getattr(arrival, "rate", None)
-    if rate is not None and num_requests / (rate * time_scale) > MAX_SECONDS:
-        raise top.fail("arrival.rate", f"{num_requests} requests at {rate:g} req/s "
+    count = arrival.sessions if isinstance(arrival, Agents) else num_requests
+    assert count is not None
+    if rate is not None and count / (rate * time_scale) > MAX_SECONDS:
+        raise top.fail("arrival.rate", f"{count} {'sessions' if agents else 'requests'} at {rate:g} "
+                                       f"{'sessions' if agents else 'req'}/s "
                                        f"(time_scale {time_scale:g}) span more than "
                                        f"{MAX_SECONDS:g} s; raise the rate or lower num_requests")
     prompt, output = (_dist(top, k, LENGTHS, 1, base_dir) if raw.get(k) is not None else None
@@ -492,7 +535,7 @@ def _trace_format(top: _Keys, raw: dict) -> tuple[str | None, tuple[tuple[str, s
     return fmt, columns, time_unit, block_tokens
 
 
-def _arrival(top: _Keys, base_dir: Path) -> ArrivalProcess | ClosedLoop:
+def _arrival(top: _Keys, base_dir: Path) -> ArrivalProcess | ClosedLoop | Agents:
     keys = top.sub("arrival", "process")
     process = keys.choice("process", tuple(ARRIVALS))
     keys.only(ARRIVALS[process])
@@ -514,6 +557,13 @@ def _arrival(top: _Keys, base_dir: Path) -> ArrivalProcess | ClosedLoop:
                           keys.number("think_time", low=0, high=MAX_SECONDS),
                           keys.choice("think_dist", THINK_DISTS, "exponential"), turns,
                           keys.maybe_integer("max_context", 2))
+    if process == "agents":
+        steps = keys.raw.get("steps")
+        return Agents(_rate(keys), keys.integer("sessions", 1, high=MAX_COUNT),
+                      _dist(keys, "steps", TURN_DISTS, 1, Path(".")) if isinstance(steps, dict)
+                      else Fixed(keys.integer("steps", 1)),
+                      keys.number("tool_time", low=0, high=MAX_SECONDS),
+                      keys.choice("tool_dist", THINK_DISTS, "exponential"), keys.maybe_integer("max_context", 2))
     return ARRIVALS[process](_rate(keys))
 
 

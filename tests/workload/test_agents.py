@@ -1,0 +1,88 @@
+"""workload.arrival: agents (open-loop agent sessions of LLM calls separated by tool runs): a
+timeline by hand, invariants over random sessions, and the mistakes refused."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sim.config.errors import ScenarioError
+from sim.simulate import simulate
+from simhelpers import make_scenario
+
+FIXED = lambda v: {"dist": "fixed", "value": v}  # noqa: E731
+
+
+def agents(**arrival):
+    return {"arrival": {"process": "agents", "rate": 1.0, "sessions": 1, "steps": 3, "tool_time": 2.0,
+                        "tool_dist": "fixed", **arrival},
+            "prompt_tokens": FIXED(4), "output_tokens": FIXED(3)}
+
+
+@pytest.mark.parametrize("ff", [True, False])
+def test_one_session_by_hand(ff):
+    """Unit costs (1 s an iteration), 4-token messages, 3-token answers, 2 s tools. Call 1 at 0:
+    prefill [0, 1] (token 1 at 1), tokens 2, 3 at 2, 3. The tool runs 3-5; call 2 at 5 carries the
+    session so far, 4 + 3 + 4 = 11 tokens: finish 8; call 3 at 10, 11 + 3 + 4 = 18 tokens: finish
+    13. The session takes 13 s."""
+    r = simulate(make_scenario(workload=agents(), scheduler="chunked", max_num_seqs=8,
+                               max_num_batched_tokens=64), fast_forward=ff)
+    rq = r.requests
+    assert rq["arrival_s"].tolist() == [0.0, 5.0, 10.0]
+    assert rq["prompt_tokens"].tolist() == [4, 11, 18]
+    assert rq["finish_s"].tolist() == [3.0, 8.0, 13.0]
+    assert rq["user"].tolist() == [0, 0, 0] and rq["turn"].tolist() == [1, 2, 3]
+    assert r.summary["agents"]["sessions"] == 1 and r.summary["agents"]["calls_mean"] == 3
+    assert r.summary["agents"]["session_s"]["p50"] == 13.0
+
+
+def test_sessions_make_their_own_calls_and_no_more():
+    """40 sessions at 0.5/s, 2-7 calls each, exponential tools: every session sends exactly its
+    calls; each call after the first arrives when the last one finished plus its tool time, and
+    carries the session so far (prompt = last prompt + last output + its own new tokens)."""
+    w = {"arrival": {"process": "agents", "rate": 0.5, "sessions": 40, "steps": {"dist": "uniform", "low": 2, "high": 7},
+                     "tool_time": 1.5},
+         "prompt_tokens": {"dist": "uniform", "low": 50, "high": 400}, "output_tokens": {"dist": "uniform", "low": 10, "high": 200}}
+    sc = make_scenario(workload=w, cost_model="roofline", scheduler="chunked", replicas=2, router="least_loaded")
+    from sim.workload.generators import build_workload
+
+    plan = build_workload(sc.workload, np.random.default_rng(sc.seed))
+    r = simulate(sc)
+    rq = r.requests
+    assert len(rq) == int(plan.users.calls.sum()) == r.summary["completed"]
+    counts = rq.groupby("user").size()
+    assert counts.tolist() == plan.users.calls.tolist()   # user u: session u, in start order
+    starts = rq.groupby("user")["arrival_s"].min().to_numpy()
+    assert np.allclose(starts, plan.users.start_s) and starts[0] == 0
+    think = plan.users.think_s
+    for _, calls in rq.groupby("user"):
+        calls = calls.sort_values("arrival_s")
+        ids = calls["request_id"].to_numpy()
+        arrive, finish = calls["arrival_s"].to_numpy(), calls["finish_s"].to_numpy()
+        assert np.allclose(arrive[1:], finish[:-1] + think[ids[:-1]])
+        prompt, out = calls["prompt_tokens"].to_numpy(), calls["output_tokens"].to_numpy()
+        assert (prompt[1:] > prompt[:-1] + out[:-1]).all()  # + its own new tokens (>= 50)
+    assert r.summary["sessions"]["ended_at_context_limit"] == 0
+
+
+@pytest.mark.parametrize("workload, message", [
+    ({**agents(), "num_requests": 10}, "workload.num_requests: not with agents"),
+    (agents(steps=0), "workload.arrival.steps"),
+    (agents(sessions=0), "workload.arrival.sessions"),
+    ({**agents(), "arrival": {"process": "agents", "rate": 1.0, "steps": 3, "tool_time": 1}}, "workload.arrival.sessions: missing"),
+    (agents(users=3), "workload.arrival.users: unknown key"),
+])
+def test_agent_mistakes_are_refused(workload, message):
+    with pytest.raises(ScenarioError, match=message):
+        make_scenario(workload=workload)
+
+
+def test_plan_refuses_agents_and_says_what_to_do(tmp_path):
+    import yaml
+
+    import servesim
+
+    raw = {"name": "a", "model": "llama-3-8b", "hardware": "h100-sxm", "cost_model": "roofline", "workload": agents(),
+           "slo": {"ttft_ms": 500}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(ScenarioError, match="plan: workload.arrival agents: .*sweep workload.arrival.rate"):
+        servesim.plan(str(tmp_path / "s.yaml"))
