@@ -28,6 +28,11 @@ from sim.workload.generators import Users
 from sim.workload.request import RequestTable
 
 
+def _loads(schedulers: list, inboxes: list) -> list[int]:
+    """Exact loads, computed here (compiled with this module: a live router asks at every arrival)."""
+    return [s.load() + box.pending() for s, box in zip(schedulers, inboxes)]
+
+
 class Source(Protocol):
     """What delivers requests to inboxes while the simulation runs: a LiveRouter, a ClosedLoopRouter,
     or a disaggregated decode pool's KV transfers (sim/runtime/disaggregation.KVTransfers)."""
@@ -158,7 +163,8 @@ class LiveRouter:
             if t > env.now:
                 yield env.timeout(t - env.now)
             rid = self._next
-            target = self.router.choose(rid, self.signals.loads())
+            signals = self.signals
+            target = self.router.choose(rid, signals.loads() if signals.stale else _loads(self.schedulers, self.inboxes))
             self.replica_of[rid] = target
             self._next += 1
             self.done = self._next == len(self.arrival)
@@ -219,7 +225,8 @@ class ClosedLoopRouter:
             self.left[user] -= 1
         if self.sessions is not None:  # before routing: prefix_aware reads the grown prompt's blocks
             self.sessions.begin(rid, user)
-        target = self.router.choose(rid, self.signals.loads())
+        signals = self.signals
+        target = self.router.choose(rid, signals.loads() if signals.stale else _loads(self.schedulers, self.inboxes))
         self.req.replica[rid] = target
         self.inboxes[target].deliver(rid, t)
 
