@@ -164,7 +164,8 @@ class LiveRouter:
                 yield env.timeout(t - env.now)
             rid = self._next
             signals = self.signals
-            target = self.router.choose(rid, signals.loads() if signals.stale else _loads(self.schedulers, self.inboxes))
+            loads = signals.loads() if signals.stale else _loads(self.schedulers, self.inboxes)
+            target = self.router.choose(rid, loads)
             self.replica_of[rid] = target
             self._next += 1
             self.done = self._next == len(self.arrival)
