@@ -371,7 +371,7 @@ def _goodput_rows(t: Any, g: Any) -> None:
     if classes:  # workload classes, each held to its own targets: their verdicts (ITL: over all)
         for name, c in classes.items():
             if isinstance(c, dict):
-                _verdict_rows(t, c, f"{name}: ", ("ttft_ms", "tpot_ms", "e2el_ms"))
+                _verdict_rows(t, c, f"{_esc(name)}: ", ("ttft_ms", "tpot_ms", "e2el_ms"))
         _verdict_rows(t, g, "", ("itl_ms",))
     else:
         _verdict_rows(t, g, "", ("ttft_ms", "tpot_ms"))

@@ -292,7 +292,7 @@ def build_replicas(env, scenario: Scenario, req: RequestTable, workload: Workloa
         loop = ClosedLoopRouter(env, req, workload.users, schedulers, router, signals, sessions)
         inboxes = loop.inboxes
         if staleness > 0:
-            Scraper(env, signals, staleness, loop)
+            Scraper(env, signals, staleness, loop, always_known=False)
     alone = len(schedulers) == 1 and workload.users is None  # (an open loop's inbox: planned)
     for i, (sched, inbox) in enumerate(zip(schedulers, inboxes)):
         Replica(env, i, sched, cost, recorder, inbox, fast_forward=fast_forward, on_iteration=on_iteration,

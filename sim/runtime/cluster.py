@@ -22,7 +22,7 @@ from typing import ClassVar, Protocol
 import numpy as np
 import simpy
 
-from sim.runtime.fast_forward import SCHEDULE, Runner, fire, phase_timeout
+from sim.runtime.fast_forward import ITERATION_END, SCHEDULE, Runner, fire, phase_timeout
 from sim.runtime.routers import Router, Signals
 from sim.workload.generators import Users
 from sim.workload.request import RequestTable
@@ -125,16 +125,32 @@ class Inbox:
 
 
 class Scraper:
-    """Takes stale `signals` every `interval_s` (the first at time 0, when they are bound) while
-    `source` may still route a request (engine.routing.staleness_s)."""
+    """Takes stale `signals` on the grid 0, `interval_s`, 2 x `interval_s`, ... (the first when
+    they are bound) while `source` may still route a request (engine.routing.staleness_s). Only
+    the scrape at or before an arrival is ever read, so the grid points before it are skipped when
+    that arrival is known: always in an open loop (`always_known`), and in a closed loop while
+    nothing is in flight (only a finish sends a new request). A sparse trace or long think times
+    thus cost a scrape per arrival, not one per `interval_s` of clock. A scrape at an instant sees
+    the iterations that end then, and the arrivals then see it."""
 
-    def __init__(self, env, signals: Signals, interval_s: float, source: Source):
+    def __init__(self, env, signals: Signals, interval_s: float, source: Source, always_known: bool):
         self.env, self.signals, self.interval_s, self.source = env, signals, interval_s, source
+        self.always_known = always_known
         env.process(self.run())
 
     def run(self):
+        s, k = self.interval_s, 0  # the last scrape was at k x s (0: when the signals were bound)
         while not self.source.done:
-            yield self.env.timeout(self.interval_s)
+            after = k + 1
+            if self.always_known or not any(self.signals.exact_loads()):
+                due = self.source.next_time()
+                if due < inf:  # the grid point at or before the next arrival
+                    after = max(after, int(due // s))
+            k = after
+            # at k x s: after the iterations that end then (theirs first: scheduled before this
+            # wake-up, they run first in the phase), before the arrivals then (NORMAL, later)
+            yield phase_timeout(self.env, max(k * s - self.env.now, 0.0), ITERATION_END)
+            yield phase_timeout(self.env, 0.0, ITERATION_END)
             self.signals.scrape()
 
 
@@ -274,7 +290,7 @@ def make_inboxes(router: Router, env, arrival: np.ndarray, schedulers: list,
         live = LiveRouter(env, router, arrival, schedulers, replica_of,
                           signals if signals is not None else Signals(schedulers))
         if staleness_s > 0:
-            Scraper(env, live.signals, staleness_s, live)
+            Scraper(env, live.signals, staleness_s, live, always_known=True)
         return live.inboxes
     replica_of[:] = plan
     return [Inbox(_packed(arrival[plan == r], "d"), _packed(np.flatnonzero(plan == r), "q"))

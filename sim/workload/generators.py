@@ -14,6 +14,7 @@ The YAML format is in docs/workload.md.
 """
 from __future__ import annotations
 
+import re
 import warnings
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -419,6 +420,8 @@ GENERATOR_KEYS = ("arrival", "prompt_tokens", "output_tokens", "num_requests")
 SECTION_KEYS = ("trace", "format", "columns", "time_unit", "hash_block_tokens", "time_scale", "priority", "prefix",
                 *GENERATOR_KEYS, "classes")
 CLASS_KEYS = ("name", "share", "prompt_tokens", "output_tokens", "priority")
+# a class name: shown in tables, figures, CSV cells and YAML keys, so none of their syntax ([, $, ", =, ",")
+CLASS_NAME = re.compile(r"[\w .:/@+-]{1,64}")
 COLUMN_KEYS = ("arrival", "prompt_tokens", "output_tokens", "priority", "hash_ids")
 
 
@@ -489,9 +492,9 @@ def _classes(top: _Keys, raw: dict, base_dir: Path) -> tuple[RequestClass, ...] 
         keys = _Keys(item, top.where, f"workload.classes[{i}]", CLASS_KEYS)
         keys.only()
         name = item.get("name")
-        if not isinstance(name, str) or not name.strip() or len(name) > 64 or any(ch in name for ch in ",\n\r\"="):
-            raise keys.fail("name", f"{_show(name)} is not a class name (text, up to 64 characters, no , = \" or "
-                                    "line breaks)")
+        if not isinstance(name, str) or not CLASS_NAME.fullmatch(name) or not name.strip():
+            raise keys.fail("name", f"{_show(name)} is not a class name (1 to 64 letters, digits, spaces and "
+                                    "_ - . : / @ +, as a tenant or traffic name)")
         if name in (c.name for c in out):
             raise keys.fail("name", f"{name!r} names two classes")
         out.append(RequestClass(

@@ -172,3 +172,36 @@ def test_a_run_with_routing_settings_reloads_as_the_same_run(tmp_path, router):
     assert written == ({"staleness_s": 0.05, "weights": {"prefix_affinity": 3.0, "queue_depth": 2.0,
                                                          "kv_utilization": 2.0}}
                        if router == "weighted" else {"staleness_s": 0.05})
+
+
+@pytest.mark.parametrize("ff", [True, False])
+def test_a_scrape_sees_the_iterations_that_end_at_its_instant(ff):
+    """Scrapes at 0, 2, 4 ...; A (arriving at 0, 2 output tokens) runs on replica 0 and ends at
+    2.0 exactly. C arrives at 2.0 and reads the scrape at 2.0, taken after A's last iteration:
+    both replicas empty, the tie goes to replica 0 (a scrape taken before A's end would show
+    replica 0 busy and send C to replica 1)."""
+    r = run([0.0, 2.0], 1, [2, 3], scheduler="continuous", max_num_seqs=8, replicas=2, router="least_loaded",
+            routing={"staleness_s": 2.0}, fast_forward=ff)
+    assert r.requests["finish_s"].tolist()[0] == 2.0
+    assert r.requests["replica"].tolist() == [0, 0]
+
+
+def test_scrapes_skip_the_clock_no_arrival_reads(monkeypatch):
+    """Every 1 ms over arrivals 1e6 s apart (open loop) or after 1e7 s of thinking (closed loop):
+    a scrape per arrival and per millisecond of work, not 1e9 or 1e10 of them."""
+    from sim.runtime.routers import Signals
+
+    scrapes = []
+    real = Signals.scrape
+    monkeypatch.setattr(Signals, "scrape", lambda self: (scrapes.append(1), real(self))[1])
+    fixed = {"prompt_tokens": {"dist": "fixed", "value": 8}, "output_tokens": {"dist": "fixed", "value": 4}}
+    engine = dict(scheduler="continuous", max_num_seqs=8, replicas=2, router="least_loaded",
+                  routing={"staleness_s": 0.001}, cost_model="roofline")
+    sparse = {"arrival": {"process": "constant", "rate": 1e-6}, "num_requests": 4, **fixed}
+    r = simulate(make_scenario(workload=sparse, **engine))
+    assert r.summary["completed"] == 4 and len(scrapes) < 200
+    scrapes.clear()
+    users = {"arrival": {"process": "closed_loop", "users": 2, "think_time": 1e7, "think_dist": "fixed"},
+             "num_requests": 6, **fixed}
+    r = simulate(make_scenario(workload=users, **engine))
+    assert r.summary["completed"] == 6 and len(scrapes) < 2000

@@ -2,6 +2,8 @@
 per-class judgement by hand, what a run reports, and the mistakes refused."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -98,6 +100,9 @@ def test_a_run_reports_each_class(tmp_path):
     ({"classes": [{"name": "a", "share": 0.5}, {"name": "b", "share": 0.4}]}, None, "the shares sum to 0.9"),
     ({"classes": [{"name": "a", "share": 0.5}, {"name": "a", "share": 0.5}]}, None, "'a' names two classes"),
     ({"classes": [{"name": "a,b", "share": 1}]}, None, "classes[0].name: 'a,b' is not a class name"),
+    ({"classes": [{"name": "[/]x", "share": 1}]}, None, "classes[0].name: '[/]x' is not a class name"),
+    ({"classes": [{"name": "$x$", "share": 1}]}, None, "classes[0].name: '$x$' is not a class name"),
+    ({"classes": [{"name": "  ", "share": 1}]}, None, "classes[0].name: '  ' is not a class name"),
     ({"classes": [{"name": "a", "share": 0}]}, None, "classes[0].share"),
     ({"classes": [{"name": "a", "share": 1, "slo": {}}]}, None, "classes[0].slo: unknown key"),
     ({"classes": []}, None, "workload.classes: an empty list; e.g."),
@@ -111,8 +116,7 @@ def test_a_run_reports_each_class(tmp_path):
 ])
 def test_class_mistakes_are_refused(workload, slo, message):
     w = {**{k: v for k, v in MIX.items() if k != "classes"}, **workload}
-    with pytest.raises(ScenarioError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")
-                       .replace(")", r"\)")):
+    with pytest.raises(ScenarioError, match=re.escape(message)):
         make_scenario(workload=w, slo=slo)
 
 
