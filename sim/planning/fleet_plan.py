@@ -60,8 +60,12 @@ def judge_day(result, slo: SLOConfig, window_s: float, classes: tuple[str, ...] 
     for w in range(int(which.max()) + 1 if len(which) else 0):
         mine = done[which[~rq["finish_s"].isna().to_numpy()] == w]
         g = judge(mine, slo, window_s, (gaps[gap_window == w], counts[gap_window == w]), classes)
-        windows.append({"start_s": w * window_s, "requests": int((which == w).sum()), "met": bool(g["met"]),
-                        "fraction": g["fraction"], "worst_ratio": _worst(g, slo, classes)})
+        row = {"start_s": w * window_s, "requests": int((which == w).sum()), "met": bool(g["met"]),
+               "fraction": g["fraction"], "worst_ratio": _worst(g, slo, classes)}
+        if classes:  # each class's share of requests meeting its own targets, and its verdict
+            row["classes"] = {name: {"fraction": g["classes"][name]["fraction"], "met": g["classes"][name]["met"]}
+                              for name in classes}
+        windows.append(row)
     completed = len(done) == len(rq)
     return {"met": completed and all(w["met"] for w in windows), "completed": len(done), "requests": len(rq),
             "end_s": end_s, "day": {k: v for k, v in day.items() if isinstance(v, dict) and k in SLO_METRICS},

@@ -46,6 +46,33 @@ def _observed(row: dict) -> str:
                      if v is not None and np.isfinite(v))
 
 
+def _window_table(r: dict) -> list[str]:
+    """Every window: its requests, and for the static fleet and the policy whether it met the SLO,
+    its worst observed / target and the share of requests meeting their targets (per class, with
+    workload classes)."""
+    s, p = r["static"], r["policy"]
+    if not s["windows"]:
+        return []
+    names = list(s["windows"][0].get("classes", {}))
+    head = ["window", "requests", "static: met, worst", "policy: met, worst"]
+    head += [f"policy: {n} meeting" for n in names] or ["policy: meeting"]
+    lines = ["## Every window", "", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    hours = s["end_s"] > 7200
+    for k, ws in enumerate(s["windows"]):
+        wp = p["windows"][k] if p is not None and k < len(p["windows"]) else None
+        start = f"{ws['start_s'] / 3600:g} h" if hours else f"{ws['start_s']:g} s"
+        cells = [start, f"{ws['requests']:,}",
+                 f"{'yes' if ws['met'] else 'no'}, {ws['worst_ratio']:.2f}",
+                 "-" if wp is None else f"{'yes' if wp['met'] else 'no'}, {wp['worst_ratio']:.2f}"]
+        if names:
+            cells += ["-" if wp is None else f"{wp['classes'][n]['fraction']:.1%}" for n in names]
+        else:
+            cells.append("-" if wp is None else f"{wp['fraction']:.1%}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines + ["", "worst: the largest observed / target over the window's targets (each class's own); "
+                    "meeting: the share of the window's requests that met their targets.", ""]
+
+
 def _each(row: dict) -> str:
     return " / ".join("yes" if m else "no" for m in row["met_each"])
 
@@ -93,7 +120,7 @@ def markdown(r: dict, figure: str | None) -> str:
               f"({own['windows_missed']} windows missed), {own['gpu_hours']:,.2f} GPU-hours.", ""]
     if figure:
         lines += [f"![the policy against the static fleet]({figure})", ""]
-    lines += ["## How it was found", "",
+    lines += _window_table(r) + ["## How it was found", "",
               "1. The static fleet: the fewest fixed replicas (engine.autoscaling off) that meet the SLO in every "
               "window, searched from the most replicas the scenario's own policy held.",
               "2. The policy: max_replicas = that fleet, target_in_flight on a grid of 2^(k/4) x the scenario's "

@@ -115,6 +115,9 @@ def test_a_fleet_plan_finds_a_cheaper_policy_and_the_runs_here_agree(tmp_path):
                if p["min_replicas"] == policy["min_replicas"] and p["target_in_flight"] > policy["target_in_flight"])
     text = (out / "plan.md").read_text()
     assert "Saving:" in text and "fleet_plan.png" in text and (out / "fleet_plan.png").stat().st_size > 10_000
+    table = text[text.index("## Every window"):text.index("## How it was found")]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "window" not in line and "---" not in line]
+    assert len(rows) == len(plan["static"]["windows"]) == 6 and rows[2].startswith("| 300 s | ")
     # the folder reads back as a fleet plan: servesim report and servesim plot
     assert CliRunner().invoke(app, ["report", str(out)]).exit_code == 0
     embedded = servesim.read_report(out / "report.html")

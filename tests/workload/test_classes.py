@@ -155,5 +155,6 @@ def test_a_fleet_window_is_judged_class_by_class():
     r = judge_day(SimpleNamespace(requests=rq, itl=(np.zeros(0), np.zeros(0), np.zeros(0))), slo, 10.0,
                   ("chat", "batch"))
     assert [w["met"] for w in r["windows"]] == [True, False]
+    assert r["windows"][1]["classes"] == {"chat": {"fraction": 1.0, "met": True}, "batch": {"fraction": 0.0, "met": False}}
     assert r["windows"][1]["worst_ratio"] == pytest.approx(1.5)   # 90 s / 60 s
     assert r["windows"][0]["worst_ratio"] == pytest.approx(38 / 60)  # the larger of chat 50/100 ms, batch 38/60 s
