@@ -42,6 +42,12 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
     # B200 (HGX/DGX B200, 180 GB HBM3e per GPU): 8 TB/s, 2.25 PFLOP/s dense bf16, NVLink5 1.8 TB/s
     # bidirectional. Price: a rounded on-demand estimate like the others, not a quote.
     "b200": HardwareSpec("b200", 180e9, 8.0e12, 2.25e15, 900e9, 6.00, fp8_flops=4.5e15),
+    # AMD Instinct MI300X (CDNA 3, 192 GB HBM3): 5.3 TB/s, ~1.3 PFLOP/s dense bf16 and ~2.6 fp8 (AMD's
+    # figures as reported by third parties, rounded as they give them), Infinity Fabric 7 links x
+    # 128 GB/s bidirectional = 448 GB/s per direction. No kernel tables: its steps are always the
+    # roofline's estimate (NVIDIA-derived efficiencies, not checked on ROCm), and said so. Price: the
+    # median on-demand MI300X rate over the providers listed by cliffcenter.com (2026-05), $1.99.
+    "mi300x": HardwareSpec("mi300x", 192e9, 5.3e12, 1.3e15, 448e9, 1.99, fp8_flops=2.6e15),
 }
 
 _FIELDS = tuple(f.name for f in dc_fields(HardwareSpec))

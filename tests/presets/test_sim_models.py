@@ -152,6 +152,8 @@ def test_hardware_presets():
     assert HARDWARE_PRESETS["a100-80gb"].bf16_flops == 312e12
     assert HARDWARE_PRESETS["l40s"].interconnect_bandwidth == 32e9
     assert all(h.usd_per_hour > 0 and h.name == n for n, h in HARDWARE_PRESETS.items())
+    mi = HARDWARE_PRESETS["mi300x"]  # AMD, by datasheet
+    assert (mi.memory_bytes, mi.hbm_bandwidth, mi.bf16_flops, mi.fp8_flops) == (192e9, 5.3e12, 1.3e15, 2.6e15)
 
 
 def test_hardware_from_fields():
@@ -225,3 +227,15 @@ def test_kv_budget_does_not_fit():
 def test_kv_budget_bad_arguments(kw, message):
     with pytest.raises(ScenarioError, match="^s.yaml: engine: " + message):
         _budget(where="s.yaml: engine", **kw)
+
+
+def test_a_gpu_without_kernel_tables_is_estimated_and_says_so():
+    """mi300x has no measured tables: the default cost model falls back to the roofline, with a notice."""
+    from sim.config.scenario import scenario_from_dict
+
+    raw = {"name": "amd", "model": "llama-3-70b", "hardware": "mi300x", "engine": {"tensor_parallel_size": 2},
+           "workload": {"arrival": {"process": "poisson", "rate": 1.0}, "num_requests": 10,
+                        "prompt_tokens": {"dist": "fixed", "value": 100}, "output_tokens": {"dist": "fixed", "value": 10}}}
+    sc = scenario_from_dict(raw)
+    assert sc.cost_model.name == "roofline"
+    assert "estimated" in sc.cost_model.notice and "no kernel tables for mi300x" in sc.cost_model.notice
