@@ -39,7 +39,7 @@ from sim.workload.sessions import Sessions
 if TYPE_CHECKING:
     from sim.presets.models import KVLayout
     from sim.runtime.autoscaler import Autoscaler
-    from sim.runtime.cluster import ClosedLoopRouter
+    from sim.runtime.cluster import ClosedLoopRouter, Gate
     from sim.runtime.disaggregation import KVTransfers
     from sim.workload.generators import Workload
 
@@ -240,6 +240,7 @@ class Replicas:
     transfers: KVTransfers | None        # disaggregated pools: the KV on its way between them
     loop: ClosedLoopRouter | None        # closed-loop users: who sent what, their sessions
     autoscaler: Autoscaler | None = None  # engine.autoscaling: the fleet's changes, its GPU-hours
+    gate: Gate | None = None              # engine.admission.max_in_flight: who passed the gateway, when
 
 
 def build_replicas(env, scenario: Scenario, req: RequestTable, workload: Workload, cost, recorder,
@@ -249,11 +250,14 @@ def build_replicas(env, scenario: Scenario, req: RequestTable, workload: Workloa
     # imported here, not above: they need simpy, and the real engine (calibrate/engine.py) builds
     # its scheduler through this module where simpy may not be installed
     from sim.runtime.autoscaler import Autoscaler
-    from sim.runtime.cluster import ClosedLoopRouter, Scraper, make_inboxes
+    from sim.runtime.cluster import ClosedLoopRouter, Gate, Scraper, make_inboxes
     from sim.runtime.engine import Replica
 
     e = scenario.engine
     if e.disaggregation is not None:  # prefill and decode pools, KV shipped between them
+        if e.admission is not None and e.admission.max_in_flight is not None:
+            raise ScenarioError("engine.admission.max_in_flight: a concurrency limit in front of disaggregated pools "
+                                "is not modelled")
         schedulers, transfers = start_pools(env, scenario, req, workload, recorder, rng, on_iteration,
                                             fast_forward)
         return Replicas(schedulers, transfers, None)
@@ -281,7 +285,15 @@ def build_replicas(env, scenario: Scenario, req: RequestTable, workload: Workloa
     signals = Signals(schedulers, stale=staleness > 0)
     loop = None
     inboxes: list
-    if workload.users is None:
+    gate = None
+    limit = e.admission.max_in_flight if e.admission is not None else None
+    if workload.users is None and limit is not None:  # a concurrency limit at the gateway: decided live
+        gate = Gate(env, router, req.arrival, schedulers, req.replica, signals, limit,
+                    e.admission.max_queue_wait_s if e.admission is not None else None)
+        inboxes = gate.inboxes
+        if staleness > 0:
+            Scraper(env, signals, staleness, gate, always_known=False)
+    elif workload.users is None:
         inboxes = make_inboxes(router, env, req.arrival, schedulers, req.replica, signals, staleness)
     else:  # closed loop: arrivals are filled in as users' requests finish
         sessions = None
@@ -306,4 +318,4 @@ def build_replicas(env, scenario: Scenario, req: RequestTable, workload: Workloa
 
         scaler = Autoscaler(env, a, fleet, lambda: [s.load() + box.pending() for s, box in zip(schedulers, inboxes)],
                             done, req)
-    return Replicas(schedulers, None, loop, scaler)
+    return Replicas(schedulers, None, loop, scaler, gate)

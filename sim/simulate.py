@@ -94,8 +94,11 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
         scaler.close(end_s)
     caches = [s.kv for s in schedulers if isinstance(s.kv, PrefixKVCache) and s.kv.reports]
     steps = steps_frame(recorder, cached=bool(caches))  # prefix caching: cached blocks over time
+    gate = built.gate  # a concurrency limit at the gateway: when each request passed it (NaN: turned away)
     if overheads is not None and overheads.on_requests:  # request handling, scheduling lag
-        overheads.apply(req.arrival, req.prompt, req.first_scheduled, req.first_token, req.finish,
+        # (the lag reads when a request reached its replica: past a concurrency gate, when it passed)
+        reached = req.arrival if gate is None else np.where(np.isnan(gate.released), req.arrival, gate.released)
+        overheads.apply(reached, req.prompt, req.first_scheduled, req.first_token, req.finish,
                         req.replica, (steps["replica"].to_numpy(), steps["start_s"].to_numpy(),
                                       steps["duration_s"].to_numpy(), steps["count"].to_numpy()),
                         np.frombuffer(recorder.durations, dtype=np.float64))
@@ -112,6 +115,11 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
     if transfers is not None:  # (sized like req: before the shed rows join)
         requests["prefill_replica"] = transfers.prefill_replica
         requests["kv_transfer_s"] = transfers.transfer_s
+    if gate is not None and admitted_at is not None:  # turned away at the concurrency gate: shed rows too
+        passed = ~np.isnan(gate.released)
+        admitted_at = admitted_at.copy()
+        admitted_at[np.flatnonzero(np.isfinite(admitted_at))] = gate.released
+        requests = requests[passed].reset_index(drop=True)
     if admitted_at is not None:  # every offered request, the shed ones marked
         requests = _with_shed(requests, offered, admitted_at)
     if offered.classes is not None:  # workload.classes: each request's class by name (rows: every offered request)

@@ -10,16 +10,21 @@ The wait is the client's: TTFT and E2E count it from the request's own arrival.
 `classes` gives a workload class (workload.classes) a bucket of its own, a tenant's quota: its
 requests pass through that bucket alone, the others through the shared one (or freely, when only
 classes have buckets).
+
+`max_in_flight` bounds the requests past the gateway and not finished (waiting or running on any
+replica): the others wait at the gateway in arrival order (after any bucket) and pass as requests
+finish; one that has waited longer than `max_queue_wait_s` when its turn comes is turned away (the
+client gave up). Decided during the run (sim/runtime/cluster.Gate), unlike the buckets.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sim.config.checks import MAX_COUNT, MAX_RATE, MAX_SECONDS, _choice, _num, _section
+from sim.config.checks import MAX_COUNT, MAX_RATE, MAX_SECONDS, _choice, _int, _num, _section
 from sim.config.errors import ScenarioError
 
-KEYS = ("rate", "burst", "on_empty", "max_wait_s", "classes")
+KEYS = ("rate", "burst", "on_empty", "max_wait_s", "classes", "max_in_flight", "max_queue_wait_s")
 CLASS_KEYS = ("rate", "burst", "on_empty", "max_wait_s")
 ON_EMPTY = ("shed", "queue")
 
@@ -39,18 +44,22 @@ class Bucket:
 class AdmissionConfig(Bucket):
     """The shared bucket (rate/burst/...), and a workload class's own (`classes`: a tenant's quota):
     a class with its own bucket passes through it alone; the others through the shared one, or
-    freely when the shared one is not set (rate 0: only with classes)."""
+    freely when the shared one is not set (rate 0: only with classes or max_in_flight); and the
+    gateway's concurrency limit, if any."""
     classes: tuple[tuple[str, Bucket], ...] = ()
+    max_in_flight: int | None = None       # requests past the gateway and not finished, at most
+    max_queue_wait_s: float | None = None  # the longest a request waits for that (None: no limit)
 
     @property
     def shared(self) -> Bucket | None:
         return None if self.rate == 0 else Bucket(self.rate, self.burst, self.on_empty, self.max_wait_s)
 
     def as_yaml(self) -> dict:
-        out = Bucket.as_yaml(self) if self.shared is not None else {}
-        out.pop("classes", None)
+        shared = self.shared
+        out = shared.as_yaml() if shared is not None else {}
         if self.classes:
             out["classes"] = {name: b.as_yaml() for name, b in self.classes}
+        out.update({k: getattr(self, k) for k in ("max_in_flight", "max_queue_wait_s") if getattr(self, k) is not None})
         return out
 
 
@@ -68,13 +77,22 @@ def parse_admission(v: Any, at) -> AdmissionConfig | None:
             where = f"admission.classes.{name}"
             classes.append((str(name), _bucket(_section(section, where, lambda k: at(k), CLASS_KEYS),
                                                lambda k, w=where: at(f"{w}.{k}"))))
+    limit = None if m.get("max_in_flight") is None else _int(m["max_in_flight"], at("admission.max_in_flight"), lo=1,
+                                                                cap=MAX_COUNT)
+    queue_wait = m.get("max_queue_wait_s")
+    if queue_wait is not None and limit is None:
+        raise ScenarioError(f"{at('admission.max_queue_wait_s')}: only with max_in_flight (the wait for it)")
+    wait = None if queue_wait is None else _num(queue_wait, at("admission.max_queue_wait_s"), 0, cap=MAX_SECONDS)
     if m.get("rate") is None:
-        if classes and all(m.get(k) is None for k in CLASS_KEYS):  # every class's own, no shared bucket
-            return AdmissionConfig(rate=0.0, burst=0.0, classes=tuple(classes))
+        if (classes or limit is not None) and all(m.get(k) is None for k in CLASS_KEYS):  # no shared bucket
+            return AdmissionConfig(rate=0.0, burst=0.0, classes=tuple(classes), max_in_flight=limit,
+                                   max_queue_wait_s=wait)
         raise ScenarioError(f"{at('admission.rate')}: missing; engine.admission is a token bucket, e.g. "
-                            "{rate: 20, burst: 40} (requests/s, and the most admitted at once)")
+                            "{rate: 20, burst: 40} (requests/s, and the most admitted at once), and/or a "
+                            "concurrency limit, {max_in_flight: 64}")
     shared = _bucket(m, lambda k: at(f"admission.{k}"))
-    return AdmissionConfig(shared.rate, shared.burst, shared.on_empty, shared.max_wait_s, tuple(classes))
+    return AdmissionConfig(shared.rate, shared.burst, shared.on_empty, shared.max_wait_s, tuple(classes),
+                           max_in_flight=limit, max_queue_wait_s=wait)
 
 
 def _bucket(m: dict, where) -> Bucket:

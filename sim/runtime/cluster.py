@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import heapq
 from array import array
+from collections import deque
 from math import inf
 from typing import ClassVar, Protocol
 
@@ -246,6 +247,66 @@ class ClosedLoopRouter:
         target = self.router.choose(rid, signals.loads() if signals.stale else _loads(self.schedulers, self.inboxes))
         self.req.replica[rid] = target
         self.inboxes[target].deliver(rid, t)
+
+
+class Gate:
+    """engine.admission.max_in_flight: at most `limit` requests past the gateway and not finished
+    (on any replica, waiting or running); an arrival beyond that waits at the gateway, in arrival
+    order, and passes when a request finishes; one that has waited more than `max_wait_s` when its
+    turn comes is turned away. `released[rid]`: when request rid passed (NaN: turned away). Each
+    arrival is routed as it passes, by `router.choose`; plays the closed loop's part for the
+    replicas' inboxes (sim/runtime/cluster.UserInbox): told of every finish."""
+
+    def __init__(self, env, router: Router, arrival: np.ndarray, schedulers: list, replica_of: np.ndarray,
+                 signals: Signals, limit: int, max_wait_s: float | None):
+        self.env, self.router, self.arrival, self.schedulers = env, router, arrival, schedulers
+        self.replica_of, self.limit = replica_of, limit
+        self.max_wait = inf if max_wait_s is None else max_wait_s
+        self.inboxes = [UserInbox(self) for _ in schedulers]
+        self.signals = signals
+        signals.bind(self.inboxes)
+        router.attach(signals)
+        self.released = np.full(len(arrival), np.nan)
+        self.queue: deque[int] = deque()  # arrived, waiting at the gateway
+        self.in_flight = 0
+        self._next = 0      # the next arrival
+        self._handled = 0   # passed or turned away
+        env.process(self.run())
+
+    @property
+    def done(self) -> bool:
+        return self._handled == len(self.arrival)
+
+    def next_time(self) -> float:
+        return self.arrival[self._next] if self._next < len(self.arrival) else inf
+
+    def run(self):
+        env = self.env
+        while self._next < len(self.arrival):
+            t = self.arrival[self._next]
+            if t > env.now:
+                yield env.timeout(t - env.now)
+            self.queue.append(self._next)
+            self._next += 1
+            self._release()
+
+    def finished(self, rids) -> None:
+        self.in_flight -= len(rids)
+        self._release()
+
+    def _release(self) -> None:
+        now, signals = self.env.now, self.signals
+        while self.queue and self.in_flight < self.limit:
+            rid = self.queue.popleft()
+            self._handled += 1
+            if now - self.arrival[rid] > self.max_wait:
+                continue  # the client gave up: turned away
+            self.in_flight += 1
+            self.released[rid] = now
+            loads = signals.loads() if signals.stale else _loads(self.schedulers, self.inboxes)
+            target = self.router.choose(rid, loads)
+            self.replica_of[rid] = target
+            self.inboxes[target].deliver(rid, now)
 
 
 class UserInbox(Inbox):

@@ -161,3 +161,55 @@ def test_class_bucket_mistakes_are_refused(admission, message):
          "classes": [{"name": "a", "share": 1}]}
     with pytest.raises(servesim.ScenarioError, match=message.replace("{", r"\{").replace("}", r"\}")):
         make_scenario(workload=w, admission=admission)
+
+
+@pytest.mark.parametrize("ff", [True, False])
+def test_a_concurrency_limit_holds_arrivals_until_a_request_finishes(ff):
+    """max_in_flight 1, unit steps, 1-token prompts, 3-token answers, arrivals 0, 0.5, 1.0. Request 0
+    passes at 0 and finishes at 3 (prefill [0, 1], two decodes). Request 1 passes then (waited 2.5
+    s): first token at 4, done at 6; request 2 passes at 6 (waited 5 s): done at 9. With
+    max_queue_wait_s 4, request 2's turn comes after 5 s: turned away."""
+    from simhelpers import run
+
+    engine = dict(scheduler="continuous", max_num_seqs=8, fast_forward=ff)
+    r = run([0.0, 0.5, 1.0], 1, 3, admission={"max_in_flight": 1}, **engine)
+    rq = r.requests
+    assert rq["finish_s"].tolist() == [3.0, 6.0, 9.0]
+    assert rq["gateway_wait_s"].tolist() == [0.0, 2.5, 5.0]
+    assert rq["ttft_s"].tolist() == [1.0, 3.5, 6.0]   # from each request's own arrival
+    assert not rq["shed"].any() and r.summary["admission"]["shed"] == 0
+    cut = run([0.0, 0.5, 1.0], 1, 3, admission={"max_in_flight": 1, "max_queue_wait_s": 4}, **engine)
+    assert cut.requests["shed"].tolist() == [False, False, True]
+    assert cut.requests["finish_s"].tolist()[:2] == [3.0, 6.0] and np.isnan(cut.requests["finish_s"][2])
+    assert cut.summary["admission"]["shed"] == 1 and cut.summary["completed"] == 2
+
+
+def test_a_concurrency_limit_bounds_what_the_replicas_hold(tmp_path):
+    """Behind a bucket, over 2 least_loaded replicas: never more than max_in_flight requests past
+    the gateway and unfinished (checked from requests.csv's pass and finish times; unit steps, so no
+    engine overheads shift the finish times after the run)."""
+    fixed = lambda v: {"dist": "fixed", "value": v}  # noqa: E731
+    raw = {"name": "gate", "model": "llama-3-8b", "hardware": "h100-sxm", "cost_model": "unit",
+           "engine": {"replicas": 2, "router": "least_loaded",
+                      "admission": {"rate": 2, "burst": 5, "max_in_flight": 12}},
+           "workload": {"arrival": {"process": "poisson", "rate": 1}, "num_requests": 200,
+                        "prompt_tokens": fixed(8), "output_tokens": fixed(20)}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
+    rq = servesim.run(str(tmp_path / "s.yaml")).requests
+    served = rq[~rq["shed"]]
+    passed = (served["arrival_s"] + served["gateway_wait_s"]).to_numpy()
+    events = sorted([(t, 1) for t in passed] + [(t, -1) for t in served["finish_s"]], key=lambda e: (e[0], e[1]))
+    held = np.cumsum([d for _, d in events])
+    assert held.max() == 12 and (served["gateway_wait_s"] > 0).any()
+
+
+@pytest.mark.parametrize("admission, message", [
+    ({"max_queue_wait_s": 3}, "engine.admission.max_queue_wait_s: only with max_in_flight"),
+    ({"max_in_flight": 0}, "engine.admission.max_in_flight"),
+    ({"burst": 4, "max_in_flight": 3}, "engine.admission.rate: missing"),
+])
+def test_concurrency_limit_mistakes_are_refused(admission, message):
+    from simhelpers import make_scenario
+
+    with pytest.raises(servesim.ScenarioError, match=message):
+        make_scenario(admission=admission)
