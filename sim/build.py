@@ -265,10 +265,6 @@ def build_replicas(env, scenario: Scenario, req: RequestTable, workload: Workloa
     a = e.autoscaling
     # an autoscaled fleet: every replica it may hold is built (idle until started)
     built = e.replicas if a is None else a.max_replicas
-    if a is not None and prefix_caching(e, workload):
-        raise ScenarioError(f"{scenario.source or 'scenario'}: engine.autoscaling with prefix caching over the "
-                            "workload's shared prefixes is not modelled (a new replica's cache starts empty); set "
-                            "engine.enable_prefix_caching: false")
     schedulers = [build_scheduler(e, req, blocks, workload, rng, layout) for _ in range(built)]
     fleet = None
     router: Router
@@ -317,5 +313,5 @@ def build_replicas(env, scenario: Scenario, req: RequestTable, workload: Workloa
             return loop.done if loop is not None else all(box.next_arrival() == np.inf for box in inboxes)
 
         scaler = Autoscaler(env, a, fleet, lambda: [s.load() + box.pending() for s, box in zip(schedulers, inboxes)],
-                            done, req)
+                            done, req, on_start=lambda i: schedulers[i].kv.restart())  # a new pod's cache: empty
     return Replicas(schedulers, None, loop, scaler, gate)

@@ -63,6 +63,9 @@ class PagedKVCache:
     def release(self, blocks: int) -> None:
         self.free += blocks
 
+    def restart(self) -> None:
+        """The replica starts afresh (sim/kv/prefix_cache.PrefixKVCache's): nothing cached to drop here."""
+
     # the prefix-caching calls of sim/kv/prefix_cache.PrefixKVCache, for a cache without it
     def lookup(self, rid: int, num_tokens: int) -> list[int]:
         return []
@@ -151,6 +154,9 @@ class ContiguousKVCache:
         """Blocks' worth of token slots reserved (rounded up): the paged caches' measure, for a
         router reading KV utilisation."""
         return -(-(self.capacity - self.free_tokens) // self.block_size)
+
+    def restart(self) -> None:
+        """The replica starts afresh: nothing is cached in a contiguous cache."""
 
     @staticmethod
     def slots_needed(prompt: np.ndarray, output: np.ndarray, block_size: int):

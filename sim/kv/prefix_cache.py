@@ -134,6 +134,19 @@ class PrefixKVCache:
         self.hit_tokens = 0
         self.cached_tokens = [0] * len(hashes)  # per request: tokens found cached, summed over admissions
 
+    def restart(self) -> None:
+        """The replica starts afresh (an autoscaled fleet starting it again): every block free and
+        hashless, nothing cached. Only when no request holds a block (a released replica's); the
+        hit statistics and each request's cached tokens are kept."""
+        assert self.free == self.num_blocks and not self.held, "restart with blocks held"
+        self.queue = deque([[self.num_blocks]])
+        self.queued, self.generation = {}, 0
+        self.ids, self.next_id, self.ref = [], 0, []
+        self.block_hash, self.cached_blocks, self.cached, self.first = {}, 0, {}, {}
+        self._forget_lookups()
+        self.group, self.holders, self.num_cached, self.own_cached = {}, {}, {}, {}
+        self.evicted = []
+
     # the count API of PagedKVCache (`free`: blocks an allocation can take, an attribute as there)
     @property
     def used(self) -> int:

@@ -100,10 +100,12 @@ class FleetRouter:
 class Autoscaler:
     """Decides every `config.interval_s` (the first decision one interval in) until every request
     has arrived and finished; `events` logs each change. `loads()`: each built replica's requests
-    in flight; `done()`: nothing more will arrive."""
+    in flight; `done()`: nothing more will arrive; `on_start(i)`: replica i starts (again)."""
 
-    def __init__(self, env, config: AutoscalingConfig, fleet: Fleet, loads, done, req: RequestTable):
+    def __init__(self, env, config: AutoscalingConfig, fleet: Fleet, loads, done, req: RequestTable,
+                 on_start: Callable[[int], None] | None = None):
         self.env, self.config, self.fleet, self.loads, self.done, self.req = env, config, fleet, loads, done, req
+        self.on_start = on_start  # replica i is started (again): its KV cache starts empty
         self.window: deque[tuple[float, int]] = deque()  # (time, replicas wanted) over scale_down_delay_s
         self.events: list[dict] = []
         env.process(self.run())
@@ -149,6 +151,8 @@ class Autoscaler:
             room = c.max_replicas - current - fleet.count(DRAINING)  # replicas held never exceed the max
             for _ in range(min(want - current, room)):
                 i = fleet.start(now)
+                if self.on_start is not None:
+                    self.on_start(i)
                 if c.cold_start_s > 0:
                     self.env.timeout(c.cold_start_s).callbacks.append(lambda _e, i=i: fleet.ready(i))
                 else:

@@ -221,3 +221,43 @@ def test_closed_loops_and_every_router_run_on_an_autoscaled_fleet(path, settings
     for span in a["spans"]:  # no request ran on a replica outside the times it served
         mine = rq[(rq["replica"] == span["replica"]) & (rq["arrival_s"] >= span["start_s"])]
         assert (mine["first_token_s"] >= span["start_s"] + (3 if span["start_s"] > 0 else 0) - 1e-9).all()
+
+
+def test_a_restarted_replica_starts_with_an_empty_cache():
+    """A prefix cache holding a request's blocks, all freed: restart drops every hash (nothing is
+    found any more, every block free and hashless); the hit statistics stay."""
+    from sim.kv.prefix_cache import PrefixKVCache, block_hashes
+
+    chain = block_hashes(((("sys",),), 64), 0, 64, 16)
+    cache = PrefixKVCache(10, 16, [chain, chain], [64, 64])
+    assert cache.admit(0, cache.lookup(0, 64), 4, 64)
+    cache.commit(0, 64)
+    cache.free_request(0, 4)
+    assert len(cache.lookup(1, 64)) == 3 and cache.cached_blocks == 4   # 3 of 4 looked up: hit
+    queried, hits = cache.queried_tokens, cache.hit_tokens
+    cache.restart()
+    assert cache.lookup(1, 64) == [] and cache.cached_blocks == 0 and cache.free == 10
+    assert (cache.queried_tokens, cache.hit_tokens) == (queried, hits)
+    assert cache.admit(1, [], 4, 64) and cache.free == 6  # it serves as a fresh cache
+
+
+def test_an_autoscaled_fleet_serves_agents_with_prefix_caching():
+    """Agent sessions (their calls hit the previous call's blocks) on a fleet that grows and
+    shrinks: every call served, the cache hit, no call on a replica outside the times it served."""
+    w = {"arrival": {"process": "agents", "rate": 2.0, "sessions": 120, "steps": {"dist": "uniform", "low": 2, "high": 6},
+                     "tool_time": 1.0},
+         "prompt_tokens": {"dist": "uniform", "low": 100, "high": 600}, "output_tokens": {"dist": "uniform", "low": 20, "high": 200}}
+    raw = {"name": "agent-fleet", "model": "llama-3-8b", "hardware": "h100-sxm", "cost_model": "roofline", "workload": w,
+           "engine": {"scheduler": "chunked", "router": "prefix_aware",
+                      "autoscaling": {"max_replicas": 3, "target_in_flight": 3, "interval_s": 2, "cold_start_s": 3,
+                                      "scale_down_delay_s": 6}}}
+    result = servesim.run(raw)
+    a, rq = result.summary["autoscaling"], result.requests
+    assert result.summary["completed"] == len(rq) and a["peak_replicas"] >= 2
+    assert result.summary["prefix_cache_hit_rate"] > 0.3
+    restarted = [s["replica"] for s in a["spans"]]
+    assert len(restarted) > len(set(restarted))  # a replica released and started again (its cache: empty)
+    for span in a["spans"]:
+        end = span["end_s"] if span["end_s"] is not None else np.inf
+        mine = rq[(rq["replica"] == span["replica"]) & (rq["first_token_s"] >= span["start_s"]) & (rq["first_token_s"] <= end)]
+        assert (mine["first_token_s"] >= span["start_s"] + (3 if span["start_s"] > 0 else 0) - 1e-9).all()
