@@ -193,7 +193,7 @@ def start_pools(env, scenario, req, workload, recorder, rng, on_iteration, fast_
     from sim.runtime.engine import Replica
 
     d = scenario.engine.disaggregation
-    weights = None if scenario.engine.routing is None else scenario.engine.routing.weights
+    routing = scenario.engine.routing
     if workload.users is not None:
         raise ScenarioError("engine.disaggregation: closed-loop users with disaggregated pools are not modelled")
     prefill_sc, decode_sc = pool_scenarios(scenario)
@@ -220,9 +220,9 @@ def start_pools(env, scenario, req, workload, recorder, rng, on_iteration, fast_
     # nvlink: the slower pool's interconnect
     link_hw = min(prefill_sc.hardware, decode_sc.hardware, key=lambda h: h.interconnect_bandwidth)
     router = scenario.engine.router
-    transfers = KVTransfers(env, req, decode, make_router(router, d.decode_replicas, weights), d, kv_bytes,
+    transfers = KVTransfers(env, req, decode, make_router(router, d.decode_replicas, routing), d, kv_bytes,
                             link_hw, d.prefill_replicas)
-    inboxes = make_inboxes(make_router(router, d.prefill_replicas, weights), env, req.arrival, prefill,
+    inboxes = make_inboxes(make_router(router, d.prefill_replicas, routing), env, req.arrival, prefill,
                            req.replica)
     prefill_cost, decode_cost = cost_model(prefill_sc), cost_model(decode_sc)
     for i, (s, box) in enumerate(zip(prefill, inboxes)):
@@ -269,14 +269,13 @@ def build_replicas(env, scenario: Scenario, req: RequestTable, workload: Workloa
     fleet = None
     router: Router
     routing = e.routing
-    weights = None if routing is None else routing.weights
     if a is None:
-        router = make_router(e.router, e.replicas, weights)
+        router = make_router(e.router, e.replicas, routing)
     else:
         from sim.runtime.autoscaler import Fleet, FleetRouter
 
         fleet = Fleet(built, e.replicas)
-        router = FleetRouter(lambda n: make_router(e.router, n, weights), fleet)
+        router = FleetRouter(lambda n: make_router(e.router, n, routing), fleet)
     staleness = 0.0 if routing is None else routing.staleness_s
     signals = Signals(schedulers, stale=staleness > 0)
     loop = None

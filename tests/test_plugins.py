@@ -46,8 +46,8 @@ def test_a_trace_format_is_a_reader_and_one_registry_line(tmp_path, monkeypatch)
 
 
 def test_a_router_is_a_class_and_one_registry_line(monkeypatch):
-    class LastReplica:
-        def __init__(self, num_replicas):
+    class LastReplica:  # built as Rule(num_replicas, routing); decided up front, so never attached
+        def __init__(self, num_replicas, routing=None):
             self.last = num_replicas - 1
 
         def plan(self, num_requests):

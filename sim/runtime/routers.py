@@ -14,10 +14,12 @@ from typing import Protocol
 import numpy as np
 
 from sim.config.errors import ScenarioError
-from sim.config.routing import DEFAULT_WEIGHTS
+from sim.config.routing import DEFAULT_WEIGHTS, RoutingConfig
 
 
 class Router(Protocol):
+    """A routing rule, built as `Rule(num_replicas, routing)` (routing: engine.routing or None)."""
+
     def plan(self, num_requests: int) -> np.ndarray | None:
         """The replica of every request, decided before the run; None if the rule needs the
         replicas' state at each arrival (then `choose` is asked, request by request)."""
@@ -80,7 +82,7 @@ class SignalView:
 
 
 class RoundRobin:
-    def __init__(self, num_replicas: int):
+    def __init__(self, num_replicas: int, routing: RoutingConfig | None = None):
         self.num_replicas = num_replicas
 
     def attach(self, signals: Signals | SignalView) -> None:
@@ -94,7 +96,7 @@ class RoundRobin:
 
 
 class LeastLoaded:
-    def __init__(self, num_replicas: int):
+    def __init__(self, num_replicas: int, routing: RoutingConfig | None = None):
         self.num_replicas = num_replicas
 
     def attach(self, signals: Signals | SignalView) -> None:
@@ -118,7 +120,7 @@ class PrefixAware:
 
     MAX_IMBALANCE = 1.0  # a replica may carry up to 2 x + 1 the lightest load and still win on hits
 
-    def __init__(self, num_replicas: int):
+    def __init__(self, num_replicas: int, routing: RoutingConfig | None = None):
         self.num_replicas = num_replicas
         self.caches: list = []
 
@@ -168,8 +170,9 @@ class Weighted:
     weighted sum wins, ties to the lowest index (llm-d picks among ties at random). Weights:
     engine.routing.weights (default prefix_affinity 3, queue_depth 2, kv_utilization 2)."""
 
-    def __init__(self, num_replicas: int, weights: tuple[tuple[str, float], ...] = DEFAULT_WEIGHTS):
-        self.num_replicas, self.weights = num_replicas, weights
+    def __init__(self, num_replicas: int, routing: RoutingConfig | None = None):
+        self.num_replicas = num_replicas
+        self.weights = routing.weights if routing is not None else DEFAULT_WEIGHTS
         self.signals: Signals | SignalView | None = None
 
     def attach(self, signals: Signals | SignalView) -> None:
@@ -204,10 +207,9 @@ ROUTERS: dict[str, type] = {"round_robin": RoundRobin, "least_loaded": LeastLoad
                             "prefix_aware": PrefixAware, "weighted": Weighted}
 
 
-def make_router(name: str, num_replicas: int, weights: tuple[tuple[str, float], ...] | None = None) -> Router:
-    """The rule `name` over `num_replicas` replicas (`weights`: the weighted rule's, None: default)."""
+def make_router(name: str, num_replicas: int, routing: RoutingConfig | None = None) -> Router:
+    """The rule `name` over `num_replicas` replicas; every rule is built as `ROUTERS[name](num_replicas,
+    routing)` (engine.routing: what a rule may read of it, e.g. the weighted rule's weights)."""
     if name not in ROUTERS:
         raise ScenarioError(f"engine.router: {name!r} is not one of {', '.join(ROUTERS)}")
-    if name == "weighted" and weights is not None:
-        return Weighted(num_replicas, weights)
-    return ROUTERS[name](num_replicas)
+    return ROUTERS[name](num_replicas, routing)

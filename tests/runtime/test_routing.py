@@ -11,6 +11,7 @@ import yaml
 
 import servesim
 from sim.config.errors import ScenarioError
+from sim.config.routing import RoutingConfig
 from sim.runtime.routers import Weighted
 from sim.simulate import simulate
 from sim.workload.generators import Workload
@@ -76,7 +77,8 @@ def test_weighted_scores_by_hand():
         rule.attach(_signals([3, 0, 0], [0.5, 0.25, 0.0], prompt))
         assert rule.scores(0, [4, 2, 0]) == [3.25, 2.5, 4.0]
         assert rule.choose(0, [4, 2, 0]) == 2
-        heavy = Weighted(3, (("prefix_affinity", 10.0), ("queue_depth", 2.0), ("kv_utilization", 2.0)))
+        heavy = Weighted(3, RoutingConfig(weights=(("prefix_affinity", 10.0), ("queue_depth", 2.0),
+                                                   ("kv_utilization", 2.0))))
         heavy.attach(_signals([3, 0, 0], [0.5, 0.25, 0.0], prompt))
         assert heavy.scores(0, [4, 2, 0]) == [8.5, 2.5, 4.0]
         assert heavy.choose(0, [4, 2, 0]) == 0
