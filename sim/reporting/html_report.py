@@ -71,6 +71,20 @@ def _run_rows(s: dict) -> list[tuple[str, Any]]:  # (label, value shown as str()
     if isinstance(g, dict):
         rows.append(("SLO", "met" if g.get("met") else "missed") )
         rows.append(("goodput (req/s meeting the SLO)", f"{g.get('requests_per_s', 0):.3f}"))
+    classes = s.get("classes")
+    if isinstance(classes, dict):  # workload.classes: each class's requests and its SLO verdict
+        for name, c in classes.items():
+            if isinstance(c, dict):
+                verdict = (c.get("goodput") or {}).get("met")
+                ttft = (c.get("ttft_ms") or {}).get("p99")
+                rows.append((f"class {name}", f"{c.get('completed', 0):,} of {c.get('requests', 0):,} served; p99 TTFT "
+                             + (f"{ttft:,.1f} ms" if ttft is not None else "-")
+                             + ("" if verdict is None else f"; SLO {'met' if verdict else 'missed'}")))
+    agents = s.get("agents")
+    if isinstance(agents, dict):  # agent sessions (docs/workload.md)
+        span = agents.get("session_s") or {}
+        rows.append(("agent sessions", f"{agents.get('sessions', 0):,}, {agents.get('calls_mean', 0):.2f} calls each; "
+                                       f"session p50 / p99 {span.get('p50') or 0:,.1f} / {span.get('p99') or 0:,.1f} s"))
     admission = s.get("admission")
     if isinstance(admission, dict):  # a gateway turned some away (docs/fleet.md)
         rows.append(("shed by the gateway", f"{admission.get('shed', 0):,} of {admission.get('offered', 0):,}"))

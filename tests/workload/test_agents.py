@@ -33,6 +33,8 @@ def test_one_session_by_hand(ff):
     assert rq["user"].tolist() == [0, 0, 0] and rq["turn"].tolist() == [1, 2, 3]
     assert r.summary["agents"]["sessions"] == 1 and r.summary["agents"]["calls_mean"] == 3
     assert r.summary["agents"]["session_s"]["p50"] == 13.0
+    from sim.reporting.html_report import _run_rows
+    assert ("agent sessions", "1, 3.00 calls each; session p50 / p99 13.0 / 13.0 s") in _run_rows(r.summary)
 
 
 def test_sessions_make_their_own_calls_and_no_more():

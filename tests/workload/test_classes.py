@@ -91,6 +91,8 @@ def test_a_run_reports_each_class(tmp_path):
     assert s["goodput"]["by_class"] and s["goodput"]["met"] == all(c["goodput"]["met"] for c in s["classes"].values())
     assert r.scenario.slo.as_yaml()["classes"] == {"batch": {"e2el_ms": 600000.0, "percentile": 99.0}}
     r.write(tmp_path / "out")  # scenario.yaml of the run simulates the same run
+    page = servesim.report(tmp_path / "out").read_text()
+    assert all(f"<td>class {name}</td>" in page for name in ("chat", "rag", "batch"))
     again = servesim.run(str(tmp_path / "out" / "scenario.yaml"))
     assert again.requests["class"].tolist() == rq["class"].tolist()
     assert again.summary["goodput"] == s["goodput"]
