@@ -84,7 +84,8 @@ def _run_rows(s: dict) -> list[tuple[str, Any]]:  # (label, value shown as str()
     if isinstance(agents, dict):  # agent sessions (docs/workload.md)
         span = agents.get("session_s") or {}
         rows.append(("agent sessions", f"{agents.get('sessions', 0):,}, {agents.get('calls_mean', 0):.2f} calls each; "
-                                       f"session p50 / p99 {span.get('p50') or 0:,.1f} / {span.get('p99') or 0:,.1f} s"))
+                                       f"session p50 / p99 {span.get('p50') or 0:,.1f} / "
+                                       f"{span.get('p99') or 0:,.1f} s"))
     admission = s.get("admission")
     if isinstance(admission, dict):  # a gateway turned some away (docs/fleet.md)
         rows.append(("shed by the gateway", f"{admission.get('shed', 0):,} of {admission.get('offered', 0):,}"))

@@ -7,13 +7,12 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from test_sim_engine import assert_same_run
 
 from sim.config.errors import ScenarioError
 from sim.config.scenario import load_scenario
 from sim.simulate import simulate, write_outputs
 from sim.workload.generators import ClosedLoop, Users, Workload, build_workload, parse_workload
-from simhelpers import make_scenario
+from simhelpers import assert_same_run, make_scenario
 
 REPO = Path(__file__).parents[2]
 ENGINE = dict(scheduler="chunked", max_num_seqs=4, max_num_batched_tokens=16)

@@ -14,7 +14,7 @@ import pytest
 import sim.runtime.engine as engine_module
 from sim.runtime.engine import Replica
 from sim.simulate import simulate, write_outputs
-from simhelpers import make_scenario, run
+from simhelpers import assert_same_run, make_scenario, run
 
 EXAMPLE_PROFILE = Path(__file__).parents[2] / "scenarios/profiles/example-h100-llama-3-8b.yaml"
 CHAT = {"arrival": {"process": "poisson", "rate": 5.0}, "num_requests": 300,
@@ -141,33 +141,6 @@ def test_least_loaded_static_batch_timeout():
 
 
 # ------------------------------------------------------------------ fast-forward
-
-def _numbers(summary, prefix=""):
-    for key, value in summary.items():
-        if isinstance(value, dict):
-            yield from _numbers(value, f"{prefix}{key}.")
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            yield f"{prefix}{key}", value
-
-
-def assert_same_run(a, b):
-    """Fast-forwarded and stepped runs agree (up to float rounding of summed durations)."""
-    assert list(a.requests.columns) == list(b.requests.columns)
-    # Times agree to 1e-9 relative. Differences of two times (queue_s of a request admitted
-    # microseconds after arriving) keep the times' absolute rounding error, ~1e-13 s over a
-    # 70 s run, so they get an absolute tolerance of 1e-9 of the run's length as well.
-    atol = 1e-9 * a.summary["duration_s"]
-    assert np.allclose(a.requests.to_numpy(np.float64), b.requests.to_numpy(np.float64),
-                       rtol=1e-9, atol=atol, equal_nan=True)
-    first_scheduled = [(r.requests["arrival_s"] + r.requests["queue_s"]).to_numpy() for r in (a, b)]
-    assert np.allclose(*first_scheduled, rtol=1e-9, atol=0)
-    na, nb = dict(_numbers(a.summary)), dict(_numbers(b.summary))
-    assert na.keys() == nb.keys()
-    for key in na:
-        assert na[key] == pytest.approx(nb[key], rel=1e-9, abs=0, nan_ok=True), key
-    assert a.steps["count"].sum() == b.steps["count"].sum() == a.summary["iterations"]
-    assert a.steps["duration_s"].sum() == pytest.approx(b.steps["duration_s"].sum(), rel=1e-9)
-
 
 FF_CASES = {
     "static": dict(scheduler="static", max_num_seqs=32),

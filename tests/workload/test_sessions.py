@@ -5,12 +5,11 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from test_sim_engine import assert_same_run
 
 from sim.config.errors import ScenarioError
 from sim.simulate import simulate
 from sim.workload.generators import Users, Workload, parse_workload
-from simhelpers import make_scenario
+from simhelpers import assert_same_run, make_scenario
 
 ENGINE = {"scheduler": "chunked", "max_num_seqs": 4, "max_num_batched_tokens": 64, "block_size": 16}
 
