@@ -36,7 +36,7 @@ from sim.runtime.metrics import (
 )
 from sim.runtime.recorder import Recorder
 from sim.version import __version__
-from sim.workload.generators import Workload, build_workload
+from sim.workload.generators import Agents, Workload, build_workload
 from sim.workload.request import RequestTable
 
 
@@ -361,6 +361,8 @@ def available_memory_bytes() -> float:
 def check_memory(scenario: Scenario, force: bool = False) -> None:
     """Refuse up front a run whose estimated peak memory exceeds what the machine has free."""
     n = scenario.workload.num_requests
+    if isinstance(scenario.workload.arrival, Agents):  # the sessions' calls, on average
+        n = int(scenario.workload.arrival.expected_requests())
     if n is None or force:
         return  # a whole trace: its size was capped when read; or the user said --force
     need, have = estimate_memory_bytes(n), available_memory_bytes()

@@ -77,7 +77,7 @@ def assert_same_run(a, b):
     assert np.allclose(a.requests.to_numpy(np.float64), b.requests.to_numpy(np.float64),
                        rtol=1e-9, atol=atol, equal_nan=True)
     first_scheduled = [(r.requests["arrival_s"] + r.requests["queue_s"]).to_numpy() for r in (a, b)]
-    assert np.allclose(*first_scheduled, rtol=1e-9, atol=0)
+    assert np.allclose(*first_scheduled, rtol=1e-9, atol=0, equal_nan=True)  # (NaN: shed, never scheduled)
     na, nb = dict(_numbers(a.summary)), dict(_numbers(b.summary))
     assert na.keys() == nb.keys()
     for key in na:

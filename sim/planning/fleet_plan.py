@@ -36,6 +36,7 @@ from sim.config.scenario import SLO_METRICS, SLOConfig, load_scenario
 from sim.planning.parallel import LocalRunner, default_workers
 from sim.runtime.metrics import judge
 
+MOST_WINDOWS = 10_000               # windows one run is judged in, at most (--window-s)
 GRID = range(-16, 17)                 # k: target_in_flight = scenario's x 2^(k/4)
 FIRST_PROBES = (-16, -8, 0, 8, 16)
 MOST_STATIC = 256                     # the most replicas the static search tries
@@ -55,6 +56,9 @@ def judge_day(result, slo: SLOConfig, window_s: float, classes: tuple[str, ...] 
     end_s = float(done["finish_s"].max()) if len(done) else 0.0
     day = judge(done, slo, end_s, (gaps, counts), classes)
     which = (rq["arrival_s"].to_numpy() // window_s).astype(np.int64)
+    if len(which) and int(which.max()) >= MOST_WINDOWS:
+        raise ScenarioError(f"--window-s: {window_s:g} s windows cut this run's {float(rq['arrival_s'].max()):,.0f} s "
+                            f"of arrivals into more than {MOST_WINDOWS:,}; a longer window")
     gap_window = (ends // window_s).astype(np.int64)
     windows = []
     for w in range(int(which.max()) + 1 if len(which) else 0):

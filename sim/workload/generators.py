@@ -182,12 +182,23 @@ class Agents:
     tool_dist: str = "exponential"     # exponential | fixed
     max_context: int | None = None     # tokens a session's context may reach (then it starts afresh)
 
+    def expected_requests(self) -> float:
+        """The sessions' calls on average (a length distribution's mean steps: fixed, uniform,
+        lognormal)."""
+        d = self.steps
+        mean = (d.value if isinstance(d, Fixed) else (d.low + d.high) / 2 if isinstance(d, Uniform)
+                else d.mean if isinstance(d, Lognormal) else 1.0)
+        return self.sessions * float(mean)
+
     def plan(self, rng: np.random.Generator) -> Users:
         """Session start times, then each session's steps, then the tool time after every call;
         turns without end (a session's calls, `calls`, end it)."""
         start = Poisson(self.rate).times(rng, self.sessions)
         steps = self.steps.sample(rng, self.sessions)
         n = int(steps.sum())
+        if n > MAX_REQUESTS:  # (checked before the lengths are drawn for them)
+            raise ScenarioError(f"workload.arrival: {self.sessions} agent sessions make {n:,} calls, more than "
+                                f"servesim's {MAX_REQUESTS:,} requests in one run; fewer sessions or steps")
         think = (rng.exponential(self.tool_time, size=n) if self.tool_dist == "exponential" and self.tool_time > 0
                  else np.full(n, float(self.tool_time)))
         return Users(start, think, np.full(n, n, dtype=np.int64), self.max_context, steps.astype(np.int64))
@@ -562,11 +573,16 @@ def _arrival(top: _Keys, base_dir: Path) -> ArrivalProcess | ClosedLoop | Agents
                           keys.maybe_integer("max_context", 2))
     if process == "agents":
         steps = keys.raw.get("steps")
-        return Agents(_rate(keys), keys.integer("sessions", 1, high=MAX_COUNT),
-                      _dist(keys, "steps", TURN_DISTS, 1, Path(".")) if isinstance(steps, dict)
-                      else Fixed(keys.integer("steps", 1)),
-                      keys.number("tool_time", low=0, high=MAX_SECONDS),
-                      keys.choice("tool_dist", THINK_DISTS, "exponential"), keys.maybe_integer("max_context", 2))
+        agents = Agents(_rate(keys), keys.integer("sessions", 1, high=MAX_COUNT),
+                        _dist(keys, "steps", TURN_DISTS, 1, Path(".")) if isinstance(steps, dict)
+                        else Fixed(keys.integer("steps", 1)),
+                        keys.number("tool_time", low=0, high=MAX_SECONDS),
+                        keys.choice("tool_dist", THINK_DISTS, "exponential"), keys.maybe_integer("max_context", 2))
+        calls = agents.expected_requests()
+        if calls > MAX_REQUESTS:
+            raise keys.fail("sessions", f"{agents.sessions:,} sessions of {calls / agents.sessions:g} calls on "
+                                        f"average make more than servesim's {MAX_REQUESTS:,} requests in one run")
+        return agents
     return ARRIVALS[process](_rate(keys))
 
 

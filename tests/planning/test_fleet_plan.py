@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 import servesim
 from cli import app
+from sim.config.errors import ScenarioError
 from sim.config.scenario import SLOConfig, load_scenario
 from sim.planning.fleet_plan import FIRST_PROBES, GRID, _fewest_static, _largest_meeting, judge_day
 from sim.simulate import simulate
@@ -145,3 +146,12 @@ def test_window_s_needs_an_autoscaled_scenario(tmp_path):
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
     result = CliRunner().invoke(app, ["plan", str(tmp_path / "s.yaml"), "--window-s", "60", "--out", str(tmp_path / "p")])
     assert_one_line_error(result, "--window-s: only for a fleet plan")
+
+
+def test_a_window_too_short_for_the_run_is_refused():
+    from sim.planning.fleet_plan import MOST_WINDOWS
+
+    with pytest.raises(ScenarioError, match=r"--window-s: 0.001 s windows cut this run's 20 s of arrivals into more than"):
+        judge_day(_result([0.0, 20.0], [0.05, 0.05]), SLOConfig(ttft_ms=100.0), 0.001)
+    most = judge_day(_result([0.0, 20.0], [0.05, 0.05]), SLOConfig(ttft_ms=100.0), 20 / (MOST_WINDOWS - 0.5))
+    assert len(most["windows"]) == MOST_WINDOWS

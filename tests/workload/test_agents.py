@@ -88,3 +88,11 @@ def test_plan_refuses_agents_and_says_what_to_do(tmp_path):
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
     with pytest.raises(ScenarioError, match="plan: workload.arrival agents: .*sweep workload.arrival.rate"):
         servesim.plan(str(tmp_path / "s.yaml"))
+
+
+def test_more_calls_than_a_run_holds_are_refused_before_any_is_drawn():
+    with pytest.raises(ScenarioError, match="workload.arrival.sessions: 1,000,000 sessions of 1000 calls"):
+        make_scenario(workload=agents(sessions=1_000_000, steps=1000))
+    lognormal = agents(sessions=1000, steps={"dist": "lognormal", "mean": 1e6, "std": 1e6})
+    with pytest.raises(ScenarioError, match="workload.arrival.sessions"):
+        make_scenario(workload=lognormal)
