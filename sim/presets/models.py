@@ -13,13 +13,14 @@ SwiGLU MLP (gate/up/down). Preset numbers are copied from each model's Hugging F
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass, replace
 from dataclasses import fields as dc_fields
 from pathlib import Path
 from typing import Any
 
 from sim.config.checks import MAX_COUNT, MAX_TOKENS, _bool, _int, _show, _text, check_fields, json_object, read_text
-from sim.config.errors import ScenarioError
+from sim.config.errors import ScenarioError, ServesimWarning
 
 
 @dataclass(frozen=True)
@@ -352,7 +353,7 @@ def model_from_fields(fields: dict, where: str) -> ModelSpec:
 LLAMA_STYLE = ("llama", "mistral", "qwen2", "qwen3")
 # Gemma-2/3 text decoders: Llama-shaped (GeGLU has the same gate/up/down), 4 norms per layer
 GEMMA_TYPES = ("gemma2", "gemma3_text")
-MOE_TYPES = ("mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss")
+MOE_TYPES = ("mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss", "llama4_text")
 MODELLED_TYPES = LLAMA_STYLE + GEMMA_TYPES + MOE_TYPES
 # quantization_config.quant_method -> bytes per linear-layer weight (weight-only for awq/gptq:
 # their `bits`); anything else is refused
@@ -380,6 +381,9 @@ def _refuse_unmodelled(cfg: dict, path: Path) -> None:
         if odd:
             raise ScenarioError(f"{path}: layer_types: {_show(odd[0])} layers are not modelled "
                                 f"(only {' and '.join(LAYER_TYPES)})")
+    if model_type == "llama4_text" and cfg.get("interleave_moe_layer_step", 1) != 1:
+        raise ScenarioError(f"{path}: interleave_moe_layer_step: {_show(cfg['interleave_moe_layer_step'])}: MoE "
+                            f"layers interleaved with dense ones (Llama-4-Maverick) are not modelled; Scout's 1 is")
     if cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1 or cfg.get("moe_layer_freq", 1) != 1:
         raise ScenarioError(f"{path}: mlp_only_layers / decoder_sparse_step / moe_layer_freq: MoE "
                             f"layers interleaved with dense ones are not modelled (only leading dense "
@@ -400,6 +404,20 @@ def _sliding(cfg: dict, path: Path) -> dict:
     if isinstance(layers, bool) or not isinstance(layers, int):
         return {}  # (model_from_fields says what is wrong with it)
     types = cfg.get("layer_types")
+    if cfg.get("model_type") == "llama4_text" and cfg.get("attention_chunk_size"):
+        # chunked local attention (the RoPE layers; every no_rope_layer_interval-th is global, NoPE)
+        # priced and sized as a sliding window of one chunk: it attends and keeps at most a chunk
+        # (L mod chunk tokens), the window min(L, chunk): an upper bound on its KV and attention work
+        rope = cfg.get("no_rope_layers")
+        if isinstance(rope, list) and rope:
+            if len(rope) != layers:
+                raise ScenarioError(f"{path}: no_rope_layers: {len(rope)} entries for {layers} num_hidden_layers")
+            sliding = sum(1 for r in rope if r)
+        else:
+            interval = _int(cfg.get("no_rope_layer_interval", 4), f"{path}: no_rope_layer_interval", lo=1,
+                            cap=MAX_COUNT)
+            sliding = layers - layers // interval
+        return {"sliding_window": cfg["attention_chunk_size"], "sliding_layers": sliding} if sliding else {}
     if isinstance(types, list):
         if len(types) != layers:
             raise ScenarioError(f"{path}: layer_types: {len(types)} entries for {layers} "
@@ -454,8 +472,10 @@ def _moe(cfg: dict) -> MoESpec | None:
     if not experts:
         return None
     width = cfg.get("moe_intermediate_size") or cfg["intermediate_size"]  # Mixtral: experts are full width
+    # Llama 4: every MoE layer has one shared expert as wide as the routed ones
+    shared = 1 if cfg.get("model_type") == "llama4_text" else cfg.get("n_shared_experts") or 0
     return MoESpec(num_experts=experts, experts_per_token=cfg["num_experts_per_tok"],
-                   expert_intermediate_size=width, shared_experts=cfg.get("n_shared_experts") or 0,
+                   expert_intermediate_size=width, shared_experts=shared,
                    dense_layers=cfg.get("first_k_dense_replace") or 0)
 
 
@@ -475,6 +495,25 @@ _HF_KEYS = {
     "intermediate_size": "intermediate_size",
     "vocab_size": "vocab_size",
 }
+
+
+def _llama4_text(cfg: dict, path: Path) -> dict:
+    """A Llama 4 config.json (model_type llama4: its decoder under text_config, a vision encoder
+    beside it) as its text decoder's config; the vision encoder's weights are not counted, and a
+    warning says so. Any other config as it is."""
+    if cfg.get("model_type") != "llama4":
+        return cfg
+    text = cfg.get("text_config")
+    if not isinstance(text, dict):
+        raise ScenarioError(f"{path}: text_config: missing or not a mapping in a llama4 config")
+    if cfg.get("vision_config"):
+        warnings.warn(f"{path}: llama4: the text decoder is sized and priced; the vision encoder "
+                      "(vision_config, under 1% of Scout's weights) is not counted", ServesimWarning, stacklevel=3)
+    out = {**text, "model_type": "llama4_text"}
+    for key in ("torch_dtype", "tie_word_embeddings", "quantization_config"):
+        if key in cfg and key not in text:
+            out[key] = cfg[key]
+    return out
 
 
 def _read_json(path: Path, what: str) -> dict:
@@ -511,7 +550,7 @@ def model_from_hf_config(path: Path, name: str | None = None) -> ModelSpec:
         path = path / "config.json"
     if not path.exists():
         raise ScenarioError(f"{path}: file not found")
-    cfg = _read_json(path, "config.json")
+    cfg = _llama4_text(_read_json(path, "config.json"), path)
     modelopt = _modelopt_quantization(path)
     if modelopt is not None:
         if cfg.get("quantization_config"):

@@ -258,3 +258,63 @@ def test_weight_block_size_is_for_fp8_weights_only(tmp_path):
         model_from_fields({**base, "weight_block_size": 128}, "s.yaml: model")
     assert model_from_fields({**base, "weight_block_size": 128, "linear_weight_bytes": 1},
                              "m").weight_block_size == 128
+
+
+def test_llama4_scout_is_sized_by_hand():
+    """Llama-4-Scout-17B-16E (Meta's config.json, from the AIConfigurator wheel): its text decoder.
+    Per layer: attention q 5120x5120 + k, v 2 x 5120x1024 + o 5120x5120 = 62,914,560; 16 routed +
+    1 shared experts of 3 x 5120 x 8192 = 2,139,095,040, router 5120 x 16 = 81,920. 48 layers, an
+    untied 202,048 x 5120 embedding and LM head (2,068,971,520), 2 norms a layer + the final one
+    (496,640): 107,769,861,120 parameters, 215.5 GB in bf16. Chunked attention on the 36 RoPE
+    layers (every 4th of 48 is global), sized as a window of one chunk (8192)."""
+    m = model_from_hf_config(FIXTURES / "meta-llama--Llama-4-Scout-17B-16E-Instruct.json")
+    per_layer = 62_914_560 + 17 * 3 * 5120 * 8192 + 5120 * 16
+    assert m.num_params == 48 * per_layer + 2 * 202_048 * 5120 + 2 * 48 * 5120 + 5120 == 107_769_861_120
+    assert m.weight_bytes == 2 * 107_769_861_120
+    assert (m.moe.num_experts, m.moe.experts_per_token, m.moe.expert_intermediate_size, m.moe.shared_experts,
+            m.moe.dense_layers) == (16, 1, 8192, 1, 0)
+    assert (m.sliding_window, m.sliding_layers) == (8192, 36)
+    # KV per token per rank at TP 8: 48 layers x K and V x 8 heads x 128 x 2 bytes / 8
+    assert kv_bytes_per_token_per_rank(m, 8) == 48 * 2 * 8 * 128 * 2 // 8 == 24_576
+
+
+def test_llama4_maverick_interleaved_moe_is_refused_naming_the_field():
+    with pytest.raises(ScenarioError, match="interleave_moe_layer_step: 2: MoE layers interleaved with dense ones"):
+        model_from_hf_config(FIXTURES / "meta-llama--Llama-4-Maverick-17B-128E-Instruct.json")
+
+
+def test_llama4_with_a_vision_encoder_says_it_is_not_counted(tmp_path):
+    from sim.config.errors import ServesimWarning
+
+    cfg = json.loads((FIXTURES / "meta-llama--Llama-4-Scout-17B-16E-Instruct.json").read_text())
+    cfg["vision_config"] = {"hidden_size": 1408, "num_hidden_layers": 34}
+    cfg["text_config"]["no_rope_layers"] = [1, 1, 1, 0] * 12
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.warns(ServesimWarning, match="the vision encoder .* is not counted"):
+        m = model_from_hf_config(tmp_path / "config.json")
+    assert m.sliding_layers == 36 and m.num_params == 107_769_861_120
+
+
+def test_llama4_scout_runs_and_says_its_costs_are_estimated(tmp_path):
+    raw = {"name": "scout", "model": {"hf_config": str(FIXTURES / "meta-llama--Llama-4-Scout-17B-16E-Instruct.json")},
+           "hardware": "h100-sxm", "engine": {"scheduler": "chunked", "tensor_parallel_size": 8},
+           "workload": {"arrival": {"process": "poisson", "rate": 4}, "num_requests": 50,
+                        "prompt_tokens": {"dist": "fixed", "value": 12000}, "output_tokens": {"dist": "fixed", "value": 50}}}
+    import servesim
+
+    r = servesim.run(raw)
+    assert r.summary["completed"] == 50
+    assert r.scenario.cost_model.name == "roofline" and "estimated" in r.scenario.cost_model.notice
+
+
+def test_capacity_on_llama4_scout_from_its_config():
+    """servesim capacity reads the config: 107.8B parameters, 16.1B active per token (48 layers of
+    attention + 1 routed + 1 shared expert + router, plus the LM head: 48 x 314,654,720 +
+    1,034,485,760), 24,576 KV bytes per token per GPU at TP 8."""
+    result = CliRunner().invoke(app, ["capacity", "--model", str(FIXTURES / "meta-llama--Llama-4-Scout-17B-16E-Instruct.json"),
+                                      "--gpu", "h100-sxm", "--tp", "8", "--json"])
+    assert result.exit_code == 0, result.output
+    d = json.loads(result.stdout)
+    assert d["num_params"] == 107_769_861_120
+    assert d["active_params"] == 48 * (62_914_560 + 2 * 3 * 5120 * 8192 + 5120 * 16) + 202_048 * 5120
+    assert d["kv_bytes_per_token"] == 24_576 and d["sliding_window"] == 8192
