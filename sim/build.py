@@ -283,8 +283,10 @@ def build_replicas(env, scenario: Scenario, req: RequestTable, workload: Workloa
     gate = None
     limit = e.admission.max_in_flight if e.admission is not None else None
     if workload.users is None and limit is not None:  # a concurrency limit at the gateway: decided live
-        gate = Gate(env, router, req.arrival, schedulers, req.replica, signals, limit,
-                    e.admission.max_queue_wait_s if e.admission is not None else None)
+        adm = e.admission
+        assert adm is not None
+        gate = Gate(env, router, req.arrival, schedulers, req.replica, signals, limit, adm.max_queue_wait_s,
+                    req.priority if adm.queue_order == "priority" else None)
         inboxes = gate.inboxes
         if staleness > 0:
             Scraper(env, signals, staleness, gate, always_known=False)

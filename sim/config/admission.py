@@ -14,7 +14,9 @@ classes have buckets).
 `max_in_flight` bounds the requests past the gateway and not finished (waiting or running on any
 replica): the others wait at the gateway in arrival order (after any bucket) and pass as requests
 finish; one that has waited longer than `max_queue_wait_s` when its turn comes is turned away (the
-client gave up). Decided during the run (sim/runtime/cluster.Gate), unlike the buckets.
+client gave up). `queue_order: priority` lets the most urgent waiting request (the workload's
+priority, a class's: lower first; ties by arrival) pass first instead of the earliest. Decided
+during the run (sim/runtime/cluster.Gate), unlike the buckets.
 """
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ from typing import Any
 from sim.config.checks import MAX_COUNT, MAX_RATE, MAX_SECONDS, _choice, _int, _num, _section
 from sim.config.errors import ScenarioError
 
-KEYS = ("rate", "burst", "on_empty", "max_wait_s", "classes", "max_in_flight", "max_queue_wait_s")
+KEYS = ("rate", "burst", "on_empty", "max_wait_s", "classes", "max_in_flight", "max_queue_wait_s", "queue_order")
+QUEUE_ORDERS = ("arrival", "priority")
 CLASS_KEYS = ("rate", "burst", "on_empty", "max_wait_s")
 ON_EMPTY = ("shed", "queue")
 
@@ -49,6 +52,7 @@ class AdmissionConfig(Bucket):
     classes: tuple[tuple[str, Bucket], ...] = ()
     max_in_flight: int | None = None       # requests past the gateway and not finished, at most
     max_queue_wait_s: float | None = None  # the longest a request waits for that (None: no limit)
+    queue_order: str = "arrival"            # who passes first when one may: arrival | priority (lower first)
 
     @property
     def shared(self) -> Bucket | None:
@@ -60,6 +64,8 @@ class AdmissionConfig(Bucket):
         if self.classes:
             out["classes"] = {name: b.as_yaml() for name, b in self.classes}
         out.update({k: getattr(self, k) for k in ("max_in_flight", "max_queue_wait_s") if getattr(self, k) is not None})
+        if self.queue_order != "arrival":
+            out["queue_order"] = self.queue_order
         return out
 
 
@@ -83,16 +89,19 @@ def parse_admission(v: Any, at) -> AdmissionConfig | None:
     if queue_wait is not None and limit is None:
         raise ScenarioError(f"{at('admission.max_queue_wait_s')}: only with max_in_flight (the wait for it)")
     wait = None if queue_wait is None else _num(queue_wait, at("admission.max_queue_wait_s"), 0, cap=MAX_SECONDS)
+    order = _choice(m.get("queue_order", "arrival"), at("admission.queue_order"), QUEUE_ORDERS)
+    if order != "arrival" and limit is None:
+        raise ScenarioError(f"{at('admission.queue_order')}: only with max_in_flight (the order of its queue)")
     if m.get("rate") is None:
         if (classes or limit is not None) and all(m.get(k) is None for k in CLASS_KEYS):  # no shared bucket
             return AdmissionConfig(rate=0.0, burst=0.0, classes=tuple(classes), max_in_flight=limit,
-                                   max_queue_wait_s=wait)
+                                   max_queue_wait_s=wait, queue_order=order)
         raise ScenarioError(f"{at('admission.rate')}: missing; engine.admission is a token bucket, e.g. "
                             "{rate: 20, burst: 40} (requests/s, and the most admitted at once), and/or a "
                             "concurrency limit, {max_in_flight: 64}")
     shared = _bucket(m, lambda k: at(f"admission.{k}"))
     return AdmissionConfig(shared.rate, shared.burst, shared.on_empty, shared.max_wait_s, tuple(classes),
-                           max_in_flight=limit, max_queue_wait_s=wait)
+                           max_in_flight=limit, max_queue_wait_s=wait, queue_order=order)
 
 
 def _bucket(m: dict, where) -> Bucket:

@@ -252,13 +252,14 @@ class ClosedLoopRouter:
 class Gate:
     """engine.admission.max_in_flight: at most `limit` requests past the gateway and not finished
     (on any replica, waiting or running); an arrival beyond that waits at the gateway, in arrival
-    order, and passes when a request finishes; one that has waited more than `max_wait_s` when its
-    turn comes is turned away. `released[rid]`: when request rid passed (NaN: turned away). Each
-    arrival is routed as it passes, by `router.choose`; plays the closed loop's part for the
-    replicas' inboxes (sim/runtime/cluster.UserInbox): told of every finish."""
+    order (or, given `priority`, the most urgent first: lower, then earlier), and passes when a
+    request finishes; one that has waited more than `max_wait_s` when its turn comes is turned
+    away. `released[rid]`: when request rid passed (NaN: turned away). Each arrival is routed as it
+    passes, by `router.choose`; plays the closed loop's part for the replicas' inboxes
+    (sim/runtime/cluster.UserInbox): told of every finish."""
 
     def __init__(self, env, router: Router, arrival: np.ndarray, schedulers: list, replica_of: np.ndarray,
-                 signals: Signals, limit: int, max_wait_s: float | None):
+                 signals: Signals, limit: int, max_wait_s: float | None, priority: np.ndarray | None = None):
         self.env, self.router, self.arrival, self.schedulers = env, router, arrival, schedulers
         self.replica_of, self.limit = replica_of, limit
         self.max_wait = inf if max_wait_s is None else max_wait_s
@@ -267,7 +268,10 @@ class Gate:
         signals.bind(self.inboxes)
         router.attach(signals)
         self.released = np.full(len(arrival), np.nan)
-        self.queue: deque[int] = deque()  # arrived, waiting at the gateway
+        self.queue: deque[int] = deque()  # arrived, waiting at the gateway (in arrival order)
+        # queue_order priority: the waiting as a heap of (priority, request id); None: `queue`
+        self.priority = priority
+        self.urgent: list[tuple[int, int]] = []
         self.in_flight = 0
         self._next = 0      # the next arrival
         self._handled = 0   # passed or turned away
@@ -286,7 +290,10 @@ class Gate:
             t = self.arrival[self._next]
             if t > env.now:
                 yield env.timeout(t - env.now)
-            self.queue.append(self._next)
+            if self.priority is None:
+                self.queue.append(self._next)
+            else:
+                heapq.heappush(self.urgent, (int(self.priority[self._next]), self._next))
             self._next += 1
             self._release()
 
@@ -296,8 +303,8 @@ class Gate:
 
     def _release(self) -> None:
         now, signals = self.env.now, self.signals
-        while self.queue and self.in_flight < self.limit:
-            rid = self.queue.popleft()
+        while (self.queue or self.urgent) and self.in_flight < self.limit:
+            rid = self.queue.popleft() if self.priority is None else heapq.heappop(self.urgent)[1]
             self._handled += 1
             if now - self.arrival[rid] > self.max_wait:
                 continue  # the client gave up: turned away

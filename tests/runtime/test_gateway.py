@@ -228,3 +228,18 @@ def test_a_concurrency_gate_runs_the_same_fast_forwarded_or_stepped():
     fast, stepped = simulate(sc), simulate(sc, fast_forward=False)
     assert fast.summary["admission"]["shed"] > 0 and (fast.requests["gateway_wait_s"] > 0).any()
     assert_same_run(fast, stepped)
+
+
+def test_a_priority_queue_at_the_gate_lets_the_most_urgent_pass_first():
+    """The timeline above, priorities 0, 5, 1: when request 0 finishes at 3, request 2 (priority 1)
+    passes before request 1 (priority 5), though it arrived later: done at 6, then 1 at 9."""
+    from simhelpers import run
+
+    engine = dict(scheduler="continuous", max_num_seqs=8)
+    r = run([0.0, 0.5, 1.0], 1, 3, [0, 5, 1], admission={"max_in_flight": 1, "queue_order": "priority"}, **engine)
+    assert r.requests["finish_s"].tolist() == [3.0, 9.0, 6.0]
+    assert r.requests["gateway_wait_s"].tolist() == [0.0, 5.5, 2.0]
+    fifo = run([0.0, 0.5, 1.0], 1, 3, [0, 5, 1], admission={"max_in_flight": 1}, **engine)
+    assert fifo.requests["finish_s"].tolist() == [3.0, 6.0, 9.0]
+    with pytest.raises(servesim.ScenarioError, match="engine.admission.queue_order: only with max_in_flight"):
+        run([0.0], 1, 3, admission={"rate": 1, "queue_order": "priority"}, **engine)
