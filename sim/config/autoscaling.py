@@ -20,7 +20,7 @@ from sim.config.checks import MAX_REPLICAS, MAX_SECONDS, _int, _num, _section
 from sim.config.errors import ScenarioError
 
 KEYS = ("min_replicas", "max_replicas", "target_in_flight", "interval_s", "cold_start_s", "scale_down_delay_s",
-        "tolerance")
+        "tolerance", "min_replicas_schedule", "schedule_period_s")
 
 
 @dataclass(frozen=True)
@@ -32,9 +32,33 @@ class AutoscalingConfig:
     cold_start_s: float = 60.0       # s from the decision to start a replica until it serves
     scale_down_delay_s: float = 300.0  # s every wish must have been fewer replicas before removing any
     tolerance: float = 0.1           # no change while in flight / (target x replicas) is within 1 +- this
+    # scheduled scaling (a cron floor, as KEDA's cron scaler): ((start_s, replicas), ...), each floor
+    # holding from its start to the next (after the last: for ever, or the schedule repeats every
+    # schedule_period_s); the floor at t is max(min_replicas, the schedule's). (): min_replicas only
+    min_replicas_schedule: tuple[tuple[float, int], ...] = ()
+    schedule_period_s: float | None = None
+
+    def floor(self, t: float) -> int:
+        """The fewest replicas wanted at time t (s)."""
+        if not self.min_replicas_schedule:
+            return self.min_replicas
+        if self.schedule_period_s is not None:
+            t = t % self.schedule_period_s
+        floor = self.min_replicas_schedule[0][1]
+        for start, n in self.min_replicas_schedule:
+            if start > t:
+                break
+            floor = n
+        return max(self.min_replicas, floor)
 
     def as_yaml(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        out["min_replicas_schedule"] = [list(x) for x in self.min_replicas_schedule]
+        if not self.min_replicas_schedule:
+            del out["min_replicas_schedule"], out["schedule_period_s"]
+        elif self.schedule_period_s is None:
+            del out["schedule_period_s"]
+        return out
 
 
 def parse_autoscaling(v: Any, at, replicas: int | None) -> AutoscalingConfig | None:
@@ -59,8 +83,35 @@ def parse_autoscaling(v: Any, at, replicas: int | None) -> AutoscalingConfig | N
         cold_start_s=_num(m.get("cold_start_s", 60.0), where("cold_start_s"), 0, cap=MAX_SECONDS),
         scale_down_delay_s=_num(m.get("scale_down_delay_s", 300.0), where("scale_down_delay_s"), 0,
                                 cap=MAX_SECONDS),
-        tolerance=_num(m.get("tolerance", 0.1), where("tolerance"), 0, 1, open_hi=True))
+        tolerance=_num(m.get("tolerance", 0.1), where("tolerance"), 0, 1, open_hi=True),
+        **_schedule(m, where, low, m["max_replicas"]))
     if replicas is not None and not config.min_replicas <= replicas <= config.max_replicas:
         raise ScenarioError(f"{at('replicas')}: {replicas} replicas serve at the start, outside engine.autoscaling's "
                             f"[{config.min_replicas}, {config.max_replicas}]")
     return config
+
+
+def _schedule(m: dict, where, low: int, high: Any) -> dict:
+    """min_replicas_schedule: [[start_s, replicas], ...] (the first at 0, increasing; replicas
+    within [1, max_replicas]) and schedule_period_s (after the last start); {} without one."""
+    raw = m.get("min_replicas_schedule")
+    if raw is None:
+        if m.get("schedule_period_s") is not None:
+            raise ScenarioError(f"{where('schedule_period_s')}: only with min_replicas_schedule")
+        return {}
+    at = where("min_replicas_schedule")
+    if not isinstance(raw, list) or not raw or not all(isinstance(r, (list, tuple)) and len(r) == 2 for r in raw):
+        raise ScenarioError(f"{at}: a list of [start_s, replicas] pairs (the first at 0), e.g. "
+                            "[[0, 1], [28800, 3], [72000, 1]]")
+    top = _int(high, where("max_replicas"), lo=low, cap=MAX_REPLICAS)
+    starts = [_num(t, f"{at}[{k}] start_s", 0, cap=MAX_SECONDS) for k, (t, _) in enumerate(raw)]
+    counts = [_int(n, f"{at}[{k}] replicas", lo=1, hi=top) for k, (_, n) in enumerate(raw)]
+    if starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])):
+        raise ScenarioError(f"{at}: start times must begin at 0 and increase; got {starts[:6]}")
+    period = m.get("schedule_period_s")
+    if period is not None:
+        period = _num(period, where("schedule_period_s"), 0, open_lo=True, cap=MAX_SECONDS)
+        if period <= starts[-1]:
+            raise ScenarioError(f"{where('schedule_period_s')}: {period:g} is not after the last start "
+                                f"({starts[-1]:g} s)")
+    return {"min_replicas_schedule": tuple(zip(starts, counts)), "schedule_period_s": period}

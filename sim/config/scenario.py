@@ -448,8 +448,8 @@ def _parse_engine(v: Any, w: Where) -> EngineConfig:
     )
     a = engine.autoscaling
     if a is not None:
-        if m.get("replicas") is None:  # the fleet starts at its floor
-            engine = dataclasses.replace(engine, replicas=a.min_replicas)
+        if m.get("replicas") is None:  # the fleet starts at its floor (at time 0)
+            engine = dataclasses.replace(engine, replicas=a.floor(0.0))
         if engine.disaggregation is not None:
             raise ScenarioError(f"{at('autoscaling')}: autoscaling disaggregated pools is not modelled")
     d = engine.disaggregation

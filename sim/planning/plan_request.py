@@ -274,6 +274,10 @@ def _check_fleet(r: PlanRequest, sc: Scenario) -> None:
     if sc.engine.admission is not None:
         raise ScenarioError("plan: engine.admission is set; a fleet plan sizes a fleet that serves every request "
                             "(remove it with --set engine.admission=null; docs/fleet.md)")
+    if sc.engine.autoscaling.min_replicas_schedule:
+        raise ScenarioError("plan: engine.autoscaling.min_replicas_schedule is set; a fleet plan searches "
+                            "target_in_flight and min_replicas, not a schedule (remove it with "
+                            "--set engine.autoscaling.min_replicas_schedule=null)")
     if given:
         raise ScenarioError(f"{given[0]}: not with a fleet plan ({r.scenario} sets engine.autoscaling: the plan "
                             "searches its policy over the scenario's own load; docs/fleet.md)")

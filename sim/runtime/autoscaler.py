@@ -140,10 +140,12 @@ class Autoscaler:
         c, fleet = self.config, self.fleet
         in_flight = sum(loads[i] for i in fleet.serving)
         current = fleet.count(SERVING) + fleet.count(STARTING)
+        floor = c.floor(now)  # min_replicas, or the scheduled floor of the moment
         if abs(in_flight / (c.target_in_flight * current) - 1) <= c.tolerance:
             want = current  # within the tolerance: no change
         else:
-            want = min(c.max_replicas, max(c.min_replicas, math.ceil(in_flight / c.target_in_flight)))
+            want = min(c.max_replicas, max(floor, math.ceil(in_flight / c.target_in_flight)))
+        want = min(c.max_replicas, max(want, floor))  # a scheduled floor holds even within the tolerance
         self.window.append((now, want))
         while self.window[0][0] < now and self.window[0][0] <= now - c.scale_down_delay_s:  # (now's stays)
             self.window.popleft()
@@ -162,7 +164,7 @@ class Autoscaler:
         else:
             # fewer only when every wish over the window was fewer: the most wanted then
             keep = max(w for _, w in self.window)
-            surplus = current - max(keep, c.min_replicas)
+            surplus = current - max(keep, floor)
             serving = sorted(fleet.serving, key=lambda i: (loads[i], -i))  # the lightest first
             for i in serving[:min(surplus, max(len(serving) - 1, 0))]:  # one serves to the end
                 fleet.drain(i, now)

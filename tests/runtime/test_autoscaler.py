@@ -261,3 +261,37 @@ def test_an_autoscaled_fleet_serves_agents_with_prefix_caching():
         end = span["end_s"] if span["end_s"] is not None else np.inf
         mine = rq[(rq["replica"] == span["replica"]) & (rq["first_token_s"] >= span["start_s"]) & (rq["first_token_s"] <= end)]
         assert (mine["first_token_s"] >= span["start_s"] + (3 if span["start_s"] > 0 else 0) - 1e-9).all()
+
+
+def test_a_scheduled_floor_starts_replicas_ahead_of_the_load(tmp_path):
+    """One request at 0 that runs to 60 (unit steps); target 10 in flight (never reached); the
+    floor 1, then 3 from 20 s, then 1 from 40 s; decisions every 10 s, 5 s cold start, no
+    scale-down window. t=20: the floor wants 3: replicas 1 and 2 start (serve from 25). t=40: the
+    floor is 1 again: the two empty replicas drain and are released at once. Held: 0-60 and twice
+    20-40: 100 replica-seconds."""
+    path = scenario(tmp_path, ["0,1,60"], {"min_replicas": 1, "max_replicas": 4, "target_in_flight": 10,
+                                           "interval_s": 10, "cold_start_s": 5, "scale_down_delay_s": 0,
+                                           "min_replicas_schedule": [[0, 1], [20, 3], [40, 1]]})
+    a = servesim.run(path).summary["autoscaling"]
+    assert [(e["t_s"], e["action"], e["wanted"]) for e in a["events"]] == [
+        (20, "started", 3), (40, "draining", 1), (40, "released", None), (40, "released", None)]
+    assert sorted((s["replica"], s["start_s"], s["end_s"]) for s in a["spans"]) == [(0, 0, 60), (1, 20, 40), (2, 20, 40)]
+    assert a["gpu_hours"] == pytest.approx(100 / 3600)
+
+
+def test_a_schedule_repeats_with_its_period_and_bounds_are_checked():
+    from sim.config.autoscaling import AutoscalingConfig
+
+    c = AutoscalingConfig(min_replicas=2, max_replicas=6, target_in_flight=8,
+                          min_replicas_schedule=((0.0, 1), (100.0, 5)), schedule_period_s=200.0)
+    assert [c.floor(t) for t in (0, 99, 100, 199, 200, 350)] == [2, 2, 5, 5, 2, 5]  # never under min_replicas
+    from simhelpers import make_scenario
+    for sched, period, message in (([[5, 1]], None, "start times must begin at 0"),
+                                   ([[0, 9]], None, r"min_replicas_schedule\[0\] replicas"),
+                                   ([[0, 1], [50, 2]], 40, "schedule_period_s: 40 is not after the last start"),
+                                   (None, 10, "schedule_period_s: only with min_replicas_schedule")):
+        raw = {"max_replicas": 4, "target_in_flight": 8, "schedule_period_s": period}
+        if sched is not None:
+            raw["min_replicas_schedule"] = sched
+        with pytest.raises(servesim.ScenarioError, match=message):
+            make_scenario(autoscaling=raw)
