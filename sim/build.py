@@ -255,9 +255,6 @@ def build_replicas(env, scenario: Scenario, req: RequestTable, workload: Workloa
 
     e = scenario.engine
     if e.disaggregation is not None:  # prefill and decode pools, KV shipped between them
-        if e.admission is not None and e.admission.max_in_flight is not None:
-            raise ScenarioError("engine.admission.max_in_flight: a concurrency limit in front of disaggregated pools "
-                                "is not modelled")
         schedulers, transfers = start_pools(env, scenario, req, workload, recorder, rng, on_iteration,
                                             fast_forward)
         return Replicas(schedulers, transfers, None)
@@ -281,12 +278,10 @@ def build_replicas(env, scenario: Scenario, req: RequestTable, workload: Workloa
     loop = None
     inboxes: list
     gate = None
-    limit = e.admission.max_in_flight if e.admission is not None else None
-    if workload.users is None and limit is not None:  # a concurrency limit at the gateway: decided live
-        adm = e.admission
-        assert adm is not None
-        gate = Gate(env, router, req.arrival, schedulers, req.replica, signals, limit, adm.max_queue_wait_s,
-                    req.priority if adm.queue_order == "priority" else None)
+    adm = e.admission
+    if workload.users is None and adm is not None and adm.max_in_flight is not None:  # a concurrency limit: live
+        gate = Gate(env, router, req.arrival, schedulers, req.replica, signals, adm.max_in_flight,
+                    adm.max_queue_wait_s, req.priority if adm.queue_order == "priority" else None)
         inboxes = gate.inboxes
         if staleness > 0:
             Scraper(env, signals, staleness, gate, always_known=False)
@@ -313,6 +308,6 @@ def build_replicas(env, scenario: Scenario, req: RequestTable, workload: Workloa
         def done() -> bool:  # nothing more will arrive: every user done, or no arrival due anywhere
             return loop.done if loop is not None else all(box.next_arrival() == np.inf for box in inboxes)
 
-        scaler = Autoscaler(env, a, fleet, lambda: [s.load() + box.pending() for s, box in zip(schedulers, inboxes)],
-                            done, req, on_start=lambda i: schedulers[i].kv.restart())  # a new pod's cache: empty
+        scaler = Autoscaler(env, a, fleet, signals.exact_loads, done, req,  # (signals: bound to the inboxes)
+                            on_start=lambda i: schedulers[i].kv.restart())  # a new pod's cache: empty
     return Replicas(schedulers, None, loop, scaler, gate)

@@ -74,9 +74,10 @@ def parse_autoscaling(v: Any, at, replicas: int | None) -> AutoscalingConfig | N
                                 "target_in_flight (requests in flight per replica), e.g. "
                                 "{max_replicas: 8, target_in_flight: 32}")
     low = _int(m.get("min_replicas", 1), where("min_replicas"), lo=1, cap=MAX_REPLICAS)
+    high = _int(m["max_replicas"], where("max_replicas"), lo=low, cap=MAX_REPLICAS)
     config = AutoscalingConfig(
         min_replicas=low,
-        max_replicas=_int(m["max_replicas"], where("max_replicas"), lo=low, cap=MAX_REPLICAS),
+        max_replicas=high,
         target_in_flight=_num(m["target_in_flight"], where("target_in_flight"), 0, open_lo=True, cap=1e9),
         # at least 0.1 s: a decision per microsecond would tick a day's run 1e11 times (a hang)
         interval_s=_num(m.get("interval_s", 15.0), where("interval_s"), 0.1, cap=MAX_SECONDS),
@@ -84,14 +85,14 @@ def parse_autoscaling(v: Any, at, replicas: int | None) -> AutoscalingConfig | N
         scale_down_delay_s=_num(m.get("scale_down_delay_s", 300.0), where("scale_down_delay_s"), 0,
                                 cap=MAX_SECONDS),
         tolerance=_num(m.get("tolerance", 0.1), where("tolerance"), 0, 1, open_hi=True),
-        **_schedule(m, where, low, m["max_replicas"]))
+        **_schedule(m, where, high))
     if replicas is not None and not config.min_replicas <= replicas <= config.max_replicas:
         raise ScenarioError(f"{at('replicas')}: {replicas} replicas serve at the start, outside engine.autoscaling's "
                             f"[{config.min_replicas}, {config.max_replicas}]")
     return config
 
 
-def _schedule(m: dict, where, low: int, high: Any) -> dict:
+def _schedule(m: dict, where, high: int) -> dict:
     """min_replicas_schedule: [[start_s, replicas], ...] (the first at 0, increasing; replicas
     within [1, max_replicas]) and schedule_period_s (after the last start); {} without one."""
     raw = m.get("min_replicas_schedule")
@@ -103,9 +104,8 @@ def _schedule(m: dict, where, low: int, high: Any) -> dict:
     if not isinstance(raw, list) or not raw or not all(isinstance(r, (list, tuple)) and len(r) == 2 for r in raw):
         raise ScenarioError(f"{at}: a list of [start_s, replicas] pairs (the first at 0), e.g. "
                             "[[0, 1], [28800, 3], [72000, 1]]")
-    top = _int(high, where("max_replicas"), lo=low, cap=MAX_REPLICAS)
     starts = [_num(t, f"{at}[{k}] start_s", 0, cap=MAX_SECONDS) for k, (t, _) in enumerate(raw)]
-    counts = [_int(n, f"{at}[{k}] replicas", lo=1, hi=top) for k, (_, n) in enumerate(raw)]
+    counts = [_int(n, f"{at}[{k}] replicas", lo=1, hi=high) for k, (_, n) in enumerate(raw)]
     if starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])):
         raise ScenarioError(f"{at}: start times must begin at 0 and increase; got {starts[:6]}")
     period = m.get("schedule_period_s")

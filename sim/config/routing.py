@@ -21,10 +21,9 @@ from sim.config.checks import MAX_SECONDS, _num, _section
 from sim.config.errors import ScenarioError
 
 KEYS = ("staleness_s", "weights")
-SCORERS = ("prefix_affinity", "queue_depth", "kv_utilization")  # sim/runtime/routers.SCORERS
+SCORERS = ("prefix_affinity", "queue_depth", "kv_utilization")  # the weighted rule's (sim/runtime/routers.Weighted)
 DEFAULT_WEIGHTS: tuple[tuple[str, float], ...] = (
     ("prefix_affinity", 3.0), ("queue_depth", 2.0), ("kv_utilization", 2.0))
-SIGNAL_RULES = ("least_loaded", "prefix_aware", "weighted")  # the rules that read the replicas' loads
 
 
 @dataclass(frozen=True)

@@ -460,6 +460,9 @@ def _parse_engine(v: Any, w: Where) -> EngineConfig:
         if engine.speculative is not None:
             raise ScenarioError(f"{at('speculative')}: speculative decoding with disaggregated pools is not "
                                 "modelled")
+        if engine.admission is not None and engine.admission.max_in_flight is not None:
+            raise ScenarioError(f"{at('admission.max_in_flight')}: a concurrency limit in front of disaggregated "
+                                "pools is not modelled")
         if engine.routing is not None and engine.routing.staleness_s > 0:
             raise ScenarioError(f"{at('routing.staleness_s')}: stale routing signals with disaggregated pools "
                                 "are not modelled (0: exact)")

@@ -36,6 +36,7 @@ from sim.config.scenario import SLO_METRICS, SLOConfig, load_scenario
 from sim.planning.parallel import LocalRunner, default_workers
 from sim.runtime.metrics import judge
 
+WINDOW_S = 3600.0                     # s of arrivals the SLO is judged in, by default (--window-s)
 MOST_WINDOWS = 10_000               # windows one run is judged in, at most (--window-s)
 GRID = range(-16, 17)                 # k: target_in_flight = scenario's x 2^(k/4)
 FIRST_PROBES = (-16, -8, 0, 8, 16)
@@ -59,12 +60,21 @@ def judge_day(result, slo: SLOConfig, window_s: float, classes: tuple[str, ...] 
     if len(which) and int(which.max()) >= MOST_WINDOWS:
         raise ScenarioError(f"--window-s: {window_s:g} s windows cut this run's {float(rq['arrival_s'].max()):,.0f} s "
                             f"of arrivals into more than {MOST_WINDOWS:,}; a longer window")
-    gap_window = (ends // window_s).astype(np.int64)
+    count = int(which.max()) + 1 if len(which) else 0
+    offered = np.bincount(which, minlength=count)
+    # each window's finished requests and inter-token gaps, split once (sorted by window)
+    done_which = which[~rq["finish_s"].isna().to_numpy()]
+    order = np.argsort(done_which, kind="stable")
+    cuts = np.searchsorted(done_which[order], np.arange(count + 1))
+    gap_which = (ends // window_s).astype(np.int64)
+    gap_order = np.argsort(gap_which, kind="stable")
+    gap_cuts = np.searchsorted(gap_which[gap_order], np.arange(count + 1))
     windows = []
-    for w in range(int(which.max()) + 1 if len(which) else 0):
-        mine = done[which[~rq["finish_s"].isna().to_numpy()] == w]
-        g = judge(mine, slo, window_s, (gaps[gap_window == w], counts[gap_window == w]), classes)
-        row = {"start_s": w * window_s, "requests": int((which == w).sum()), "met": bool(g["met"]),
+    for w in range(count):
+        mine = done.iloc[order[cuts[w]:cuts[w + 1]]]
+        in_w = gap_order[gap_cuts[w]:gap_cuts[w + 1]]
+        g = judge(mine, slo, window_s, (gaps[in_w], counts[in_w]), classes)
+        row = {"start_s": w * window_s, "requests": int(offered[w]), "met": bool(g["met"]),
                "fraction": g["fraction"], "worst_ratio": _worst(g, slo, classes)}
         if classes:  # each class's share of requests meeting its own targets, and its verdict
             row["classes"] = {name: {"fraction": g["classes"][name]["fraction"], "met": g["classes"][name]["met"]}
@@ -78,15 +88,16 @@ def judge_day(result, slo: SLOConfig, window_s: float, classes: tuple[str, ...] 
 
 
 def _worst(g: dict, slo: SLOConfig, classes: tuple[str, ...]) -> float:
-    """The largest observed / target of a judgement: over its targets, or each class's own."""
-    def ratios(verdict: dict, targets: SLOConfig):
-        for k, (t, _) in targets.targets().items():
-            observed = verdict.get(k, {}).get("observed", math.nan)
-            yield 0.0 if math.isnan(observed) else observed / t
+    """The largest observed / target of a judgement: over its targets, or, with classes, each
+    class's own and the ITL target (judged over every token stream)."""
+    def ratios(verdict: dict, targets: dict[str, tuple[float, float]]) -> list[float]:
+        observed = {k: verdict.get(k, {}).get("observed", math.nan) for k in targets}
+        return [0.0 if math.isnan(observed[k]) else observed[k] / t for k, (t, _) in targets.items()]
     if not classes:
-        return max(ratios(g, slo))
-    itl = [r for k, r in zip(slo.targets(), ratios(g, slo)) if k == "itl_ms"]
-    return max([*itl, *(r for name in classes for r in ratios(g["classes"][name], slo.for_class(name)))])
+        return max(ratios(g, slo.targets()))
+    itl = {k: v for k, v in slo.targets().items() if k == "itl_ms"}
+    per_class = (r for name in classes for r in ratios(g["classes"][name], slo.for_class(name).targets()))
+    return max([*ratios(g, itl), *per_class])
 
 
 def evaluate(path: str, overrides: tuple[str, ...], slo: SLOConfig, window_s: float) -> dict:
@@ -117,7 +128,6 @@ class _Probe:
         self.path, self.base, self.slo, self.window_s, self.seeds = str(path), base, slo, window_s, seeds
         self.runner, self.progress = runner, progress
         self.done: dict[tuple[str, ...], dict] = {}  # a run (candidate + seed) -> its judgement
-        self.judged: dict[tuple[str, ...], dict] = {}  # a candidate -> over every seed
         self.phase = "the scenario's own policy"  # what the runs under way are for (the progress line)
         # candidates worth running at once while narrowing (a local runner's workers; else 2)
         workers = max(1, min(4, getattr(runner, "workers", None) or default_workers()))
@@ -137,7 +147,6 @@ class _Probe:
         for c in wanted:
             each = [self.done[c + (f"seed={seed}",)] for seed in self.seeds]
             out.append({**each[0], "met": all(e["met"] for e in each), "met_each": [e["met"] for e in each]})
-            self.judged[c] = out[-1]
         return out
 
 
@@ -150,23 +159,18 @@ def _policy(low: int, high: int, target: float) -> tuple[str, ...]:
             f"engine.replicas={low}", f"engine.autoscaling.target_in_flight={target!r}")
 
 
-def plan_fleet(path: str | Path, slo: SLOConfig, *, overrides: Iterable[str] = (), window_s: float = 3600.0,
+def plan_fleet(path: str | Path, slo: SLOConfig, *, overrides: Iterable[str] = (), window_s: float = WINDOW_S,
                seeds: int = 2, gpu_hour_usd: float | None = None, workers: int | None = None,
                runner: Any = None, progress: Callable[..., None] | None = None) -> dict:
     """The cheapest autoscaling policy meeting `slo` in every window, and the static fleet for the
-    peak (module docstring). `seeds` >= 2: a random workload is judged on seed and seed + 1."""
+    peak (module docstring). `seeds` >= 2: a random workload is judged on seed and seed + 1. The
+    options and the scenario are checked by sim/planning/plan_request.prepare."""
     from sim.planning.evaluator import deterministic  # (imports the simulator: not at module import)
 
     path, base = Path(path), tuple(overrides)
     sc = load_scenario(path, base)
     a = sc.engine.autoscaling
-    if a is None:
-        raise ScenarioError("plan: a fleet plan needs engine.autoscaling (the policy it searches)")
-    if sc.engine.admission is not None:
-        raise ScenarioError("plan: engine.admission is set; a fleet plan sizes a fleet that serves every request "
-                            "(remove it with --set engine.admission=null)")
-    if not 0 < window_s < math.inf:
-        raise ScenarioError(f"--window-s: {window_s} is not a finite number > 0")
+    assert a is not None  # (PlanJob.fleet)
     # judged on two seeds (a random workload; --seeds 1: one): met only when both meet the SLO
     judged = [sc.seed] if seeds < 2 or deterministic(sc) else [sc.seed, sc.seed + 1]
     probe = _Probe(path, base, slo, window_s, judged, runner if runner is not None else LocalRunner(workers),
@@ -176,8 +180,15 @@ def plan_fleet(path: str | Path, slo: SLOConfig, *, overrides: Iterable[str] = (
 
     # 1. the static fleet for the peak: the fewest fixed replicas meeting the SLO in every window
     probe.phase = "the static fleet for the peak"
-    static_n = _fewest_static(probe, max(1, int(own["peak_replicas"])), slo)
-    static = probe([_static(static_n)])[0]
+    statics: dict[int, dict] = {}
+
+    def static_runs(ns: list[int]) -> list[dict]:
+        found = probe([_static(n) for n in ns])
+        statics.update(zip(ns, found))
+        return found
+
+    static_n = _fewest_static(static_runs, max(1, int(own["peak_replicas"])), slo)
+    static = statics[static_n]
 
     # 2. the policy: the largest target_in_flight meeting the SLO, max_replicas = the static fleet
     tried: list[dict] = []
@@ -204,9 +215,8 @@ def plan_fleet(path: str | Path, slo: SLOConfig, *, overrides: Iterable[str] = (
         "autoscaling": a.as_yaml(), "own_policy": _brief(own, price),
         "static": {"replicas": static_n, **_brief(static, price), "windows": static["windows"]},
         "seeds": judged, "probes": tried,
-        "static_probes": sorted(({"replicas": int(c[1].split("=")[1]), "met_each": f["met_each"], **_brief(f, price)}
-                                 for c, f in probe.judged.items() if c[:1] == ("engine.autoscaling=null",)),
-                                key=lambda row: row["replicas"]), "simulations": len(probe.done)}
+        "static_probes": [{"replicas": n, "met_each": statics[n]["met_each"], **_brief(statics[n], price)}
+                          for n in sorted(statics)], "simulations": len(probe.done)}
     if chosen is None:
         result["policy"] = None
         return result
@@ -225,14 +235,15 @@ def plan_fleet(path: str | Path, slo: SLOConfig, *, overrides: Iterable[str] = (
     return result
 
 
-def _fewest_static(probe: _Probe, start: int, slo: SLOConfig) -> int:
+def _fewest_static(runs: Callable[[list[int]], list[dict]], start: int, slo: SLOConfig) -> int:
     """The fewest static replicas meeting the SLO in every window, from `start`: down while the
-    next fewer still meet, else up (two at a time: a batch runs them in parallel)."""
+    next fewer still meet, else up (two at a time: a batch runs them in parallel). `runs(ns)`:
+    the judgements of static fleets of each n replicas."""
     n = start
-    if probe([_static(n)])[0]["met"]:
+    if runs([n])[0]["met"]:
         while n > 1:
             fewer = [m for m in (n - 1, n - 2) if m >= 1]
-            met = [f["met"] for f in probe([_static(m) for m in fewer])]
+            met = [f["met"] for f in runs(fewer)]
             if not met[0]:
                 break
             n -= 2 if len(met) > 1 and met[1] else 1
@@ -241,7 +252,7 @@ def _fewest_static(probe: _Probe, start: int, slo: SLOConfig) -> int:
         return n
     while n < MOST_STATIC:
         more = [m for m in (n + 1, n + 2) if m <= MOST_STATIC]
-        met = [f["met"] for f in probe([_static(m) for m in more])]
+        met = [f["met"] for f in runs(more)]
         if any(met):
             return more[met.index(True)]
         n = more[-1]

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.files import plain_text, save_figure, write_file
+from sim.runtime.autoscaler import held_steps
 
 FLEET_PNG = "fleet_plan.png"
 
@@ -162,13 +163,7 @@ def fleet_figure(r: dict):
     axes[1].hlines(s["replicas"], 0, s["end_s"] / scale, color="C7", lw=1.5,
                    label=f"static fleet: {s['replicas']}")
     if p is not None:
-        edges = sorted([(sp["start_s"], 1) for sp in p["spans"]]
-                       + [(sp["end_s"] if sp["end_s"] is not None else p["end_s"], -1) for sp in p["spans"]],
-                       key=lambda e: (e[0], e[1]))
-        t, held = [0.0], [0]
-        for at, step in edges:
-            t.append(at)
-            held.append(held[-1] + step)
+        t, held = held_steps([sp["start_s"] for sp in p["spans"]], [sp["end_s"] for sp in p["spans"]], p["end_s"])
         axes[1].step(np.array(t) / scale, held, where="post", color="C1", lw=1.2,
                      label=f"autoscaled: {_policy_text(p)}")
     axes[1].set_ylabel("replicas held")

@@ -113,9 +113,9 @@ class PlanJob:
         seqs = parse_int_list("--max-num-seqs", r.max_num_seqs)
         tokens = parse_int_list("--max-num-batched-tokens", r.max_num_batched_tokens)
         if self.fleet:
-            from sim.planning.fleet_plan import plan_fleet
+            from sim.planning.fleet_plan import WINDOW_S, plan_fleet
 
-            return plan_fleet(r.scenario, self.slo, overrides=r.overrides, window_s=r.window_s or 3600.0,
+            return plan_fleet(r.scenario, self.slo, overrides=r.overrides, window_s=r.window_s or WINDOW_S,
                               seeds=r.seeds, gpu_hour_usd=self.prices.get(self.scenario.hardware.name),
                               workers=r.workers, runner=runner, progress=progress)
         if r.searches:

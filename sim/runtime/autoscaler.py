@@ -142,10 +142,10 @@ class Autoscaler:
         current = fleet.count(SERVING) + fleet.count(STARTING)
         floor = c.floor(now)  # min_replicas, or the scheduled floor of the moment
         if abs(in_flight / (c.target_in_flight * current) - 1) <= c.tolerance:
-            want = current  # within the tolerance: no change
+            want = current  # within the tolerance: no change (but a scheduled floor still holds)
         else:
-            want = min(c.max_replicas, max(floor, math.ceil(in_flight / c.target_in_flight)))
-        want = min(c.max_replicas, max(want, floor))  # a scheduled floor holds even within the tolerance
+            want = math.ceil(in_flight / c.target_in_flight)
+        want = min(c.max_replicas, max(want, floor))
         self.window.append((now, want))
         while self.window[0][0] < now and self.window[0][0] <= now - c.scale_down_delay_s:  # (now's stays)
             self.window.popleft()
@@ -205,10 +205,16 @@ class Autoscaler:
 
 def _peak(spans: list[Span], end_s: float) -> int:
     """Most replicas held at once."""
-    edges = sorted([(s.start_s, 1) for s in spans] + [(s.end_s if s.end_s is not None else end_s, -1)
-                                                       for s in spans], key=lambda e: (e[0], e[1]))
-    held = peak = 0
-    for _, step in edges:
-        held += step
-        peak = max(peak, held)
-    return peak
+    return max(held_steps([s.start_s for s in spans], [s.end_s for s in spans], end_s)[1])
+
+
+def held_steps(starts: list[float], ends: list[float | None], end_s: float) -> tuple[list[float], list[int]]:
+    """Replicas held over time from their spans (an end None: held to `end_s`): the times at which
+    the count changes, the first 0, and the count from each on (a release before a start at the
+    same instant)."""
+    edges = sorted([(t, 1) for t in starts] + [(t if t is not None else end_s, -1) for t in ends])
+    times, held = [0.0], [0]
+    for at, step in edges:
+        times.append(at)
+        held.append(held[-1] + step)
+    return times, held

@@ -34,6 +34,11 @@ def _loads(schedulers: list, inboxes: list) -> list[int]:
     return [s.load() + box.pending() for s, box in zip(schedulers, inboxes)]
 
 
+def _seen_loads(signals: Signals, schedulers: list, inboxes: list) -> list[int]:
+    """The loads a rule reads now: the last scrape's (stale signals), else exact."""
+    return signals.loads() if signals.stale else _loads(schedulers, inboxes)
+
+
 class Source(Protocol):
     """What delivers requests to inboxes while the simulation runs: a LiveRouter, a ClosedLoopRouter,
     or a disaggregated decode pool's KV transfers (sim/runtime/disaggregation.KVTransfers)."""
@@ -180,9 +185,7 @@ class LiveRouter:
             if t > env.now:
                 yield env.timeout(t - env.now)
             rid = self._next
-            signals = self.signals
-            loads = signals.loads() if signals.stale else _loads(self.schedulers, self.inboxes)
-            target = self.router.choose(rid, loads)
+            target = self.router.choose(rid, _seen_loads(self.signals, self.schedulers, self.inboxes))
             self.replica_of[rid] = target
             self._next += 1
             self.done = self._next == len(self.arrival)
@@ -243,8 +246,7 @@ class ClosedLoopRouter:
             self.left[user] -= 1
         if self.sessions is not None:  # before routing: prefix_aware reads the grown prompt's blocks
             self.sessions.begin(rid, user)
-        signals = self.signals
-        target = self.router.choose(rid, signals.loads() if signals.stale else _loads(self.schedulers, self.inboxes))
+        target = self.router.choose(rid, _seen_loads(self.signals, self.schedulers, self.inboxes))
         self.req.replica[rid] = target
         self.inboxes[target].deliver(rid, t)
 
@@ -302,7 +304,7 @@ class Gate:
         self._release()
 
     def _release(self) -> None:
-        now, signals = self.env.now, self.signals
+        now = self.env.now
         while (self.queue or self.urgent) and self.in_flight < self.limit:
             rid = self.queue.popleft() if self.priority is None else heapq.heappop(self.urgent)[1]
             self._handled += 1
@@ -310,8 +312,7 @@ class Gate:
                 continue  # the client gave up: turned away
             self.in_flight += 1
             self.released[rid] = now
-            loads = signals.loads() if signals.stale else _loads(self.schedulers, self.inboxes)
-            target = self.router.choose(rid, loads)
+            target = self.router.choose(rid, _seen_loads(self.signals, self.schedulers, self.inboxes))
             self.replica_of[rid] = target
             self.inboxes[target].deliver(rid, now)
 

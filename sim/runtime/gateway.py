@@ -15,11 +15,8 @@ def admit_all(config: AdmissionConfig, arrival_s: np.ndarray, classes: np.ndarra
               names: tuple[str, ...] = ()) -> np.ndarray:
     """`admit` over every request: each workload class with its own bucket (config.classes) through
     it, the others through the shared bucket, or admitted at arrival when there is none."""
-    if not config.classes:  # one shared bucket, or none (a concurrency limit alone)
-        shared = config.shared
-        return admit(shared, arrival_s) if shared is not None else np.array(arrival_s, dtype=np.float64)
-    assert classes is not None  # (config checks: bucket classes name workload classes)
     own = dict(config.classes)
+    assert classes is not None or not own  # (config checks: bucket classes name workload classes)
     out = np.array(arrival_s, dtype=np.float64)  # no bucket: passes at once
     rest = np.ones(len(arrival_s), dtype=bool)
     for k, name in enumerate(names):

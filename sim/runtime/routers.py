@@ -58,12 +58,15 @@ class Signals:
     def loads(self) -> list[int]:
         return self._loads if self.stale else self.exact_loads()
 
+    def exact_usage(self) -> list[float]:
+        return [c.used / c.num_blocks for c in self.caches]
+
     def kv_usage(self) -> list[float]:
-        return self._usage if self.stale else [c.used / c.num_blocks for c in self.caches]
+        return self._usage if self.stale else self.exact_usage()
 
     def scrape(self) -> None:
         self._loads = self.exact_loads()
-        self._usage = [c.used / c.num_blocks for c in self.caches]
+        self._usage = self.exact_usage()
 
     def view(self, replicas: list[int]) -> SignalView:
         return SignalView(self, replicas)
@@ -132,7 +135,7 @@ class PrefixAware:
 
     def choose(self, rid: int, loads: list[int]) -> int:
         lightest = int(np.argmin(loads))
-        hits = [len(c.lookup(rid, int(c.prompt[rid]))) if hasattr(c, "prompt") else 0 for c in self.caches]
+        hits = _cached_blocks(self.caches, rid)
         best = max(hits, default=0)
         if best == 0:
             return lightest
@@ -141,18 +144,17 @@ class PrefixAware:
         return winner if loads[winner] <= limit else lightest
 
 
+def _cached_blocks(caches: list, rid: int) -> list[int]:
+    """Blocks of request `rid`'s prompt each replica's cache holds (a cache without prefix caching
+    holds no identified block: 0)."""
+    return [len(c.lookup(rid, int(c.prompt[rid]))) if hasattr(c, "prompt") else 0 for c in caches]
+
+
 def _prefix_hits(caches: list, rid: int) -> list[float]:
     """Each replica's cached share of request `rid`'s prompt: blocks found / the prompt's full
     blocks (llm-d's prefix scorer; 0 everywhere without prefix caching)."""
-    scores = []
-    for c in caches:
-        if not hasattr(c, "prompt"):  # a cache without prefix caching holds no identified block
-            scores.append(0.0)
-            continue
-        prompt = int(c.prompt[rid])
-        full = prompt // c.block_size
-        scores.append(len(c.lookup(rid, prompt)) / full if full else 0.0)
-    return scores
+    full = [int(c.prompt[rid]) // c.block_size if hasattr(c, "prompt") else 0 for c in caches]
+    return [h / f if f else 0.0 for h, f in zip(_cached_blocks(caches, rid), full)]
 
 
 def _queue_depth(loads: list[int]) -> list[float]:

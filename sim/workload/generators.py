@@ -163,9 +163,14 @@ class ClosedLoop:
         if self.think_time == 0:
             return Users(np.zeros(starts), np.zeros(n))
         start = rng.uniform(0.0, self.think_time, size=starts)
-        think = (rng.exponential(self.think_time, size=n) if self.think_dist == "exponential"
-                 else np.full(n, self.think_time))
-        return Users(start, think)
+        return Users(start, _pauses(rng, self.think_time, self.think_dist, n))
+
+
+def _pauses(rng: np.random.Generator, mean: float, dist: str, n: int) -> np.ndarray:
+    """n pauses (s) of mean `mean`: exponential, or all `mean` (`fixed`; or a mean of 0: no draw)."""
+    if dist == "exponential" and mean > 0:
+        return rng.exponential(mean, size=n)
+    return np.full(n, float(mean))
 
 
 @dataclass(frozen=True)
@@ -199,8 +204,7 @@ class Agents:
         if n > MAX_REQUESTS:  # (checked before the lengths are drawn for them)
             raise ScenarioError(f"workload.arrival: {self.sessions} agent sessions make {n:,} calls, more than "
                                 f"servesim's {MAX_REQUESTS:,} requests in one run; fewer sessions or steps")
-        think = (rng.exponential(self.tool_time, size=n) if self.tool_dist == "exponential" and self.tool_time > 0
-                 else np.full(n, float(self.tool_time)))
+        think = _pauses(rng, self.tool_time, self.tool_dist, n)
         return Users(start, think, np.full(n, n, dtype=np.int64), self.max_context, steps.astype(np.int64))
 
 
