@@ -295,3 +295,24 @@ def test_a_schedule_repeats_with_its_period_and_bounds_are_checked():
             raw["min_replicas_schedule"] = sched
         with pytest.raises(servesim.ScenarioError, match=message):
             make_scenario(autoscaling=raw)
+
+
+def test_a_replica_started_again_finds_nothing_of_what_it_cached_before(tmp_path):
+    """Prompts sharing two 16-token blocks, unit steps, at most 2 replicas of 3 in flight each,
+    decisions every second, no cold start or scale-down window. 6 requests at 0 go to replica 0;
+    replica 1 starts at 1 and takes the 3 at 5. Replica 0 empties first and is released (20);
+    at 100, 6 arrivals find the prefix cached on replica 1 (32 tokens each). Replica 0 starts
+    again at 100 and takes the 3 at 105: a new pod, its cache empty, so they find nothing, though
+    replica 0 held those blocks before its release (32 each if its cache had been kept)."""
+    rows = ["0,40,20,1 2"] * 6 + ["5,40,20,1 2"] * 3 + ["100,40,20,1 2"] * 6 + ["105,40,20,1 2"] * 3
+    (tmp_path / "t.csv").write_text("arrival_s,prompt_tokens,output_tokens,hash_ids\n" + "\n".join(rows) + "\n")
+    raw = {"name": "restart", "model": "llama-3-8b", "hardware": "h100-sxm", "cost_model": "unit",
+           "engine": {"scheduler": "chunked", "max_num_seqs": 64, "block_size": 16, "router": "least_loaded",
+                      "autoscaling": {"min_replicas": 1, "max_replicas": 2, "target_in_flight": 3, "interval_s": 1,
+                                      "cold_start_s": 0, "scale_down_delay_s": 0}},
+           "workload": {"trace": str(tmp_path / "t.csv"), "hash_block_tokens": 16}}
+    result = servesim.run(raw)
+    rq, a = result.requests, result.summary["autoscaling"]
+    assert [(s["replica"], s["start_s"]) for s in a["spans"]] == [(0, 0.0), (1, 1.0), (0, 100.0)]
+    assert rq["replica"].tolist() == [0] * 6 + [1] * 3 + [1] * 6 + [0] * 3
+    assert rq["cached_tokens"].tolist() == [0] * 9 + [32] * 6 + [0] * 3
