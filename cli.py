@@ -331,6 +331,11 @@ def summary_table(name: str, s: dict) -> Any:
                        ("MFU", "mfu"), ("MBU", "mbu"), ("prefix cache hit rate", "prefix_cache_hit_rate")):
         if isinstance(s.get(key), (int, float)):
             run.add_row(label, f"{s[key]:.1%}")
+    offload = s.get("kv_offloading")
+    if isinstance(offload, dict):  # a CPU tier behind the GPU's prefix cache
+        load = offload.get("load_ms") or {}
+        run.add_row("CPU KV hit rate (offloading)", f"{offload['cpu_hit_rate']:.1%}; {offload['loads']:,} loads, "
+                                                    f"p99 {_fmt(load.get('p99'), 1)} ms")
     sessions = s.get("sessions")
     if isinstance(sessions, dict):  # multi-turn closed loop
         run.add_row("conversations (mean turns)", f"{sessions['conversations']:,} ({sessions['turns_mean']:.2f})")

@@ -26,6 +26,7 @@ from sim.cost import registry as cost
 from sim.cost.registry import check_kv_cache_dtype, parse_cost_model
 from sim.cost.speculative import SpeculativeCost
 from sim.kv.cache import PagedKVCache, WindowedKVCache
+from sim.kv.offload import CpuOffload, OffloadSpec
 from sim.kv.prefix_cache import PrefixKVCache, request_chains
 from sim.presets import models
 from sim.presets.memory import kv_bytes_per_token_per_rank
@@ -74,12 +75,14 @@ def kv_cache_for(e: EngineConfig, num_blocks: int, num_requests: int, layout: KV
 def build_scheduler(e: EngineConfig, requests: RequestTable, num_blocks: int,
                     workload: Workload, rng: np.random.Generator | None = None,
                     layout: KVLayout | None = None,
-                    handoff: Callable[[int, float], None] | None = None) -> Scheduler:
+                    handoff: Callable[[int, float], None] | None = None,
+                    offload: OffloadSpec | None = None) -> Scheduler:
     """One replica's scheduler with its own KV cache of `num_blocks` blocks and waiting queue.
     `rng`: the run's seeded generator (speculative decoding draws its acceptances from it);
     `layout`: a sliding-window model's KV-cache groups (sim/config/scenario.py turned prefix caching,
     speculative decoding and disaggregation off or away for it); `handoff(rid, now)`: where a
-    disaggregated prefill replica sends each computed prompt (sim/runtime/disaggregation.py)."""
+    disaggregated prefill replica sends each computed prompt (sim/runtime/disaggregation.py);
+    `offload`: a CPU tier behind its prefix cache (offload_spec; sim/kv/offload.py)."""
     cls = SCHEDULERS[e.scheduler]
     caching = prefix_caching(e, workload)
     if caching and e.speculative is not None:
@@ -105,11 +108,23 @@ def build_scheduler(e: EngineConfig, requests: RequestTable, num_blocks: int,
     if e.speculative is not None:
         pool = SpeculativePool(requests, kv, e.speculative, rng if rng is not None else np.random.default_rng(0))
     make: Callable[..., Scheduler] = cls  # (each scheduler's __init__ takes what it needs of these)
-    extra = {} if handoff is None else {"handoff": handoff}  # (a disaggregated prefill replica's)
+    extra: dict = {} if handoff is None else {"handoff": handoff}  # (a disaggregated prefill replica's)
+    if offload is not None:  # (the scenario checked it runs over prefix caching: a PrefixKVCache)
+        extra["connector"] = CpuOffload(offload, kv)
     return make(requests=requests, kv=kv, pool=pool, queue=make_queue(e.policy, requests), **extra,
                max_num_seqs=e.max_num_seqs, max_num_batched_tokens=e.max_num_batched_tokens,
                reserve_full_isl=e.scheduler_reserve_full_isl, batch_timeout_s=e.batch_timeout_s,
                max_output_tokens=int(workload.output_tokens.max(initial=1)))
+
+
+def offload_spec(scenario: Scenario) -> OffloadSpec | None:
+    """The CPU tier each replica gets (engine.kv_offloading_size), None if off."""
+    e = scenario.engine
+    if e.kv_offloading_size is None:
+        return None
+    per_block = kv_bytes_per_token_per_rank(scenario.model, e.tensor_parallel_size, e.kv_cache_dtype) * e.block_size
+    return OffloadSpec.resolve(e.kv_offloading_size, per_block, e.tensor_parallel_size,
+                               scenario.hardware.host_bandwidth)
 
 
 def caching_on(e: EngineConfig) -> bool:
@@ -233,6 +248,13 @@ def start_pools(env, scenario, req, workload, recorder, rng, on_iteration, fast_
     return prefill + decode, transfers
 
 
+def _restart(scheduler) -> None:
+    """An autoscaled replica started again is a new pod: its caches, GPU and CPU, start empty."""
+    scheduler.kv.restart()
+    if getattr(scheduler, "connector", None) is not None:
+        scheduler.connector.restart()
+
+
 @dataclass(frozen=True)
 class Replicas:
     """What build_replicas started on the SimPy environment."""
@@ -262,7 +284,8 @@ def build_replicas(env, scenario: Scenario, req: RequestTable, workload: Workloa
     a = e.autoscaling
     # an autoscaled fleet: every replica it may hold is built (idle until started)
     built = e.replicas if a is None else a.max_replicas
-    schedulers = [build_scheduler(e, req, blocks, workload, rng, layout) for _ in range(built)]
+    offload = offload_spec(scenario)
+    schedulers = [build_scheduler(e, req, blocks, workload, rng, layout, offload=offload) for _ in range(built)]
     fleet = None
     router: Router
     routing = e.routing
@@ -309,5 +332,5 @@ def build_replicas(env, scenario: Scenario, req: RequestTable, workload: Workloa
             return loop.done if loop is not None else all(box.next_arrival() == np.inf for box in inboxes)
 
         scaler = Autoscaler(env, a, fleet, signals.exact_loads, done, req,  # (signals: bound to the inboxes)
-                            on_start=lambda i: schedulers[i].kv.restart())  # a new pod's cache: empty
+                            on_start=lambda i: _restart(schedulers[i]))
     return Replicas(schedulers, None, loop, scaler, gate)

@@ -154,6 +154,16 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
     if caches:
         queried = sum(c.queried_tokens for c in caches)
         summary["prefix_cache_hit_rate"] = sum(c.hit_tokens for c in caches) / queried if queried else 0.0
+    tiers = [s.connector for s in schedulers if getattr(s, "connector", None) is not None]
+    if tiers:  # KV offloading: the CPU tier's share of the lookups (the GPU's: prefix_cache_hit_rate)
+        queried = sum(s.kv.queried_tokens for s in schedulers)
+        hit = sum(t.hit_tokens for t in tiers)
+        summary["kv_offloading"] = {
+            "cpu_blocks_per_replica": tiers[0].capacity, "cpu_hit_rate": hit / queried if queried else 0.0,
+            "cpu_hit_tokens": hit, "loads": sum(t.loads for t in tiers),
+            "load_ms": distribution(np.array([x for t in tiers for x in t.load_seconds], dtype=np.float64)),
+            "stored_blocks": sum(t.stored_blocks for t in tiers),
+            "evicted_blocks": sum(t.evicted_blocks for t in tiers)}
     if loop is not None and loop.sessions is not None:
         summary["sessions"] = loop.sessions.summary()
     if loop is not None and loop.left is not None:  # agents: each session from its first call to its last answer

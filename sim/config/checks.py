@@ -68,6 +68,7 @@ MAX_COUNT = 1_000_000            # sequences, GPUs, layers, heads, users per run
 MAX_REPLICAS = 10_000
 MAX_BLOCKS = 1_000_000_000       # KV blocks per GPU
 MAX_BYTES = 1e15                 # bytes of GPU memory (a petabyte)
+MAX_OFFLOAD_GIB = 1e6            # GiB of host memory for offloaded KV blocks (~1 PiB)
 MAX_RATE_PHYSICAL = 1e18         # FLOP/s or bytes/s of one GPU
 MAX_USD_PER_HOUR = 1e6
 MAX_STEP_SECONDS = 3600.0        # any per-iteration or per-sequence time constant

@@ -29,6 +29,7 @@ from sim.config.autoscaling import AutoscalingConfig, parse_autoscaling
 from sim.config.checks import (
     MAX_BLOCKS,
     MAX_COUNT,
+    MAX_OFFLOAD_GIB,
     MAX_REPLICAS,
     MAX_SECONDS,
     MAX_TOKENS,
@@ -80,6 +81,10 @@ class EngineConfig:
     # vLLM's automatic prefix caching: None = the scheduler's default (on where it exists, as in
     # vLLM V1); acts on workloads that say what prompts share (sim/kv/prefix_cache.py)
     enable_prefix_caching: bool | None = None
+    # vLLM's KV offloading to CPU memory (--kv-offloading-size, GiB over all TP ranks together;
+    # sim/kv/offload.py): None = off. Only the "native" backend (vLLM's OffloadingConnector).
+    kv_offloading_size: float | None = None
+    kv_offloading_backend: str = "native"
     # vLLM's scheduler_reserve_full_isl (on by default in vLLM 0.32): a waiting or preempted request
     # joins only if its whole sequence (prompt + tokens generated so far) fits in the free KV blocks,
     # not just its first chunk; off: the first chunk's blocks suffice (older vLLM V1)
@@ -96,6 +101,9 @@ class EngineConfig:
     # None = exact signals, the default weights
     routing: RoutingConfig | None = None
 
+
+# vLLM's --kv-offloading-backend values; only native is modelled (the other is refused by name)
+OFFLOADING_BACKENDS = ("native", "lmcache")
 
 SLO_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")  # vLLM's metric names, milliseconds
 
@@ -215,6 +223,7 @@ def scenario_from_dict(raw: Mapping[str, Any], source: str | Path | None = None,
     engine = _parse_engine(raw.get("engine"), w)
     engine = _check_window(engine, model, w)
     budget = _check_fits(engine, model, hw, w)
+    _check_offloading(engine, model, hw, w)
     if engine.disaggregation is not None:  # each pool's TP and memory must fit too
         for name in ("prefill", "decode"):
             def pool_where(k: str, name: str = name) -> str:
@@ -440,6 +449,10 @@ def _parse_engine(v: Any, w: Where) -> EngineConfig:
         enable_prefix_caching=None if m.get("enable_prefix_caching") is None else _bool(
             m["enable_prefix_caching"], at("enable_prefix_caching")),
         scheduler_reserve_full_isl=_bool(get("scheduler_reserve_full_isl"), at("scheduler_reserve_full_isl")),
+        kv_offloading_size=None if m.get("kv_offloading_size") is None else _num(
+            m["kv_offloading_size"], at("kv_offloading_size"), 0, cap=MAX_OFFLOAD_GIB, open_lo=True),
+        kv_offloading_backend=_choice(get("kv_offloading_backend"), at("kv_offloading_backend"),
+                                      OFFLOADING_BACKENDS),
         speculative=parse_speculative(m.get("speculative"), at("speculative"), models.MODEL_PRESETS),
         disaggregation=parse_disaggregation(m.get("disaggregation"), w, dict(m), _parse_engine),
         autoscaling=parse_autoscaling(m.get("autoscaling"), at, None if m.get("replicas") is None else get("replicas")),
@@ -503,6 +516,37 @@ def _check_window(engine: EngineConfig, model: ModelSpec, w: Where) -> EngineCon
         if getattr(engine, key) is not None:
             raise ScenarioError(f"{w('engine.' + key)}: {key} {why} is not modelled")
     return dataclasses.replace(engine, enable_prefix_caching=False)
+
+
+def _check_offloading(engine: EngineConfig, model: ModelSpec, hw: HardwareSpec, w: Where) -> None:
+    """KV offloading (sim/kv/offload.py) is modelled over vLLM V1's prefix cache on one engine that
+    does both phases, for the native backend, across a known host link."""
+    if engine.kv_offloading_size is None:
+        if engine.kv_offloading_backend != "native":
+            raise ScenarioError(f"{w('engine.kv_offloading_backend')}: {engine.kv_offloading_backend!r} without "
+                                "engine.kv_offloading_size (GiB of CPU memory), which turns offloading on")
+        return
+    at = w("engine.kv_offloading_size")
+    if engine.kv_offloading_backend != "native":
+        raise ScenarioError(f"{w('engine.kv_offloading_backend')}: {engine.kv_offloading_backend!r} is not "
+                            "modelled; only 'native' (vLLM's OffloadingConnector) is")
+    cls = SCHEDULERS[engine.scheduler]
+    if not (cls.iteration_level and cls.prefix_caching) or engine.enable_prefix_caching is False:
+        raise ScenarioError(f"{at}: offloading is modelled over prefix caching (blocks are found by their "
+                            "hashes), which is off here"
+                            + ("" if cls.prefix_caching else f" (the {engine.scheduler} scheduler has none)"))
+    for key in ("speculative", "disaggregation"):
+        if getattr(engine, key) is not None:
+            raise ScenarioError(f"{at}: offloading with engine.{key} is not modelled")
+    if hw.host_bandwidth <= 0:
+        raise ScenarioError(f"{at}: {hw.name} has no host link bandwidth (hardware.host_bandwidth, bytes/s per "
+                            "direction: what loads from CPU memory cross); give it in the hardware mapping")
+    tp = engine.tensor_parallel_size
+    block = memory.kv_bytes_per_token_per_rank(model, tp, engine.kv_cache_dtype) * engine.block_size
+    if engine.kv_offloading_size * 2**30 / tp < block:
+        raise ScenarioError(f"{at}: {engine.kv_offloading_size:g} GiB over {tp} GPU(s) holds no KV block "
+                            f"({block:,} bytes per GPU for {model.name}); give at least "
+                            f"{block * tp / 2**30:.3g} GiB")
 
 
 def _check_fits(engine: EngineConfig, model: ModelSpec, hw: HardwareSpec, w: Where) -> MemoryBudget:

@@ -65,7 +65,7 @@ def vllm_serve(scenario, setting: dict | None = None) -> str | None:
     knobs = {k: getattr(e, k) for k in ("scheduler", "max_num_seqs", "max_num_batched_tokens",
                                          "tensor_parallel_size", "gpu_memory_utilization", "block_size",
                                          "kv_cache_dtype", "enable_expert_parallel", "num_gpu_blocks",
-                                         "enable_prefix_caching")}
+                                         "enable_prefix_caching", "kv_offloading_size")}
     knobs.update(setting or {})
     kind = SCHEDULERS[knobs["scheduler"]]
     if not kind.token_budget:  # static batching: Hugging Face generate, not vLLM
@@ -84,6 +84,8 @@ def vllm_serve(scenario, setting: dict | None = None) -> str | None:
         args += ["--kv-cache-dtype", knobs["kv_cache_dtype"]]
     if knobs["enable_expert_parallel"]:
         args.append("--enable-expert-parallel")
+    if knobs["kv_offloading_size"] is not None:  # GiB over all TP ranks, the native backend
+        args += ["--kv-offloading-size", f"{knobs['kv_offloading_size']:g}", "--kv-offloading-backend", "native"]
     if not e.scheduler_reserve_full_isl:  # on is vLLM's default
         args.append("--no-scheduler-reserve-full-isl")
     spec = e.speculative

@@ -46,11 +46,15 @@ class IterationLevelScheduler:
 
     def __init__(self, requests: RequestTable, kv, queue, *, max_num_seqs: int,
                  max_num_batched_tokens: int, pool=None, reserve_full_isl: bool = True,
-                 handoff: Callable[[int, float], None] | None = None, **_unused):
+                 handoff: Callable[[int, float], None] | None = None, connector=None, **_unused):
         self.req, self.waiting = requests, queue
         # a disaggregated prefill replica's: where a computed prompt's KV goes instead of decoding
         # here, handoff(rid, now) (like vLLM's KV connector handed to its scheduler)
         self.handoff = handoff
+        # KV offloading to CPU memory (sim/kv/offload.CpuOffload), like vLLM's KV connector: consulted
+        # as requests are admitted, computed and leave; None: no tier behind the GPU cache
+        self.connector: Any = connector
+        self.loading: dict[int, float] = {}  # admitted, waiting for its load from CPU -> when it is in
         # a PagedKVCache, its sliding-window subclass or a PrefixKVCache: the same count API,
         # duck-typed (the windowed one adds `layout` and its group counts)
         self.kv: Any = kv
@@ -85,16 +89,18 @@ class IterationLevelScheduler:
         self.waiting.push(rid)
 
     def has_work(self) -> bool:
-        return len(self.order) > 0 or len(self.waiting) > 0
+        return len(self.order) > 0 or len(self.waiting) > 0 or len(self.loading) > 0
 
     def load(self) -> int:
-        return len(self.order) + len(self.waiting)
+        return len(self.order) + len(self.waiting) + len(self.loading)
 
     def admit_tokens(self, want: int, budget: int) -> int:
         """Tokens of a waiting request's prefill to schedule now (0: it cannot join)."""
         raise NotImplementedError
 
     def schedule(self, now: float) -> Schedule | None:
+        if self.loading:
+            self._join_loaded(now)
         if not self.order and not len(self.waiting):
             return None
         pool, kv = self.pool, self.kv
@@ -157,6 +163,8 @@ class IterationLevelScheduler:
             computed = before + t
             req.computed[rid] = computed
             kv.commit(rid, computed)  # (prefix caching: its full prompt blocks become cacheable)
+            if self.connector is not None:  # (offloading: and are copied to CPU memory)
+                self.connector.computed(rid, computed)
             if slid is not None:  # (sliding window: blocks now behind it are freed)
                 slid[rid] = freed = kv.slide(before, computed)
                 self._released += freed
@@ -292,6 +300,8 @@ class IterationLevelScheduler:
             self.prefilling.remove(rid)
         del self.order[rid]
         computed = req.computed[rid]
+        if self.connector is not None:
+            self.connector.left(rid, computed)
         self.kv.free_request(rid, self.kv.blocks_for(computed), preempted=True, computed=computed)
         self._preempted.append(rid)
         req.computed[rid] = 0
@@ -307,6 +317,8 @@ class IterationLevelScheduler:
         for rid in rids:  # a handful at a time: scalar indexing beats building an index array
             req.finish[rid] = now
             computed = req.computed[rid]
+            if self.connector is not None:
+                self.connector.left(rid, computed)
             kv.free_request(rid, kv.blocks_for(computed), computed=computed)
             del self.order[rid]
 
@@ -328,6 +340,12 @@ class IterationLevelScheduler:
             total = req.prompt[rid] + req.generated[rid]
             # prefix caching: a new or resumed request starts from its longest cached prefix
             hits = kv.lookup(rid, total) if computed == 0 else _NO_HITS
+            if self.connector is not None and computed == 0:
+                loaded: int = self.connector.lookup(rid, total, len(hits))
+                if loaded:  # blocks past the GPU hits are loaded from CPU memory, not recomputed
+                    if not self._start_load(rid, hits, loaded, total, now):
+                        break
+                    continue
             start = computed + len(hits) * kv.block_size
             t = self.admit_tokens(total - start, budget)
             # a waiting request holds no blocks here: a preempted one freed them (recompute), and a
@@ -351,6 +369,40 @@ class IterationLevelScheduler:
                 req.first_scheduled[rid] = now
             budget -= t
         return admitted
+
+    def _start_load(self, rid: int, hits: list[int], loaded: int, total: int, now: float) -> bool:
+        """vLLM's asynchronous load (WAITING_FOR_REMOTE_KVS): GPU blocks for the hits and the loaded
+        blocks now, the request out of the running batch (no seat, no budget) until its load ends
+        (`_join_loaded`). False: no room, head-of-line as any admission."""
+        kv, req = self.kv, self._req
+        held = len(hits)
+        if self.reserve_full_isl and not kv.can_take(hits, kv.sequence_blocks(total) - held):
+            return False
+        if not kv.admit(rid, hits, loaded, total):
+            return False
+        req.computed[rid] = (held + loaded) * self._block_size
+        self.waiting.pop()
+        ready: float = self.connector.start_load(rid, held, loaded, now)
+        self.loading[rid] = ready
+        self.retry_at = min(self.retry_at, ready)
+        if isnan(req.first_scheduled[rid]):
+            req.first_scheduled[rid] = now
+        return True
+
+    def _join_loaded(self, now: float) -> None:
+        """Requests whose load has ended join the running batch (as vLLM's waiting requests do,
+        while seats last), their loaded blocks cached on the GPU from now on; `retry_at` becomes
+        the next load's end, for a replica that would otherwise sit idle."""
+        req, kv = self._req, self.kv
+        for rid, ready in list(self.loading.items()):  # (loads end in the order they started)
+            if ready > now or len(self.order) >= self.max_num_seqs:
+                break
+            del self.loading[rid]
+            self.connector.loaded(rid)
+            kv.commit(rid, req.computed[rid])
+            self.order[rid] = None
+            self.prefilling.append(rid)
+        self.retry_at = min(self.loading.values()) if self.loading else np.inf
 
     # -- the schedule ---------------------------------------------------------------------------
     def _schedule(self, chunks: list[tuple[int, int]], preempted: bool) -> Schedule:
@@ -389,6 +441,8 @@ class IterationLevelScheduler:
             # (every field, in order: sim/cost/batch.py; one per event)
             stats = new_tuple(BatchStats, (lens, contexts, decodes, context_sum + decodes, 0, 0, 0))
             max_steps = self._run_length() if decodes and not self.prefilling and not preempted else 1
+        if self.loading:
+            max_steps = 1  # (a load ending may let its request join at the next boundary)
         free: int = kv.free
         # every field, in order (sim/schedulers/step.py): built as a tuple, at one schedule per event
         return new_tuple(Schedule, (
