@@ -710,6 +710,9 @@ def plan(
     prefix_caching: Annotated[str | None, typer.Option(
         help="Configuration search: enable_prefix_caching values to compare: on,off.", metavar="on,off",
         show_default=False)] = None,
+    kv_offloading_size: Annotated[str | None, typer.Option(
+        help="Configuration search: CPU KV tier sizes to compare, GiB per replica (vLLM's --kv-offloading-size; "
+             "0: none), e.g. 0,16,64.", metavar="GIB,...", show_default=False)] = None,
     max_gpus: Annotated[int | None, typer.Option(
         help="Configuration search: at most this many GPUs in all.", metavar="N", show_default=False)] = None,
     budget_usd_per_hour: Annotated[float | None, typer.Option(
@@ -746,7 +749,8 @@ def plan(
         overrides=tuple(set_ or ()), seeds=seeds, resolution=resolution, horizon_s=horizon_s, confidence=confidence,
         headroom=headroom, band=band, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
         gpus=gpus, tp=tp, schedulers=schedulers, speculative=speculative, disaggregation=disaggregation,
-        prefix_caching=prefix_caching, max_gpus=max_gpus, budget_usd_per_hour=budget_usd_per_hour,
+        prefix_caching=prefix_caching, kv_offloading_size=kv_offloading_size, max_gpus=max_gpus,
+        budget_usd_per_hour=budget_usd_per_hour,
         min_requests=min_requests, workers=workers, cluster=cluster, window_s=window_s)
     try:
         job = prepare(request, note=lambda text: typer.echo(f"note: {text}", err=True))

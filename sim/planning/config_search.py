@@ -46,7 +46,8 @@ from sim.planning.vllm_command import vllm_serve
 from sim.presets.hardware import HARDWARE_PRESETS
 
 # knobs the search can vary; a disaggregated setting's "replica" is a unit of P + D replicas
-KNOBS = ("disaggregation", "speculative", "scheduler", "enable_prefix_caching", *SETTING_KEYS)
+KNOBS = ("disaggregation", "speculative", "scheduler", "enable_prefix_caching", "kv_offloading_size",
+         *SETTING_KEYS)
 SATURATE = 10.0     # the bound's load: this x the scenario's own
 IDLE = 0.01         # the latency floor's load: this x the saturated throughput
 START = 0.85        # coarse searches start at this x the saturated throughput
@@ -56,7 +57,8 @@ SLACK = 1.5         # pruning by limits assumes a replica could sustain up to th
 def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps: Iterable[int],
                    target: float | None = None, overrides: Iterable[str] = (),
                    seqs: Iterable[int] = (), tokens: Iterable[int] = (), schedulers: Iterable[str] = (),
-                   prefix_caching: Iterable[bool] = (), speculative: Iterable[dict | None] = (),
+                   prefix_caching: Iterable[bool] = (), offloading: Iterable[float | None] = (),
+                   speculative: Iterable[dict | None] = (),
                    disaggregation: Iterable[tuple[int, int] | None] = (),
                    max_gpus: int | None = None, budget_usd_per_hour: float | None = None,
                    prices: dict[str, float] | None = None,
@@ -82,11 +84,12 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
     splits = [None if s is None else {"prefill_replicas": s[0], "decode_replicas": s[1]}
               for s in disaggregation] or [own_split]
     caching: list[bool | None] = list(prefix_caching) or [e.enable_prefix_caching]
+    tiers: list[float | None] = list(offloading) or [e.kv_offloading_size]  # GiB of CPU KV tier (None: none)
     settings: list[dict[str, Any]] = [
         {"max_num_seqs": n, "max_num_batched_tokens": t, "scheduler": k, "enable_prefix_caching": c,
-         "speculative": sp, "disaggregation": dg}
+         "kv_offloading_size": o, "speculative": sp, "disaggregation": dg}
                 for dg in splits for sp in specs for k in dict.fromkeys(schedulers or [e.scheduler])
-                for c in dict.fromkeys(caching)
+                for c in dict.fromkeys(caching) for o in dict.fromkeys(tiers)
                 for n in sorted(set(seqs) or {e.max_num_seqs})
                 for t in sorted(set(tokens) or {e.max_num_batched_tokens})]
     keys = [k for k in KNOBS if len({str(x[k]) for x in settings}) > 1 or k in SETTING_KEYS]

@@ -70,12 +70,14 @@ def deterministic(scenario) -> bool:
     return all(_arrays(first) == _arrays(w) for w in others)
 
 
-def _arrays(w: Workload) -> list[bytes]:
-    """Every array of a workload (closed loop: its users' too), as bytes to compare."""
-    arrays = [getattr(w, f.name) for f in fields(w) if f.name != "users"]
+def _arrays(w: Workload) -> list:
+    """Every field of a workload (closed loop: its users' too) as a value to compare: arrays as
+    bytes, the rest (a shared prefix per request: (ids, unit) tuples or None; class names) as
+    they are."""
+    values = [getattr(w, f.name) for f in fields(w) if f.name != "users"]
     if w.users is not None:
-        arrays += [getattr(w.users, f.name) for f in fields(w.users)]
-    return [np.ascontiguousarray(a).tobytes() for a in arrays]
+        values += [getattr(w.users, f.name) for f in fields(w.users)]
+    return [np.ascontiguousarray(v).tobytes() if isinstance(v, np.ndarray) else v for v in values]
 
 
 class Evaluator:

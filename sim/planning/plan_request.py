@@ -51,6 +51,7 @@ class PlanRequest:
     speculative: str | None = None         # "off,eagle:3:0.7"
     disaggregation: str | None = None      # "off,1:3"
     prefix_caching: str | None = None      # "on,off"
+    kv_offloading_size: str | None = None  # "0,16,64": GiB of CPU KV tier per replica (0: none)
     max_gpus: int | None = None
     budget_usd_per_hour: float | None = None
     min_requests: int = 1000
@@ -62,7 +63,7 @@ class PlanRequest:
     def searches(self) -> bool:
         """A configuration search (any of the search options given), else a plan."""
         return any(v is not None for v in (self.gpus, self.tp, self.schedulers, self.prefix_caching,
-                                           self.speculative, self.disaggregation))
+                                           self.speculative, self.disaggregation, self.kv_offloading_size))
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,7 @@ class PlanJob:
                 overrides=r.overrides, seqs=seqs or (), tokens=tokens or (),
                 schedulers=parse_schedulers(r.schedulers or e.scheduler),
                 prefix_caching=parse_on_off("--prefix-caching", r.prefix_caching),
+                offloading=parse_offload_list(r.kv_offloading_size),
                 speculative=parse_spec_list(r.speculative), disaggregation=parse_split_list(r.disaggregation),
                 max_gpus=r.max_gpus, budget_usd_per_hour=r.budget_usd_per_hour, headroom=r.headroom,
                 options=self.options, progress=progress, runner=runner)
@@ -248,6 +250,7 @@ def prepare(r: PlanRequest, note: Callable[[str], None] | None = None) -> PlanJo
         parse_int_list("--tp", r.tp)
         parse_schedulers(r.schedulers or sc.engine.scheduler)
         parse_on_off("--prefix-caching", r.prefix_caching)
+        parse_offload_list(r.kv_offloading_size)
         parse_spec_list(r.speculative)
         parse_split_list(r.disaggregation)
     seeds = r.seeds
@@ -268,7 +271,8 @@ def _check_fleet(r: PlanRequest, sc: Scenario) -> None:
     given = [flag for flag, v in (
         ("--target-rate", r.target_rate), ("--target-users", r.target_users), ("--gpus", r.gpus), ("--tp", r.tp),
         ("--schedulers", r.schedulers), ("--speculative", r.speculative), ("--disaggregation", r.disaggregation),
-        ("--prefix-caching", r.prefix_caching), ("--max-num-seqs", r.max_num_seqs),
+        ("--prefix-caching", r.prefix_caching), ("--kv-offloading-size", r.kv_offloading_size),
+        ("--max-num-seqs", r.max_num_seqs),
         ("--max-num-batched-tokens", r.max_num_batched_tokens), ("--horizon-s", r.horizon_s), ("--emit", r.emit),
         ("--max-gpus", r.max_gpus), ("--budget-usd-per-hour", r.budget_usd_per_hour)) if v is not None]
     if sc.engine.admission is not None:
@@ -335,6 +339,22 @@ def parse_on_off(flag: str, text: str | None) -> list[bool]:
         if c not in values:
             raise ScenarioError(f"{flag}: {c!r} is not on or off (write {flag} on,off)")
     return [values[c] for c in items]
+
+
+def parse_offload_list(text: str | None) -> list[float | None]:
+    """'0,16,64' -> [None, 16.0, 64.0]: GiB of CPU KV tier (engine.kv_offloading_size), 0 for none
+    (each candidate checked when its scenario loads); None -> []."""
+    out: list[float | None] = []
+    for item in [c.strip() for c in text.split(",")] if text else []:
+        try:
+            gib = float(item)
+        except ValueError:
+            gib = math.nan
+        if not (gib >= 0 and math.isfinite(gib)):
+            raise ScenarioError(f"--kv-offloading-size: {item!r} is not a size in GiB >= 0 (0: no CPU tier), "
+                                "e.g. --kv-offloading-size 0,16,64")
+        out.append(None if gib == 0 else gib)
+    return list(dict.fromkeys(out))
 
 
 def parse_spec_list(text: str | None) -> list[dict[str, Any] | None]:

@@ -33,6 +33,9 @@ def _knobs(setting: dict) -> str:
     if "enable_prefix_caching" in setting:
         c = setting["enable_prefix_caching"]
         parts.append("prefix caching " + ("default" if c is None else "on" if c else "off"))
+    if "kv_offloading_size" in setting:
+        o = setting["kv_offloading_size"]
+        parts.append("no CPU KV tier" if o is None else f"CPU KV tier {o:g} GiB")
     return ", ".join(parts + [f"{setting['max_num_seqs']} / {setting['max_num_batched_tokens']}"])
 
 

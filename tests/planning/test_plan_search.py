@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from cli import app
@@ -42,6 +43,8 @@ VLLM_ARGS = {
     "--num-gpu-blocks-override", "--swap-space", "--enable-expert-parallel", "--trust-remote-code",
     "--speculative-config",  # EngineArgs.speculative_config, a JSON string
     "--kv-transfer-config",  # EngineArgs.kv_transfer_config (P/D disaggregation through a KV connector)
+    # EngineArgs.kv_offloading_size / kv_offloading_backend (CacheConfig: GiB over all TP ranks; native, lmcache)
+    "--kv-offloading-size", "--kv-offloading-backend",
 }
 
 
@@ -239,7 +242,30 @@ def test_config_search_varies_the_scheduler_and_prefix_caching():
     assert chunk_flag in words and cache_flag in words
 
 
+def test_config_search_compares_cpu_kv_tiers(tmp_path):
+    """60 system prompts of 2,560 tokens shared by every request, on a GPU cache of 4,000 blocks
+    (64,000 tokens: 25 of the prompts): a 16 GiB CPU tier (8,192 blocks) keeps them all, so the
+    prefills it saves sustain more load than the GPU alone. (Also: planning a generated workload
+    with shared prefixes used to crash comparing its seeds' workloads.)"""
+    path = tmp_path / "offload.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "offload", "model": "llama-3-8b", "hardware": "h100-sxm",
+        "engine": {"scheduler": "chunked", "num_gpu_blocks": 4000},
+        "workload": {"arrival": {"process": "poisson", "rate": 4}, "num_requests": 400,
+                     "prompt_tokens": {"dist": "fixed", "value": 3000}, "output_tokens": {"dist": "fixed", "value": 100},
+                     "prefix": {"tokens": 2560, "groups": 60, "share": 1.0}}}))
+    slo = SLOConfig(ttft_ms=300, tpot_ms=30, percentile=90)
+    r = search_configs(path, slo, gpus=("h100-sxm",), tps=(1,), offloading=(None, 16.0), options=OWN)
+    row = r["candidates"][0]
+    sustained = {x["kv_offloading_size"]: x["sustained"] for x in row["settings"]}
+    assert set(sustained) == {None, 16.0} and sustained[16.0] > sustained[None] > 0
+    assert r["chosen"]["kv_offloading_size"] == 16.0
+    words = shlex.split(r["chosen"]["vllm_serve"])
+    assert words[words.index("--kv-offloading-size") + 1] == "16"
+
+
 @pytest.mark.parametrize("args, says", [
+    (["--kv-offloading-size", "0,lots"], "--kv-offloading-size: 'lots' is not a size in GiB >= 0"),
     (["--gpus", "h100-sxm,tpu-v5"], "unknown GPU 'tpu-v5'"),
     (["--schedulers", "chunked,fifo"], "unknown scheduler 'fifo'"),
     (["--prefix-caching", "on,maybe"], "'maybe' is not on or off"),
