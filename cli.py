@@ -710,6 +710,9 @@ def plan(
     prefix_caching: Annotated[str | None, typer.Option(
         help="Configuration search: enable_prefix_caching values to compare: on,off.", metavar="on,off",
         show_default=False)] = None,
+    pp: Annotated[str | None, typer.Option(
+        help="Configuration search: pipeline_parallel_size values to compare (stages per replica, each on "
+             "its own --tp GPUs), e.g. 1,2.", metavar="N,...", show_default=False)] = None,
     kv_offloading_size: Annotated[str | None, typer.Option(
         help="Configuration search: CPU KV tier sizes to compare, GiB per replica (vLLM's --kv-offloading-size; "
              "0: none), e.g. 0,16,64.", metavar="GIB,...", show_default=False)] = None,
@@ -748,7 +751,7 @@ def plan(
         price=price, out=out, emit=emit,
         overrides=tuple(set_ or ()), seeds=seeds, resolution=resolution, horizon_s=horizon_s, confidence=confidence,
         headroom=headroom, band=band, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-        gpus=gpus, tp=tp, schedulers=schedulers, speculative=speculative, disaggregation=disaggregation,
+        gpus=gpus, tp=tp, pp=pp, schedulers=schedulers, speculative=speculative, disaggregation=disaggregation,
         prefix_caching=prefix_caching, kv_offloading_size=kv_offloading_size, max_gpus=max_gpus,
         budget_usd_per_hour=budget_usd_per_hour,
         min_requests=min_requests, workers=workers, cluster=cluster, window_s=window_s)

@@ -23,6 +23,7 @@ import numpy as np
 from sim.config.errors import ScenarioError
 from sim.config.scenario import EngineConfig, Scenario
 from sim.cost import registry as cost
+from sim.cost.pipeline import PipelineCost, hop_link
 from sim.cost.registry import check_kv_cache_dtype, parse_cost_model
 from sim.cost.speculative import SpeculativeCost
 from sim.kv.cache import PagedKVCache, WindowedKVCache
@@ -47,9 +48,16 @@ if TYPE_CHECKING:
 
 def cost_model(scenario: Scenario):
     """A fresh cost model for one simulation (no file is read: the spec was resolved); with
-    speculative decoding, the target's plus the draft's (sim/cost/speculative.py)."""
-    tp = scenario.engine.tensor_parallel_size
-    target = scenario.cost_model.build(scenario.model, scenario.hardware, tp, scenario.engine.kv_cache_dtype)
+    speculative decoding, the target's plus the draft's (sim/cost/speculative.py); with pipeline
+    parallelism, its busiest stage's through the pipeline (sim/cost/pipeline.py)."""
+    e = scenario.engine
+    tp = e.tensor_parallel_size
+    target = scenario.cost_model.build(scenario.stage_model, scenario.hardware, tp, e.kv_cache_dtype)
+    if e.pipeline_parallel_size > 1:
+        bandwidth, latency = hop_link(scenario.hardware, e.gpus_per_replica)
+        m = scenario.model
+        return PipelineCost(target, e.pipeline_parallel_size, e.max_num_batched_tokens,
+                            m.hidden_size * m.dtype_bytes / bandwidth, latency)
     spec = scenario.engine.speculative
     if spec is None:
         return target
@@ -111,8 +119,11 @@ def build_scheduler(e: EngineConfig, requests: RequestTable, num_blocks: int,
     extra: dict = {} if handoff is None else {"handoff": handoff}  # (a disaggregated prefill replica's)
     if offload is not None:  # (the scenario checked it runs over prefix caching: a PrefixKVCache)
         extra["connector"] = CpuOffload(offload, kv)
+    # pipeline parallelism: an iteration is S of vLLM's batches in flight, each with its own budget
+    # (sim/cost/pipeline.py)
     return make(requests=requests, kv=kv, pool=pool, queue=make_queue(e.policy, requests), **extra,
-               max_num_seqs=e.max_num_seqs, max_num_batched_tokens=e.max_num_batched_tokens,
+               max_num_seqs=e.max_num_seqs,
+               max_num_batched_tokens=e.max_num_batched_tokens * e.pipeline_parallel_size,
                reserve_full_isl=e.scheduler_reserve_full_isl, batch_timeout_s=e.batch_timeout_s,
                max_output_tokens=int(workload.output_tokens.max(initial=1)))
 
@@ -122,7 +133,8 @@ def offload_spec(scenario: Scenario) -> OffloadSpec | None:
     e = scenario.engine
     if e.kv_offloading_size is None:
         return None
-    per_block = kv_bytes_per_token_per_rank(scenario.model, e.tensor_parallel_size, e.kv_cache_dtype) * e.block_size
+    per_block = kv_bytes_per_token_per_rank(scenario.stage_model, e.tensor_parallel_size,
+                                            e.kv_cache_dtype) * e.block_size
     return OffloadSpec.resolve(e.kv_offloading_size, per_block, e.tensor_parallel_size,
                                scenario.hardware.host_bandwidth)
 

@@ -126,11 +126,11 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
         requests["class"] = np.asarray(offered.class_names, dtype=object)[offered.classes]
     m, hw = scenario.model, scenario.hardware
     itl = inter_token_latencies(steps, recorder, req)  # (takes the recorder's durations)
-    replicas, gpus = e.replicas, e.replicas * e.tensor_parallel_size
+    replicas, gpus = e.replicas, e.replicas * e.gpus_per_replica
     fleet = None
     if scaler is not None:  # replicas held over the run, on average: what utilisation is measured against
-        fleet = scaler.summary(end_s, e.tensor_parallel_size, scenario.hardware.usd_per_hour)
-        replicas, gpus = fleet["mean_replicas"], fleet["mean_replicas"] * e.tensor_parallel_size
+        fleet = scaler.summary(end_s, e.gpus_per_replica, scenario.hardware.usd_per_hour)
+        replicas, gpus = fleet["mean_replicas"], fleet["mean_replicas"] * e.gpus_per_replica
     if e.disaggregation is not None:
         d = e.disaggregation
         replicas = d.prefill_replicas + d.decode_replicas

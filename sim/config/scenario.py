@@ -72,6 +72,9 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9    # fraction of GPU memory the engine may use
     num_gpu_blocks: int | None = None      # override of the derived KV capacity
     tensor_parallel_size: int = 1
+    # vLLM's --pipeline-parallel-size: the layers split into this many stages, each on its own
+    # tensor_parallel_size GPUs (sim/cost/pipeline.py prices the pipeline)
+    pipeline_parallel_size: int = 1
     replicas: int = 1
     router: str = "round_robin"            # a key of sim.runtime.routers.ROUTERS
     policy: str = "fcfs"                   # a key of sim.schedulers.queues.POLICIES
@@ -100,6 +103,11 @@ class EngineConfig:
     # what the router sees (stale load signals) and how `weighted` weighs it (sim/config/routing.py):
     # None = exact signals, the default weights
     routing: RoutingConfig | None = None
+
+    @property
+    def gpus_per_replica(self) -> int:
+        """GPUs one replica holds: tensor_parallel_size x pipeline_parallel_size."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
 
 # vLLM's --kv-offloading-backend values; only native is modelled (the other is refused by name)
@@ -169,11 +177,17 @@ class Scenario:
     raw: Mapping[str, Any] | None = None  # the mapping as written, overrides applied
 
     @cached_property
+    def stage_model(self) -> ModelSpec:
+        """What one GPU group of a replica runs: the model, or its busiest pipeline stage
+        (engine.pipeline_parallel_size > 1; sim/presets/models.pipeline_stage)."""
+        return models.pipeline_stage(self.model, self.engine.pipeline_parallel_size)
+
+    @cached_property
     def budget(self) -> MemoryBudget:
-        """One replica's GPU memory split and KV blocks (computed once per Scenario object, so a
-        dataclasses.replace of the engine gets its own)."""
+        """One replica's GPU memory split and KV blocks per GPU (computed once per Scenario object,
+        so a dataclasses.replace of the engine gets its own)."""
         e = self.engine
-        return memory.kv_budget(self.model, self.hardware, tensor_parallel_size=e.tensor_parallel_size,
+        return memory.kv_budget(self.stage_model, self.hardware, tensor_parallel_size=e.tensor_parallel_size,
                                 gpu_memory_utilization=e.gpu_memory_utilization,
                                 block_size=e.block_size,
                                 max_num_batched_tokens=e.max_num_batched_tokens,
@@ -222,8 +236,9 @@ def scenario_from_dict(raw: Mapping[str, Any], source: str | Path | None = None,
     hw = _parse_hardware(raw["hardware"], w)
     engine = _parse_engine(raw.get("engine"), w)
     engine = _check_window(engine, model, w)
-    budget = _check_fits(engine, model, hw, w)
-    _check_offloading(engine, model, hw, w)
+    stage = _check_pipeline(engine, model, w)  # (the model itself without pipeline parallelism)
+    budget = _check_fits(engine, stage, hw, w)
+    _check_offloading(engine, stage, hw, w)
     if engine.disaggregation is not None:  # each pool's TP and memory must fit too
         for name in ("prefill", "decode"):
             def pool_where(k: str, name: str = name) -> str:
@@ -231,7 +246,7 @@ def scenario_from_dict(raw: Mapping[str, Any], source: str | Path | None = None,
             _check_fits(getattr(engine.disaggregation, name), model,
                         getattr(engine.disaggregation, f"{name}_hardware") or hw, pool_where)
     cost_model = _delegate(overridden, "cost_model", lambda: _parse_cost_model(
-        raw.get("cost_model"), w, base_dir, model, hw, engine))
+        raw.get("cost_model"), w, base_dir, stage, hw, engine))
     work = _delegate(overridden, "workload", lambda: workload.parse_workload(
         raw["workload"], label, base_dir))  # its messages read "<label>: workload.<key>: ..."
     slo = _parse_slo(raw.get("slo"), w)
@@ -248,6 +263,7 @@ def scenario_from_dict(raw: Mapping[str, Any], source: str | Path | None = None,
                         source=Path(source) if source is not None else None, base_dir=base_dir,
                         overrides=tuple(overrides), raw=raw)
     scenario.__dict__["budget"] = budget  # resolved once: what cached_property would compute
+    scenario.__dict__["stage_model"] = stage
     return scenario
 
 
@@ -438,6 +454,8 @@ def _parse_engine(v: Any, w: Where) -> EngineConfig:
                                                         cap=MAX_BLOCKS),
         tensor_parallel_size=_int(get("tensor_parallel_size"), at("tensor_parallel_size"), lo=1,
                                   cap=MAX_COUNT),
+        pipeline_parallel_size=_int(get("pipeline_parallel_size"), at("pipeline_parallel_size"), lo=1,
+                                    cap=MAX_COUNT),
         replicas=_int(get("replicas"), at("replicas"), lo=1, cap=MAX_REPLICAS),
         # router (replicas > 1) and batch_timeout_s (static) are accepted and ignored where they do
         # not apply, so that a sweep over replicas or schedulers can start from any scenario.
@@ -518,6 +536,27 @@ def _check_window(engine: EngineConfig, model: ModelSpec, w: Where) -> EngineCon
     return dataclasses.replace(engine, enable_prefix_caching=False)
 
 
+def _check_pipeline(engine: EngineConfig, model: ModelSpec, w: Where) -> ModelSpec:
+    """Pipeline parallelism (sim/cost/pipeline.py) is modelled for an iteration-level engine that
+    does both phases, on a full-attention model; returns what one stage runs (its busiest)."""
+    pp = engine.pipeline_parallel_size
+    if pp == 1:
+        return model
+    at = w("engine.pipeline_parallel_size")
+    if pp > model.num_layers:
+        raise ScenarioError(f"{at}: {pp} stages for {model.name}'s {model.num_layers} layers; at most "
+                            f"{model.num_layers}")
+    if not SCHEDULERS[engine.scheduler].iteration_level:
+        raise ScenarioError(f"{at}: pipeline parallelism with the {engine.scheduler} scheduler is not "
+                            f"modelled (it is: {', '.join(n for n, c in SCHEDULERS.items() if c.iteration_level)})")
+    if model.sliding_layers:
+        raise ScenarioError(f"{at}: pipeline parallelism with {model.name}'s sliding-window layers is not modelled")
+    for key in ("speculative", "disaggregation"):
+        if getattr(engine, key) is not None:
+            raise ScenarioError(f"{at}: pipeline parallelism with engine.{key} is not modelled")
+    return models.pipeline_stage(model, pp)
+
+
 def _check_offloading(engine: EngineConfig, model: ModelSpec, hw: HardwareSpec, w: Where) -> None:
     """KV offloading (sim/kv/offload.py) is modelled over vLLM V1's prefix cache on one engine that
     does both phases, for the native backend, across a known host link."""
@@ -574,6 +613,10 @@ def _parse_cost_model(v: Any, w: Where, base_dir: Path, model: ModelSpec, hw: Ha
         return cost.default_cost_model(model, hw, engine.tensor_parallel_size, w("cost_model"),
                                        engine.kv_cache_dtype)
     if isinstance(v, dict) and "profile" in v:
+        if engine.pipeline_parallel_size > 1:
+            raise ScenarioError(f"{w('cost_model.profile')}: a profile prices the whole model's iterations; "
+                                "with engine.pipeline_parallel_size > 1 each stage is priced on its own "
+                                "layers: use cost_model: measured (composed per stage) or roofline")
         v = {**v, "profile": _existing_path(v["profile"], "cost_model.profile", w, base_dir,
                                             "a path to a profile .yaml")}
     return cost.check_kv_cache_dtype(cost.parse_cost_model(v, model, hw, engine.tensor_parallel_size,

@@ -46,8 +46,8 @@ from sim.planning.vllm_command import vllm_serve
 from sim.presets.hardware import HARDWARE_PRESETS
 
 # knobs the search can vary; a disaggregated setting's "replica" is a unit of P + D replicas
-KNOBS = ("disaggregation", "speculative", "scheduler", "enable_prefix_caching", "kv_offloading_size",
-         *SETTING_KEYS)
+KNOBS = ("pipeline_parallel_size", "disaggregation", "speculative", "scheduler", "enable_prefix_caching",
+         "kv_offloading_size", *SETTING_KEYS)
 SATURATE = 10.0     # the bound's load: this x the scenario's own
 IDLE = 0.01         # the latency floor's load: this x the saturated throughput
 START = 0.85        # coarse searches start at this x the saturated throughput
@@ -58,6 +58,7 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
                    target: float | None = None, overrides: Iterable[str] = (),
                    seqs: Iterable[int] = (), tokens: Iterable[int] = (), schedulers: Iterable[str] = (),
                    prefix_caching: Iterable[bool] = (), offloading: Iterable[float | None] = (),
+                   pps: Iterable[int] = (),
                    speculative: Iterable[dict | None] = (),
                    disaggregation: Iterable[tuple[int, int] | None] = (),
                    max_gpus: int | None = None, budget_usd_per_hour: float | None = None,
@@ -85,10 +86,11 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
               for s in disaggregation] or [own_split]
     caching: list[bool | None] = list(prefix_caching) or [e.enable_prefix_caching]
     tiers: list[float | None] = list(offloading) or [e.kv_offloading_size]  # GiB of CPU KV tier (None: none)
+    stages: list[int] = list(dict.fromkeys(pps)) or [e.pipeline_parallel_size]  # pipeline stages per replica
     settings: list[dict[str, Any]] = [
         {"max_num_seqs": n, "max_num_batched_tokens": t, "scheduler": k, "enable_prefix_caching": c,
-         "kv_offloading_size": o, "speculative": sp, "disaggregation": dg}
-                for dg in splits for sp in specs for k in dict.fromkeys(schedulers or [e.scheduler])
+         "kv_offloading_size": o, "speculative": sp, "disaggregation": dg, "pipeline_parallel_size": p}
+                for p in stages for dg in splits for sp in specs for k in dict.fromkeys(schedulers or [e.scheduler])
                 for c in dict.fromkeys(caching) for o in dict.fromkeys(tiers)
                 for n in sorted(set(seqs) or {e.max_num_seqs})
                 for t in sorted(set(tokens) or {e.max_num_batched_tokens})]
@@ -248,9 +250,10 @@ def _best_per_gpu(entries: list[dict]) -> dict | None:
 
 
 def _units(setting: dict) -> int:
-    """Replicas in one 'replica' of a setting: 1, or a disaggregated unit's P + D."""
+    """TP groups of GPUs in one 'replica' of a setting: 1, a disaggregated unit's P + D replicas,
+    times its pipeline stages (each stage is a TP group of its own)."""
     d = setting.get("disaggregation")
-    return 1 if d is None else d["prefill_replicas"] + d["decode_replicas"]
+    return (1 if d is None else d["prefill_replicas"] + d["decode_replicas"]) * setting.get("pipeline_parallel_size", 1)
 
 
 def _scale(split: dict | None):

@@ -107,7 +107,7 @@ def evaluate(path: str, overrides: tuple[str, ...], slo: SLOConfig, window_s: fl
     sc = load_scenario(path, overrides)
     result = simulate(sc)
     out = judge_day(result, slo, window_s, tuple(c.name for c in sc.workload.classes or ()))
-    tp = sc.engine.tensor_parallel_size
+    tp = sc.engine.gpus_per_replica  # (GPUs per replica: TP x PP)
     fleet = result.summary.get("autoscaling")
     if fleet is None:  # a static fleet: every replica held from 0 to the last finish
         replicas = sc.engine.replicas

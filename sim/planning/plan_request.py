@@ -47,6 +47,7 @@ class PlanRequest:
     max_num_batched_tokens: str | None = None
     gpus: str | None = None                # "h100-sxm,h200": a configuration search
     tp: str | None = None                  # "1,2,4"
+    pp: str | None = None                  # "1,2": pipeline stages per replica
     schedulers: str | None = None          # "chunked,continuous"
     speculative: str | None = None         # "off,eagle:3:0.7"
     disaggregation: str | None = None      # "off,1:3"
@@ -62,7 +63,7 @@ class PlanRequest:
     @property
     def searches(self) -> bool:
         """A configuration search (any of the search options given), else a plan."""
-        return any(v is not None for v in (self.gpus, self.tp, self.schedulers, self.prefix_caching,
+        return any(v is not None for v in (self.gpus, self.tp, self.pp, self.schedulers, self.prefix_caching,
                                            self.speculative, self.disaggregation, self.kv_offloading_size))
 
 
@@ -130,6 +131,7 @@ class PlanJob:
                 schedulers=parse_schedulers(r.schedulers or e.scheduler),
                 prefix_caching=parse_on_off("--prefix-caching", r.prefix_caching),
                 offloading=parse_offload_list(r.kv_offloading_size),
+                pps=parse_int_list("--pp", r.pp) or (),
                 speculative=parse_spec_list(r.speculative), disaggregation=parse_split_list(r.disaggregation),
                 max_gpus=r.max_gpus, budget_usd_per_hour=r.budget_usd_per_hour, headroom=r.headroom,
                 options=self.options, progress=progress, runner=runner)
@@ -168,8 +170,8 @@ class PlanJob:
         answer = result.get("chosen") if self.request.searches else result.get("recommendation")
         if not answer or not answer.get("vllm_serve"):
             return []
-        files = deploy_files(answer["vllm_serve"], int(answer.get("replicas", 1)),
-                             int(answer["tensor_parallel_size"]), self.scenario.name)
+        gpus = int(answer["tensor_parallel_size"]) * int(answer.get("pipeline_parallel_size") or 1)  # per pod
+        files = deploy_files(answer["vllm_serve"], int(answer.get("replicas", 1)), gpus, self.scenario.name)
         self.request.emit.mkdir(parents=True, exist_ok=True)
         return [write_file(self.request.emit / name, text) for name, text in files.items()]
 
@@ -248,6 +250,7 @@ def prepare(r: PlanRequest, note: Callable[[str], None] | None = None) -> PlanJo
     parse_int_list("--max-num-batched-tokens", r.max_num_batched_tokens)
     if r.searches:
         parse_int_list("--tp", r.tp)
+        parse_int_list("--pp", r.pp)
         parse_schedulers(r.schedulers or sc.engine.scheduler)
         parse_on_off("--prefix-caching", r.prefix_caching)
         parse_offload_list(r.kv_offloading_size)
@@ -270,6 +273,7 @@ def _check_fleet(r: PlanRequest, sc: Scenario) -> None:
         return
     given = [flag for flag, v in (
         ("--target-rate", r.target_rate), ("--target-users", r.target_users), ("--gpus", r.gpus), ("--tp", r.tp),
+        ("--pp", r.pp),
         ("--schedulers", r.schedulers), ("--speculative", r.speculative), ("--disaggregation", r.disaggregation),
         ("--prefix-caching", r.prefix_caching), ("--kv-offloading-size", r.kv_offloading_size),
         ("--max-num-seqs", r.max_num_seqs),

@@ -215,6 +215,7 @@ def plan(path: str | Path, slo: SLOConfig, *, overrides: Iterable[str] = (), tar
             chosen, best = {k: getattr(sc.engine, k) for k in chosen}, search
             curve["chosen"], curve["chosen_search"] = chosen, search  # what the report marks chosen
         tp = sc.engine.tensor_parallel_size
+        gpus_per_replica = sc.engine.gpus_per_replica  # (TP x PP)
         price = sc.hardware.usd_per_hour if gpu_hour_usd is None else gpu_hour_usd
         extra = engine_overrides(sc.engine, chosen)
         if band and error_band is None:
@@ -237,10 +238,12 @@ def plan(path: str | Path, slo: SLOConfig, *, overrides: Iterable[str] = (), tar
         else:
             point, replicas = best["answer_point"], 1
         out["recommendation"] = {**chosen, "replicas": replicas, "tensor_parallel_size": tp,
+                                 "pipeline_parallel_size": sc.engine.pipeline_parallel_size,
                                  "per_replica_load": best["answer"], "planned_per_replica_load": planned,
                                  "unit": knob.unit, "vllm_serve": vllm_line(sc, chosen)}
         out["utilisation"] = utilisation(best, headroom, target, replicas, knob)
-        out["cost"] = cost(replicas * tp, price, point["output_throughput"], point["total_token_throughput"])
+        out["cost"] = cost(replicas * gpus_per_replica, price, point["output_throughput"],
+                           point["total_token_throughput"])
         # whose price: said beside it (a preset's is a rounded on-demand estimate, not a quote)
         out["cost"]["price_source"] = "the hardware preset" if gpu_hour_usd is None else "--gpu-hour-usd / --price"
     out["simulations"] = ev.simulations

@@ -21,6 +21,8 @@ def _f(v: Any, digits: int = 2) -> str:
 def _knobs(setting: dict) -> str:
     """'chunked, prefix caching on, 256 / 8192': the searched knobs of a setting."""
     parts = []
+    if "pipeline_parallel_size" in setting:
+        parts.append(f"PP{setting['pipeline_parallel_size']}")
     if "disaggregation" in setting:
         d = setting["disaggregation"]
         parts.append("aggregated" if d is None else f"{d['prefill_replicas']}P:{d['decode_replicas']}D")
@@ -43,6 +45,43 @@ def _name(row: dict) -> str:
     return f"{row['gpu']} TP{row['tensor_parallel_size']}"
 
 
+def _per_gpu(setting: dict, tp: int) -> float | None:
+    """A setting's coarse sustained load per GPU (a replica or P+D unit: TP x its groups)."""
+    if setting.get("sustained") is None:
+        return None
+    d = setting.get("disaggregation")
+    groups = (1 if d is None else d["prefill_replicas"] + d["decode_replicas"]) \
+        * setting.get("pipeline_parallel_size", 1)
+    return setting["sustained"] / (tp * groups)
+
+
+def _why(r: dict, c: dict) -> str | None:
+    """One line on why the chosen configuration wins: its load per GPU against the best other
+    setting of its GPU x TP (coarse loads, the engine curve's) and against the next candidate by cost."""
+    row = next((x for x in r["candidates"] if x["gpu"] == c["gpu"]
+                and x["tensor_parallel_size"] == c["tensor_parallel_size"]), None)
+    if row is None or not row.get("settings"):
+        return None
+    tp = row["tensor_parallel_size"]
+    keys = [k for k in r["settings"][0]] if r.get("settings") else []
+    mine = next((s for s in row["settings"] if all(s.get(k) == c.get(k) for k in keys)), None)
+    if mine is None or _per_gpu(mine, tp) is None:
+        return None
+    parts = [f"{_per_gpu(mine, tp):.2f} req/s per GPU with {_knobs(mine)} (coarse)"]
+    others = [s for s in row["settings"] if s is not mine and _per_gpu(s, tp) is not None]
+    if others:
+        best = max(others, key=lambda s: _per_gpu(s, tp))
+        parts.append(f"the best other setting on {_name(row)}, {_knobs(best)}: {_per_gpu(best, tp):.2f}")
+    rivals = [x for x in r["candidates"] if x is not row and x.get("status") and "usd_per_hour" in x]
+    if rivals and "usd_per_hour" in row:
+        nxt = min(rivals, key=lambda x: x["usd_per_hour"])
+        tie = " (the same cost: the smaller TP wins the tie)" \
+            if nxt["usd_per_hour"] == row["usd_per_hour"] else ""
+        parts.append(f"the next candidate, {_name(nxt)} ({_knobs(nxt)}): {nxt['sustained_per_gpu']:.2f} per GPU, "
+                     f"{nxt['gpus']} GPUs, ${nxt['usd_per_hour']:.2f}/hour ({nxt['status']}){tie}")
+    return "; ".join(parts)
+
+
 def search_headline(r: dict) -> list[tuple[str, str]]:
     rows = [("SLO", r["slo_label"]), ("model", r["model"])]
     if r["target"] is not None:
@@ -54,10 +93,15 @@ def search_headline(r: dict) -> list[tuple[str, str]]:
     else:
         unit = "replicas" if c.get("disaggregation") is None else \
             f"units of {c['disaggregation']['prefill_replicas']}P:{c['disaggregation']['decode_replicas']}D"
-        what = (f"{c['gpu']} x {c['gpus']} ({c['replicas']} {unit} of TP{c['tensor_parallel_size']}), "
-                f"${c['usd_per_hour']:.2f}/hour" if "replicas" in c else f"{c['gpu']} TP{c['tensor_parallel_size']}")
-        rows += [("cheapest configuration", what),
-                 ("engine (max_num_seqs / max_num_batched_tokens)", _knobs(c)),
+        pp = c.get("pipeline_parallel_size") or 1
+        layout = f"TP{c['tensor_parallel_size']}" + (f" x PP{pp}" if pp > 1 else "")
+        what = (f"{c['gpu']} x {c['gpus']} ({c['replicas']} {unit} of {layout}), "
+                f"${c['usd_per_hour']:.2f}/hour" if "replicas" in c else f"{c['gpu']} {layout}")
+        rows += [("cheapest configuration", what)]
+        why = _why(r, c)
+        if why:
+            rows.append(("why it wins", why))
+        rows += [("engine (max_num_seqs / max_num_batched_tokens)", _knobs(c)),
                  ("vllm serve", c["vllm_serve"] or "none (static scheduler)")]
     counts: dict[str, int] = {}
     for row in r["candidates"]:

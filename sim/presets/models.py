@@ -222,6 +222,21 @@ class ModelSpec:
         return 2 * self.matmul_params
 
 
+def pipeline_stage(model: ModelSpec, pipeline_parallel_size: int) -> ModelSpec:
+    """The busiest of `pipeline_parallel_size` pipeline stages as a model of its own: vLLM splits
+    the layers evenly (the first stages take one more where they do not divide), the last stage
+    holding the LM head, so the heaviest stage is taken as ceil(L / S) layers with the head and the
+    embedding counted (a little more than any stage holds). Its MoE layers: those of the last
+    ceil(L / S) layers (a model's dense layers lead). The model itself for S = 1."""
+    if pipeline_parallel_size == 1:
+        return model
+    layers = -(-model.num_layers // pipeline_parallel_size)
+    moe = model.moe
+    if moe is not None:
+        moe = replace(moe, dense_layers=max(0, moe.dense_layers - (model.num_layers - layers)))
+    return replace(model, num_layers=layers, moe=moe)
+
+
 # quant_method -> bytes per routed-expert weight, for methods that quantise only the experts
 # (vLLM's Mxfp4Config quantises FusedMoE layers alone): MXFP4 = 4-bit E2M1 values + one E8M0
 # scale byte per 32 values

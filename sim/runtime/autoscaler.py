@@ -186,12 +186,12 @@ class Autoscaler:
             if state != IDLE:
                 self.fleet.release(i, end_s)
 
-    def summary(self, end_s: float, tensor_parallel_size: int, usd_per_gpu_hour: float) -> dict:
+    def summary(self, end_s: float, gpus_per_replica: int, usd_per_gpu_hour: float) -> dict:
         """GPU-hours held and their cost, against a static fleet of max_replicas over the same
         time; the replicas held over time (mean, peak); the log of changes."""
         held_s = sum((s.end_s if s.end_s is not None else end_s) - s.start_s for s in self.fleet.spans)
-        gpu_hours = held_s * tensor_parallel_size / 3600
-        static = self.config.max_replicas * end_s * tensor_parallel_size / 3600
+        gpu_hours = held_s * gpus_per_replica / 3600
+        static = self.config.max_replicas * end_s * gpus_per_replica / 3600
         return {"gpu_hours": gpu_hours, "usd": gpu_hours * usd_per_gpu_hour, "usd_per_gpu_hour": usd_per_gpu_hour,
                 "mean_replicas": held_s / end_s if end_s > 0 else float(self.config.min_replicas),
                 "peak_replicas": _peak(self.fleet.spans, end_s),

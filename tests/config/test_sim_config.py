@@ -94,7 +94,8 @@ def test_every_key_given(tmp_path):
     assert {k: v for k, v in {**dataclasses.asdict(sc.engine), "speculative": engine["speculative"],
                               "routing": engine["routing"]}.items()
             if k not in ("disaggregation", "autoscaling", "admission",  # (their own tests; offloading
-                         "kv_offloading_size", "kv_offloading_backend")} == engine  # needs prefix caching)
+                         "kv_offloading_size", "kv_offloading_backend",  # needs prefix caching, pipeline
+                         "pipeline_parallel_size")} == engine  # parallelism no speculative decoding)
     assert sc.slo == SLOConfig(ttft_ms=300.0, tpot_ms=40.0, percentile=90.0)
 
 

@@ -264,7 +264,26 @@ def test_config_search_compares_cpu_kv_tiers(tmp_path):
     assert words[words.index("--kv-offloading-size") + 1] == "16"
 
 
+def test_config_search_compares_pipeline_stages_per_gpu():
+    """--pp 1,2 on one H100 type: a PP2 replica is two TP1 groups, so its load counts per 2 GPUs
+    (coarse per GPU = sustained / 2) and a chosen PP2 cluster would hold 2 GPUs a replica; the
+    headline says why the winner wins."""
+    from sim.planning.search_report import search_headline
+    r = search_configs(QUICKSTART, SLO, gpus=("h100-sxm",), tps=(1,), pps=(1, 2), target=30.0, options=OWN)
+    row = r["candidates"][0]
+    loads = {x["pipeline_parallel_size"]: x["sustained"] for x in row["settings"]}
+    assert set(loads) == {1, 2} and all(v is not None for v in loads.values())
+    c = r["chosen"]
+    pp = c["pipeline_parallel_size"]
+    assert row["replicas_per_unit"] == pp and c["gpus"] == c["replicas"] * pp
+    assert ("--pipeline-parallel-size" in c["vllm_serve"]) == (pp > 1)
+    why = dict(search_headline(r))["why it wins"]
+    best = max(loads, key=lambda p: loads[p] / p)
+    assert why.startswith(f"{loads[best] / best:.2f} req/s per GPU with PP{best}")
+
+
 @pytest.mark.parametrize("args, says", [
+    (["--pp", "1,0"], "--pp: '0' is not an integer >= 1"),
     (["--kv-offloading-size", "0,lots"], "--kv-offloading-size: 'lots' is not a size in GiB >= 0"),
     (["--gpus", "h100-sxm,tpu-v5"], "unknown GPU 'tpu-v5'"),
     (["--schedulers", "chunked,fifo"], "unknown scheduler 'fifo'"),
