@@ -70,7 +70,7 @@ def _why(r: dict, c: dict) -> str | None:
     parts = [f"{_per_gpu(mine, tp):.2f} req/s per GPU with {_knobs(mine)} (coarse)"]
     others = [s for s in row["settings"] if s is not mine and _per_gpu(s, tp) is not None]
     if others:
-        best = max(others, key=lambda s: _per_gpu(s, tp))
+        best = max(others, key=lambda s: _per_gpu(s, tp) or 0.0)
         parts.append(f"the best other setting on {_name(row)}, {_knobs(best)}: {_per_gpu(best, tp):.2f}")
     rivals = [x for x in r["candidates"] if x is not row and x.get("status") and "usd_per_hour" in x]
     if rivals and "usd_per_hour" in row:
