@@ -713,6 +713,10 @@ def plan(
     pp: Annotated[str | None, typer.Option(
         help="Configuration search: pipeline_parallel_size values to compare (stages per replica, each on "
              "its own --tp GPUs), e.g. 1,2.", metavar="N,...", show_default=False)] = None,
+    dp: Annotated[str | None, typer.Option(
+        help="Configuration search: data_parallel_size values to compare for a MoE model (DP attention, "
+             "experts over every rank's GPUs: enable_expert_parallel), e.g. 1,8.", metavar="N,...",
+        show_default=False)] = None,
     kv_offloading_size: Annotated[str | None, typer.Option(
         help="Configuration search: CPU KV tier sizes to compare, GiB per replica (vLLM's --kv-offloading-size; "
              "0: none), e.g. 0,16,64.", metavar="GIB,...", show_default=False)] = None,
@@ -751,7 +755,7 @@ def plan(
         price=price, out=out, emit=emit,
         overrides=tuple(set_ or ()), seeds=seeds, resolution=resolution, horizon_s=horizon_s, confidence=confidence,
         headroom=headroom, band=band, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-        gpus=gpus, tp=tp, pp=pp, schedulers=schedulers, speculative=speculative, disaggregation=disaggregation,
+        gpus=gpus, tp=tp, pp=pp, dp=dp, schedulers=schedulers, speculative=speculative, disaggregation=disaggregation,
         prefix_caching=prefix_caching, kv_offloading_size=kv_offloading_size, max_gpus=max_gpus,
         budget_usd_per_hour=budget_usd_per_hour,
         min_requests=min_requests, workers=workers, cluster=cluster, window_s=window_s)
@@ -810,6 +814,15 @@ def capacity(
     max_num_batched_tokens: Annotated[int | None, typer.Option(
         help="Token budget per iteration (sets the activation reserve). \\[default: 8192]", metavar="N",
         show_default=False)] = None,
+    pp: Annotated[int | None, typer.Option(
+        "--pp", help="Pipeline stages (the busiest stage's GPU is shown). \\[default: 1]", metavar="N",
+        show_default=False)] = None,
+    dp: Annotated[int | None, typer.Option(
+        "--dp", help="Data-parallel ranks of a MoE model sharing one expert-parallel group (with --ep). "
+                     "\\[default: 1]", metavar="N", show_default=False)] = None,
+    ep: Annotated[bool | None, typer.Option(
+        "--ep/--no-ep", help="Expert parallelism: each routed expert whole on one GPU of the group. "
+                             "\\[default: off]", show_default=False)] = None,
     scenario: Annotated[Path | None, typer.Option(
         help="Take the model, GPU and engine settings from this scenario (options above override them).",
         metavar="FILE", show_default=False)] = None,
@@ -824,7 +837,7 @@ def capacity(
 
     try:
         title, rows = capacity_table(model, gpu, tp, seq_len, gpu_memory_utilization, block_size,
-                                     max_num_batched_tokens, scenario)
+                                     max_num_batched_tokens, scenario, pp=pp, dp=dp, ep=ep)
     except ScenarioError as e:
         raise _fail(str(e)) from None
     if json_:

@@ -23,6 +23,7 @@ import numpy as np
 from sim.config.errors import ScenarioError
 from sim.config.scenario import EngineConfig, Scenario
 from sim.cost import registry as cost
+from sim.cost.expert_parallel import ExpertParallelCost
 from sim.cost.pipeline import PipelineCost, hop_link
 from sim.cost.registry import check_kv_cache_dtype, parse_cost_model
 from sim.cost.speculative import SpeculativeCost
@@ -52,7 +53,10 @@ def cost_model(scenario: Scenario):
     parallelism, its busiest stage's through the pipeline (sim/cost/pipeline.py)."""
     e = scenario.engine
     tp = e.tensor_parallel_size
-    target = scenario.cost_model.build(scenario.stage_model, scenario.hardware, tp, e.kv_cache_dtype)
+    target = scenario.cost_model.build(scenario.stage_model, scenario.hardware, tp, e.kv_cache_dtype,
+                                       e.data_parallel_size)
+    if e.data_parallel_size > 1:  # DP attention in front of one expert-parallel group: its all-to-all
+        return ExpertParallelCost(target, scenario.model, scenario.hardware, tp, e.data_parallel_size)
     if e.pipeline_parallel_size > 1:
         bandwidth, latency = hop_link(scenario.hardware, e.gpus_per_replica)
         m = scenario.model
@@ -294,15 +298,17 @@ def build_replicas(env, scenario: Scenario, req: RequestTable, workload: Workloa
         return Replicas(schedulers, transfers, None)
     blocks, layout = scenario.budget.num_gpu_blocks, scenario.budget.layout
     a = e.autoscaling
-    # an autoscaled fleet: every replica it may hold is built (idle until started)
-    built = e.replicas if a is None else a.max_replicas
+    # an autoscaled fleet: every replica it may hold is built (idle until started); data-parallel
+    # ranks are engines of their own, each behind the router like a replica (vLLM's DP front end
+    # balances requests over them)
+    built = (e.replicas if a is None else a.max_replicas) * e.data_parallel_size
     offload = offload_spec(scenario)
     schedulers = [build_scheduler(e, req, blocks, workload, rng, layout, offload=offload) for _ in range(built)]
     fleet = None
     router: Router
     routing = e.routing
     if a is None:
-        router = make_router(e.router, e.replicas, routing)
+        router = make_router(e.router, built, routing)
     else:
         from sim.runtime.autoscaler import Fleet, FleetRouter
 

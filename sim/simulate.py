@@ -126,7 +126,8 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
         requests["class"] = np.asarray(offered.class_names, dtype=object)[offered.classes]
     m, hw = scenario.model, scenario.hardware
     itl = inter_token_latencies(steps, recorder, req)  # (takes the recorder's durations)
-    replicas, gpus = e.replicas, e.replicas * e.gpus_per_replica
+    # engines (data-parallel ranks are engines of their own) and the GPUs they hold
+    replicas, gpus = e.replicas * e.data_parallel_size, e.replicas * e.gpus_per_replica
     fleet = None
     if scaler is not None:  # replicas held over the run, on average: what utilisation is measured against
         fleet = scaler.summary(end_s, e.gpus_per_replica, scenario.hardware.usd_per_hour)

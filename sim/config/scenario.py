@@ -75,6 +75,10 @@ class EngineConfig:
     # vLLM's --pipeline-parallel-size: the layers split into this many stages, each on its own
     # tensor_parallel_size GPUs (sim/cost/pipeline.py prices the pipeline)
     pipeline_parallel_size: int = 1
+    # vLLM's --data-parallel-size for a MoE model with enable_expert_parallel: each replica is this
+    # many engines (DP ranks, each its own attention, KV cache and scheduler on tensor_parallel_size
+    # GPUs) sharing one expert-parallel group of all their GPUs (sim/cost/expert_parallel.py)
+    data_parallel_size: int = 1
     replicas: int = 1
     router: str = "round_robin"            # a key of sim.runtime.routers.ROUTERS
     policy: str = "fcfs"                   # a key of sim.schedulers.queues.POLICIES
@@ -106,8 +110,8 @@ class EngineConfig:
 
     @property
     def gpus_per_replica(self) -> int:
-        """GPUs one replica holds: tensor_parallel_size x pipeline_parallel_size."""
-        return self.tensor_parallel_size * self.pipeline_parallel_size
+        """GPUs one replica holds: tensor_parallel_size x pipeline_parallel_size x data_parallel_size."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size * self.data_parallel_size
 
 
 # vLLM's --kv-offloading-backend values; only native is modelled (the other is refused by name)
@@ -194,7 +198,8 @@ class Scenario:
                                 num_gpu_blocks=e.num_gpu_blocks,
                                 where=f"{self.source}: engine" if self.source else "engine",
                                 kv_cache_dtype=e.kv_cache_dtype,
-                                enable_expert_parallel=e.enable_expert_parallel)
+                                enable_expert_parallel=e.enable_expert_parallel,
+                                data_parallel_size=e.data_parallel_size)
 
 
 TOP_KEYS = ("name", "seed", "model", "hardware", "cost_model", "engine", "workload", "slo")
@@ -237,6 +242,7 @@ def scenario_from_dict(raw: Mapping[str, Any], source: str | Path | None = None,
     engine = _parse_engine(raw.get("engine"), w)
     engine = _check_window(engine, model, w)
     stage = _check_pipeline(engine, model, w)  # (the model itself without pipeline parallelism)
+    _check_data_parallel(engine, model, w)
     budget = _check_fits(engine, stage, hw, w)
     _check_offloading(engine, stage, hw, w)
     if engine.disaggregation is not None:  # each pool's TP and memory must fit too
@@ -456,6 +462,7 @@ def _parse_engine(v: Any, w: Where) -> EngineConfig:
                                   cap=MAX_COUNT),
         pipeline_parallel_size=_int(get("pipeline_parallel_size"), at("pipeline_parallel_size"), lo=1,
                                     cap=MAX_COUNT),
+        data_parallel_size=_int(get("data_parallel_size"), at("data_parallel_size"), lo=1, cap=MAX_COUNT),
         replicas=_int(get("replicas"), at("replicas"), lo=1, cap=MAX_REPLICAS),
         # router (replicas > 1) and batch_timeout_s (static) are accepted and ignored where they do
         # not apply, so that a sweep over replicas or schedulers can start from any scenario.
@@ -557,6 +564,28 @@ def _check_pipeline(engine: EngineConfig, model: ModelSpec, w: Where) -> ModelSp
     return models.pipeline_stage(model, pp)
 
 
+def _check_data_parallel(engine: EngineConfig, model: ModelSpec, w: Where) -> None:
+    """Data parallelism is modelled where vLLM uses it for serving: DP attention in front of one
+    expert-parallel group of a MoE model (sim/cost/expert_parallel.py), on iteration-level engines."""
+    d = engine.data_parallel_size
+    if d == 1:
+        return
+    at = w("engine.data_parallel_size")
+    if model.moe is None:
+        raise ScenarioError(f"{at}: {model.name} is not a mixture of experts; data-parallel ranks of a dense "
+                            f"model are replicas that share nothing: use engine.replicas: {d}")
+    if not engine.enable_expert_parallel:
+        raise ScenarioError(f"{at}: data parallelism is modelled with expert parallelism (set "
+                            "engine.enable_expert_parallel: true), as vLLM serves wide MoE models")
+    if not SCHEDULERS[engine.scheduler].iteration_level:
+        raise ScenarioError(f"{at}: data parallelism with the {engine.scheduler} scheduler is not modelled")
+    for key in ("speculative", "disaggregation", "autoscaling"):
+        if getattr(engine, key) is not None:
+            raise ScenarioError(f"{at}: data parallelism with engine.{key} is not modelled")
+    if engine.pipeline_parallel_size > 1:
+        raise ScenarioError(f"{at}: data parallelism with engine.pipeline_parallel_size > 1 is not modelled")
+
+
 def _check_offloading(engine: EngineConfig, model: ModelSpec, hw: HardwareSpec, w: Where) -> None:
     """KV offloading (sim/kv/offload.py) is modelled over vLLM V1's prefix cache on one engine that
     does both phases, for the native backend, across a known host link."""
@@ -602,13 +631,25 @@ def _check_fits(engine: EngineConfig, model: ModelSpec, hw: HardwareSpec, w: Whe
                      block_size=engine.block_size, max_num_batched_tokens=engine.max_num_batched_tokens,
                      num_gpu_blocks=engine.num_gpu_blocks, where=where,
                             kv_cache_dtype=engine.kv_cache_dtype,
-                            enable_expert_parallel=engine.enable_expert_parallel)
+                            enable_expert_parallel=engine.enable_expert_parallel,
+                            data_parallel_size=engine.data_parallel_size)
 
 
 def _parse_cost_model(v: Any, w: Where, base_dir: Path, model: ModelSpec, hw: HardwareSpec,
                       engine: EngineConfig) -> CostModelSpec:
     """sim/cost/registry.py validates the spec; here only the profile path is resolved against base_dir.
     None (not given): measured where a profile is shipped, else roofline, said once."""
+    if engine.data_parallel_size > 1:  # DP attention + expert parallelism: the roofline's estimate
+        name = v if isinstance(v, str) else next(iter(v)) if isinstance(v, dict) and len(v) == 1 else None
+        if v is None:
+            spec = cost.parse_cost_model("roofline", model, hw, engine.tensor_parallel_size, w("cost_model"))
+            return dataclasses.replace(spec, notice=(
+                f"step costs are estimated (roofline), not measured: data_parallel_size {engine.data_parallel_size} "
+                "with expert parallelism has no measured profile (its all-to-all: sim/cost/expert_parallel.py)"))
+        if name not in ("roofline", "unit"):
+            raise ScenarioError(f"{w('cost_model')}: with engine.data_parallel_size > 1 the steps are priced "
+                                "by the roofline with expert parallelism's all-to-all (no measured profile "
+                                "covers DP/EP yet); use roofline or leave cost_model out")
     if v is None:
         return cost.default_cost_model(model, hw, engine.tensor_parallel_size, w("cost_model"),
                                        engine.kv_cache_dtype)

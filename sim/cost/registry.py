@@ -295,10 +295,14 @@ class CostModelSpec:
         return self.options.get("overheads")
 
     def build(self, model: ModelSpec, hardware: HardwareSpec, tensor_parallel_size: int,
-              kv_cache_dtype: str = "auto") -> CostModel:
+              kv_cache_dtype: str = "auto", data_parallel_size: int = 1) -> CostModel:
         """The model for one simulation; `kv_cache_dtype` (the engine's) prices KV reads where the
-        model estimates them (roofline) and picks a measured profile's attention grids."""
+        model estimates them (roofline) and picks a measured profile's attention grids;
+        `data_parallel_size` > 1: one DP rank's steps with the experts spread over every rank's GPUs
+        (the roofline's; the scenario allows no other)."""
         options = self.options if kv_cache_dtype == "auto" else {**self.options, "kv_cache_dtype": kv_cache_dtype}
+        if data_parallel_size > 1 and self.name == "roofline":
+            options = {**options, "data_parallel_size": data_parallel_size}
         built = COST_MODELS[self.name].build(options, model, hardware, tensor_parallel_size)
         if model.sliding_layers:
             built = WindowedCost(built, model.sliding_layers / model.num_layers, model.sliding_window)

@@ -172,7 +172,11 @@ class RooflineCost(StepCost):
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, tensor_parallel_size: int = 1, *,
                  compute_efficiency: float = 0.7, bandwidth_efficiency: float = 0.85,
                  interconnect_efficiency: float = 0.7, allreduce_latency_s: float = 10e-6,
-                 overhead_s: float = 2e-3, overhead_per_seq_s: float = 5e-6, kv_cache_dtype: str = "auto"):
+                 overhead_s: float = 2e-3, overhead_per_seq_s: float = 5e-6, kv_cache_dtype: str = "auto",
+                 data_parallel_size: int = 1):
+        """`data_parallel_size` D > 1: one of D data-parallel ranks whose GPUs share the routed
+        experts (expert parallelism over D x tp GPUs): each GPU reads 1/(D x tp) of them, touched by
+        the tokens of every rank (D x its own, the ranks taken as equally loaded)."""
         tp = tensor_parallel_size
         flop_s = hardware.bf16_flops * compute_efficiency          # FLOP/s achieved
         byte_s = hardware.hbm_bandwidth * bandwidth_efficiency     # B/s achieved
@@ -187,6 +191,7 @@ class RooflineCost(StepCost):
         # Every weight is read once per iteration; the embedding only gathers rows (ignored).
         self._weight_read_s = (layer_params + head_params) / tp * model.dtype_bytes / byte_s
         self._moe = None
+        self._moe_tokens = data_parallel_size  # tokens routed to a GPU's experts per token of its own
         if model.moe is not None or model.linear_weight_bytes is not None:
             # Non-expert weights every iteration; routed experts only those the batch touches:
             # with T tokens each routed to k of E experts, independently and uniformly (the
@@ -195,7 +200,7 @@ class RooflineCost(StepCost):
             fixed = (model.linear_params_total - routed) * wbytes + head_params * model.dtype_bytes
             self._weight_read_s = fixed / tp / byte_s
             if m is not None:
-                self._moe = (routed * model.expert_bytes_per_weight / tp / byte_s,
+                self._moe = (routed * model.expert_bytes_per_weight / tp / data_parallel_size / byte_s,
                              1 - m.experts_per_token / m.num_experts)
         # Attention: QK^T and PV, 2 + 2 FLOPs per (query, key) pair per head per head_dim; MLA
         # (absorbed, as vLLM runs it) over the latent: QK on kv_lora_rank + rope dims, PV on kv_lora_rank.
@@ -251,7 +256,7 @@ class RooflineCost(StepCost):
         read = self._weight_read_s
         if self._moe is not None:
             experts_s, miss = self._moe
-            read += experts_s * (1 - miss ** tokens)
+            read += experts_s * (1 - miss ** (tokens * self._moe_tokens))
         linear = max(self._s_per_token * tokens + self._s_per_seq_logits * seqs, read)
         return (self._overhead_s + self._overhead_per_seq_s * seqs + linear
                 + self._allreduce_fixed_s + self._allreduce_s_per_token * tokens)

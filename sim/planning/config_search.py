@@ -46,7 +46,8 @@ from sim.planning.vllm_command import vllm_serve
 from sim.presets.hardware import HARDWARE_PRESETS
 
 # knobs the search can vary; a disaggregated setting's "replica" is a unit of P + D replicas
-KNOBS = ("pipeline_parallel_size", "disaggregation", "speculative", "scheduler", "enable_prefix_caching",
+KNOBS = ("pipeline_parallel_size", "data_parallel_size", "enable_expert_parallel", "disaggregation", "speculative",
+         "scheduler", "enable_prefix_caching",
          "kv_offloading_size", *SETTING_KEYS)
 SATURATE = 10.0     # the bound's load: this x the scenario's own
 IDLE = 0.01         # the latency floor's load: this x the saturated throughput
@@ -58,7 +59,7 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
                    target: float | None = None, overrides: Iterable[str] = (),
                    seqs: Iterable[int] = (), tokens: Iterable[int] = (), schedulers: Iterable[str] = (),
                    prefix_caching: Iterable[bool] = (), offloading: Iterable[float | None] = (),
-                   pps: Iterable[int] = (),
+                   pps: Iterable[int] = (), dps: Iterable[int] = (),
                    speculative: Iterable[dict | None] = (),
                    disaggregation: Iterable[tuple[int, int] | None] = (),
                    max_gpus: int | None = None, budget_usd_per_hour: float | None = None,
@@ -87,10 +88,15 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
     caching: list[bool | None] = list(prefix_caching) or [e.enable_prefix_caching]
     tiers: list[float | None] = list(offloading) or [e.kv_offloading_size]  # GiB of CPU KV tier (None: none)
     stages: list[int] = list(dict.fromkeys(pps)) or [e.pipeline_parallel_size]  # pipeline stages per replica
+    # data-parallel ranks per replica; DP > 1 with expert parallelism, as vLLM serves a MoE model so
+    ranks: list[tuple[int, bool]] = [(d, True if d > 1 else e.enable_expert_parallel)
+                                     for d in dict.fromkeys(dps)] or [(e.data_parallel_size, e.enable_expert_parallel)]
     settings: list[dict[str, Any]] = [
         {"max_num_seqs": n, "max_num_batched_tokens": t, "scheduler": k, "enable_prefix_caching": c,
-         "kv_offloading_size": o, "speculative": sp, "disaggregation": dg, "pipeline_parallel_size": p}
-                for p in stages for dg in splits for sp in specs for k in dict.fromkeys(schedulers or [e.scheduler])
+         "kv_offloading_size": o, "speculative": sp, "disaggregation": dg, "pipeline_parallel_size": p,
+         "data_parallel_size": dp, "enable_expert_parallel": ep}
+                for dp, ep in ranks for p in stages for dg in splits for sp in specs
+                for k in dict.fromkeys(schedulers or [e.scheduler])
                 for c in dict.fromkeys(caching) for o in dict.fromkeys(tiers)
                 for n in sorted(set(seqs) or {e.max_num_seqs})
                 for t in sorted(set(tokens) or {e.max_num_batched_tokens})]
@@ -127,7 +133,7 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
             row["pruned"] = f"one replica costs {tp * row['usd_per_gpu_hour']:.2f} USD/h > --budget-usd-per-hour"
             continue
         try:
-            ev = Evaluator(path, slo, overrides + extra, options, runner=runner)
+            ev = _evaluator(path, slo, overrides + extra, options, runner, settings)
         except ScenarioError as err:  # does not fit, TP does not divide the heads, no profile...
             row["pruned"] = str(err).split(": ", 1)[-1] if str(err).startswith(str(path)) else str(err)
             continue
@@ -169,10 +175,15 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
                 continue
             found = max_load(ev, grid, extra, start=at, gallop=True, seeds=ev.options.curve_ladder(), **setting)
             entries.append({**setting, "overrides": list(extra), "sustained": found["answer"],
-                            "next": found["next"], "point": found["answer_point"]})
+                            "next": found["next"], "point": found["answer_point"],
+                            "cost_model": ev.load(extra).cost_model.name})
             if found["answer"] is not None:
                 at = grid.index(found["answer"])
         row["settings"] = [{k: v for k, v in s.items() if k != "point"} for s in entries]
+        bases = {s["cost_model"] for s in entries if "cost_model" in s}
+        if len(bases) > 1:  # e.g. DP/EP settings on the roofline beside measured TP ones: said, not hidden
+            row["mixed_cost_models"] = ", ".join(f"{_knobs_text(s)}: {s['cost_model']}" for s in entries
+                                                 if "cost_model" in s)
         best = _best_per_gpu([s for s in entries if "refused" not in s])
         if best is None:
             row["pruned"] = "no setting meets the SLO at any load"
@@ -249,11 +260,37 @@ def _best_per_gpu(entries: list[dict]) -> dict | None:
                                   -p["max_num_batched_tokens"])) if ok else None
 
 
+LAYOUT_KNOBS = ("pipeline_parallel_size", "data_parallel_size", "enable_expert_parallel")
+
+
+def _evaluator(path, slo: SLOConfig, overrides: tuple[str, ...], options: PlanOptions, runner: Any,
+               settings: list[dict]) -> Evaluator:
+    """The candidate's evaluator on the scenario's own layout, else on the first searched layout
+    that loads (a model too big for TP4 alone may fit as TP4 x PP2); the scenario's own error if none."""
+    try:
+        return Evaluator(path, slo, overrides, options, runner=runner)
+    except ScenarioError as err:
+        for setting in settings:
+            layout = tuple(f"engine.{k}={_yaml(v)}" for k, v in setting.items() if k in LAYOUT_KNOBS)
+            if layout:
+                try:
+                    return Evaluator(path, slo, overrides + layout, options, runner=runner)
+                except ScenarioError:
+                    continue
+        raise err
+
+
+def _knobs_text(setting: dict) -> str:
+    from sim.planning.search_report import _knobs  # (the report's wording)
+    return _knobs({k: setting[k] for k in setting if k in KNOBS})
+
+
 def _units(setting: dict) -> int:
     """TP groups of GPUs in one 'replica' of a setting: 1, a disaggregated unit's P + D replicas,
     times its pipeline stages (each stage is a TP group of its own)."""
     d = setting.get("disaggregation")
-    return (1 if d is None else d["prefill_replicas"] + d["decode_replicas"]) * setting.get("pipeline_parallel_size", 1)
+    return (1 if d is None else d["prefill_replicas"] + d["decode_replicas"]) \
+        * setting.get("pipeline_parallel_size", 1) * setting.get("data_parallel_size", 1)
 
 
 def _scale(split: dict | None):

@@ -48,6 +48,7 @@ class PlanRequest:
     gpus: str | None = None                # "h100-sxm,h200": a configuration search
     tp: str | None = None                  # "1,2,4"
     pp: str | None = None                  # "1,2": pipeline stages per replica
+    dp: str | None = None                  # "1,8": data-parallel ranks per replica (MoE, with EP)
     schedulers: str | None = None          # "chunked,continuous"
     speculative: str | None = None         # "off,eagle:3:0.7"
     disaggregation: str | None = None      # "off,1:3"
@@ -63,7 +64,7 @@ class PlanRequest:
     @property
     def searches(self) -> bool:
         """A configuration search (any of the search options given), else a plan."""
-        return any(v is not None for v in (self.gpus, self.tp, self.pp, self.schedulers, self.prefix_caching,
+        return any(v is not None for v in (self.gpus, self.tp, self.pp, self.dp, self.schedulers, self.prefix_caching,
                                            self.speculative, self.disaggregation, self.kv_offloading_size))
 
 
@@ -131,7 +132,7 @@ class PlanJob:
                 schedulers=parse_schedulers(r.schedulers or e.scheduler),
                 prefix_caching=parse_on_off("--prefix-caching", r.prefix_caching),
                 offloading=parse_offload_list(r.kv_offloading_size),
-                pps=parse_int_list("--pp", r.pp) or (),
+                pps=parse_int_list("--pp", r.pp) or (), dps=parse_int_list("--dp", r.dp) or (),
                 speculative=parse_spec_list(r.speculative), disaggregation=parse_split_list(r.disaggregation),
                 max_gpus=r.max_gpus, budget_usd_per_hour=r.budget_usd_per_hour, headroom=r.headroom,
                 options=self.options, progress=progress, runner=runner)
@@ -251,6 +252,7 @@ def prepare(r: PlanRequest, note: Callable[[str], None] | None = None) -> PlanJo
     if r.searches:
         parse_int_list("--tp", r.tp)
         parse_int_list("--pp", r.pp)
+        parse_int_list("--dp", r.dp)
         parse_schedulers(r.schedulers or sc.engine.scheduler)
         parse_on_off("--prefix-caching", r.prefix_caching)
         parse_offload_list(r.kv_offloading_size)
@@ -273,7 +275,7 @@ def _check_fleet(r: PlanRequest, sc: Scenario) -> None:
         return
     given = [flag for flag, v in (
         ("--target-rate", r.target_rate), ("--target-users", r.target_users), ("--gpus", r.gpus), ("--tp", r.tp),
-        ("--pp", r.pp),
+        ("--pp", r.pp), ("--dp", r.dp),
         ("--schedulers", r.schedulers), ("--speculative", r.speculative), ("--disaggregation", r.disaggregation),
         ("--prefix-caching", r.prefix_caching), ("--kv-offloading-size", r.kv_offloading_size),
         ("--max-num-seqs", r.max_num_seqs),

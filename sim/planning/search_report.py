@@ -23,6 +23,10 @@ def _knobs(setting: dict) -> str:
     parts = []
     if "pipeline_parallel_size" in setting:
         parts.append(f"PP{setting['pipeline_parallel_size']}")
+    if "data_parallel_size" in setting:
+        parts.append(f"DP{setting['data_parallel_size']}")
+    if "enable_expert_parallel" in setting:
+        parts.append("EP" if setting["enable_expert_parallel"] else "no EP")
     if "disaggregation" in setting:
         d = setting["disaggregation"]
         parts.append("aggregated" if d is None else f"{d['prefill_replicas']}P:{d['decode_replicas']}D")
@@ -51,7 +55,7 @@ def _per_gpu(setting: dict, tp: int) -> float | None:
         return None
     d = setting.get("disaggregation")
     groups = (1 if d is None else d["prefill_replicas"] + d["decode_replicas"]) \
-        * setting.get("pipeline_parallel_size", 1)
+        * setting.get("pipeline_parallel_size", 1) * setting.get("data_parallel_size", 1)
     return setting["sustained"] / (tp * groups)
 
 
@@ -67,16 +71,20 @@ def _why(r: dict, c: dict) -> str | None:
     mine = next((s for s in row["settings"] if all(s.get(k) == c.get(k) for k in keys)), None)
     if mine is None or _per_gpu(mine, tp) is None:
         return None
-    parts = [f"{_per_gpu(mine, tp):.2f} req/s per GPU with {_knobs(mine)} (coarse)"]
+    if row.get("sustained_per_gpu") is not None:
+        parts = [f"{row['sustained_per_gpu']:.2f} req/s per GPU ({row.get('status', 'coarse')}) with {_knobs(mine)}"]
+    else:
+        parts = [f"{_per_gpu(mine, tp):.2f} req/s per GPU (coarse) with {_knobs(mine)}"]
     others = [s for s in row["settings"] if s is not mine and _per_gpu(s, tp) is not None]
     if others:
         best = max(others, key=lambda s: _per_gpu(s, tp) or 0.0)
-        parts.append(f"the best other setting on {_name(row)}, {_knobs(best)}: {_per_gpu(best, tp):.2f}")
+        parts.append(f"on {_name(row)} it had the most coarse load per GPU, {_per_gpu(mine, tp):.2f} against "
+                     f"{_per_gpu(best, tp):.2f} for {_knobs(best)}")
     rivals = [x for x in r["candidates"] if x is not row and x.get("status") and "usd_per_hour" in x]
     if rivals and "usd_per_hour" in row:
         nxt = min(rivals, key=lambda x: x["usd_per_hour"])
         tie = " (the same cost: the smaller TP wins the tie)" \
-            if nxt["usd_per_hour"] == row["usd_per_hour"] else ""
+            if nxt["usd_per_hour"] == c.get("usd_per_hour", row["usd_per_hour"]) else ""
         parts.append(f"the next candidate, {_name(nxt)} ({_knobs(nxt)}): {nxt['sustained_per_gpu']:.2f} per GPU, "
                      f"{nxt['gpus']} GPUs, ${nxt['usd_per_hour']:.2f}/hour ({nxt['status']}){tie}")
     return "; ".join(parts)
@@ -171,6 +179,11 @@ def markdown(r: dict, plot: Path | None) -> str:
             if "settings" in row:
                 lines.append(f"| {row['gpu']} | {row['tensor_parallel_size']} | " + " | ".join(
                     _f(s.get("sustained")) if "refused" not in s else "refused" for s in row["settings"]) + " |")
+        mixed = [row for row in r["candidates"] if row.get("mixed_cost_models")]
+        if mixed:
+            lines += [""] + [f"**Different cost models** on {_name(row)} ({row['mixed_cost_models']}): an estimate "
+                             "(roofline) beside a measured profile; compare them on one basis with "
+                             "`--set cost_model=roofline`." for row in mixed]
     c = r["chosen"]
     if c is not None:
         lines += ["", "## Chosen", "", "```", c["vllm_serve"] or "(static scheduler: no vllm serve)", "```"]

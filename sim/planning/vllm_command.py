@@ -63,7 +63,7 @@ def vllm_serve(scenario, setting: dict | None = None) -> str | None:
             lines.append(f"# {n} x {name}: {one} --kv-transfer-config {shlex.quote(json.dumps(KV_TRANSFER))}")
         return "\n".join(lines)
     knobs = {k: getattr(e, k) for k in ("scheduler", "max_num_seqs", "max_num_batched_tokens",
-                                         "tensor_parallel_size", "pipeline_parallel_size",
+                                         "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
                                          "gpu_memory_utilization", "block_size",
                                          "kv_cache_dtype", "enable_expert_parallel", "num_gpu_blocks",
                                          "enable_prefix_caching", "kv_offloading_size")}
@@ -75,6 +75,7 @@ def vllm_serve(scenario, setting: dict | None = None) -> str | None:
             "--tensor-parallel-size", str(knobs["tensor_parallel_size"]),
             *(["--pipeline-parallel-size", str(knobs["pipeline_parallel_size"])]
               if knobs["pipeline_parallel_size"] > 1 else []),
+            *(["--data-parallel-size", str(knobs["data_parallel_size"])] if knobs["data_parallel_size"] > 1 else []),
             "--max-num-seqs", str(knobs["max_num_seqs"]),
             "--max-num-batched-tokens", str(knobs["max_num_batched_tokens"]),
             "--gpu-memory-utilization", f"{knobs['gpu_memory_utilization']:g}",

@@ -85,16 +85,19 @@ def kv_bytes_per_token_per_rank(model: ModelSpec, tensor_parallel_size: int,
     return 2 * model.num_layers * heads * model.head_dim * elem
 
 
-def weights_per_gpu(model: ModelSpec, tp: int, expert_parallel: bool = False) -> float:
+def weights_per_gpu(model: ModelSpec, tp: int, expert_parallel: bool = False, data_parallel: int = 1) -> float:
     """Weight bytes on one GPU. Tensor parallelism splits every matrix evenly: total / tp. With
-    expert parallelism (vLLM's --enable-expert-parallel) each routed expert sits whole on one GPU,
-    so the busiest GPU holds ceil(experts / tp) of them; everything else is still split by tp."""
+    expert parallelism (vLLM's --enable-expert-parallel) each routed expert sits whole on one GPU
+    of the expert-parallel group, tp x `data_parallel` GPUs (vLLM's --data-parallel-size: each DP
+    rank keeps its own copy of everything else), so the busiest GPU holds ceil(experts / group) of
+    them; everything else is still split by tp."""
     m = model.moe
     if not expert_parallel or m is None:
         return model.weight_bytes / tp
     wbytes, routed = model.expert_bytes_per_weight, model.routed_expert_params
     per_expert = routed * wbytes / m.num_experts
-    return (model.weight_bytes - routed * wbytes) / tp + -(-m.num_experts // tp) * per_expert
+    group = tp * data_parallel
+    return (model.weight_bytes - routed * wbytes) / tp + -(-m.num_experts // group) * per_expert
 
 
 def activation_reserve_bytes(model: ModelSpec, tensor_parallel_size: int,
@@ -122,7 +125,8 @@ def _check_args(model, tp, util, block_size, max_tokens, override, where) -> Non
 def kv_budget(model: ModelSpec, hardware: HardwareSpec, *, tensor_parallel_size: int,
               gpu_memory_utilization: float, block_size: int, max_num_batched_tokens: int = 8192,
               num_gpu_blocks: int | None = None, where: str = "",
-              kv_cache_dtype: str = "auto", enable_expert_parallel: bool = False) -> MemoryBudget:
+              kv_cache_dtype: str = "auto", enable_expert_parallel: bool = False,
+              data_parallel_size: int = 1) -> MemoryBudget:
     """KV blocks per GPU. Raises ScenarioError when the weights (or weights + reserve) leave no
     room; a `num_gpu_blocks` override is trusted as given (like vLLM's
     num_gpu_blocks_override) but the weights must still fit."""
@@ -130,13 +134,14 @@ def kv_budget(model: ModelSpec, hardware: HardwareSpec, *, tensor_parallel_size:
     _check_args(model, tp, gpu_memory_utilization, block_size, max_num_batched_tokens,
                 num_gpu_blocks, where)
     usable = gpu_memory_utilization * hardware.memory_bytes
-    weights = weights_per_gpu(model, tp, enable_expert_parallel)
+    weights = weights_per_gpu(model, tp, enable_expert_parallel, data_parallel_size)
     if weights >= usable:
         raise _fail(where, f"{model.name} needs {weights / 1e9:.1f} GB of weights per GPU at "
                            f"tensor_parallel_size={tp} but {hardware.name} has "
                            f"{usable / 1e9:.1f} GB usable (gpu_memory_utilization "
-                           f"{gpu_memory_utilization}); raise tensor_parallel_size or use a "
-                           f"bigger GPU")
+                           f"{gpu_memory_utilization}); raise tensor_parallel_size"
+                           + (" or data_parallel_size" if enable_expert_parallel and model.moe else "")
+                           + " or use a bigger GPU")
     reserve = activation_reserve_bytes(model, tp, max_num_batched_tokens)
     per_token = kv_bytes_per_token_per_rank(model, tp, kv_cache_dtype)
     layout = model.kv_layout if model.sliding_layers else None

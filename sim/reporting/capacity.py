@@ -15,15 +15,17 @@ from sim.config.errors import ScenarioError
 from sim.config.scenario import MAX_BLOCK_SIZE, load_scenario
 from sim.presets.hardware import HARDWARE_PRESETS
 from sim.presets.memory import KV_CACHE_DTYPES, kv_budget
-from sim.presets.models import MODEL_PRESETS, model_from_hf_config
+from sim.presets.models import MODEL_PRESETS, model_from_hf_config, pipeline_stage
 
 
 def capacity_table(model: str | None = None, gpu: str | None = None, tp: int | None = None, seq_len: int = 4096,
                    gpu_memory_utilization: float | None = None, block_size: int | None = None,
                    max_num_batched_tokens: int | None = None,
-                   scenario: Path | None = None) -> tuple[str, list[tuple[str, str, Any, str]]]:
+                   scenario: Path | None = None, pp: int | None = None, dp: int | None = None,
+                   ep: bool | None = None) -> tuple[str, list[tuple[str, str, Any, str]]]:
     """(title, rows) of the budget: the options given over the scenario's settings (if any) over
-    vLLM's defaults."""
+    vLLM's defaults. `pp`: pipeline stages (the busiest stage's GPU); `dp` with `ep`: data-parallel
+    ranks sharing one expert-parallel group (sim/presets/memory.weights_per_gpu)."""
     m: Any = None
     hw: Any = None
     if scenario is not None:
@@ -31,9 +33,11 @@ def capacity_table(model: str | None = None, gpu: str | None = None, tp: int | N
         m, hw, e = sc.model, sc.hardware, sc.engine
         defaults: dict[str, Any] = {"tp": e.tensor_parallel_size, "util": e.gpu_memory_utilization,
                                     "block": e.block_size, "tokens": e.max_num_batched_tokens,
-                                    "kv_dtype": e.kv_cache_dtype}
+                                    "kv_dtype": e.kv_cache_dtype, "pp": e.pipeline_parallel_size,
+                                    "dp": e.data_parallel_size, "ep": e.enable_expert_parallel}
     else:
-        defaults = {"tp": 1, "util": 0.9, "block": 16, "tokens": 8192, "kv_dtype": "auto"}
+        defaults = {"tp": 1, "util": 0.9, "block": 16, "tokens": 8192, "kv_dtype": "auto", "pp": 1, "dp": 1,
+                    "ep": False}
     if model is not None:
         m = _capacity_model(model)
     if gpu is not None:
@@ -46,13 +50,32 @@ def capacity_table(model: str | None = None, gpu: str | None = None, tp: int | N
         raise ScenarioError(f"{flag}: missing (or give --scenario FILE); presets: " + ", ".join(sorted(names)))
     _int(seq_len, "--seq-len", lo=1, cap=MAX_TOKENS)
     _check_capacity_options(m, tp, gpu_memory_utilization, block_size, max_num_batched_tokens)
-    b = kv_budget(m, hw, tensor_parallel_size=_or_default(tp, defaults["tp"]),
+    pp, dp, ep = _or_default(pp, defaults["pp"]), _or_default(dp, defaults["dp"]), _or_default(ep, defaults["ep"])
+    _check_layout(m, pp, dp, ep)
+    stage = pipeline_stage(m, pp)
+    b = kv_budget(stage, hw, tensor_parallel_size=_or_default(tp, defaults["tp"]),
                   gpu_memory_utilization=_or_default(gpu_memory_utilization, defaults["util"]),
                   block_size=_or_default(block_size, defaults["block"]),
                   max_num_batched_tokens=_or_default(max_num_batched_tokens, defaults["tokens"]),
-                  where="capacity", kv_cache_dtype=defaults["kv_dtype"])
-    rows = capacity_rows(m.name, hw.name, b, seq_len, spec=m, kv_cache_dtype=defaults["kv_dtype"])
-    return f"servesim capacity: {m.name} on {hw.name}, tensor_parallel_size {b.tensor_parallel_size}", rows
+                  where="capacity", kv_cache_dtype=defaults["kv_dtype"], enable_expert_parallel=ep,
+                  data_parallel_size=dp)
+    rows = capacity_rows(m.name, hw.name, b, seq_len, spec=stage, kv_cache_dtype=defaults["kv_dtype"],
+                         pp=pp, dp=dp, ep=ep)
+    layout = "".join(f", {k} {v}" for k, v in (("pipeline_parallel_size", pp), ("data_parallel_size", dp)) if v > 1)
+    return (f"servesim capacity: {m.name} on {hw.name}, tensor_parallel_size {b.tensor_parallel_size}{layout}"
+            + (", expert parallel" if ep and m.moe is not None else ""), rows)
+
+
+def _check_layout(m: Any, pp: int, dp: int, ep: bool) -> None:
+    """--pp, --dp and --ep by the scenario rules, in errors that name the option."""
+    if pp < 1 or pp > m.num_layers:
+        raise ScenarioError(f"--pp: {pp} is not a number of pipeline stages in [1, {m.num_layers}] "
+                            f"({m.name} has {m.num_layers} layers)")
+    if dp < 1:
+        raise ScenarioError(f"--dp: {dp} is not an integer >= 1")
+    if dp > 1 and (m.moe is None or not ep):
+        raise ScenarioError("--dp: data-parallel ranks are modelled for a mixture-of-experts model with "
+                            "--ep (expert parallelism); for a dense model each rank is a replica")
 
 
 def _check_capacity_options(m: Any, tp: int | None, util: float | None, block: int | None,
@@ -86,11 +109,20 @@ def _capacity_model(name: str) -> Any:
 
 
 def capacity_rows(model: str, gpu: str, b: Any, seq_len: int, spec: Any = None,
-                  kv_cache_dtype: str = "auto") -> list[tuple[str, str, Any, str]]:
-    """(json key, label, value, shown) for `servesim capacity`; bytes are per GPU (per TP rank)."""
+                  kv_cache_dtype: str = "auto", pp: int = 1, dp: int = 1,
+                  ep: bool = False) -> list[tuple[str, str, Any, str]]:
+    """(json key, label, value, shown) for `servesim capacity`; bytes are per GPU (per TP rank; with
+    pipeline stages, of the busiest stage: `spec` is that stage)."""
     gb = lambda x: f"{x / 1e9:,.2f} GB"  # noqa: E731
     per_seq = b.blocks_per_seq(seq_len)
-    extra = [] if spec is None else _architecture_rows(spec, b.tensor_parallel_size, kv_cache_dtype, gb)
+    group = b.tensor_parallel_size * dp if ep else b.tensor_parallel_size
+    extra = [] if spec is None else _architecture_rows(spec, b.tensor_parallel_size, kv_cache_dtype, gb, group, ep)
+    if pp > 1:
+        extra.insert(0, ("pipeline_parallel_size", "pipeline_parallel_size (stages; the busiest one's GPU below)",
+                         pp, f"{pp} ({spec.num_layers} layers a stage at most)" if spec is not None else str(pp)))
+    if dp > 1:
+        extra.insert(0, ("data_parallel_size", "data_parallel_size (engines, each its own KV cache)", dp,
+                         f"{dp} (experts over {group} GPUs)"))
     rows = [
         ("model", "model", model, model), ("gpu", "GPU", gpu, gpu),
         ("tensor_parallel_size", "tensor_parallel_size", b.tensor_parallel_size, str(b.tensor_parallel_size)),
@@ -115,7 +147,8 @@ def capacity_rows(model: str, gpu: str, b: Any, seq_len: int, spec: Any = None,
 
 
 
-def _architecture_rows(m: Any, tp: int, kv_cache_dtype: str, gb) -> list[tuple[str, str, Any, str]]:
+def _architecture_rows(m: Any, tp: int, kv_cache_dtype: str, gb, group: int | None = None,
+                       ep: bool = False) -> list[tuple[str, str, Any, str]]:
     """What the weights and the KV bytes per token are made of (MoE experts, MLA latent, fp8)."""
     rows = [("num_params", "parameters (all)", m.num_params, f"{m.num_params / 1e9:,.2f} B"),
             ("active_params", "parameters one token multiplies", m.matmul_params,
@@ -123,9 +156,11 @@ def _architecture_rows(m: Any, tp: int, kv_cache_dtype: str, gb) -> list[tuple[s
     wbytes, routed = m.expert_bytes_per_weight, m.routed_expert_params
     if m.moe is not None:
         e = m.moe
+        per_gpu = -(-e.num_experts // (group or tp)) * routed * wbytes / e.num_experts if ep else routed * wbytes / tp
         rows.append(("routed_expert_bytes_per_gpu", f"routed experts per GPU ({e.num_experts} x "
-                     f"{m.num_layers - e.dense_layers} layers, {e.experts_per_token} per token)",
-                     routed * wbytes / tp, gb(routed * wbytes / tp)))
+                     f"{m.num_layers - e.dense_layers} layers, {e.experts_per_token} per token"
+                     + (f"; {-(-e.num_experts // (group or tp))} whole experts a GPU)" if ep else ")"),
+                     per_gpu, gb(per_gpu)))
     if m.linear_weight_bytes is not None:
         rows.append(("linear_weight_bytes", "bytes per linear-layer weight (quantised)",
                      m.linear_weight_bytes, f"{m.linear_weight_bytes:g}"))

@@ -107,3 +107,25 @@ def test_errors_are_one_line(args, says):
 def test_capacity_help():
     result = capacity("--help")
     assert result.exit_code == 0 and "--seq-len" in result.output and "--scenario" in result.output
+
+
+def test_parallel_layouts_per_gpu_by_hand(tmp_path):
+    """DeepSeek-V3 at DP8 with EP on H200s: every GPU keeps the 18,971,998,208 non-expert bytes whole
+    and 32 of the 256 experts (2,554,331,136 bytes each over its 58 MoE layers); Llama-3-8B in two
+    pipeline stages: the busiest holds 16 layers plus embedding, head and final norm. A scenario's
+    layout is the default (tests/cost/test_expert_parallel.py and test_pipeline.py check the same
+    bytes through the scenario)."""
+    ds = capacity_json("--model", "deepseek-v3", "--gpu", "h200", "--dp", "8", "--ep")
+    assert ds["weight_bytes_per_gpu"] == 18_971_998_208 + 32 * 2_554_331_136
+    assert ds["routed_expert_bytes_per_gpu"] == 32 * 2_554_331_136 and ds["data_parallel_size"] == 8
+    pp = capacity_json("--model", "llama-3-8b", "--gpu", "h100-sxm", "--pp", "2")
+    assert pp["weight_bytes_per_gpu"] == 9_080_938_496 and pp["kv_bytes_per_token"] == 65_536
+    (tmp_path / "s.yaml").write_text(
+        "model: llama-3-8b\nhardware: h100-sxm\nengine: {pipeline_parallel_size: 2}\n"
+        "workload: {arrival: {process: burst}, num_requests: 1, prompt_tokens: {dist: fixed, value: 1}, "
+        "output_tokens: {dist: fixed, value: 1}}\n")
+    assert capacity_json("--scenario", tmp_path / "s.yaml")["weight_bytes_per_gpu"] == 9_080_938_496
+    assert_one_line_error(capacity("--model", "llama-3-8b", "--gpu", "h100-sxm", "--dp", "2"),
+                          "--dp: data-parallel ranks are modelled for a mixture-of-experts model with --ep")
+    assert_one_line_error(capacity("--model", "llama-3-8b", "--gpu", "h100-sxm", "--pp", "40"),
+                          "--pp: 40 is not a number of pipeline stages in [1, 32]")

@@ -278,11 +278,33 @@ def test_config_search_compares_pipeline_stages_per_gpu():
     assert row["replicas_per_unit"] == pp and c["gpus"] == c["replicas"] * pp
     assert ("--pipeline-parallel-size" in c["vllm_serve"]) == (pp > 1)
     why = dict(search_headline(r))["why it wins"]
-    best = max(loads, key=lambda p: loads[p] / p)
-    assert why.startswith(f"{loads[best] / best:.2f} req/s per GPU with PP{best}")
+    best, other = sorted(loads, key=lambda p: -loads[p] / p)
+    assert best == pp and why.startswith(f"{row['sustained_per_gpu']:.2f} req/s per GPU (confirmed) with PP{pp}")
+    assert f"the most coarse load per GPU, {loads[best] / best:.2f} against {loads[other] / other:.2f}" in why
+
+
+def test_config_search_compares_dp_ep_with_tensor_parallelism_for_a_large_moe(tmp_path):
+    """DeepSeek-V3 on H200s: TP1 alone does not fit (672 GB of weights), but TP1 x DP8 with expert
+    parallelism does (100.7 GB a GPU): the TP1 candidate is searched on that layout instead of being
+    pruned, its DP1 settings listed as refused; a DP8 replica counts 8 GPUs."""
+    path = tmp_path / "moe.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "moe", "model": "deepseek-v3", "hardware": "h200", "cost_model": "roofline",
+        "engine": {"scheduler": "chunked", "tensor_parallel_size": 8, "router": "least_loaded"},
+        "workload": {"arrival": {"process": "poisson", "rate": 4}, "num_requests": 200,
+                     "prompt_tokens": {"dist": "fixed", "value": 1500}, "output_tokens": {"dist": "fixed", "value": 200}}}))
+    slo = SLOConfig(ttft_ms=2000, tpot_ms=50, percentile=90)
+    r = search_configs(path, slo, gpus=("h200",), tps=(1, 8), dps=(1, 8), options=OWN)
+    rows = {row["tensor_parallel_size"]: row for row in r["candidates"]}
+    assert not rows[1].get("pruned")
+    by_dp = {s["data_parallel_size"]: s for s in rows[1]["settings"]}
+    assert "refused" in by_dp[1] and by_dp[8]["sustained"] is not None and by_dp[8]["enable_expert_parallel"]
+    assert rows[1]["replicas_per_unit"] == 8  # its setting: DP8, 8 GPUs a replica
+    assert {s["data_parallel_size"] for s in rows[8]["settings"] if s.get("sustained")} >= {1}
 
 
 @pytest.mark.parametrize("args, says", [
+    (["--dp", "x"], "--dp: 'x' is not an integer"),
     (["--pp", "1,0"], "--pp: '0' is not an integer >= 1"),
     (["--kv-offloading-size", "0,lots"], "--kv-offloading-size: 'lots' is not a size in GiB >= 0"),
     (["--gpus", "h100-sxm,tpu-v5"], "unknown GPU 'tpu-v5'"),

@@ -1,0 +1,111 @@
+"""Data-parallel attention with expert parallelism (engine.data_parallel_size; sim/cost/expert_parallel.py):
+memory per GPU, the all-to-all's bytes and time by hand, the run's engines, and the refusals."""
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from sim.build import cost_model
+from sim.config.errors import ScenarioError
+from sim.config.scenario import scenario_from_dict
+from sim.cost.batch import BatchStats
+from sim.cost.expert_parallel import all_to_all_bytes_per_token, moe_layers
+from sim.cost.step_cost import RooflineCost
+from sim.planning.vllm_command import vllm_serve
+from sim.presets.hardware import HARDWARE_PRESETS
+from sim.presets.models import MODEL_PRESETS
+from sim.simulate import simulate
+
+DS = MODEL_PRESETS["deepseek-v3"]  # 61 layers (3 dense), 256 routed experts, 8 a token, hidden 7,168
+H200 = HARDWARE_PRESETS["h200"]
+_ONE = {"arrival": {"process": "burst"}, "num_requests": 1, "prompt_tokens": {"dist": "fixed", "value": 1},
+        "output_tokens": {"dist": "fixed", "value": 1}}
+
+
+def _scenario(cost="roofline", workload=_ONE, **engine):
+    return scenario_from_dict({"model": "deepseek-v3", "hardware": "h200", "cost_model": cost,
+                               "engine": {"scheduler": "chunked", **engine}, "workload": workload})
+
+
+def test_deepseek_v3_memory_per_gpu_at_dp8_ep8_by_hand():
+    """DeepSeek-V3 (FP8): 672,880,769,024 weight bytes, 653,908,770,816 of them routed experts
+    (2,554,331,136 per expert index over the 58 MoE layers). DP8 x TP1 with EP: each GPU keeps the
+    18,971,998,208 bytes of everything else whole and 256 / 8 = 32 experts: 100,710,594,560 bytes.
+    TP8 (EP or not): everything split 8 ways: 84,110,096,128."""
+    dp = _scenario(data_parallel_size=8, enable_expert_parallel=True)
+    rest = 672_880_769_024 - 653_908_770_816
+    assert rest == 18_971_998_208 and 653_908_770_816 // 256 == 2_554_331_136
+    assert dp.budget.weight_bytes_per_gpu == rest + 32 * 2_554_331_136 == 100_710_594_560
+    assert dp.engine.gpus_per_replica == 8
+    tp = _scenario(tensor_parallel_size=8, enable_expert_parallel=True)
+    assert tp.budget.weight_bytes_per_gpu == rest / 8 + 32 * 2_554_331_136 == 84_110_096_128
+    # MLA keeps the whole latent on every TP rank: TP8's eight GPUs hold one cache's worth of
+    # tokens; DP8's eight hold eight caches
+    assert dp.budget.kv_bytes_per_token == tp.budget.kv_bytes_per_token
+
+
+def test_the_all_to_all_by_hand():
+    """EP over 8 GPUs: a token's hidden state (7,168 x 2 bytes) goes to its 8 experts, 7/8 of them on
+    other GPUs, and comes back: 2 x 8 x 14,336 x 7 / 8 = 200,704 bytes per MoE layer. Over NVLink
+    (450 GB/s, 2 us a transfer, two a layer) a step of T tokens adds 58 x (4 us + T x 200,704 / 450e9)."""
+    assert all_to_all_bytes_per_token(DS, 8) == 200_704 and moe_layers(DS) == 58
+    sc = _scenario(data_parallel_size=8, enable_expert_parallel=True)
+    cost = cost_model(sc)
+    inner = RooflineCost(DS, H200, 1, data_parallel_size=8)
+    stats = BatchStats(num_decodes=32, decode_context_sum=32 * 2000)
+    assert cost.step_time(stats) == pytest.approx(inner.step_time(stats) + 58 * (4e-6 + 32 * 200_704 / 450e9),
+                                                  rel=1e-12)
+    # 16 GPUs span two nodes: InfiniBand, 50 GB/s and 5 us
+    wide = cost_model(_scenario(data_parallel_size=16, enable_expert_parallel=True))
+    inner16 = RooflineCost(DS, H200, 1, data_parallel_size=16)
+    per_token = 2 * 8 * 7168 * 2 * 15 / 16
+    assert wide.step_time(stats) == pytest.approx(inner16.step_time(stats) + 58 * (10e-6 + 32 * per_token / 50e9),
+                                                  rel=1e-12)
+
+
+def test_a_rank_reads_its_share_of_the_experts_touched_by_every_rank():
+    """A DP8 rank's GPU holds 1/8 of the experts, as a TP8 GPU does; they are touched by the tokens
+    of all 8 ranks: one decode per rank touches what 8 decodes do on one TP8 replica, so the expert
+    reads match while the rest of the step (attention, everything else whole) is the rank's own."""
+    dp, tp = RooflineCost(DS, H200, 1, data_parallel_size=8), RooflineCost(DS, H200, 8)
+    expert_s_dp, miss = dp._moe
+    expert_s_tp, _ = tp._moe
+    assert expert_s_dp == pytest.approx(expert_s_tp, rel=1e-12)
+    one = BatchStats(num_decodes=1, decode_context_sum=100)
+    flat = RooflineCost(DS, H200, 1)  # the same rank without the group: every expert, its own token
+    assert dp.step_time(one) < flat.step_time(one)
+    assert 1 - miss ** 8 == pytest.approx(1 - (1 - 8 / 256) ** 8)
+
+
+def test_data_parallel_ranks_run_as_engines_and_say_so_to_vllm():
+    w = {"arrival": {"process": "poisson", "rate": 4}, "num_requests": 80,
+         "prompt_tokens": {"dist": "fixed", "value": 500}, "output_tokens": {"dist": "fixed", "value": 20}}
+    sc = _scenario(workload=w, data_parallel_size=4, enable_expert_parallel=True, tensor_parallel_size=2,
+                   router="least_loaded")
+    words = shlex.split(vllm_serve(sc))
+    assert words[words.index("--data-parallel-size") + 1] == "4" and "--enable-expert-parallel" in words
+    r = simulate(sc)
+    assert r.summary["completed"] == 80
+    assert sorted(r.steps["replica"].unique()) == [0, 1, 2, 3]  # four engines, one per DP rank
+    assert sc.engine.gpus_per_replica == 8
+    assert "estimated (roofline)" in _scenario(cost=None, data_parallel_size=8,
+                                               enable_expert_parallel=True).cost_model.notice
+    with pytest.raises(ScenarioError, match="raise tensor_parallel_size or data_parallel_size"):
+        _scenario(data_parallel_size=2, enable_expert_parallel=True)  # 345.9 GB a GPU
+
+
+def test_the_knobs_refusals():
+    for engine, message in (
+            ({"data_parallel_size": 2}, "modelled with expert parallelism (set engine.enable_expert_parallel"),
+            ({"data_parallel_size": 2, "enable_expert_parallel": True, "pipeline_parallel_size": 2},
+             "with engine.pipeline_parallel_size > 1 is not modelled"),
+            ({"data_parallel_size": 2, "enable_expert_parallel": True, "scheduler": "static"},
+             "with the static scheduler is not modelled")):
+        with pytest.raises(ScenarioError, match=message.replace("(", r"\(")):
+            _scenario(**engine)
+    with pytest.raises(ScenarioError, match="no measured profile covers DP/EP"):
+        _scenario(cost="measured", data_parallel_size=8, enable_expert_parallel=True)
+    with pytest.raises(ScenarioError, match="llama-3-8b is not a mixture of experts.*engine.replicas: 2"):
+        scenario_from_dict({"model": "llama-3-8b", "hardware": "h100-sxm", "workload": _ONE,
+                            "engine": {"data_parallel_size": 2}})
