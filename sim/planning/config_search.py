@@ -100,7 +100,10 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
                 for c in dict.fromkeys(caching) for o in dict.fromkeys(tiers)
                 for n in sorted(set(seqs) or {e.max_num_seqs})
                 for t in sorted(set(tokens) or {e.max_num_batched_tokens})]
-    keys = [k for k in KNOBS if len({str(x[k]) for x in settings}) > 1 or k in SETTING_KEYS]
+    # the knobs searched (more than one value), the two always shown, and any given one value other
+    # than the scenario's (--dp 8 alone: every setting at DP8)
+    keys = [k for k in KNOBS if len({str(x[k]) for x in settings}) > 1 or k in SETTING_KEYS
+            or any(x[k] != _current(e, k) for x in settings)]
     settings = [{k: x[k] for k in keys} for x in settings]  # only the knobs searched (and the two always shown)
     count = {"done": 0}
     rows: list[dict[str, Any]] = []

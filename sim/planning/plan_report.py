@@ -136,9 +136,9 @@ def headline(r: dict) -> list[tuple[str, str]]:
                      f"{u['share_of_sustained_at_target']:.0%} of its sustained load")
         rows.append(("utilisation", text.lstrip("; ")))
     cost = r["cost"]
-    pp = rec.get("pipeline_parallel_size") or 1
-    rows += [("GPUs", f"{cost['gpus']} (tensor_parallel_size {rec['tensor_parallel_size']}"
-                      + (f" x pipeline_parallel_size {pp})" if pp > 1 else ")")),
+    layout = "".join(f" x {k} {rec.get(k) or 1}" for k in ("pipeline_parallel_size", "data_parallel_size")
+                     if (rec.get(k) or 1) > 1)
+    rows += [("GPUs", f"{cost['gpus']} (tensor_parallel_size {rec['tensor_parallel_size']}{layout})"),
              ("cost", f"${cost['usd_per_hour']:.2f}/hour at ${cost['usd_per_gpu_hour']:.2f}/GPU-hour"
                       + (f" ({cost['price_source']})" if cost.get("price_source") else "")),
              ("cost per million output tokens", f"${_f(cost['usd_per_million_output_tokens'], 3)} "

@@ -171,7 +171,8 @@ class PlanJob:
         answer = result.get("chosen") if self.request.searches else result.get("recommendation")
         if not answer or not answer.get("vllm_serve"):
             return []
-        gpus = int(answer["tensor_parallel_size"]) * int(answer.get("pipeline_parallel_size") or 1)  # per pod
+        gpus = int(answer["tensor_parallel_size"]) * int(answer.get("pipeline_parallel_size") or 1) \
+            * int(answer.get("data_parallel_size") or 1)  # per pod
         files = deploy_files(answer["vllm_serve"], int(answer.get("replicas", 1)), gpus, self.scenario.name)
         self.request.emit.mkdir(parents=True, exist_ok=True)
         return [write_file(self.request.emit / name, text) for name, text in files.items()]

@@ -239,6 +239,7 @@ def plan(path: str | Path, slo: SLOConfig, *, overrides: Iterable[str] = (), tar
             point, replicas = best["answer_point"], 1
         out["recommendation"] = {**chosen, "replicas": replicas, "tensor_parallel_size": tp,
                                  "pipeline_parallel_size": sc.engine.pipeline_parallel_size,
+                                 "data_parallel_size": sc.engine.data_parallel_size,
                                  "per_replica_load": best["answer"], "planned_per_replica_load": planned,
                                  "unit": knob.unit, "vllm_serve": vllm_line(sc, chosen)}
         out["utilisation"] = utilisation(best, headroom, target, replicas, knob)

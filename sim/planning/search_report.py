@@ -101,8 +101,8 @@ def search_headline(r: dict) -> list[tuple[str, str]]:
     else:
         unit = "replicas" if c.get("disaggregation") is None else \
             f"units of {c['disaggregation']['prefill_replicas']}P:{c['disaggregation']['decode_replicas']}D"
-        pp = c.get("pipeline_parallel_size") or 1
-        layout = f"TP{c['tensor_parallel_size']}" + (f" x PP{pp}" if pp > 1 else "")
+        pp, dp = c.get("pipeline_parallel_size") or 1, c.get("data_parallel_size") or 1
+        layout = f"TP{c['tensor_parallel_size']}" + (f" x PP{pp}" if pp > 1 else "") + (f" x DP{dp}" if dp > 1 else "")
         what = (f"{c['gpu']} x {c['gpus']} ({c['replicas']} {unit} of {layout}), "
                 f"${c['usd_per_hour']:.2f}/hour" if "replicas" in c else f"{c['gpu']} {layout}")
         rows += [("cheapest configuration", what)]

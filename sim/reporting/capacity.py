@@ -50,20 +50,23 @@ def capacity_table(model: str | None = None, gpu: str | None = None, tp: int | N
         raise ScenarioError(f"{flag}: missing (or give --scenario FILE); presets: " + ", ".join(sorted(names)))
     _int(seq_len, "--seq-len", lo=1, cap=MAX_TOKENS)
     _check_capacity_options(m, tp, gpu_memory_utilization, block_size, max_num_batched_tokens)
-    pp, dp, ep = _or_default(pp, defaults["pp"]), _or_default(dp, defaults["dp"]), _or_default(ep, defaults["ep"])
-    _check_layout(m, pp, dp, ep)
-    stage = pipeline_stage(m, pp)
+    stages: int = _or_default(pp, defaults["pp"])
+    ranks: int = _or_default(dp, defaults["dp"])
+    experts: bool = _or_default(ep, defaults["ep"])
+    _check_layout(m, stages, ranks, experts)
+    stage = pipeline_stage(m, stages)
     b = kv_budget(stage, hw, tensor_parallel_size=_or_default(tp, defaults["tp"]),
                   gpu_memory_utilization=_or_default(gpu_memory_utilization, defaults["util"]),
                   block_size=_or_default(block_size, defaults["block"]),
                   max_num_batched_tokens=_or_default(max_num_batched_tokens, defaults["tokens"]),
-                  where="capacity", kv_cache_dtype=defaults["kv_dtype"], enable_expert_parallel=ep,
-                  data_parallel_size=dp)
+                  where="capacity", kv_cache_dtype=defaults["kv_dtype"], enable_expert_parallel=experts,
+                  data_parallel_size=ranks)
     rows = capacity_rows(m.name, hw.name, b, seq_len, spec=stage, kv_cache_dtype=defaults["kv_dtype"],
-                         pp=pp, dp=dp, ep=ep)
-    layout = "".join(f", {k} {v}" for k, v in (("pipeline_parallel_size", pp), ("data_parallel_size", dp)) if v > 1)
+                         pp=stages, dp=ranks, ep=experts)
+    layout = "".join(f", {k} {v}" for k, v in (("pipeline_parallel_size", stages), ("data_parallel_size", ranks))
+                     if v > 1)
     return (f"servesim capacity: {m.name} on {hw.name}, tensor_parallel_size {b.tensor_parallel_size}{layout}"
-            + (", expert parallel" if ep and m.moe is not None else ""), rows)
+            + (", expert parallel" if experts and m.moe is not None else ""), rows)
 
 
 def _check_layout(m: Any, pp: int, dp: int, ep: bool) -> None:

@@ -95,7 +95,8 @@ def test_every_key_given(tmp_path):
                               "routing": engine["routing"]}.items()
             if k not in ("disaggregation", "autoscaling", "admission",  # (their own tests; offloading
                          "kv_offloading_size", "kv_offloading_backend",  # needs prefix caching, pipeline
-                         "pipeline_parallel_size")} == engine  # parallelism no speculative decoding)
+                         "pipeline_parallel_size", "data_parallel_size")} == engine  # parallelism no
+    # speculative decoding, data parallelism a MoE model)
     assert sc.slo == SLOConfig(ttft_ms=300.0, tpot_ms=40.0, percentile=90.0)
 
 
