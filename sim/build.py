@@ -24,6 +24,7 @@ from sim.config.errors import ScenarioError
 from sim.config.scenario import EngineConfig, Scenario
 from sim.cost import registry as cost
 from sim.cost.expert_parallel import ExpertParallelCost
+from sim.cost.lora import LoRACost
 from sim.cost.pipeline import PipelineCost, hop_link
 from sim.cost.registry import check_kv_cache_dtype, parse_cost_model
 from sim.cost.speculative import SpeculativeCost
@@ -34,6 +35,7 @@ from sim.presets import models
 from sim.presets.memory import kv_bytes_per_token_per_rank
 from sim.runtime.routers import Router, Signals, make_router
 from sim.schedulers import SCHEDULERS, Scheduler
+from sim.schedulers.lora import LoRASlots
 from sim.schedulers.queues import make_queue
 from sim.schedulers.speculative import SpeculativePool
 from sim.workload.request import RequestTable
@@ -57,6 +59,8 @@ def cost_model(scenario: Scenario):
                                        e.data_parallel_size)
     if e.data_parallel_size > 1:  # DP attention in front of one expert-parallel group: its all-to-all
         return ExpertParallelCost(target, scenario.model, scenario.hardware, tp, e.data_parallel_size)
+    if e.lora is not None:  # adapters loaded into slots and run beside the base model (sim/cost/lora.py)
+        target = LoRACost(target, scenario.model, scenario.hardware, tp, e.lora.max_lora_rank)
     if e.pipeline_parallel_size > 1:
         bandwidth, latency = hop_link(scenario.hardware, e.gpus_per_replica)
         m = scenario.model
@@ -123,6 +127,9 @@ def build_scheduler(e: EngineConfig, requests: RequestTable, num_blocks: int,
     extra: dict = {} if handoff is None else {"handoff": handoff}  # (a disaggregated prefill replica's)
     if offload is not None:  # (the scenario checked it runs over prefix caching: a PrefixKVCache)
         extra["connector"] = CpuOffload(offload, kv)
+    if e.lora is not None:  # adapter slots: which requests may join, what each iteration loads
+        adapter = workload.adapter if workload.adapter is not None else np.full(len(requests), -1, np.int64)
+        extra["lora"] = LoRASlots(e.lora.max_loras, adapter)
     # pipeline parallelism: an iteration is S of vLLM's batches in flight, each with its own budget
     # (sim/cost/pipeline.py)
     return make(requests=requests, kv=kv, pool=pool, queue=make_queue(e.policy, requests), **extra,
@@ -267,8 +274,9 @@ def start_pools(env, scenario, req, workload, recorder, rng, on_iteration, fast_
 def _restart(scheduler) -> None:
     """An autoscaled replica started again is a new pod: its caches, GPU and CPU, start empty."""
     scheduler.kv.restart()
-    if getattr(scheduler, "connector", None) is not None:
-        scheduler.connector.restart()
+    for feature in ("connector", "lora"):
+        if getattr(scheduler, feature, None) is not None:
+            getattr(scheduler, feature).restart()
 
 
 @dataclass(frozen=True)

@@ -122,6 +122,8 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
         requests = requests[passed].reset_index(drop=True)
     if admitted_at is not None:  # every offered request, the shed ones marked
         requests = _with_shed(requests, offered, admitted_at)
+    if offered.adapter is not None:  # workload.adapters: each request's LoRA adapter (-1: the base model)
+        requests["adapter"] = offered.adapter
     if offered.classes is not None:  # workload.classes: each request's class by name (rows: every offered request)
         requests["class"] = np.asarray(offered.class_names, dtype=object)[offered.classes]
     m, hw = scenario.model, scenario.hardware
@@ -155,6 +157,12 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
     if caches:
         queried = sum(c.queried_tokens for c in caches)
         summary["prefix_cache_hit_rate"] = sum(c.hit_tokens for c in caches) / queried if queried else 0.0
+    slots = [s.lora for s in schedulers if getattr(s, "lora", None) is not None]
+    if slots and e.lora is not None:  # multi-LoRA serving: adapters loaded into GPU slots over the run
+        summary["lora"] = {"max_loras": e.lora.max_loras, "max_lora_rank": e.lora.max_lora_rank,
+                           "adapters_used": int(len(np.unique(offered.adapter[offered.adapter >= 0])))
+                           if offered.adapter is not None else 0,
+                           "adapter_loads": sum(x.loads for x in slots)}
     tiers = [s.connector for s in schedulers if getattr(s, "connector", None) is not None]
     if tiers:  # KV offloading: the CPU tier's share of the lookups (the GPU's: prefix_cache_hit_rate)
         queried = sum(s.kv.queried_tokens for s in schedulers)

@@ -48,6 +48,7 @@ from sim.config.checks import (
 )
 from sim.config.disaggregation import DisaggregationConfig, parse_disaggregation
 from sim.config.errors import ScenarioError
+from sim.config.lora import LoRAConfig, parse_lora
 from sim.config.routing import RoutingConfig, parse_routing
 from sim.config.speculative import SpeculativeConfig, parse_speculative
 from sim.cost import registry as cost
@@ -104,6 +105,8 @@ class EngineConfig:
     autoscaling: AutoscalingConfig | None = None
     # a token bucket in front of the router (sim/config/admission.py): None = every request admitted
     admission: AdmissionConfig | None = None
+    # multi-LoRA serving (sim/config/lora.py; vLLM's --enable-lora): None = the base model only
+    lora: LoRAConfig | None = None
     # what the router sees (stale load signals) and how `weighted` weighs it (sim/config/routing.py):
     # None = exact signals, the default weights
     routing: RoutingConfig | None = None
@@ -199,7 +202,8 @@ class Scenario:
                                 where=f"{self.source}: engine" if self.source else "engine",
                                 kv_cache_dtype=e.kv_cache_dtype,
                                 enable_expert_parallel=e.enable_expert_parallel,
-                                data_parallel_size=e.data_parallel_size)
+                                data_parallel_size=e.data_parallel_size,
+                                reserved_bytes=memory.lora_slot_bytes(self.model, e))
 
 
 TOP_KEYS = ("name", "seed", "model", "hardware", "cost_model", "engine", "workload", "slo")
@@ -243,6 +247,7 @@ def scenario_from_dict(raw: Mapping[str, Any], source: str | Path | None = None,
     engine = _check_window(engine, model, w)
     stage = _check_pipeline(engine, model, w)  # (the model itself without pipeline parallelism)
     _check_data_parallel(engine, model, w)
+    _check_lora(engine, model, w)
     budget = _check_fits(engine, stage, hw, w)
     _check_offloading(engine, stage, hw, w)
     if engine.disaggregation is not None:  # each pool's TP and memory must fit too
@@ -256,6 +261,9 @@ def scenario_from_dict(raw: Mapping[str, Any], source: str | Path | None = None,
     work = _delegate(overridden, "workload", lambda: workload.parse_workload(
         raw["workload"], label, base_dir))  # its messages read "<label>: workload.<key>: ..."
     slo = _parse_slo(raw.get("slo"), w)
+    if work.adapters is not None and engine.lora is None:
+        raise ScenarioError(f"{w('workload.adapters')}: the requests name LoRA adapters but the engine serves "
+                            "none; set engine.lora (e.g. {max_loras: 4, max_lora_rank: 16})")
     names = [c.name for c in work.classes or ()]
     for path, named in (("slo.classes", slo.classes if slo is not None else ()),
                         ("engine.admission.classes", engine.admission.classes if engine.admission else ())):
@@ -288,6 +296,8 @@ def resolved_mapping(scenario: Scenario) -> dict:
         engine["autoscaling"] = e.autoscaling.as_yaml()
     if e.admission is not None:
         engine["admission"] = e.admission.as_yaml()
+    if e.lora is not None:
+        engine["lora"] = e.lora.as_yaml()
     if e.routing is not None:
         engine["routing"] = e.routing.as_yaml(e.router)
     out = {"name": scenario.name, "seed": scenario.seed,
@@ -482,6 +492,7 @@ def _parse_engine(v: Any, w: Where) -> EngineConfig:
         disaggregation=parse_disaggregation(m.get("disaggregation"), w, dict(m), _parse_engine),
         autoscaling=parse_autoscaling(m.get("autoscaling"), at, None if m.get("replicas") is None else get("replicas")),
         admission=parse_admission(m.get("admission"), at),
+        lora=parse_lora(m.get("lora"), at),
         routing=parse_routing(m.get("routing"), at, str(get("router"))),
     )
     a = engine.autoscaling
@@ -586,6 +597,23 @@ def _check_data_parallel(engine: EngineConfig, model: ModelSpec, w: Where) -> No
         raise ScenarioError(f"{at}: data parallelism with engine.pipeline_parallel_size > 1 is not modelled")
 
 
+def _check_lora(engine: EngineConfig, model: ModelSpec, w: Where) -> None:
+    """Multi-LoRA serving (sim/schedulers/lora.py, sim/cost/lora.py) is modelled for a dense model on
+    one iteration-level engine that does both phases."""
+    if engine.lora is None:
+        return
+    at = w("engine.lora")
+    if model.moe is not None:
+        raise ScenarioError(f"{at}: LoRA adapters on {model.name}'s experts are not modelled (a dense model's are)")
+    if not SCHEDULERS[engine.scheduler].iteration_level:
+        raise ScenarioError(f"{at}: LoRA with the {engine.scheduler} scheduler is not modelled")
+    for key in ("speculative", "disaggregation", "kv_offloading_size"):
+        if getattr(engine, key) is not None:
+            raise ScenarioError(f"{at}: LoRA with engine.{key} is not modelled")
+    if engine.pipeline_parallel_size > 1:
+        raise ScenarioError(f"{at}: LoRA with engine.pipeline_parallel_size > 1 is not modelled")
+
+
 def _check_offloading(engine: EngineConfig, model: ModelSpec, hw: HardwareSpec, w: Where) -> None:
     """KV offloading (sim/kv/offload.py) is modelled over vLLM V1's prefix cache on one engine that
     does both phases, for the native backend, across a known host link."""
@@ -632,7 +660,8 @@ def _check_fits(engine: EngineConfig, model: ModelSpec, hw: HardwareSpec, w: Whe
                      num_gpu_blocks=engine.num_gpu_blocks, where=where,
                             kv_cache_dtype=engine.kv_cache_dtype,
                             enable_expert_parallel=engine.enable_expert_parallel,
-                            data_parallel_size=engine.data_parallel_size)
+                            data_parallel_size=engine.data_parallel_size,
+                            reserved_bytes=memory.lora_slot_bytes(model, engine))
 
 
 def _parse_cost_model(v: Any, w: Where, base_dir: Path, model: ModelSpec, hw: HardwareSpec,

@@ -88,6 +88,8 @@ def vllm_serve(scenario, setting: dict | None = None) -> str | None:
         args += ["--kv-cache-dtype", knobs["kv_cache_dtype"]]
     if knobs["enable_expert_parallel"]:
         args.append("--enable-expert-parallel")
+    if e.lora is not None:  # multi-LoRA serving; adapters themselves: --lora-modules name=path ...
+        args += ["--enable-lora", "--max-loras", str(e.lora.max_loras), "--max-lora-rank", str(e.lora.max_lora_rank)]
     if knobs["kv_offloading_size"] is not None:  # GiB over all TP ranks, the native backend
         args += ["--kv-offloading-size", f"{knobs['kv_offloading_size']:g}", "--kv-offloading-backend", "native"]
     if not e.scheduler_reserve_full_isl:  # on is vLLM's default

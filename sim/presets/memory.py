@@ -100,6 +100,26 @@ def weights_per_gpu(model: ModelSpec, tp: int, expert_parallel: bool = False, da
     return (model.weight_bytes - routed * wbytes) / tp + -(-m.num_experts // group) * per_expert
 
 
+def lora_dims(model: ModelSpec) -> int:
+    """sum(in + out) over one layer's projections a LoRA adapter covers: q, k, v, o, gate, up, down."""
+    h, q, kv, i = model.hidden_size, model.q_dim, model.kv_dim, model.intermediate_size
+    return (h + q) + 2 * (h + kv) + (q + h) + 2 * (h + i) + (i + h)
+
+
+def lora_adapter_bytes(model: ModelSpec, rank: int) -> int:
+    """Bytes of one LoRA adapter of `rank` on every layer (A: in x r, B: r x out), at the model's dtype."""
+    return rank * lora_dims(model) * model.num_layers * model.dtype_bytes
+
+
+def lora_slot_bytes(model: ModelSpec, engine) -> float:
+    """GPU bytes vLLM sets aside for its adapter slots (engine.lora): max_loras adapters at
+    max_lora_rank, split by tensor parallelism; 0 without LoRA."""
+    lora = getattr(engine, "lora", None)
+    if lora is None:
+        return 0.0
+    return lora.max_loras * lora_adapter_bytes(model, lora.max_lora_rank) / engine.tensor_parallel_size
+
+
 def activation_reserve_bytes(model: ModelSpec, tensor_parallel_size: int,
                              max_num_batched_tokens: int) -> int:
     """Fixed non-torch reserve + peak activations of a max_num_batched_tokens forward pass."""
@@ -126,7 +146,7 @@ def kv_budget(model: ModelSpec, hardware: HardwareSpec, *, tensor_parallel_size:
               gpu_memory_utilization: float, block_size: int, max_num_batched_tokens: int = 8192,
               num_gpu_blocks: int | None = None, where: str = "",
               kv_cache_dtype: str = "auto", enable_expert_parallel: bool = False,
-              data_parallel_size: int = 1) -> MemoryBudget:
+              data_parallel_size: int = 1, reserved_bytes: float = 0.0) -> MemoryBudget:
     """KV blocks per GPU. Raises ScenarioError when the weights (or weights + reserve) leave no
     room; a `num_gpu_blocks` override is trusted as given (like vLLM's
     num_gpu_blocks_override) but the weights must still fit."""
@@ -142,7 +162,8 @@ def kv_budget(model: ModelSpec, hardware: HardwareSpec, *, tensor_parallel_size:
                            f"{gpu_memory_utilization}); raise tensor_parallel_size"
                            + (" or data_parallel_size" if enable_expert_parallel and model.moe else "")
                            + " or use a bigger GPU")
-    reserve = activation_reserve_bytes(model, tp, max_num_batched_tokens)
+    # (reserved_bytes: held beside the weights, e.g. LoRA adapter slots: lora_slot_bytes)
+    reserve = activation_reserve_bytes(model, tp, max_num_batched_tokens) + reserved_bytes
     per_token = kv_bytes_per_token_per_rank(model, tp, kv_cache_dtype)
     layout = model.kv_layout if model.sliding_layers else None
     # one block: block_size tokens of one group's layers (all layers, without a sliding window)

@@ -43,6 +43,7 @@ class Signals:
     def __init__(self, schedulers: list, stale: bool = False):
         self.schedulers, self.stale = schedulers, stale
         self.caches = [s.kv for s in schedulers]
+        self.loras = [getattr(s, "lora", None) for s in schedulers]  # adapter slots (engine.lora), or None
         self.inboxes: list = []
         self._loads: list[int] = [0] * len(schedulers)
         self._usage: list[float] = [0.0] * len(schedulers)
@@ -78,6 +79,7 @@ class SignalView:
     def __init__(self, signals: Signals, replicas: list[int]):
         self.signals, self.replicas = signals, replicas
         self.caches = [signals.caches[i] for i in replicas]
+        self.loras = [signals.loras[i] for i in replicas]
 
     def kv_usage(self) -> list[float]:
         usage = self.signals.kv_usage()
@@ -205,8 +207,43 @@ class Weighted:
         return total.index(max(total))  # ties: the lowest index
 
 
+class LoRAAffinity:
+    """Send a request for a LoRA adapter where that adapter is in use or resident in the GPU's slots
+    (no load, and it can join a batch already using it), else where a slot is free (after the
+    Gateway API Inference Extension's LoRA affinity scorer), each time the least loaded of those,
+    unless its load exceeds the least loaded replica's by more than 2 x + 1 requests (PrefixAware's
+    bound), when the least loaded wins. A base-model request, or a run without engine.lora: least
+    loaded."""
+
+    MAX_IMBALANCE = 1.0
+
+    def __init__(self, num_replicas: int, routing: RoutingConfig | None = None):
+        self.num_replicas = num_replicas
+        self.loras: list = []
+
+    def attach(self, signals: Signals | SignalView) -> None:
+        self.loras = signals.loras
+
+    def plan(self, num_requests: int) -> None:
+        return None
+
+    def choose(self, rid: int, loads: list[int]) -> int:
+        lightest = int(np.argmin(loads))
+        slots = self.loras
+        if not slots or slots[0] is None or slots[0].adapter[rid] < 0:
+            return lightest
+        a = slots[0].adapter[rid]
+        for fits in ((lambda s: a in s.running or a in s.slots), (lambda s: len(s.running) < s.max_loras)):
+            ok = [i for i, s in enumerate(slots) if fits(s)]
+            if ok:
+                winner = min(ok, key=lambda i: (loads[i], i))
+                limit = loads[lightest] * (1 + self.MAX_IMBALANCE) + 1
+                return winner if loads[winner] <= limit else lightest
+        return lightest
+
+
 ROUTERS: dict[str, type] = {"round_robin": RoundRobin, "least_loaded": LeastLoaded,
-                            "prefix_aware": PrefixAware, "weighted": Weighted}
+                            "prefix_aware": PrefixAware, "weighted": Weighted, "lora_affinity": LoRAAffinity}
 
 
 def make_router(name: str, num_replicas: int, routing: RoutingConfig | None = None) -> Router:

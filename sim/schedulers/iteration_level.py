@@ -46,7 +46,8 @@ class IterationLevelScheduler:
 
     def __init__(self, requests: RequestTable, kv, queue, *, max_num_seqs: int,
                  max_num_batched_tokens: int, pool=None, reserve_full_isl: bool = True,
-                 handoff: Callable[[int, float], None] | None = None, connector=None, **_unused):
+                 handoff: Callable[[int, float], None] | None = None, connector=None, lora=None,
+                 **_unused):
         self.req, self.waiting = requests, queue
         # a disaggregated prefill replica's: where a computed prompt's KV goes instead of decoding
         # here, handoff(rid, now) (like vLLM's KV connector handed to its scheduler)
@@ -55,6 +56,9 @@ class IterationLevelScheduler:
         # as requests are admitted, computed and leave; None: no tier behind the GPU cache
         self.connector: Any = connector
         self.loading: dict[int, float] = {}  # admitted, waiting for its load from CPU -> when it is in
+        # multi-LoRA serving (sim/schedulers/lora.LoRASlots): which adapters a batch may use, which
+        # it must load; None: every request on the base model
+        self.lora: Any = lora
         # a PagedKVCache, its sliding-window subclass or a PrefixKVCache: the same count API,
         # duck-typed (the windowed one adds `layout` and its group counts)
         self.kv: Any = kv
@@ -302,6 +306,8 @@ class IterationLevelScheduler:
         computed = req.computed[rid]
         if self.connector is not None:
             self.connector.left(rid, computed)
+        if self.lora is not None:
+            self.lora.leave(rid)
         self.kv.free_request(rid, self.kv.blocks_for(computed), preempted=True, computed=computed)
         self._preempted.append(rid)
         req.computed[rid] = 0
@@ -319,6 +325,8 @@ class IterationLevelScheduler:
             computed = req.computed[rid]
             if self.connector is not None:
                 self.connector.left(rid, computed)
+            if self.lora is not None:
+                self.lora.leave(rid)
             kv.free_request(rid, kv.blocks_for(computed), computed=computed)
             del self.order[rid]
 
@@ -334,8 +342,12 @@ class IterationLevelScheduler:
     def _admit(self, now: float, budget: int) -> list[tuple[int, int]]:
         req, kv, waiting = self._req, self.kv, self.waiting
         admitted = []
+        skipped: list[int] = []  # (LoRA: waiting for an adapter slot; back at the head afterwards)
         while len(waiting) and len(self.order) < self.max_num_seqs and budget > 0:
             rid = waiting.peek()
+            if self.lora is not None and not self.lora.admits(rid):
+                skipped.append(waiting.pop())  # vLLM skips it: those behind it may still join
+                continue
             computed = req.computed[rid]
             total = req.prompt[rid] + req.generated[rid]
             # prefix caching: a new or resumed request starts from its longest cached prefix
@@ -365,9 +377,13 @@ class IterationLevelScheduler:
             admitted.append((rid, t))
             self.prefilling.append(rid)
             self.order[rid] = None
+            if self.lora is not None:
+                self.lora.join(rid)
             if isnan(req.first_scheduled[rid]):
                 req.first_scheduled[rid] = now
             budget -= t
+        for rid in reversed(skipped):
+            waiting.push_front(rid)
         return admitted
 
     def _start_load(self, rid: int, hits: list[int], loaded: int, total: int, now: float) -> bool:
@@ -439,7 +455,8 @@ class IterationLevelScheduler:
             tokens = kv.groups * tokens - kv.sliding_groups * kv.block_size * behind
         else:
             # (every field, in order: sim/cost/batch.py; one per event)
-            stats = new_tuple(BatchStats, (lens, contexts, decodes, context_sum + decodes, 0, 0, 0))
+            adapters, loads = (0, 0) if self.lora is None else self.lora.batch()
+            stats = new_tuple(BatchStats, (lens, contexts, decodes, context_sum + decodes, 0, 0, 0, adapters, loads))
             max_steps = self._run_length() if decodes and not self.prefilling and not preempted else 1
         if self.loading:
             max_steps = 1  # (a load ending may let its request join at the next boundary)
@@ -491,4 +508,5 @@ class IterationLevelScheduler:
         seat is taken, nor behind a blocked head of a FIFO line (it only gets more blocked)."""
         if len(self.order) >= self.max_num_seqs:
             return False
-        return not (len(self.waiting) and self._fifo)
+        # (with LoRA a head waiting for an adapter slot is skipped: an arrival may join past it)
+        return not (len(self.waiting) and self._fifo and self.lora is None)

@@ -69,6 +69,9 @@ class Workload:
     # workload.classes: each request's class (an index into class_names), int64 [n]; None: one class
     classes: np.ndarray | None = None
     class_names: tuple[str, ...] = ()
+    # workload.adapters: each request's LoRA adapter id (0..count-1), -1 for the base model, int64 [n];
+    # None: every request on the base model
+    adapter: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -304,6 +307,7 @@ class WorkloadConfig:
     time_unit: str = "s"
     hash_block_tokens: int = 512  # tokens per id of a CSV's hash_ids column (Mooncake's blocks: 512)
     classes: tuple[RequestClass, ...] | None = None  # generator: a mix of request classes
+    adapters: SharedAdapters | None = None      # LoRA adapters the requests use (engine.lora serves them)
 
     def read(self):
         """The trace's table (sim/workload/traces.read_trace) with this section's format options."""
@@ -324,6 +328,21 @@ class SharedPrefix:
         # (ids, unit tokens): one unit of `tokens` (or the whole prompt, if shorter) per group
         return [((("prefix", int(g)),), int(min(self.tokens, p))) if c else None
                 for c, g, p in zip(chosen.tolist(), group.tolist(), prompt_tokens.tolist())]
+
+
+@dataclass(frozen=True)
+class SharedAdapters:
+    """A share of requests names one of `count` LoRA adapters: uniformly (zipf_s 0), or the k-th most
+    popular with weight 1 / k^zipf_s (a few hot adapters and a long tail, as multi-tenant serving sees)."""
+    count: int
+    share: float
+    zipf_s: float = 0.0
+
+    def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        chosen = rng.random(n) < self.share
+        weights = 1.0 / np.arange(1, self.count + 1, dtype=np.float64) ** self.zipf_s
+        which = rng.choice(self.count, size=n, p=weights / weights.sum())
+        return np.where(chosen, which, -1).astype(np.int64)
 
 
 def build_workload(cfg: WorkloadConfig, rng: np.random.Generator) -> Workload:
@@ -356,6 +375,7 @@ def build_workload(cfg: WorkloadConfig, rng: np.random.Generator) -> Workload:
         priority = cfg.priority.sample(rng, len(arrival))
     if cfg.prefix is not None:  # drawn last: workloads without a prefix keep their numbers
         prefix = cfg.prefix.draw(rng, prompt)
+    adapter = cfg.adapters.draw(rng, len(prompt)) if cfg.adapters is not None else None  # (after that: likewise)
     if users is not None:
         loop = cfg.arrival
         if isinstance(loop, ClosedLoop):
@@ -376,7 +396,7 @@ def build_workload(cfg: WorkloadConfig, rng: np.random.Generator) -> Workload:
                                 f"time_scale or use fewer requests")
     return Workload(arrival_s=arrival, prompt_tokens=prompt,
                     output_tokens=output, priority=priority, users=users, prefix=prefix, classes=which,
-                    class_names=tuple(c.name for c in cfg.classes) if cfg.classes else ())
+                    class_names=tuple(c.name for c in cfg.classes) if cfg.classes else (), adapter=adapter)
 
 
 def _mix(cfg: WorkloadConfig, rng: np.random.Generator, n: int) -> tuple[np.ndarray, ...]:
@@ -433,7 +453,7 @@ def bench_arrivals(attrs: dict, n: int, rng: np.random.Generator, trace: Path) -
 
 GENERATOR_KEYS = ("arrival", "prompt_tokens", "output_tokens", "num_requests")
 SECTION_KEYS = ("trace", "format", "columns", "time_unit", "hash_block_tokens", "time_scale", "priority", "prefix",
-                *GENERATOR_KEYS, "classes")
+                *GENERATOR_KEYS, "classes", "adapters")
 CLASS_KEYS = ("name", "share", "prompt_tokens", "output_tokens", "priority")
 # a class name: shown in tables, figures, CSV cells and YAML keys, so none of their syntax ([, $, ", =, ",")
 CLASS_NAME = re.compile(r"[\w .:/@+-]{1,64}")
@@ -447,6 +467,12 @@ def parse_workload(raw: dict, where: str, base_dir: Path) -> WorkloadConfig:
     time_scale = top.number("time_scale", default=1.0, high=1e6, floor=1e-6)
     num_requests = top.maybe_integer("num_requests", 1, high=MAX_REQUESTS)
     priority = None if raw.get("priority") is None else _dist(top, "priority", PRIORITIES, 0, base_dir)
+    adapters = None
+    if raw.get("adapters") is not None:
+        keys = _Keys(raw["adapters"], top.where, "workload.adapters", ("count", "share", "zipf_s"))
+        keys.only()
+        adapters = SharedAdapters(keys.integer("count", 1, high=MAX_COUNT), keys.number("share", low=0, high=1),
+                                  keys.number("zipf_s", low=0, high=10, default=0.0))
     if raw.get("trace") is not None:
         clash = [k for k in (*GENERATOR_KEYS[:3], "prefix", "classes") if raw.get(k) is not None]
         if clash:
@@ -455,7 +481,7 @@ def parse_workload(raw: dict, where: str, base_dir: Path) -> WorkloadConfig:
         fmt, columns, time_unit, block_tokens = _trace_format(top, raw)
         return WorkloadConfig(trace=top.file("trace", base_dir), time_scale=time_scale, num_requests=num_requests,
                               priority=priority, format=fmt, columns=columns, time_unit=time_unit,
-                              hash_block_tokens=block_tokens)
+                              hash_block_tokens=block_tokens, adapters=adapters)
     classes = _classes(top, raw, base_dir)
     agents = isinstance(raw.get("arrival"), dict) and raw["arrival"].get("process") == "agents"
     if agents and raw.get("num_requests") is not None:
@@ -486,7 +512,8 @@ def parse_workload(raw: dict, where: str, base_dir: Path) -> WorkloadConfig:
     prompt, output = (_dist(top, k, LENGTHS, 1, base_dir) if raw.get(k) is not None else None
                       for k in ("prompt_tokens", "output_tokens"))
     return WorkloadConfig(arrival=arrival, time_scale=time_scale, num_requests=num_requests, priority=priority,
-                          prefix=prefix, classes=classes, prompt_tokens=prompt, output_tokens=output)
+                          prefix=prefix, classes=classes, prompt_tokens=prompt, output_tokens=output,
+                          adapters=adapters)
 
 
 def _classes(top: _Keys, raw: dict, base_dir: Path) -> tuple[RequestClass, ...] | None:
