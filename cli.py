@@ -56,7 +56,11 @@ def plugin_names() -> str:
 
     rows = (("engine.scheduler", SCHEDULERS), ("engine.router", ROUTERS), ("engine.policy", POLICIES),
             ("cost_model", COST_MODELS))
-    return "Plug-ins:\n" + "\n".join(f"  {key:<17} {', '.join(names)}" for key, names in rows)
+    import textwrap
+
+    # (wrapped under the names' column: the help reads at 80 columns)
+    return "Plug-ins:\n" + "\n".join(textwrap.fill(", ".join(names), 80, initial_indent=f"  {key:<17} ",
+                                                    subsequent_indent=" " * 20) for key, names in rows)
 
 
 app = typer.Typer(
