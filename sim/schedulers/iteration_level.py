@@ -455,8 +455,12 @@ class IterationLevelScheduler:
             tokens = kv.groups * tokens - kv.sliding_groups * kv.block_size * behind
         else:
             # (every field, in order: sim/cost/batch.py; one per event)
-            adapters, loads = (0, 0) if self.lora is None else self.lora.batch()
-            stats = new_tuple(BatchStats, (lens, contexts, decodes, context_sum + decodes, 0, 0, 0, adapters, loads))
+            if self.lora is None:
+                stats = new_tuple(BatchStats, (lens, contexts, decodes, context_sum + decodes, 0, 0, 0, 0, 0))
+            else:  # LoRA: the batch's adapters, and those it loads first
+                adapters, loads = self.lora.batch()
+                stats = new_tuple(BatchStats, (lens, contexts, decodes, context_sum + decodes, 0, 0, 0, adapters,
+                                               loads))
             max_steps = self._run_length() if decodes and not self.prefilling and not preempted else 1
         if self.loading:
             max_steps = 1  # (a load ending may let its request join at the next boundary)
