@@ -248,6 +248,7 @@ def scenario_from_dict(raw: Mapping[str, Any], source: str | Path | None = None,
     stage = _check_pipeline(engine, model, w)  # (the model itself without pipeline parallelism)
     _check_data_parallel(engine, model, w)
     _check_lora(engine, model, w)
+    _check_network(engine, hw, w)
     budget = _check_fits(engine, stage, hw, w)
     _check_offloading(engine, stage, hw, w)
     if engine.disaggregation is not None:  # each pool's TP and memory must fit too
@@ -582,6 +583,10 @@ def _check_data_parallel(engine: EngineConfig, model: ModelSpec, w: Where) -> No
     if d == 1:
         return
     at = w("engine.data_parallel_size")
+    engines = d * (engine.autoscaling.max_replicas if engine.autoscaling else engine.replicas)
+    if engines > MAX_REPLICAS:
+        raise ScenarioError(f"{at}: {d} ranks x {engine.replicas} replicas = {engines:,} engines, more than "
+                            f"servesim simulates ({MAX_REPLICAS:,})")
     if model.moe is None:
         raise ScenarioError(f"{at}: {model.name} is not a mixture of experts; data-parallel ranks of a dense "
                             f"model are replicas that share nothing: use engine.replicas: {d}")
@@ -595,6 +600,18 @@ def _check_data_parallel(engine: EngineConfig, model: ModelSpec, w: Where) -> No
             raise ScenarioError(f"{at}: data parallelism with engine.{key} is not modelled")
     if engine.pipeline_parallel_size > 1:
         raise ScenarioError(f"{at}: data parallelism with engine.pipeline_parallel_size > 1 is not modelled")
+
+
+def _check_network(engine: EngineConfig, hw: HardwareSpec, w: Where) -> None:
+    """A replica whose pipeline stages or expert-parallel group span nodes needs the GPU's network."""
+    from sim.cost.pipeline import GPUS_PER_NODE  # (the cost layer owns the node size it prices)
+
+    span = engine.gpus_per_replica if engine.pipeline_parallel_size > 1 or engine.data_parallel_size > 1 else 0
+    if span > GPUS_PER_NODE and hw.network_bandwidth <= 0:
+        key = "pipeline_parallel_size" if engine.pipeline_parallel_size > 1 else "data_parallel_size"
+        raise ScenarioError(f"{w('engine.' + key)}: {span} GPUs a replica span nodes of {GPUS_PER_NODE}, and "
+                            f"{hw.name} has no network figure to cross them (give hardware.network_bandwidth, "
+                            "bytes/s per GPU per direction)")
 
 
 def _check_lora(engine: EngineConfig, model: ModelSpec, w: Where) -> None:

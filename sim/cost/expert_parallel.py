@@ -10,12 +10,13 @@ token moves
     2 x k x hidden_size x dtype_bytes x (G - 1) / G   bytes per MoE layer (dispatch + combine)
 
 over the rank's link: NVLink (interconnect_bandwidth, 2 us a transfer) while the group fits one node
-of 8 GPUs, InfiniBand NDR (50 GB/s per GPU, 5 us) past it; two transfers per layer, each paying the
-latency. What a rank's step then costs: its roofline step with the experts' weight reads spread over
-the group and touched by every rank's tokens (sim/cost/step_cost.RooflineCost's data_parallel_size),
-plus that time. A stated model, not measured: vLLM runs the ranks' MoE layers in lockstep (an idle
-rank runs a dummy batch, the step waits for the slowest), which this leaves out (the ranks are
-taken as equally loaded); the dispatch in bf16 (DeepEP can send fp8: about half).
+of 8 GPUs, the GPU's network past it (hardware.network_bandwidth, 5 us: sim/cost/pipeline.hop_link);
+two transfers per layer, each paying the latency. What a rank's step then costs: its roofline step
+with the experts' weight reads spread over the group and touched by every rank's tokens
+(sim/cost/step_cost.RooflineCost's data_parallel_size), plus that time. A stated model, not measured:
+vLLM runs the ranks' MoE layers in lockstep (an idle rank runs a dummy batch, the step waits for the
+slowest), which this leaves out (the ranks are taken as equally loaded); the dispatch in bf16
+(DeepEP can send fp8: about half).
 """
 from __future__ import annotations
 

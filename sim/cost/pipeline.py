@@ -21,16 +21,17 @@ the whole model's time, while the other stages idle).
   max_num_batched_tokens (what one of vLLM's batches holds: the scheduler gives an iteration S times
   that) and spread longest first onto the microbatch with the fewest tokens so far.
 - A hop sends a microbatch's hidden states (tokens x hidden_size x dtype bytes, every TP rank its own
-  copy over its own link) to the next stage: over NVLink (the hardware's interconnect_bandwidth, 2 us)
-  while the replica fits one node of GPUS_PER_NODE GPUs, over InfiniBand NDR (50 GB/s, 5 us per GPU)
-  when it spans nodes. Every stage is charged one (the last returns sampled tokens instead: a
-  little over).
+  copy over its own link) to the next stage: over NVLink (the hardware's interconnect_bandwidth,
+  2 us) while the replica fits one node of GPUS_PER_NODE GPUs, over the GPU's network when it spans
+  nodes (hardware.network_bandwidth: 50 GB/s a GPU on H100, H200 and B200; InfiniBand's 5 us).
+  Every stage is charged one (the last returns sampled tokens instead: a little over).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from sim.config.disaggregation import LINKS
+from sim.config.errors import ScenarioError
 from sim.cost.batch import BatchStats
 from sim.cost.step_cost import CostModel, StepCost, as_cost_model
 
@@ -38,12 +39,15 @@ GPUS_PER_NODE = 8  # HGX/DGX boards (and MI300X platforms): 8 GPUs on one NVLink
 
 
 def hop_link(hardware, gpus_per_replica: int) -> tuple[float, float]:
-    """(bytes/s, latency s) of a stage-to-stage hop for a replica of `gpus_per_replica` GPUs."""
+    """(bytes/s, latency s) of a stage-to-stage hop for a replica of `gpus_per_replica` GPUs: the
+    GPU's NVLink within one node, its network (hardware.network_bandwidth, InfiniBand's latency)
+    past it. ScenarioError where the hardware has no network figure."""
     if gpus_per_replica <= GPUS_PER_NODE:
         return hardware.interconnect_bandwidth, LINKS["nvlink"][1]
-    bandwidth, latency = LINKS["infiniband"]
-    assert bandwidth is not None  # (only nvlink's is the hardware's)
-    return bandwidth, latency
+    if hardware.network_bandwidth <= 0:
+        raise ScenarioError(f"{gpus_per_replica} GPUs a replica span nodes of {GPUS_PER_NODE}, and {hardware.name} "
+                            "has no network figure (hardware.network_bandwidth, bytes/s per GPU per direction)")
+    return hardware.network_bandwidth, LINKS["infiniband"][1]
 
 
 class PipelineCost(StepCost):

@@ -8,6 +8,10 @@ Numbers are vendor datasheet peaks (decimal units: 1 GB = 1e9 bytes). Memory is 
 capacity (80 GB for H100), which is ~6% below what the driver reports (H100: 81,559 MiB =
 85.5e9 B): conservative, and it keeps "0.9 x 80 GB = 72.0 GB usable" easy to check by hand.
 fp8: dense (the datasheets' "with sparsity" figures halved); A100 has no fp8 tensor cores.
+Networks: the NIC per GPU of the vendors' reference 8-GPU systems, one direction: DGX H100, H200
+and B200 have eight ConnectX-7 400 Gb/s (50 GB/s a GPU), DGX A100 eight ConnectX-6 200 Gb/s (25 GB/s).
+L40S and MI300X servers have no one reference NIC: 0, and a layout spanning nodes is refused there
+unless the hardware mapping gives one.
 Host links: the datasheets' PCIe figure, which is bidirectional, halved (Gen5 x16: 128 GB/s -> 64
 GB/s per direction; Gen4 x16: 64 -> 32): a peak; DMA copies of KV blocks reach less.
 Prices are rounded on-demand estimates per GPU-hour from GPU clouds (mid-2025), not quotes;
@@ -33,21 +37,27 @@ class HardwareSpec:
     # bytes/s per direction per GPU between host memory and the GPU (its PCIe link): what KV blocks
     # offloaded to CPU memory cross when they are loaded back (engine.kv_offloading_size); 0: unknown
     host_bandwidth: float = 0.0
+    # bytes/s per direction per GPU to other nodes (its scale-out NIC): what pipeline stages and
+    # expert-parallel groups spanning nodes cross (sim/cost/pipeline.hop_link); 0: unknown
+    network_bandwidth: float = 0.0
 
 
 HARDWARE_PRESETS: dict[str, HardwareSpec] = {
     # H100 SXM5 80GB: HBM3 3.35 TB/s, 989 TFLOP/s dense bf16, NVLink4 900 GB/s bidirectional.
     "h100-sxm": HardwareSpec("h100-sxm", 80e9, 3.35e12, 989e12, 450e9, 3.00, fp8_flops=1979e12,
-                             host_bandwidth=64e9),
+                             host_bandwidth=64e9, network_bandwidth=50e9),
     # H200 SXM 141GB: HBM3e 4.8 TB/s, same compute and NVLink as H100.
-    "h200": HardwareSpec("h200", 141e9, 4.8e12, 989e12, 450e9, 3.80, fp8_flops=1979e12, host_bandwidth=64e9),
+    "h200": HardwareSpec("h200", 141e9, 4.8e12, 989e12, 450e9, 3.80, fp8_flops=1979e12, host_bandwidth=64e9,
+                         network_bandwidth=50e9),
     # A100 SXM4 80GB: HBM2e 2.039 TB/s, 312 TFLOP/s bf16, NVLink3 600 GB/s bidirectional.
-    "a100-80gb": HardwareSpec("a100-80gb", 80e9, 2.039e12, 312e12, 300e9, 1.80, host_bandwidth=32e9),
+    "a100-80gb": HardwareSpec("a100-80gb", 80e9, 2.039e12, 312e12, 300e9, 1.80, host_bandwidth=32e9,
+                              network_bandwidth=25e9),
     # L40S 48GB GDDR6: 864 GB/s, 362 TFLOP/s dense bf16; no NVLink, PCIe Gen4 x16 ~32 GB/s.
     "l40s": HardwareSpec("l40s", 48e9, 0.864e12, 362e12, 32e9, 1.00, fp8_flops=733e12, host_bandwidth=32e9),
     # B200 (HGX/DGX B200, 180 GB HBM3e per GPU): 8 TB/s, 2.25 PFLOP/s dense bf16, NVLink5 1.8 TB/s
     # bidirectional. Price: a rounded on-demand estimate like the others, not a quote.
-    "b200": HardwareSpec("b200", 180e9, 8.0e12, 2.25e15, 900e9, 6.00, fp8_flops=4.5e15, host_bandwidth=64e9),
+    "b200": HardwareSpec("b200", 180e9, 8.0e12, 2.25e15, 900e9, 6.00, fp8_flops=4.5e15, host_bandwidth=64e9,
+                         network_bandwidth=50e9),
     # AMD Instinct MI300X (CDNA 3, 192 GB HBM3): 5.3 TB/s, ~1.3 PFLOP/s dense bf16 and ~2.6 fp8 (AMD's
     # figures as reported by third parties, rounded as they give them), Infinity Fabric 7 links x
     # 128 GB/s bidirectional = 448 GB/s per direction. No kernel tables: its steps are always the
@@ -60,7 +70,8 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
 _FIELDS = tuple(f.name for f in dc_fields(HardwareSpec))
 _BOUNDS = {"memory_bytes": MAX_BYTES, "hbm_bandwidth": MAX_RATE_PHYSICAL, "bf16_flops": MAX_RATE_PHYSICAL,
            "interconnect_bandwidth": MAX_RATE_PHYSICAL, "usd_per_hour": MAX_USD_PER_HOUR,
-           "fp8_flops": MAX_RATE_PHYSICAL, "host_bandwidth": MAX_RATE_PHYSICAL}
+           "fp8_flops": MAX_RATE_PHYSICAL, "host_bandwidth": MAX_RATE_PHYSICAL,
+           "network_bandwidth": MAX_RATE_PHYSICAL}
 _REQUIRED = ("memory_bytes", "hbm_bandwidth", "bf16_flops")
 
 
@@ -75,9 +86,10 @@ def hardware_from_fields(fields: dict, where: str) -> HardwareSpec:
 
 
 def is_preset(hardware: HardwareSpec) -> bool:
-    """Is `hardware` the preset of its name, its price and host link aside? Those are the user's to
-    set (hardware: {..., usd_per_hour: 2.0, host_bandwidth: 40e9}); neither changes what a step
-    costs, so such a GPU keeps the preset's kernel tables and measured profiles."""
+    """Is `hardware` the preset of its name, its price and links to the host and the network aside?
+    Those are the user's to set (hardware: {..., usd_per_hour: 2.0, host_bandwidth: 40e9}); none
+    changes what a kernel costs, so such a GPU keeps the preset's kernel tables and measured profiles."""
     preset = HARDWARE_PRESETS.get(hardware.name)
     return preset is not None and replace(preset, usd_per_hour=hardware.usd_per_hour,
-                                          host_bandwidth=hardware.host_bandwidth) == hardware
+                                          host_bandwidth=hardware.host_bandwidth,
+                                          network_bandwidth=hardware.network_bandwidth) == hardware

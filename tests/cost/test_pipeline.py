@@ -90,9 +90,13 @@ def test_a_stage_holds_its_layers_weights_and_kv():
     assert (ds.num_layers, ds.moe.dense_layers) == (4, 0)
 
 
-def test_a_replica_past_one_node_hops_over_infiniband():
+def test_a_replica_past_one_node_hops_over_the_gpus_network():
     assert hop_link(H100, 8) == (450e9, 2e-6)
-    assert hop_link(H100, 16) == (50e9, 5e-6)
+    assert hop_link(H100, 16) == (50e9, 5e-6)  # eight ConnectX-7 400 Gb/s in a DGX H100: 50 GB/s a GPU
+    assert hop_link(HARDWARE_PRESETS["a100-80gb"], 16) == (25e9, 5e-6)
+    with pytest.raises(ScenarioError, match="l40s has no network figure"):
+        scenario_from_dict({"model": "llama-3-8b", "hardware": "l40s", "workload": _ONE,
+                            "engine": {"tensor_parallel_size": 8, "pipeline_parallel_size": 2}})
 
 
 def test_a_pipeline_run_counts_its_gpus_and_says_so_to_vllm():
