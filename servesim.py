@@ -247,14 +247,19 @@ def headline(result: dict) -> list[tuple[str, str]]:
 
 
 def kv_budget(model: Any, gpu: Any, *, tp: int = 1, gpu_memory_utilization: float = 0.9, block_size: int = 16,
-              max_num_batched_tokens: int = 8192, kv_cache_dtype: str = "auto") -> Any:
+              max_num_batched_tokens: int = 8192, kv_cache_dtype: str = "auto", pp: int = 1, dp: int = 1,
+              ep: bool = False) -> Any:
     """The KV-cache memory budget of a model (preset name or spec) on a GPU (likewise), as
-    `servesim capacity` computes it: .num_gpu_blocks, .max_concurrent_seqs(tokens), ..."""
+    `servesim capacity` computes it: .num_gpu_blocks, .max_concurrent_seqs(tokens), ... per GPU;
+    with `pp` stages, the busiest stage's GPU; with `dp` ranks of a MoE model and `ep`, the experts
+    spread over every rank's GPUs."""
     from sim.presets.memory import kv_budget as budget
+    from sim.presets.models import pipeline_stage
 
-    return budget(_preset("model", model), _preset("GPU", gpu), tensor_parallel_size=tp,
+    return budget(pipeline_stage(_preset("model", model), pp), _preset("GPU", gpu), tensor_parallel_size=tp,
                   gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
-                  max_num_batched_tokens=max_num_batched_tokens, kv_cache_dtype=kv_cache_dtype)
+                  max_num_batched_tokens=max_num_batched_tokens, kv_cache_dtype=kv_cache_dtype,
+                  enable_expert_parallel=ep, data_parallel_size=dp)
 
 
 def cost_model(name: Any, model: Any, gpu: Any, tp: int = 1) -> Any:
