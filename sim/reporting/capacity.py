@@ -7,6 +7,7 @@ and how many sequences of a length fit at once.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from sim.config.checks import MAX_TOKENS, _int
 from sim.config.errors import ScenarioError
 from sim.config.scenario import MAX_BLOCK_SIZE, load_scenario
 from sim.presets.hardware import HARDWARE_PRESETS
-from sim.presets.memory import KV_CACHE_DTYPES, kv_budget
+from sim.presets.memory import KV_CACHE_DTYPES, kv_budget, lora_slot_bytes
 from sim.presets.models import MODEL_PRESETS, model_from_hf_config, pipeline_stage
 
 
@@ -34,7 +35,8 @@ def capacity_table(model: str | None = None, gpu: str | None = None, tp: int | N
         defaults: dict[str, Any] = {"tp": e.tensor_parallel_size, "util": e.gpu_memory_utilization,
                                     "block": e.block_size, "tokens": e.max_num_batched_tokens,
                                     "kv_dtype": e.kv_cache_dtype, "pp": e.pipeline_parallel_size,
-                                    "dp": e.data_parallel_size, "ep": e.enable_expert_parallel}
+                                    "dp": e.data_parallel_size, "ep": e.enable_expert_parallel,
+                                    "lora": e}
     else:
         defaults = {"tp": 1, "util": 0.9, "block": 16, "tokens": 8192, "kv_dtype": "auto", "pp": 1, "dp": 1,
                     "ep": False}
@@ -55,12 +57,16 @@ def capacity_table(model: str | None = None, gpu: str | None = None, tp: int | N
     experts: bool = _or_default(ep, defaults["ep"])
     _check_layout(m, stages, ranks, experts)
     stage = pipeline_stage(m, stages)
-    b = kv_budget(stage, hw, tensor_parallel_size=_or_default(tp, defaults["tp"]),
+    b_tp: int = _or_default(tp, defaults["tp"])
+    b = kv_budget(stage, hw, tensor_parallel_size=b_tp,
                   gpu_memory_utilization=_or_default(gpu_memory_utilization, defaults["util"]),
                   block_size=_or_default(block_size, defaults["block"]),
                   max_num_batched_tokens=_or_default(max_num_batched_tokens, defaults["tokens"]),
                   where="capacity", kv_cache_dtype=defaults["kv_dtype"], enable_expert_parallel=experts,
-                  data_parallel_size=ranks)
+                  data_parallel_size=ranks,
+                  # a scenario's LoRA adapter slots, set aside beside the weights (sim/presets/memory.py)
+                  reserved_bytes=lora_slot_bytes(m, replace(defaults["lora"], tensor_parallel_size=b_tp))
+                  if defaults.get("lora") is not None else 0.0)
     rows = capacity_rows(m.name, hw.name, b, seq_len, spec=stage, kv_cache_dtype=defaults["kv_dtype"],
                          pp=stages, dp=ranks, ep=experts)
     layout = "".join(f", {k} {v}" for k, v in (("pipeline_parallel_size", stages), ("data_parallel_size", ranks))
@@ -132,7 +138,7 @@ def capacity_rows(model: str, gpu: str, b: Any, seq_len: int, spec: Any = None,
         ("total_bytes", "GPU memory", b.total_bytes, gb(b.total_bytes)),
         ("usable_bytes", "usable (gpu_memory_utilization x memory)", b.usable_bytes, gb(b.usable_bytes)),
         ("weight_bytes_per_gpu", "weights per GPU", b.weight_bytes_per_gpu, gb(b.weight_bytes_per_gpu)),
-        ("activation_reserve_bytes", "activation + fixed reserve", b.activation_reserve_bytes,
+        ("activation_reserve_bytes", "activation + fixed reserve (+ LoRA slots, if any)", b.activation_reserve_bytes,
          gb(b.activation_reserve_bytes)),
         ("kv_cache_bytes", "KV cache", b.kv_cache_bytes, gb(b.kv_cache_bytes)),
         ("kv_bytes_per_token", "KV bytes per token (per GPU)", b.kv_bytes_per_token,

@@ -132,3 +132,24 @@ def test_lora_affinity_routing_by_hand():
     assert least.requests["replica"].tolist() == [0, 1, 0]
     assert affinity.summary["lora"]["adapter_loads"] == 2 and least.summary["lora"]["adapter_loads"] == 3
     assert affinity.requests["finish_s"].max() < least.requests["finish_s"].max()
+
+
+def test_capacity_of_a_scenario_sets_its_adapter_slots_aside(tmp_path):
+    """`servesim capacity --scenario` shows the blocks the run gets: its LoRA slots out of the KV cache."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from cli import app
+    path = tmp_path / "lora.yaml"
+    path.write_text("model: llama-3-8b\nhardware: h100-sxm\nengine: {lora: {max_loras: 2}}\n"
+                    "workload: {arrival: {process: burst}, num_requests: 1, prompt_tokens: {dist: fixed, value: 1}, "
+                    "output_tokens: {dist: fixed, value: 1}}\n")
+    out = CliRunner().invoke(app, ["capacity", "--scenario", str(path), "--json"])
+    assert out.exit_code == 0, out.output
+    got = json.loads(out.stdout)
+    sc = scenario_from_dict({"model": "llama-3-8b", "hardware": "h100-sxm", "workload": _ONE,
+                             "engine": {"lora": {"max_loras": 2}}})
+    assert got["num_gpu_blocks"] == sc.budget.num_gpu_blocks
+    plain = scenario_from_dict({"model": "llama-3-8b", "hardware": "h100-sxm", "workload": _ONE}).budget
+    assert got["activation_reserve_bytes"] == plain.activation_reserve_bytes + 2 * ADAPTER
