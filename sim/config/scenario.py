@@ -565,14 +565,9 @@ def _check_pipeline(engine: EngineConfig, model: ModelSpec, w: Where) -> ModelSp
     if pp > model.num_layers:
         raise ScenarioError(f"{at}: {pp} stages for {model.name}'s {model.num_layers} layers; at most "
                             f"{model.num_layers}")
-    if not SCHEDULERS[engine.scheduler].iteration_level:
-        raise ScenarioError(f"{at}: pipeline parallelism with the {engine.scheduler} scheduler is not "
-                            f"modelled (it is: {', '.join(n for n, c in SCHEDULERS.items() if c.iteration_level)})")
     if model.sliding_layers:
         raise ScenarioError(f"{at}: pipeline parallelism with {model.name}'s sliding-window layers is not modelled")
-    for key in ("speculative", "disaggregation"):
-        if getattr(engine, key) is not None:
-            raise ScenarioError(f"{at}: pipeline parallelism with engine.{key} is not modelled")
+    _refuse_beside(engine, at, "pipeline parallelism", ("speculative", "disaggregation"), stages=False)
     return models.pipeline_stage(model, pp)
 
 
@@ -593,13 +588,20 @@ def _check_data_parallel(engine: EngineConfig, model: ModelSpec, w: Where) -> No
     if not engine.enable_expert_parallel:
         raise ScenarioError(f"{at}: data parallelism is modelled with expert parallelism (set "
                             "engine.enable_expert_parallel: true), as vLLM serves wide MoE models")
+    _refuse_beside(engine, at, "data parallelism", ("speculative", "disaggregation", "autoscaling"), stages=True)
+
+
+def _refuse_beside(engine: EngineConfig, at: str, feature: str, keys: tuple[str, ...], stages: bool) -> None:
+    """One wording for a feature not modelled together with another: on a scheduler that is not
+    iteration-level, beside any engine key of `keys` that is set, or (`stages`) beside pipeline stages."""
     if not SCHEDULERS[engine.scheduler].iteration_level:
-        raise ScenarioError(f"{at}: data parallelism with the {engine.scheduler} scheduler is not modelled")
-    for key in ("speculative", "disaggregation", "autoscaling"):
+        raise ScenarioError(f"{at}: {feature} with the {engine.scheduler} scheduler is not modelled (it is: "
+                            f"{', '.join(n for n, c in SCHEDULERS.items() if c.iteration_level)})")
+    for key in keys:
         if getattr(engine, key) is not None:
-            raise ScenarioError(f"{at}: data parallelism with engine.{key} is not modelled")
-    if engine.pipeline_parallel_size > 1:
-        raise ScenarioError(f"{at}: data parallelism with engine.pipeline_parallel_size > 1 is not modelled")
+            raise ScenarioError(f"{at}: {feature} with engine.{key} is not modelled")
+    if stages and engine.pipeline_parallel_size > 1:
+        raise ScenarioError(f"{at}: {feature} with engine.pipeline_parallel_size > 1 is not modelled")
 
 
 def _check_network(engine: EngineConfig, hw: HardwareSpec, w: Where) -> None:
@@ -622,13 +624,7 @@ def _check_lora(engine: EngineConfig, model: ModelSpec, w: Where) -> None:
     at = w("engine.lora")
     if model.moe is not None:
         raise ScenarioError(f"{at}: LoRA adapters on {model.name}'s experts are not modelled (a dense model's are)")
-    if not SCHEDULERS[engine.scheduler].iteration_level:
-        raise ScenarioError(f"{at}: LoRA with the {engine.scheduler} scheduler is not modelled")
-    for key in ("speculative", "disaggregation", "kv_offloading_size"):
-        if getattr(engine, key) is not None:
-            raise ScenarioError(f"{at}: LoRA with engine.{key} is not modelled")
-    if engine.pipeline_parallel_size > 1:
-        raise ScenarioError(f"{at}: LoRA with engine.pipeline_parallel_size > 1 is not modelled")
+    _refuse_beside(engine, at, "LoRA", ("speculative", "disaggregation", "kv_offloading_size"), stages=True)
 
 
 def _check_offloading(engine: EngineConfig, model: ModelSpec, hw: HardwareSpec, w: Where) -> None:
