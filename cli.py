@@ -340,6 +340,10 @@ def summary_table(name: str, s: dict) -> Any:
         load = offload.get("load_ms") or {}
         run.add_row("CPU KV hit rate (offloading)", f"{offload['cpu_hit_rate']:.1%}; {offload['loads']:,} loads, "
                                                     f"p99 {_fmt(load.get('p99'), 1)} ms")
+    lora = s.get("lora")
+    if isinstance(lora, dict):  # multi-LoRA serving
+        run.add_row("LoRA adapters", f"{lora['adapters_used']:,} used; {lora['adapter_loads']:,} loads into "
+                                     f"{lora['max_loras']} slot(s) a replica")
     sessions = s.get("sessions")
     if isinstance(sessions, dict):  # multi-turn closed loop
         run.add_row("conversations (mean turns)", f"{sessions['conversations']:,} ({sessions['turns_mean']:.2f})")

@@ -153,3 +153,21 @@ def test_capacity_of_a_scenario_sets_its_adapter_slots_aside(tmp_path):
     assert got["num_gpu_blocks"] == sc.budget.num_gpu_blocks
     plain = scenario_from_dict({"model": "llama-3-8b", "hardware": "h100-sxm", "workload": _ONE}).budget
     assert got["activation_reserve_bytes"] == plain.activation_reserve_bytes + 2 * ADAPTER
+
+
+def test_the_run_table_says_how_many_adapters_and_loads(tmp_path):
+    from typer.testing import CliRunner
+
+    from cli import app
+    path = tmp_path / "lora.yaml"
+    path.write_text("model: llama-3-8b\nhardware: h100-sxm\ncost_model: roofline\n"
+                    "engine: {scheduler: chunked, lora: {max_loras: 2}}\n"
+                    "workload: {arrival: {process: poisson, rate: 4}, num_requests: 60, "
+                    "prompt_tokens: {dist: fixed, value: 200}, output_tokens: {dist: fixed, value: 20}, "
+                    "adapters: {count: 3, share: 1.0}}\n")
+    out = CliRunner().invoke(app, ["run", str(path), "--out", str(tmp_path / "run")], env={"COLUMNS": "120"})
+    assert out.exit_code == 0, out.output
+    import json
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())["lora"]
+    assert s["adapters_used"] == 3
+    assert f"3 used; {s['adapter_loads']} loads into 2 slot(s) a replica" in out.output
