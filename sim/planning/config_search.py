@@ -78,7 +78,7 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
     if load_knob(base, options).unit != "req/s":  # (a trace replay's knob is its rate, through time_scale)
         raise ScenarioError("--gpus/--tp: the configuration search plans an arrival rate (a generated "
                             "open-loop workload or a trace replayed faster or slower); plan a closed loop "
-                            "one GPU at a time")
+                            "one GPU at a time (likewise agent sessions)")
     e = base.engine
     own_spec = e.speculative.as_yaml() if e.speculative else None
     specs = list(speculative) or [own_spec]

@@ -41,6 +41,10 @@ class Knob:
     factor: float = 1.0   # load per unit of the setting: time_scale (generator), native req/s (trace)
     replay: bool = False  # a trace: its length fixes num_requests (no horizon)
     own_length: bool = False  # every load keeps the scenario's workload.num_requests
+    # what a run's length is set through, and requests per unit of it: workload.num_requests (1), or
+    # an agents workload's sessions (their mean steps)
+    count_key: str = "workload.num_requests"
+    per_count: float = 1.0
 
     @property
     def unit_steps(self) -> bool:  # users one at a time (resolution 0): base + i
@@ -90,8 +94,9 @@ class Knob:
         if self.replay or self.own_length:
             return (setting,)
         n = value * (o.requests_per_user if self.integer else o.horizon_s or DEFAULT_HORIZON_S)
-        n = int(min(o.max_requests, max(o.min_requests, math.ceil(min(n, o.max_requests)))))
-        return (setting, f"workload.num_requests={n}")
+        lo, hi = o.min_requests / self.per_count, o.max_requests / self.per_count  # (the bounds are on
+        n = int(min(math.floor(hi), math.ceil(max(lo, min(n, hi)))))  # requests: per session for agents)
+        return (setting, f"{self.count_key}={max(n, 1)}")
 
 
 def load_knob(scenario, options) -> Knob:
@@ -102,10 +107,12 @@ def load_knob(scenario, options) -> Knob:
         return Knob("workload.time_scale", "req/s", w.time_scale, options.resolution, False, native, True)
     if isinstance(w.arrival, ClosedLoop):  # the load is a number of concurrent users
         return Knob("workload.arrival.users", "users", w.arrival.users, 0.0, True)
-    if isinstance(w.arrival, Agents):
-        raise ScenarioError("plan: workload.arrival agents: a load search over agent sessions is not modelled yet; "
-                            "sweep workload.arrival.rate (servesim sweep), or add engine.autoscaling for a fleet "
-                            "plan of the scenario's own load (docs/fleet.md)")
+    if isinstance(w.arrival, Agents):  # the load is sessions starting per second; a run's length, sessions
+        a = w.arrival
+        # (the sessions scale with the rate, over the horizon: a fixed count of sessions, each a chain
+        # of calls, would cap the concurrency whatever the rate)
+        return Knob("workload.arrival.rate", "sessions/s", a.rate, options.resolution, False, w.time_scale,
+                    count_key="workload.arrival.sessions", per_count=a.expected_requests() / a.sessions)
     if isinstance(w.arrival, Profile):
         raise ScenarioError("plan: workload.arrival profile varies its rate over the day; plan searches one "
                             "steady load per replica (a rate, users, or a trace): plan the profile's peak rate "

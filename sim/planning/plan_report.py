@@ -255,7 +255,7 @@ def markdown(r: dict, plots: list[str]) -> str:
 def _curve_section(r: dict) -> list[str]:
     t, unit, load = r["tradeoff"], r["load_search"]["unit"], _loads(r)
     g, c = t["grid"], t["chosen_search"]
-    step = f"{g['resolution']:.0%} steps" + ("" if unit == "req/s" else " (rounded to whole users)")
+    step = f"{g['resolution']:.0%} steps" + (" (rounded to whole users)" if unit == "users" else "")
     seeds = "1 seed per point (deterministic)" if r.get("deterministic") else \
         f"{g['seeds'][0]} seeds per point ({g['seeds'][1]} when they disagree)"
     lines = ["", "## Engine curve: each setting's sustained load", "",

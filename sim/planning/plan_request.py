@@ -152,7 +152,7 @@ class PlanJob:
                 "no autoscaled policy meets the SLO in every window (plan.md lists the probes)"]
         if not self.request.searches:
             s = result["load_search"]
-            unit = "users" if s.get("unit") == "users" else "req/s"
+            unit = s.get("unit") or "req/s"
             return [] if s["answer"] is not None else [
                 f"no load meets the SLO: one replica fails it even at {s['next']:g} {unit} (plan.md says how)"]
         if result["chosen"] is not None:

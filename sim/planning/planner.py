@@ -166,8 +166,10 @@ def plan(path: str | Path, slo: SLOConfig, *, overrides: Iterable[str] = (), tar
     ev = Evaluator(path, slo, overrides, options, runner=runner)
     sc, options = ev.scenario, ev.options  # one seed per point when the workload is deterministic
     knob = load_knob(sc, options)
+    if target_unit == "req/s" and knob.unit == "sessions/s":
+        target_unit = knob.unit  # (--target-rate of an agents workload: sessions starting per second)
     if target is not None and target_unit != knob.unit:
-        flag = {"req/s": "--target-rate", "users": "--target-users"}
+        flag = {"req/s": "--target-rate", "users": "--target-users", "sessions/s": "--target-rate"}
         kind = "closed-loop (its load is workload.arrival.users)" if knob.integer else "open-loop (its load " \
             f"is {knob.key})"
         raise ScenarioError(f"{flag[target_unit]}: {path} is {kind}; use {flag[knob.unit]}")

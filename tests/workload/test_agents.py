@@ -78,16 +78,29 @@ def test_agent_mistakes_are_refused(workload, message):
         make_scenario(workload=workload)
 
 
-def test_plan_refuses_agents_and_says_what_to_do(tmp_path):
+def test_the_load_search_over_agents_varies_the_session_rate_and_scales_the_sessions(tmp_path):
+    """An agents workload's load is sessions starting per second (--target-rate in that unit). A run
+    at a load spans the horizon (120 s by default), its sessions scaled with the rate: a fixed count
+    of sessions, each a chain of calls, would cap the concurrency at any rate. The request bounds hold
+    on requests: 3 calls a session, so at least 200 / 3 -> 67 sessions, at most 20,000 / 3 -> 6,666."""
     import yaml
 
     import servesim
+    from sim.config.scenario import load_scenario
+    from sim.planning.evaluator import PlanOptions
+    from sim.planning.load_search import load_knob
 
     raw = {"name": "a", "model": "llama-3-8b", "hardware": "h100-sxm", "cost_model": "roofline", "workload": agents(),
            "slo": {"ttft_ms": 500}}
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
-    with pytest.raises(ScenarioError, match="plan: workload.arrival agents: .*sweep workload.arrival.rate"):
-        servesim.plan(str(tmp_path / "s.yaml"))
+    knob = load_knob(load_scenario(tmp_path / "s.yaml"), PlanOptions(min_requests=200, max_requests=20_000))
+    assert (knob.key, knob.unit, knob.base, knob.per_count) == ("workload.arrival.rate", "sessions/s", 1.0, 3.0)
+    o = PlanOptions(min_requests=200, max_requests=20_000)
+    assert knob.overrides(2.0, o) == ("workload.arrival.rate=2.0", "workload.arrival.sessions=240")
+    assert knob.overrides(0.1, o) == ("workload.arrival.rate=0.1", "workload.arrival.sessions=67")
+    assert knob.overrides(500.0, o) == ("workload.arrival.rate=500.0", "workload.arrival.sessions=6666")
+    with pytest.raises(ScenarioError, match="--target-users: .* use --target-rate"):
+        servesim.plan(str(tmp_path / "s.yaml"), target_users=10)
 
 
 def test_more_calls_than_a_run_holds_are_refused_before_any_is_drawn():
