@@ -203,7 +203,7 @@ class Scenario:
                                 kv_cache_dtype=e.kv_cache_dtype,
                                 enable_expert_parallel=e.enable_expert_parallel,
                                 data_parallel_size=e.data_parallel_size,
-                                reserved_bytes=memory.lora_slot_bytes(self.model, e))
+                                reserved_bytes=memory.lora_slot_bytes(self.model, e.lora, e.tensor_parallel_size))
 
 
 TOP_KEYS = ("name", "seed", "model", "hardware", "cost_model", "engine", "workload", "slo")
@@ -644,9 +644,7 @@ def _check_offloading(engine: EngineConfig, model: ModelSpec, hw: HardwareSpec, 
         raise ScenarioError(f"{at}: offloading is modelled over prefix caching (blocks are found by their "
                             "hashes), which is off here"
                             + ("" if cls.prefix_caching else f" (the {engine.scheduler} scheduler has none)"))
-    for key in ("speculative", "disaggregation"):
-        if getattr(engine, key) is not None:
-            raise ScenarioError(f"{at}: offloading with engine.{key} is not modelled")
+    _refuse_beside(engine, at, "offloading", ("speculative", "disaggregation"), stages=False)
     if hw.host_bandwidth <= 0:
         raise ScenarioError(f"{at}: {hw.name} has no host link bandwidth (hardware.host_bandwidth, bytes/s per "
                             "direction: what loads from CPU memory cross); give it in the hardware mapping")
@@ -674,7 +672,7 @@ def _check_fits(engine: EngineConfig, model: ModelSpec, hw: HardwareSpec, w: Whe
                             kv_cache_dtype=engine.kv_cache_dtype,
                             enable_expert_parallel=engine.enable_expert_parallel,
                             data_parallel_size=engine.data_parallel_size,
-                            reserved_bytes=memory.lora_slot_bytes(model, engine))
+                            reserved_bytes=memory.lora_slot_bytes(model, engine.lora, tp))
 
 
 def _parse_cost_model(v: Any, w: Where, base_dir: Path, model: ModelSpec, hw: HardwareSpec,

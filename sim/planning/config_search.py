@@ -42,6 +42,8 @@ from sim.planning.engine_curve import SETTING_KEYS
 from sim.planning.evaluator import Evaluator, PlanOptions
 from sim.planning.load_search import Knob, load_knob, max_load, replay_stats
 from sim.planning.planner import size_cluster
+from sim.planning.search_report import _knobs
+from sim.planning.search_report import tp_groups as _units
 from sim.planning.vllm_command import vllm_serve
 from sim.presets.hardware import HARDWARE_PRESETS
 
@@ -284,16 +286,7 @@ def _evaluator(path, slo: SLOConfig, overrides: tuple[str, ...], options: PlanOp
 
 
 def _knobs_text(setting: dict) -> str:
-    from sim.planning.search_report import _knobs  # (the report's wording)
-    return _knobs({k: setting[k] for k in setting if k in KNOBS})
-
-
-def _units(setting: dict) -> int:
-    """TP groups of GPUs in one 'replica' of a setting: 1, a disaggregated unit's P + D replicas,
-    times its pipeline stages (each stage is a TP group of its own)."""
-    d = setting.get("disaggregation")
-    return (1 if d is None else d["prefill_replicas"] + d["decode_replicas"]) \
-        * setting.get("pipeline_parallel_size", 1) * setting.get("data_parallel_size", 1)
+    return _knobs({k: setting[k] for k in setting if k in KNOBS})  # (the report's wording)
 
 
 def _scale(split: dict | None):

@@ -49,14 +49,19 @@ def _name(row: dict) -> str:
     return f"{row['gpu']} TP{row['tensor_parallel_size']}"
 
 
+def tp_groups(setting: dict) -> int:
+    """TP groups of GPUs in one 'replica' of a setting: 1, a disaggregated unit's P + D replicas,
+    times its pipeline stages and its data-parallel ranks (each a TP group of its own)."""
+    d = setting.get("disaggregation")
+    return (1 if d is None else d["prefill_replicas"] + d["decode_replicas"]) \
+        * setting.get("pipeline_parallel_size", 1) * setting.get("data_parallel_size", 1)
+
+
 def _per_gpu(setting: dict, tp: int) -> float | None:
     """A setting's coarse sustained load per GPU (a replica or P+D unit: TP x its groups)."""
     if setting.get("sustained") is None:
         return None
-    d = setting.get("disaggregation")
-    groups = (1 if d is None else d["prefill_replicas"] + d["decode_replicas"]) \
-        * setting.get("pipeline_parallel_size", 1) * setting.get("data_parallel_size", 1)
-    return setting["sustained"] / (tp * groups)
+    return setting["sustained"] / (tp * tp_groups(setting))
 
 
 def _why(r: dict, c: dict) -> str | None:

@@ -91,13 +91,23 @@ def weights_per_gpu(model: ModelSpec, tp: int, expert_parallel: bool = False, da
     of the expert-parallel group, tp x `data_parallel` GPUs (vLLM's --data-parallel-size: each DP
     rank keeps its own copy of everything else), so the busiest GPU holds ceil(experts / group) of
     them; everything else is still split by tp."""
-    m = model.moe
-    if not expert_parallel or m is None:
+    if not expert_parallel or model.moe is None:
         return model.weight_bytes / tp
-    wbytes, routed = model.expert_bytes_per_weight, model.routed_expert_params
-    per_expert = routed * wbytes / m.num_experts
-    group = tp * data_parallel
-    return (model.weight_bytes - routed * wbytes) / tp + -(-m.num_experts // group) * per_expert
+    routed = model.routed_expert_params * model.expert_bytes_per_weight
+    return (model.weight_bytes - routed) / tp + routed_expert_bytes_per_gpu(model, tp, True, data_parallel)
+
+
+def routed_expert_bytes_per_gpu(model: ModelSpec, tp: int, expert_parallel: bool = False,
+                                data_parallel: int = 1) -> float:
+    """The routed experts' bytes on one GPU (weights_per_gpu's share of them): split by tp, or with
+    expert parallelism ceil(experts / (tp x data_parallel)) whole ones (0 for a dense model)."""
+    m = model.moe
+    if m is None:
+        return 0.0
+    routed = model.routed_expert_params * model.expert_bytes_per_weight
+    if not expert_parallel:
+        return routed / tp
+    return -(-m.num_experts // (tp * data_parallel)) * (routed / m.num_experts)
 
 
 def lora_dims(model: ModelSpec) -> int:
@@ -111,13 +121,12 @@ def lora_adapter_bytes(model: ModelSpec, rank: int) -> int:
     return rank * lora_dims(model) * model.num_layers * model.dtype_bytes
 
 
-def lora_slot_bytes(model: ModelSpec, engine) -> float:
-    """GPU bytes vLLM sets aside for its adapter slots (engine.lora): max_loras adapters at
-    max_lora_rank, split by tensor parallelism; 0 without LoRA."""
-    lora = getattr(engine, "lora", None)
+def lora_slot_bytes(model: ModelSpec, lora, tensor_parallel_size: int) -> float:
+    """GPU bytes vLLM sets aside for its adapter slots (engine.lora, a LoRAConfig): max_loras
+    adapters at max_lora_rank, split by tensor parallelism; 0 without LoRA (None)."""
     if lora is None:
         return 0.0
-    return lora.max_loras * lora_adapter_bytes(model, lora.max_lora_rank) / engine.tensor_parallel_size
+    return lora.max_loras * lora_adapter_bytes(model, lora.max_lora_rank) / tensor_parallel_size
 
 
 def activation_reserve_bytes(model: ModelSpec, tensor_parallel_size: int,

@@ -7,7 +7,6 @@ and how many sequences of a length fit at once.
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,7 @@ from sim.config.checks import MAX_TOKENS, _int
 from sim.config.errors import ScenarioError
 from sim.config.scenario import MAX_BLOCK_SIZE, load_scenario
 from sim.presets.hardware import HARDWARE_PRESETS
-from sim.presets.memory import KV_CACHE_DTYPES, kv_budget, lora_slot_bytes
+from sim.presets.memory import KV_CACHE_DTYPES, kv_budget, lora_slot_bytes, routed_expert_bytes_per_gpu
 from sim.presets.models import MODEL_PRESETS, model_from_hf_config, pipeline_stage
 
 
@@ -36,7 +35,7 @@ def capacity_table(model: str | None = None, gpu: str | None = None, tp: int | N
                                     "block": e.block_size, "tokens": e.max_num_batched_tokens,
                                     "kv_dtype": e.kv_cache_dtype, "pp": e.pipeline_parallel_size,
                                     "dp": e.data_parallel_size, "ep": e.enable_expert_parallel,
-                                    "lora": e}
+                                    "lora": e.lora}
     else:
         defaults = {"tp": 1, "util": 0.9, "block": 16, "tokens": 8192, "kv_dtype": "auto", "pp": 1, "dp": 1,
                     "ep": False}
@@ -65,8 +64,7 @@ def capacity_table(model: str | None = None, gpu: str | None = None, tp: int | N
                   where="capacity", kv_cache_dtype=defaults["kv_dtype"], enable_expert_parallel=experts,
                   data_parallel_size=ranks,
                   # a scenario's LoRA adapter slots, set aside beside the weights (sim/presets/memory.py)
-                  reserved_bytes=lora_slot_bytes(m, replace(defaults["lora"], tensor_parallel_size=b_tp))
-                  if defaults.get("lora") is not None else 0.0)
+                  reserved_bytes=lora_slot_bytes(m, defaults.get("lora"), b_tp))
     rows = capacity_rows(m.name, hw.name, b, seq_len, spec=stage, kv_cache_dtype=defaults["kv_dtype"],
                          pp=stages, dp=ranks, ep=experts)
     layout = "".join(f", {k} {v}" for k, v in (("pipeline_parallel_size", stages), ("data_parallel_size", ranks))
@@ -125,7 +123,7 @@ def capacity_rows(model: str, gpu: str, b: Any, seq_len: int, spec: Any = None,
     gb = lambda x: f"{x / 1e9:,.2f} GB"  # noqa: E731
     per_seq = b.blocks_per_seq(seq_len)
     group = b.tensor_parallel_size * dp if ep else b.tensor_parallel_size
-    extra = [] if spec is None else _architecture_rows(spec, b.tensor_parallel_size, kv_cache_dtype, gb, group, ep)
+    extra = [] if spec is None else _architecture_rows(spec, b.tensor_parallel_size, kv_cache_dtype, gb, dp, ep)
     if pp > 1:
         extra.insert(0, ("pipeline_parallel_size", "pipeline_parallel_size (stages; the busiest one's GPU below)",
                          pp, f"{pp} ({spec.num_layers} layers a stage at most)" if spec is not None else str(pp)))
@@ -156,19 +154,18 @@ def capacity_rows(model: str, gpu: str, b: Any, seq_len: int, spec: Any = None,
 
 
 
-def _architecture_rows(m: Any, tp: int, kv_cache_dtype: str, gb, group: int | None = None,
+def _architecture_rows(m: Any, tp: int, kv_cache_dtype: str, gb, dp: int = 1,
                        ep: bool = False) -> list[tuple[str, str, Any, str]]:
     """What the weights and the KV bytes per token are made of (MoE experts, MLA latent, fp8)."""
     rows = [("num_params", "parameters (all)", m.num_params, f"{m.num_params / 1e9:,.2f} B"),
             ("active_params", "parameters one token multiplies", m.matmul_params,
              f"{m.matmul_params / 1e9:,.2f} B")]
-    wbytes, routed = m.expert_bytes_per_weight, m.routed_expert_params
     if m.moe is not None:
         e = m.moe
-        per_gpu = -(-e.num_experts // (group or tp)) * routed * wbytes / e.num_experts if ep else routed * wbytes / tp
+        per_gpu = routed_expert_bytes_per_gpu(m, tp, ep, dp)
         rows.append(("routed_expert_bytes_per_gpu", f"routed experts per GPU ({e.num_experts} x "
                      f"{m.num_layers - e.dense_layers} layers, {e.experts_per_token} per token"
-                     + (f"; {-(-e.num_experts // (group or tp))} whole experts a GPU)" if ep else ")"),
+                     + (f"; {-(-e.num_experts // (tp * dp))} whole experts a GPU)" if ep else ")"),
                      per_gpu, gb(per_gpu)))
     if m.linear_weight_bytes is not None:
         rows.append(("linear_weight_bytes", "bytes per linear-layer weight (quantised)",
