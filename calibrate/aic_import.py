@@ -22,10 +22,19 @@ Rows kept (sim/cost/composer.py decides which measured rows stand in for each sh
                             (GPUs with FP8 tensor cores; block-scaled layers read these rows,
                             sim/cost/composer.py says why)
   moe.csv                   vLLM's fused MoE layer, bf16, balanced routing, experts split by TP
-                            (no expert parallelism), at the MoE presets' shapes; from the newest
-                            vLLM version measuring all of them (GPUs without any: no moe.csv)
+                            (no expert parallelism), every shape measured; from the newest vLLM
+                            version measuring all the MoE presets' shapes (GPUs without any: no
+                            moe.csv)
   moe_fp8_block.csv         the same for block-scaled FP8 experts (DeepSeek-V3)
   moe_w4a16_mxfp4.csv       the same for MXFP4 experts (gpt-oss)
+  moe_a2a.csv               DeepEP's expert-parallel dispatch and combine as vLLM 0.24 runs them
+                            (high-throughput on 20 SMs, low-latency), by group size, hidden size,
+                            top-k, experts and tokens per rank; microseconds in the wheel, ms here
+  gdn.csv                   vLLM's Gated DeltaNet kernels (linear attention: Qwen3-Next / Qwen3.5),
+                            every (key heads, value heads) per GPU measured, head dims 128, conv 4:
+                            prefill (causal_conv1d_fn, chunk_gated_delta_rule) by batch x length,
+                            decode (causal_conv1d_update, fused_recurrent_gated_delta_rule) by
+                            batch; the median where several models' rows time one shape
   mla_context.csv           vLLM's whole MLA attention module (DeepseekV2MLAAttention: projections,
   mla_generation.csv        latent attention, o_proj), bf16 activations, bf16 or FP8 KV, at the MLA
                             presets' heads per GPU and projection precision; the prefill rows are
@@ -43,7 +52,6 @@ import sys
 import zipfile
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import yaml
 
@@ -66,6 +74,9 @@ ATTENTION_KERNELS = {
     "a100-80gb": ("vllm_flash_attn", "vllm_flash_attn"),
     "l40s": ("vllm_flash_attn_fa2", "vllm_flash_attn_fa2"),
     "b200": ("vllm_flashinfer_trtllmprefill", "vllm_flashinfer_trtllmdecode"),
+    "b300": ("vllm_flashinfer_trtllmprefill", "vllm_flashinfer_trtllmdecode"),
+    "gb200": ("vllm_flashinfer_trtllmprefill", "vllm_flashinfer_trtllmdecode"),
+    "gb300": ("vllm_flashinfer_trtllmprefill", "vllm_flashinfer_trtllmdecode"),
 }
 GPUS = {gpu: (SYSTEMS[gpu], kernels) for gpu, kernels in ATTENTION_KERNELS.items()}  # preset -> (folder, kernels)
 OUT = Path(__file__).resolve().parents[1] / "sim" / "tables"
@@ -183,11 +194,34 @@ def _moe_source(src: Source, system: str, dtype: str) -> str | None:
 
 
 def _moe_rows(frame: pd.DataFrame, dtype: str) -> pd.DataFrame:
+    """Every shape measured in `dtype` with balanced routing and the experts split by TP (not only
+    the presets': a config.json model composes from its own shape where it was measured)."""
     frame = frame[(frame["moe_dtype"] == dtype) & (frame["moe_ep_size"] == 1)
                   & (frame["distribution"] == "balanced")].rename(columns={"moe_tp_size": "tp"})
-    keys = _moe_keys(dtype)
-    mask = np.array([k in keys for k in map(tuple, frame[MOE_COLUMNS].to_numpy().tolist())], dtype=bool)
-    return frame.loc[mask, [*MOE_COLUMNS, "num_tokens", "latency", "kernel_source"]]
+    return frame[[*MOE_COLUMNS, "num_tokens", "latency", "kernel_source"]]
+
+
+# moe_a2a.csv's key columns (sim/cost/expert_parallel.py reads them)
+A2A_KEYS = ["comm_backend", "phase", "ep_size", "node_num", "hidden_size", "topk", "num_experts", "num_tokens"]
+
+
+def _a2a_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """DeepEP's dispatch and combine as vLLM runs them: high-throughput on its default 20 SMs, low-latency
+    (no SM setting); latencies are in microseconds there, converted to ms here like every other table."""
+    frame = frame[((frame["comm_backend"] == "deepep_ht") & (frame["sms"] == 20))
+                  | ((frame["comm_backend"] == "deepep_ll") & (frame["sms"] == 0))]
+    return frame.assign(latency=frame["latency"] / 1e3)[[*A2A_KEYS, "latency", "kernel_source"]]
+
+
+# gdn.csv's key columns (sim/cost/linear_attention.py reads them)
+GDN_KEYS = ["kernel", "phase", "head_k_dim", "head_v_dim", "d_conv", "num_k_heads", "num_v_heads",
+            "batch_size", "seq_len"]
+
+
+def _gdn_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """Every Gated DeltaNet kernel row; the kernel is a key column here (four of them), and rows timed
+    for several models at one shape (the kernels do not read d_model) become their median."""
+    return frame.rename(columns={"kernel_source": "kernel"})[[*GDN_KEYS, "latency"]]
 
 
 def _one_per_key(rows: pd.DataFrame, keys: list[str]) -> tuple[pd.DataFrame, int]:
@@ -239,11 +273,18 @@ def import_gpu(src: Source, preset: str, out: Path, wheel_sha: str | None) -> di
             if len(rows):
                 tables[f"mla_{phase}"] = (rows, ["kv_cache_dtype", "gemm_type", "num_heads", "batch_size", length],
                                           path, None)
+    if any(re.match(rf"{DATA}/{system}/comm/vllm/[^/]+/moe_a2a_perf\.parquet$", n) for n in src.names):
+        path = _latest(src, system, "comm", "moe_a2a_perf")
+        tables["moe_a2a"] = (_a2a_rows(_parquet(src, path)), A2A_KEYS, path, None)
+    if any(re.match(rf"{DATA}/{system}/linear_attention/vllm/[^/]+/gdn_perf\.parquet$", n) for n in src.names):
+        path = _latest(src, system, "linear_attention", "gdn_perf")
+        tables["gdn"] = (_gdn_rows(_parquet(src, path)), GDN_KEYS, path, None)
     folder = out / system
     folder.mkdir(parents=True, exist_ok=True)
     files = {}
     for name, (rows, keys, path, kernel) in tables.items():
-        kernels = sorted(set(rows["kernel_source"])) if "kernel_source" in rows else [kernel] if kernel else []
+        kernels = (sorted(set(rows["kernel_source"])) if "kernel_source" in rows else
+                   sorted(set(rows["kernel"])) if "kernel" in rows else [kernel] if kernel else [])
         rows, dup = _one_per_key(rows.drop(columns="kernel_source", errors="ignore"), keys)
         text = rows.to_csv(index=False, float_format="%.9g")
         (folder / f"{name}.csv").write_text(text)

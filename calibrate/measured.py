@@ -26,7 +26,7 @@ from sim.cost.composer import SYSTEMS, TABLES, KernelTables, _round, build_profi
 from sim.cost.measured import PROFILES
 from sim.files import write_file
 from sim.presets.hardware import HARDWARE_PRESETS, HardwareSpec
-from sim.presets.memory import kv_budget
+from sim.presets.memory import hybrid_block_size, kv_budget
 from sim.presets.models import CPU_PRESETS, MODEL_PRESETS, ModelSpec, model_from_hf_config
 
 
@@ -68,7 +68,8 @@ def fits(model: ModelSpec, hw: HardwareSpec, tp: int) -> bool:
     if model.num_attention_heads % tp:
         return False
     try:
-        kv_budget(model, hw, tensor_parallel_size=tp, gpu_memory_utilization=0.9, block_size=16)
+        kv_budget(model, hw, tensor_parallel_size=tp, gpu_memory_utilization=0.9,
+                  block_size=hybrid_block_size(model, hw, tp))  # (16, or a hybrid's bigger block)
     except ValueError:
         return False
     return True

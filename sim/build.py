@@ -28,7 +28,7 @@ from sim.cost.lora import LoRACost
 from sim.cost.pipeline import PipelineCost, hop_link
 from sim.cost.registry import check_kv_cache_dtype, parse_cost_model
 from sim.cost.speculative import SpeculativeCost
-from sim.kv.cache import PagedKVCache, WindowedKVCache
+from sim.kv.cache import PagedKVCache, StateKVCache, WindowedKVCache
 from sim.kv.offload import CpuOffload, OffloadSpec
 from sim.kv.prefix_cache import PrefixKVCache, request_chains
 from sim.presets import models
@@ -58,7 +58,8 @@ def cost_model(scenario: Scenario):
     target = scenario.cost_model.build(scenario.stage_model, scenario.hardware, tp, e.kv_cache_dtype,
                                        e.data_parallel_size)
     if e.data_parallel_size > 1:  # DP attention in front of one expert-parallel group: its all-to-all
-        return ExpertParallelCost(target, scenario.model, scenario.hardware, tp, e.data_parallel_size)
+        return ExpertParallelCost(target, scenario.model, scenario.hardware, tp, e.data_parallel_size,
+                                  e.all2all_backend)
     if e.lora is not None:  # adapters loaded into slots and run beside the base model (sim/cost/lora.py)
         target = LoRACost(target, scenario.model, scenario.hardware, tp, e.lora.max_lora_rank)
     if e.pipeline_parallel_size > 1:
@@ -85,6 +86,8 @@ def kv_cache_for(e: EngineConfig, num_blocks: int, num_requests: int, layout: KV
     cls = SCHEDULERS[e.scheduler]
     if layout is not None and layout.sliding_groups and cls.kv_cache is PagedKVCache:
         return WindowedKVCache(num_blocks, e.block_size, layout, e.max_num_batched_tokens)
+    if layout is not None and layout.state_groups and cls.kv_cache is PagedKVCache:
+        return StateKVCache(num_blocks, e.block_size, layout)
     return cls.kv_cache.for_replica(num_blocks, e.block_size, num_requests)
 
 

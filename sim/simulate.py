@@ -25,6 +25,7 @@ from sim.config.scenario import Scenario, resolved_yaml
 from sim.cost.step_cost import CostModel
 from sim.files import give_mode
 from sim.kv.prefix_cache import PrefixKVCache
+from sim.presets import memory
 from sim.runtime.disaggregation import pool_utilization
 from sim.runtime.metrics import (
     InterTokenGaps,
@@ -141,6 +142,11 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
     summary = summarize(req, requests, steps, recorder, itl=itl, max_num_seqs=e.max_num_seqs, replicas=replicas,
                         gpus=gpus, flops_per_token=m.flops_per_token,
                         weight_bytes=m.weight_bytes, kv_bytes_per_token=m.kv_bytes_per_token,
+                        experts=None if m.moe is None else (m.routed_expert_params * m.expert_bytes_per_weight,
+                                                            1 - m.moe.experts_per_token / m.moe.num_experts),
+                        # a hybrid's linear-attention states, read and written by every decode
+                        state_bytes_per_decode=0.0 if m.linear_attention is None else
+                        2 * m.linear_attention.layers * memory.linear_state_bytes(m, 1),
                         peak_flops=hw.bf16_flops, hbm_bandwidth=hw.hbm_bandwidth, slo=scenario.slo,
                         classes=offered.class_names if offered.classes is not None else ())
     if fleet is not None:

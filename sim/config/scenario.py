@@ -80,6 +80,8 @@ class EngineConfig:
     # many engines (DP ranks, each its own attention, KV cache and scheduler on tensor_parallel_size
     # GPUs) sharing one expert-parallel group of all their GPUs (sim/cost/expert_parallel.py)
     data_parallel_size: int = 1
+    # vLLM's --all2all-backend: how those ranks exchange tokens with the experts (sim/cost/expert_parallel.py)
+    all2all_backend: str = "allgather_reducescatter"
     replicas: int = 1
     router: str = "round_robin"            # a key of sim.runtime.routers.ROUTERS
     policy: str = "fcfs"                   # a key of sim.schedulers.queues.POLICIES
@@ -119,6 +121,8 @@ class EngineConfig:
 
 # vLLM's --kv-offloading-backend values; only native is modelled (the other is refused by name)
 OFFLOADING_BACKENDS = ("native", "lmcache")
+# vLLM's --all2all-backend values modelled (sim/cost/expert_parallel.py): its default, and DeepEP's two
+ALL2ALL_BACKENDS = ("allgather_reducescatter", "deepep_high_throughput", "deepep_low_latency")
 
 SLO_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")  # vLLM's metric names, milliseconds
 
@@ -208,6 +212,18 @@ class Scenario:
 
 TOP_KEYS = ("name", "seed", "model", "hardware", "cost_model", "engine", "workload", "slo")
 MAX_BLOCK_SIZE = 1024  # tokens; bigger "pages" make paging pointless and usually mean a typo
+# (a hybrid model's blocks are raised past it, to multiples of 16: vLLM's, sim/presets/memory.hybrid_block_size)
+MAX_HYBRID_BLOCK_SIZE = 8192
+
+
+def _power_of_two_block(block: int) -> bool:
+    return 1 <= block <= MAX_BLOCK_SIZE and not block & (block - 1)
+
+
+def block_size_ok(block: int) -> bool:
+    """A power of two in [1, MAX_BLOCK_SIZE], or a multiple of 16 up to MAX_HYBRID_BLOCK_SIZE (a hybrid's)."""
+    return (1 <= block <= MAX_BLOCK_SIZE and not block & (block - 1)) or (
+        0 < block <= MAX_HYBRID_BLOCK_SIZE and block % 16 == 0)
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # the name becomes the folder runs/<name>
 
 
@@ -245,9 +261,10 @@ def scenario_from_dict(raw: Mapping[str, Any], source: str | Path | None = None,
     hw = _parse_hardware(raw["hardware"], w)
     engine = _parse_engine(raw.get("engine"), w)
     engine = _check_window(engine, model, w)
+    engine = _check_hybrid(engine, model, hw, w)
     stage = _check_pipeline(engine, model, w)  # (the model itself without pipeline parallelism)
     _check_data_parallel(engine, model, w)
-    _check_lora(engine, model, w)
+    _check_lora(engine, model, hw, w)
     _check_network(engine, hw, w)
     budget = _check_fits(engine, stage, hw, w)
     _check_offloading(engine, stage, hw, w)
@@ -259,6 +276,15 @@ def scenario_from_dict(raw: Mapping[str, Any], source: str | Path | None = None,
                         getattr(engine.disaggregation, f"{name}_hardware") or hw, pool_where)
     cost_model = _delegate(overridden, "cost_model", lambda: _parse_cost_model(
         raw.get("cost_model"), w, base_dir, stage, hw, engine))
+    if engine.lora is not None and cost_model.name != "unit":  # a stated model: say so
+        said = ("LoRA adapters' loads and kernels are a stated model (host link and HBM reads, FLOPs at the peak: "
+                "sim/cost/lora.py), not measured")
+        cost_model = _say(cost_model, said)
+    if stage.linear_attention is not None and cost_model.name != "unit":  # say what priced those layers
+        from sim.cost import linear_attention  # (the cost layer's: its kernels' source)
+        kernels, why = linear_attention.kernels_for(stage, hw, engine.tensor_parallel_size)
+        said = linear_attention.describe(kernels, stage.linear_attention.layers) + (f" ({why})" if why else "")
+        cost_model = _say(cost_model, said)
     work = _delegate(overridden, "workload", lambda: workload.parse_workload(
         raw["workload"], label, base_dir))  # its messages read "<label>: workload.<key>: ..."
     slo = _parse_slo(raw.get("slo"), w)
@@ -280,6 +306,11 @@ def scenario_from_dict(raw: Mapping[str, Any], source: str | Path | None = None,
     scenario.__dict__["budget"] = budget  # resolved once: what cached_property would compute
     scenario.__dict__["stage_model"] = stage
     return scenario
+
+
+def _say(spec: CostModelSpec, said: str) -> CostModelSpec:
+    """`spec` with `said` added to its notice (what a run prints once about its step costs)."""
+    return dataclasses.replace(spec, notice=f"{spec.notice}; {said}" if spec.notice else said)
 
 
 def resolved_mapping(scenario: Scenario) -> dict:
@@ -453,8 +484,8 @@ def _parse_engine(v: Any, w: Where) -> EngineConfig:
     m = _section(v, "engine", w, tuple(f.name for f in fields(EngineConfig)))
     get = lambda key: _or(m.get(key), getattr(EngineConfig, key))
     at = lambda key: w("engine." + key)
-    block_size = _int(get("block_size"), at("block_size"), lo=1, hi=MAX_BLOCK_SIZE)
-    if block_size & (block_size - 1):
+    block_size = _int(get("block_size"), at("block_size"), lo=1, hi=MAX_HYBRID_BLOCK_SIZE)
+    if not block_size_ok(block_size):
         raise ScenarioError(f"{at('block_size')}: {block_size} is not a power of two "
                             f"in [1, {MAX_BLOCK_SIZE}] (vLLM uses 16)")
     blocks = get("num_gpu_blocks")
@@ -474,6 +505,7 @@ def _parse_engine(v: Any, w: Where) -> EngineConfig:
         pipeline_parallel_size=_int(get("pipeline_parallel_size"), at("pipeline_parallel_size"), lo=1,
                                     cap=MAX_COUNT),
         data_parallel_size=_int(get("data_parallel_size"), at("data_parallel_size"), lo=1, cap=MAX_COUNT),
+        all2all_backend=_choice(get("all2all_backend"), at("all2all_backend"), ALL2ALL_BACKENDS),
         replicas=_int(get("replicas"), at("replicas"), lo=1, cap=MAX_REPLICAS),
         # router (replicas > 1) and batch_timeout_s (static) are accepted and ignored where they do
         # not apply, so that a sweep over replicas or schedulers can start from any scenario.
@@ -555,6 +587,38 @@ def _check_window(engine: EngineConfig, model: ModelSpec, w: Where) -> EngineCon
     return dataclasses.replace(engine, enable_prefix_caching=False)
 
 
+def _check_hybrid(engine: EngineConfig, model: ModelSpec, hw: HardwareSpec, w: Where) -> EngineConfig:
+    """A hybrid model's linear-attention state (sim/kv/cache.StateKVCache) is modelled as vLLM keeps
+    it without prefix caching (mamba_cache_mode none), on an iteration-level engine that does both
+    phases on one GPU group: caching left at its default is off (vLLM's own default for hybrids
+    without prefix-caching support; said in docs/simulator.md), asked for it is an error. The
+    attention block grows to hold one layer's state, as vLLM sets it (memory.hybrid_block_size)."""
+    if model.linear_attention is None:
+        if not _power_of_two_block(engine.block_size):  # (multiples of 16 are a hybrid's: vLLM sets them)
+            raise ScenarioError(f"{w('engine.block_size')}: {engine.block_size} is not a power of two "
+                                f"in [1, {MAX_BLOCK_SIZE}] (vLLM uses 16)")
+        return engine
+    why = f"with {model.name}'s linear-attention layers"
+    if engine.enable_prefix_caching:
+        raise ScenarioError(f"{w('engine.enable_prefix_caching')}: prefix caching {why} is not modelled "
+                            f"(vLLM's mamba_cache_mode align); set it to false (or leave it out: off for such models)")
+    _refuse_beside(engine, w("model"), f"{model.name} (linear attention)",
+                   ("speculative", "disaggregation", "kv_offloading_size", "lora"), stages=True)
+    if engine.data_parallel_size > 1:
+        raise ScenarioError(f"{w('engine.data_parallel_size')}: data parallelism {why} is not modelled")
+    if model.kv_layout.full_groups != 1:
+        raise ScenarioError(f"{w('model')}: {model.attention_layers} attention layers beside "
+                            f"{model.linear_attention.layers} linear ones make {model.kv_layout.full_groups} "
+                            f"attention groups; servesim models hybrids with one")
+    block = memory.hybrid_block_size(model, hw, engine.tensor_parallel_size, engine.kv_cache_dtype,
+                                     engine.block_size)
+    if block > MAX_HYBRID_BLOCK_SIZE:
+        raise ScenarioError(f"{w('model')}: {model.name}'s linear-attention state needs attention blocks of "
+                            f"{block:,} tokens to hold it (vLLM's rule); servesim takes at most "
+                            f"{MAX_HYBRID_BLOCK_SIZE:,}")
+    return dataclasses.replace(engine, enable_prefix_caching=False, block_size=block)
+
+
 def _check_pipeline(engine: EngineConfig, model: ModelSpec, w: Where) -> ModelSpec:
     """Pipeline parallelism (sim/cost/pipeline.py) is modelled for an iteration-level engine that
     does both phases, on a full-attention model; returns what one stage runs (its busiest)."""
@@ -576,6 +640,9 @@ def _check_data_parallel(engine: EngineConfig, model: ModelSpec, w: Where) -> No
     expert-parallel group of a MoE model (sim/cost/expert_parallel.py), on iteration-level engines."""
     d = engine.data_parallel_size
     if d == 1:
+        if engine.all2all_backend != EngineConfig.all2all_backend:
+            raise ScenarioError(f"{w('engine.all2all_backend')}: {engine.all2all_backend!r} is used by expert "
+                                "parallelism across data-parallel ranks (engine.data_parallel_size > 1)")
         return
     at = w("engine.data_parallel_size")
     engines = d * (engine.autoscaling.max_replicas if engine.autoscaling else engine.replicas)
@@ -606,22 +673,23 @@ def _refuse_beside(engine: EngineConfig, at: str, feature: str, keys: tuple[str,
 
 def _check_network(engine: EngineConfig, hw: HardwareSpec, w: Where) -> None:
     """A replica whose pipeline stages or expert-parallel group span nodes needs the GPU's network."""
-    from sim.cost.pipeline import GPUS_PER_NODE  # (the cost layer owns the node size it prices)
-
     span = engine.gpus_per_replica if engine.pipeline_parallel_size > 1 or engine.data_parallel_size > 1 else 0
-    if span > GPUS_PER_NODE and hw.network_bandwidth <= 0:
+    if span > hw.nvlink_domain and hw.network_bandwidth <= 0:
         key = "pipeline_parallel_size" if engine.pipeline_parallel_size > 1 else "data_parallel_size"
-        raise ScenarioError(f"{w('engine.' + key)}: {span} GPUs a replica span nodes of {GPUS_PER_NODE}, and "
+        raise ScenarioError(f"{w('engine.' + key)}: {span} GPUs a replica span nodes of {hw.nvlink_domain}, and "
                             f"{hw.name} has no network figure to cross them (give hardware.network_bandwidth, "
                             "bytes/s per GPU per direction)")
 
 
-def _check_lora(engine: EngineConfig, model: ModelSpec, w: Where) -> None:
+def _check_lora(engine: EngineConfig, model: ModelSpec, hw: HardwareSpec, w: Where) -> None:
     """Multi-LoRA serving (sim/schedulers/lora.py, sim/cost/lora.py) is modelled for a dense model on
-    one iteration-level engine that does both phases."""
+    one iteration-level engine that does both phases, loading adapters across a known host link."""
     if engine.lora is None:
         return
     at = w("engine.lora")
+    if hw.host_bandwidth <= 0:
+        raise ScenarioError(f"{at}: {hw.name} has no host link bandwidth (hardware.host_bandwidth, bytes/s per "
+                            "direction: what an adapter loaded into a slot crosses); give it in the hardware mapping")
     if model.moe is not None:
         raise ScenarioError(f"{at}: LoRA adapters on {model.name}'s experts are not modelled (a dense model's are)")
     _refuse_beside(engine, at, "LoRA", ("speculative", "disaggregation", "kv_offloading_size"), stages=True)
@@ -682,10 +750,17 @@ def _parse_cost_model(v: Any, w: Where, base_dir: Path, model: ModelSpec, hw: Ha
     if engine.data_parallel_size > 1:  # DP attention + expert parallelism: the roofline's estimate
         name = v if isinstance(v, str) else next(iter(v)) if isinstance(v, dict) and len(v) == 1 else None
         if v is None:
+            from sim.cost.expert_parallel import measured_all_to_all  # (the cost layer's tables)
+
             spec = cost.parse_cost_model("roofline", model, hw, engine.tensor_parallel_size, w("cost_model"))
+            group = engine.tensor_parallel_size * engine.data_parallel_size
+            a2a, why = measured_all_to_all(model, hw, engine.all2all_backend, group)
+            said = (f"its {engine.all2all_backend} all-to-all measured (DeepEP at EP{group}, AIConfigurator tables)"
+                    if a2a is not None else
+                    f"its {engine.all2all_backend} all-to-all a stated model ({why}): sim/cost/expert_parallel.py")
             return dataclasses.replace(spec, notice=(
                 f"step costs are estimated (roofline), not measured: data_parallel_size {engine.data_parallel_size} "
-                "with expert parallelism has no measured profile (its all-to-all: sim/cost/expert_parallel.py)"))
+                f"with expert parallelism has no measured profile; {said}"))
         if name not in ("roofline", "unit"):
             raise ScenarioError(f"{w('cost_model')}: with engine.data_parallel_size > 1 the steps are priced "
                                 "by the roofline with expert parallelism's all-to-all (no measured profile "

@@ -73,7 +73,7 @@ TABLES = Path(__file__).resolve().parents[1] / "tables"  # sim/tables
 # servesim hardware preset -> its kernel tables' folder under TABLES (AIConfigurator's system name);
 # the one place the two names meet (calibrate/aic_import.py imports the tables by it)
 SYSTEMS = {"h100-sxm": "h100_sxm", "h200": "h200_sxm", "a100-80gb": "a100_sxm", "l40s": "l40s",
-           "b200": "b200_sxm"}
+           "b200": "b200_sxm", "b300": "b300_sxm", "gb200": "gb200", "gb300": "gb300"}
 HELDOUT_SHAPES = 300  # iteration shapes a tabulated profile is checked on against the composer
 
 # Elementwise work per token per layer, in elements of the activation dtype read + written: two
@@ -313,7 +313,15 @@ def gemm_shapes(model: ModelSpec, tp: int) -> list[GemmShape]:
     out = []
     if model.mla is None:
         kv, q, hd = kv_heads_per_rank(model, tp), model.num_attention_heads // tp, model.head_dim
-        out += [GemmShape("qkv", (q + 2 * kv) * hd, h, layers, lin), GemmShape("o", h, q * hd, layers, lin)]
+        gate = q if model.attention_output_gate else 0  # (Qwen3-Next's q_proj also makes the output gate)
+        full = model.attention_layers
+        out += [GemmShape("qkv", (q + gate + 2 * kv) * hd, h, full, lin), GemmShape("o", h, q * hd, full, lin)]
+    lin_attn = model.linear_attention
+    if lin_attn is not None:  # Gated DeltaNet: in_proj_qkvz, in_proj_ba, out_proj (its kernels: linear_attention.py)
+        n = lin_attn.layers
+        out += [GemmShape("gdn_qkvz", (2 * lin_attn.key_dim + 2 * lin_attn.value_dim) // tp, h, n, lin),
+                GemmShape("gdn_ba", 2 * lin_attn.num_value_heads // tp, h, n, lin),
+                GemmShape("gdn_out", h, lin_attn.value_dim // tp, n, lin)]
     dense = layers if m is None else m.dense_layers
     if dense:
         inter = model.intermediate_size // tp
@@ -395,7 +403,9 @@ class StepComposer:
         inter = (dense * model.intermediate_size + self.moe_layers * shared) / model.num_layers / tp
         # rope on q and k (MLA: inside the measured module)
         heads = model.num_attention_heads // tp + kv_heads_per_rank(model, tp)
-        dims = 0 if model.mla is not None else heads * model.head_dim
+        dims: float = 0 if model.mla is not None else heads * model.head_dim
+        if model.linear_attention is not None:  # rope in the attention layers only, averaged over all
+            dims = dims * model.attention_layers / model.num_layers
         elements = 2 * 2 * model.hidden_size + 3 * inter + 2 * 3 * model.hidden_size + 2 * dims
         self._elementwise_s_per_token = (model.num_layers * elements * model.dtype_bytes
                                          / (tables.hbm_bandwidth * ELEMENTWISE_BANDWIDTH_EFFICIENCY))
@@ -562,7 +572,7 @@ class StepComposer:
         lens, contexts = stats.prefill_lens.tolist(), stats.prefill_contexts.tolist()
         tokens = sum(lens) + stats.num_decodes
         seqs = len(lens) + stats.num_decodes
-        layers = self.model.num_layers
+        layers = self.model.attention_layers  # (a hybrid's linear-attention kernels: linear_attention.py)
         out = {s.name: s.layers * self.gemm_ms(s.name, tokens) for s in self.layer_gemms}
         if self._moe is not None:
             out["experts"] = self.moe_layers * self.experts_ms(tokens)
@@ -570,7 +580,7 @@ class StepComposer:
         out["prefill_attention"] = layers * self.prefill_attention_ms(lens, contexts)
         out["decode_attention"] = layers * self.decode_attention_ms(stats.num_decodes,
                                                                     stats.decode_context_sum)
-        out["allreduce"] = 2 * layers * self.allreduce_ms(tokens)
+        out["allreduce"] = 2 * self.model.num_layers * self.allreduce_ms(tokens)
         out["elementwise"] = 1e3 * self._elementwise_s_per_token * tokens
         out["cpu_overhead"] = 1e3 * (self.cpu_overhead_s + self.cpu_overhead_per_seq_s * seqs)
         return out
@@ -622,9 +632,9 @@ def tabulate(composer: StepComposer, max_tokens: int = 32768) -> dict:
 
 
 def attention_grids(composer: StepComposer) -> dict:
-    """The decode and prefill attention terms (seconds, every layer) on the attention table's grid,
-    for the composer's KV-cache dtype."""
-    layers = composer.model.num_layers
+    """The decode and prefill attention terms (seconds, every attention layer) on the attention
+    table's grid, for the composer's KV-cache dtype."""
+    layers = composer.model.attention_layers
     batch, kv = composer.attention_axes("decode")
     chunks, length = composer.attention_axes("prefill")
     dec = [[layers * composer.decode_attention_ms(b, b * c) / 1e3 for c in kv] for b in batch]

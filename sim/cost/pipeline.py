@@ -22,8 +22,9 @@ the whole model's time, while the other stages idle).
   that) and spread longest first onto the microbatch with the fewest tokens so far.
 - A hop sends a microbatch's hidden states (tokens x hidden_size x dtype bytes, every TP rank its own
   copy over its own link) to the next stage: over NVLink (the hardware's interconnect_bandwidth,
-  2 us) while the replica fits one node of GPUS_PER_NODE GPUs, over the GPU's network when it spans
-  nodes (hardware.network_bandwidth: 50 GB/s a GPU on H100, H200 and B200; InfiniBand's 5 us).
+  2 us) while the replica fits one NVLink domain (hardware.nvlink_domain: 8 GPUs, 72 on NVL72
+  racks), over the GPU's network when it spans nodes (hardware.network_bandwidth: 50 GB/s a GPU on
+  H100, H200 and B200; InfiniBand's 5 us).
   Every stage is charged one (the last returns sampled tokens instead: a little over).
 """
 from __future__ import annotations
@@ -36,17 +37,19 @@ from sim.cost.batch import BatchStats
 from sim.cost.step_cost import CostModel, StepCost, as_cost_model
 
 GPUS_PER_NODE = 8  # HGX/DGX boards (and MI300X platforms): 8 GPUs on one NVLink/Infinity Fabric
+# (hardware.nvlink_domain says it per GPU: 72 on GB200/GB300 NVL72 racks)
 
 
 def hop_link(hardware, gpus_per_replica: int) -> tuple[float, float]:
     """(bytes/s, latency s) of a stage-to-stage hop for a replica of `gpus_per_replica` GPUs: the
     GPU's NVLink within one node, its network (hardware.network_bandwidth, InfiniBand's latency)
     past it. ScenarioError where the hardware has no network figure."""
-    if gpus_per_replica <= GPUS_PER_NODE:
+    if gpus_per_replica <= hardware.nvlink_domain:
         return hardware.interconnect_bandwidth, LINKS["nvlink"][1]
     if hardware.network_bandwidth <= 0:
-        raise ScenarioError(f"{gpus_per_replica} GPUs a replica span nodes of {GPUS_PER_NODE}, and {hardware.name} "
-                            "has no network figure (hardware.network_bandwidth, bytes/s per GPU per direction)")
+        raise ScenarioError(f"{gpus_per_replica} GPUs a replica span nodes of {hardware.nvlink_domain}, and "
+                            f"{hardware.name} has no network figure (hardware.network_bandwidth, bytes/s per GPU "
+                            "per direction)")
     return hardware.network_bandwidth, LINKS["infiniband"][1]
 
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from sim.config.checks import MAX_STEP_SECONDS, _num, _section, check_input_file, load_yaml
 from sim.config.errors import ScenarioError
-from sim.cost import measured
+from sim.cost import linear_attention, measured
 from sim.cost.overheads import OVERHEAD_KEYS, EngineOverheads, default_overheads, parse_overheads, serving_error_band
 
 # the per-iteration models, importable from here as before (the contract above names them)
@@ -306,6 +306,9 @@ class CostModelSpec:
         built = COST_MODELS[self.name].build(options, model, hardware, tensor_parallel_size)
         if model.sliding_layers:
             built = WindowedCost(built, model.sliding_layers / model.num_layers, model.sliding_window)
+        if model.linear_attention is not None and self.name != "unit":  # (unit: one per step, whatever runs)
+            kernels, _ = linear_attention.kernels_for(model, hardware, tensor_parallel_size)
+            built = linear_attention.LinearAttentionCost(built, kernels, model.linear_attention.layers)
         return built if self.scale == 1.0 else ScaledCost(built, self.scale)
 
     def as_yaml(self) -> Any:

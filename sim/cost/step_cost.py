@@ -207,8 +207,9 @@ class RooflineCost(StepCost):
         q_heads = model.num_attention_heads // tp
         per_head = 4 * model.head_dim if model.mla is None else (
             2 * (model.mla.kv_lora_rank + model.mla.qk_rope_head_dim) + 2 * model.mla.kv_lora_rank)
-        self._s_per_pair = (4 * model.num_layers * q_heads * model.head_dim / flop_s if model.mla is None
-                            else model.num_layers * q_heads * per_head / flop_s)
+        # (softmax attention's layers only: a hybrid's linear-attention layers are LinearAttentionCost's)
+        self._s_per_pair = (4 * model.attention_layers * q_heads * model.head_dim / flop_s if model.mla is None
+                            else model.attention_layers * q_heads * per_head / flop_s)
         # KV reads at the cache's dtype (engine.kv_cache_dtype: fp8 halves them)
         self._s_per_kv_token = kv_bytes_per_token_per_rank(model, tp, kv_cache_dtype) / byte_s
         # Ring all-reduce of the hidden state, twice per layer (after attention and after MLP).

@@ -173,3 +173,27 @@ class ContiguousKVCache:
     def release(self, rid) -> None:
         self.free_tokens += int(self.reserved[rid].sum())
         self.reserved[rid] = 0
+
+
+class StateKVCache(PagedKVCache):
+    """vLLM's hybrid KV-cache manager for a model with linear-attention layers (Qwen3-Next): the
+    pool's blocks serve both kinds of group (sim/presets/models.KVLayout): a request holds, in each
+    full-attention group, the blocks of its tokens, and in each linear-attention group one block,
+    its recurrent state (vLLM's MambaManager with mamba_cache_mode none), from its first computed
+    token until it finishes or is preempted. Without prefix caching (vLLM's default for hybrids
+    here: sim/config/scenario.py)."""
+
+    def __init__(self, num_blocks: int, block_size: int, layout):
+        super().__init__(num_blocks, block_size)
+        self.layout = layout
+        self.full, self.states = layout.full_groups, layout.state_groups
+
+    def blocks_for(self, num_tokens):
+        """(arrays too) the attention blocks of `num_tokens` tokens in each full group, and one
+        state block in each linear group once there is a token"""
+        return self.full * -(-num_tokens // self.block_size) + self.states * (num_tokens > 0)
+
+    def slots_needed(self, prompt: np.ndarray, output: np.ndarray, block_size: int):
+        return self.blocks_for(prompt + output - 1) * block_size, (
+            f"prompt + output - 1 tokens of KV in {self.full} attention group(s) and one "
+            f"state block in each of {self.states} linear-attention group(s)")

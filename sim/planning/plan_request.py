@@ -227,6 +227,13 @@ def prepare(r: PlanRequest, note: Callable[[str], None] | None = None) -> PlanJo
     unplanned = sorted(set(parse_prices(r.price)) - set(planned))
     if unplanned:
         raise ScenarioError(f"--price {unplanned[0]}: not a GPU this plan uses ({', '.join(planned)})")
+    given = parse_prices(r.price)
+    for gpu in dict.fromkeys(planned):  # a preset without a citable price is not free: ask for one
+        own = sc.hardware.usd_per_hour if gpu == sc.hardware.name else 0.0
+        preset = HARDWARE_PRESETS.get(gpu)
+        if preset is not None and preset.usd_per_hour == 0 and not own and gpu not in given and r.gpu_hour_usd is None:
+            raise ScenarioError(f"--price: {gpu} has no preset price (no public on-demand rate servesim can cite); "
+                                f"give yours: --price {gpu}=USD (per GPU-hour), or hardware.usd_per_hour")
     if sc.cost_model.notice and note is not None:
         note(sc.cost_model.notice)
     if r.slo is not None:

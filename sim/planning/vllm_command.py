@@ -31,6 +31,7 @@ HF_REPOS = {
     "deepseek-v3": "deepseek-ai/DeepSeek-V3",
     "gpt-oss-20b": "openai/gpt-oss-20b",
     "gpt-oss-120b": "openai/gpt-oss-120b",
+    "qwen3-next-80b-a3b": "Qwen/Qwen3-Next-80B-A3B-Instruct",
 }
 
 
@@ -79,7 +80,8 @@ def vllm_serve(scenario, setting: dict | None = None) -> str | None:
             "--max-num-seqs", str(knobs["max_num_seqs"]),
             "--max-num-batched-tokens", str(knobs["max_num_batched_tokens"]),
             "--gpu-memory-utilization", f"{knobs['gpu_memory_utilization']:g}",
-            "--block-size", str(knobs["block_size"]),
+            # (a hybrid's block is vLLM's own choice, raised to hold a layer's state: not given)
+            *(["--block-size", str(knobs["block_size"])] if scenario.model.linear_attention is None else []),
             "--enable-chunked-prefill" if kind.chunks_prompts else "--no-enable-chunked-prefill"]
     caching = knobs["enable_prefix_caching"]
     if caching is not None:  # None: vLLM's default (on), like servesim's
@@ -88,6 +90,8 @@ def vllm_serve(scenario, setting: dict | None = None) -> str | None:
         args += ["--kv-cache-dtype", knobs["kv_cache_dtype"]]
     if knobs["enable_expert_parallel"]:
         args.append("--enable-expert-parallel")
+    if knobs["data_parallel_size"] > 1 and e.all2all_backend != "allgather_reducescatter":  # (vLLM's default)
+        args += ["--all2all-backend", e.all2all_backend]
     if e.lora is not None:  # multi-LoRA serving; adapters themselves: --lora-modules name=path ...
         args += ["--enable-lora", "--max-loras", str(e.lora.max_loras), "--max-lora-rank", str(e.lora.max_lora_rank)]
     if knobs["kv_offloading_size"] is not None:  # GiB over all TP ranks, the native backend

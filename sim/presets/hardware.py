@@ -15,14 +15,21 @@ unless the hardware mapping gives one.
 Host links: the datasheets' PCIe figure, which is bidirectional, halved (Gen5 x16: 128 GB/s -> 64
 GB/s per direction; Gen4 x16: 64 -> 32): a peak; DMA copies of KV blocks reach less.
 Prices are rounded on-demand estimates per GPU-hour from GPU clouds (mid-2025), not quotes;
-override `usd_per_hour` in a scenario for your own contract. See docs/cost_models.md.
+override `usd_per_hour` in a scenario for your own contract. See docs/cost_models.md. A preset with
+no public rate servesim can cite (B300, GB200, GB300, MI355X) has usd_per_hour 0, "unknown": the
+planner asks for a price (--price GPU=USD, or hardware.usd_per_hour) rather than rank it as free.
+NVLink domains: HGX/DGX boards join 8 GPUs; GB200/GB300 NVL72 racks join 72 over NVLink switches
+(`nvlink_domain`), so a replica of up to 72 GPUs there never crosses the slower network.
+The B300, GB200 and GB300 figures are those of NVIDIA AIConfigurator's system files
+(aiconfigurator-core 0.12.0, Apache-2.0, citing NVIDIA's Blackwell datasheets), whose kernel tables
+servesim ships for them (sim/tables/); memory is the marketed capacity as for the others.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from dataclasses import fields as dc_fields
 
-from sim.config.checks import MAX_BYTES, MAX_RATE_PHYSICAL, MAX_USD_PER_HOUR, _num, _text, check_fields
+from sim.config.checks import MAX_BYTES, MAX_RATE_PHYSICAL, MAX_USD_PER_HOUR, _int, _num, _text, check_fields
 
 
 @dataclass(frozen=True)
@@ -40,6 +47,9 @@ class HardwareSpec:
     # bytes/s per direction per GPU to other nodes (its scale-out NIC): what pipeline stages and
     # expert-parallel groups spanning nodes cross (sim/cost/pipeline.hop_link); 0: unknown
     network_bandwidth: float = 0.0
+    # GPUs one NVLink (Infinity Fabric) domain joins: a replica of at most this many GPUs crosses
+    # only interconnect_bandwidth (8: an HGX board; 72: a GB200/GB300 NVL72 rack)
+    nvlink_domain: int = 8
 
 
 HARDWARE_PRESETS: dict[str, HardwareSpec] = {
@@ -65,6 +75,26 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
     # median on-demand MI300X rate over the providers listed by cliffcenter.com (2026-05), $1.99.
     "mi300x": HardwareSpec("mi300x", 192e9, 5.3e12, 1.3e15, 448e9, 1.99, fp8_flops=2.6e15,
                           host_bandwidth=64e9),
+    # B300 (HGX B300, Blackwell Ultra, 288 GB HBM3e): 7.75 TB/s (62 TB/s over 8), 2.25 PFLOP/s dense
+    # bf16, 4.5 fp8, NVLink5 900 GB/s a direction, PCIe Gen6 (128 GB/s a direction), one ConnectX-8
+    # 800 Gb/s (100 GB/s) a GPU. Measured kernel tables (sim/tables/b300_sxm). Price unknown.
+    "b300": HardwareSpec("b300", 288e9, 7.75e12, 2.25e15, 900e9, 0.0, fp8_flops=4.5e15, host_bandwidth=128e9,
+                         network_bandwidth=100e9),
+    # GB200 (NVL72: 13.4 TB HBM3e over 72 GPUs, 186 GB each): 8 TB/s, 2.5 PFLOP/s dense bf16, 5 fp8,
+    # NVLink5 900 GB/s a direction to all 72 GPUs of the rack; the host is a Grace CPU over
+    # NVLink-C2C (900 GB/s both ways, shared by its 2 GPUs: 225 GB/s a GPU a direction); 100 GB/s a
+    # GPU between racks (ConnectX-8). Measured kernel tables (sim/tables/gb200). Price unknown.
+    "gb200": HardwareSpec("gb200", 186e9, 8.0e12, 2.5e15, 900e9, 0.0, fp8_flops=5.0e15, host_bandwidth=225e9,
+                          network_bandwidth=100e9, nvlink_domain=72),
+    # GB300 (NVL72, Blackwell Ultra, 288 GB HBM3e): 8 TB/s, 2.5 PFLOP/s dense bf16, 5 fp8; links as
+    # GB200's. Measured kernel tables (sim/tables/gb300). Price unknown.
+    "gb300": HardwareSpec("gb300", 288e9, 8.0e12, 2.5e15, 900e9, 0.0, fp8_flops=5.0e15, host_bandwidth=225e9,
+                          network_bandwidth=100e9, nvlink_domain=72),
+    # AMD Instinct MI355X (CDNA 4, 288 GB HBM3E): 8 TB/s, 5 PFLOP/s dense fp8 (AMD at ISSCC 2026, as
+    # reported) and half that in bf16, Infinity Fabric 7 links x 153.6 GB/s both ways = 537.6 GB/s a
+    # direction, PCIe Gen5. No kernel tables: the roofline's estimate, said so. Price unknown.
+    "mi355x": HardwareSpec("mi355x", 288e9, 8.0e12, 2.5e15, 537.6e9, 0.0, fp8_flops=5.0e15,
+                           host_bandwidth=64e9),
 }
 
 _FIELDS = tuple(f.name for f in dc_fields(HardwareSpec))
@@ -72,6 +102,7 @@ _BOUNDS = {"memory_bytes": MAX_BYTES, "hbm_bandwidth": MAX_RATE_PHYSICAL, "bf16_
            "interconnect_bandwidth": MAX_RATE_PHYSICAL, "usd_per_hour": MAX_USD_PER_HOUR,
            "fp8_flops": MAX_RATE_PHYSICAL, "host_bandwidth": MAX_RATE_PHYSICAL,
            "network_bandwidth": MAX_RATE_PHYSICAL}
+MAX_NVLINK_DOMAIN = 100_000  # GPUs (NVL576 is the largest announced)
 _REQUIRED = ("memory_bytes", "hbm_bandwidth", "bf16_flops")
 
 
@@ -80,9 +111,11 @@ def hardware_from_fields(fields: dict, where: str) -> HardwareSpec:
     bytes/s, FLOP/s, USD/hour (host_bandwidth: bytes/s, the PCIe link per direction). `where`
     prefixes messages, e.g. "chat.yaml: hardware"."""
     check_fields(fields, where, _FIELDS, _REQUIRED)
-    values = {k: _num(fields[k], f"{where}.{k}", 0, open_lo=k in _REQUIRED, cap=_BOUNDS[k])
-              for k in _FIELDS if k != "name" and k in fields}
-    return HardwareSpec(name=_text(fields.get("name", "custom"), f"{where}.name"), **values)
+    values: dict[str, float | int] = {k: _num(fields[k], f"{where}.{k}", 0, open_lo=k in _REQUIRED, cap=_BOUNDS[k])
+                                      for k in _FIELDS if k not in ("name", "nvlink_domain") and k in fields}
+    if "nvlink_domain" in fields:
+        values["nvlink_domain"] = _int(fields["nvlink_domain"], f"{where}.nvlink_domain", lo=1, cap=MAX_NVLINK_DOMAIN)
+    return HardwareSpec(name=_text(fields.get("name", "custom"), f"{where}.name"), **values)  # type: ignore[arg-type]
 
 
 def is_preset(hardware: HardwareSpec) -> bool:

@@ -82,7 +82,41 @@ def kv_bytes_per_token_per_rank(model: ModelSpec, tensor_parallel_size: int,
     if model.mla is not None:
         return model.kv_elements_per_token * elem
     heads = kv_heads_per_rank(model, tensor_parallel_size)
-    return 2 * model.num_layers * heads * model.head_dim * elem
+    return 2 * model.attention_layers * heads * model.head_dim * elem
+
+
+def linear_state_bytes(model: ModelSpec, tensor_parallel_size: int) -> int:
+    """One linear-attention layer's state for one sequence on one GPU, bytes (vLLM's
+    gated_delta_net_state_shape, split by TP): the conv state, conv_kernel - 1 inputs of q, k and v
+    at the model's dtype, and the recurrent state, value heads x value_head_dim x key_head_dim at
+    the state's dtype. Qwen3-Next at TP1: 3 x 8,192 x 2 + 32 x 128 x 128 x 2 = 1,097,728 B."""
+    lin = model.linear_attention
+    assert lin is not None  # (asked of hybrid models only)
+    tp = tensor_parallel_size
+    conv = (lin.conv_kernel - 1) * (lin.conv_dim // tp) * model.dtype_bytes
+    temporal = lin.num_value_heads // tp * lin.value_head_dim * lin.key_head_dim
+    return conv + temporal * (lin.state_dtype_bytes or model.dtype_bytes)
+
+
+# Blackwell GPUs (compute capability 10.0) run FlashInfer, which has no 16-token blocks at head_dim
+# 256: vLLM aligns a hybrid's attention block to 32 tokens there (HybridAttentionMambaModelConfig)
+_ALIGN_32_AT_HEAD_256 = ("b200", "gb200")
+
+
+def hybrid_block_size(model: ModelSpec, hardware: HardwareSpec, tensor_parallel_size: int,
+                      kv_cache_dtype: str = "auto", block_size: int = 16) -> int:
+    """The attention block size vLLM runs a hybrid model at (`block_size` for any other model): one
+    block of an attention layer must hold at least one linear-attention layer's state, so vLLM
+    raises a smaller block to the least multiple of 16 tokens (32 on Blackwell at head_dim 256)
+    whose K and V reach the state's bytes, and pads the state to that page (its
+    HybridAttentionMambaModelConfig without prefix caching). Qwen3-Next at TP1, bf16 KV: 2 KV heads
+    x 256 x 2 x 2 B = 2,048 B a token, 1,097,728 / 2,048 = 536 -> 544 tokens."""
+    if model.linear_attention is None:
+        return block_size
+    per_token = kv_bytes_per_token_per_rank(model, tensor_parallel_size, kv_cache_dtype) // model.attention_layers
+    align = 32 if hardware.name in _ALIGN_32_AT_HEAD_256 and model.head_dim == 256 else 16
+    need = align * -(-linear_state_bytes(model, tensor_parallel_size) // (align * per_token))
+    return max(block_size, need)
 
 
 def weights_per_gpu(model: ModelSpec, tp: int, expert_parallel: bool = False, data_parallel: int = 1) -> float:
@@ -149,6 +183,10 @@ def _check_args(model, tp, util, block_size, max_tokens, override, where) -> Non
     if override is not None and (isinstance(override, bool) or not isinstance(override, int)
                                  or override < 1):
         raise _fail(where, f"num_gpu_blocks must be a positive integer, got {override!r}")
+    lin = model.linear_attention
+    if lin is not None and (lin.num_key_heads % tp or lin.num_value_heads % tp):
+        raise _fail(where, f"tensor_parallel_size {tp} does not divide {model.name}'s linear-attention "
+                           f"heads ({lin.num_key_heads} key, {lin.num_value_heads} value)")
 
 
 def kv_budget(model: ModelSpec, hardware: HardwareSpec, *, tensor_parallel_size: int,
@@ -174,9 +212,17 @@ def kv_budget(model: ModelSpec, hardware: HardwareSpec, *, tensor_parallel_size:
     # (reserved_bytes: held beside the weights, e.g. LoRA adapter slots: lora_slot_bytes)
     reserve = activation_reserve_bytes(model, tp, max_num_batched_tokens) + reserved_bytes
     per_token = kv_bytes_per_token_per_rank(model, tp, kv_cache_dtype)
-    layout = model.kv_layout if model.sliding_layers else None
-    # one block: block_size tokens of one group's layers (all layers, without a sliding window)
-    block_bytes = block_size * (per_token if layout is None else per_token // model.num_layers * layout.group_layers)
+    layout = model.kv_layout if model.sliding_layers or model.linear_attention else None
+    # one block: block_size tokens of one group's layers (all layers, without a sliding window or
+    # linear attention); a linear-attention group's block is one state, padded to the same bytes
+    block_bytes = block_size * (per_token if layout is None
+                                else per_token // model.attention_layers * layout.group_layers)
+    if model.linear_attention is not None:
+        need = hybrid_block_size(model, hardware, tp, kv_cache_dtype, 1)
+        if block_size < need:
+            raise _fail(where, f"block_size {block_size} is too small for {model.name}: a block of K and V "
+                               f"must hold one linear-attention state ({linear_state_bytes(model, tp):,} "
+                               f"bytes per GPU); vLLM raises it to {need}")
     blocks = num_gpu_blocks
     if blocks is None:
         blocks = int((usable - weights - reserve) // block_bytes)

@@ -45,6 +45,45 @@ class MLASpec:
 
 
 @dataclass(frozen=True)
+class LinearAttentionSpec:
+    """Gated DeltaNet layers (Qwen3-Next; vLLM's GatedDeltaNet, `linear_attention` in layer_types):
+    in place of a KV cache each keeps, per sequence, a recurrent state of num_value_heads x
+    value_head_dim x key_head_dim and the last conv_kernel - 1 inputs of its short convolution over
+    q, k and v, whatever the sequence's length (vLLM's MambaStateShapeCalculator.gated_delta_net_state_shape)."""
+    layers: int                # decoder layers with linear attention (the others: full attention)
+    num_key_heads: int         # linear_num_key_heads (q and k share them)
+    num_value_heads: int       # linear_num_value_heads
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel: int = 4       # linear_conv_kernel_dim
+    state_dtype_bytes: int = 0  # the recurrent state's bytes per element (0: the model's dtype, vLLM's
+    #                             mamba_ssm_cache_dtype auto)
+
+    @property
+    def key_dim(self) -> int:
+        return self.num_key_heads * self.key_head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_value_heads * self.value_head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the short convolution: q, k and v."""
+        return 2 * self.key_dim + self.value_dim
+
+    def layer_params(self, hidden: int) -> int:
+        """One layer's projection weights: in_proj_qkvz (q, k, v and the output gate z), in_proj_ba
+        (the per-head beta and decay inputs) and out_proj."""
+        return hidden * (2 * self.key_dim + 2 * self.value_dim) + hidden * 2 * self.num_value_heads \
+            + self.value_dim * hidden
+
+    def other_params(self) -> int:
+        """One layer's small weights: the conv filters, A_log and dt_bias per value head, the gated norm."""
+        return self.conv_dim * self.conv_kernel + 2 * self.num_value_heads + self.value_head_dim
+
+
+@dataclass(frozen=True)
 class KVLayout:
     """How vLLM's hybrid KV-cache manager groups a model's attention layers (vLLM 0.32,
     `kv_cache_utils._get_kv_cache_groups_uniform_page_size`). Every block of the shared pool holds
@@ -55,9 +94,13 @@ class KVLayout:
     full_groups: int = 1       # groups of full-attention layers
     sliding_groups: int = 0    # groups of sliding-window layers
     window: int = 0            # sliding window, tokens (0: none)
+    # groups of linear-attention (state) layers (vLLM's MambaManager, mamba_cache_mode none): a
+    # request holds one block in each, its state, from its first computed token to its end
+    state_groups: int = 0
 
     @property
     def groups(self) -> int:
+        """Groups of attention layers (their blocks grow with the sequence)."""
         return self.full_groups + self.sliding_groups
 
     def behind(self, tokens: int, block_size: int) -> int:
@@ -66,9 +109,11 @@ class KVLayout:
         return max(0, tokens - self.window + 1) // block_size if self.sliding_groups else 0
 
     def held(self, tokens: int, block_size: int) -> int:
-        """Blocks, over every group, a request holds for `tokens` computed tokens."""
+        """Blocks, over every group, a request holds for `tokens` computed tokens (arrays too, without
+        a sliding window)."""
         blocks = -(-tokens // block_size)
-        return self.groups * blocks - self.sliding_groups * self.behind(tokens, block_size)
+        held = self.groups * blocks - self.sliding_groups * self.behind(tokens, block_size)
+        return held + self.state_groups * (tokens > 0) if self.state_groups else held
 
 
 @dataclass(frozen=True)
@@ -102,12 +147,28 @@ class ModelSpec:
     # tokens; the others attend everything. 0, 0: full attention everywhere.
     sliding_window: int = 0
     sliding_layers: int = 0
+    # Hybrid models (Qwen3-Next): linear_attention.layers of the layers are Gated DeltaNet, the
+    # others full attention; None: every layer attends
+    linear_attention: LinearAttentionSpec | None = None
+    # full-attention layers gate their output by a sigmoid of a second query-sized projection
+    # (Qwen3-Next's attn_output_gate: q_proj twice as wide)
+    attention_output_gate: bool = False
+
+    @property
+    def attention_layers(self) -> int:
+        """Layers with softmax attention (and a KV cache): all of them but the linear-attention ones."""
+        return self.num_layers - (self.linear_attention.layers if self.linear_attention else 0)
 
     @property
     def kv_layout(self) -> KVLayout:
         """vLLM's KV-cache groups for this model. One attention type: one group of every layer.
-        Both types: groups of `min(full, sliding)` layers each (`max` when the larger count is
-        under 1.5x the smaller), the last group of a type padded with unused layers."""
+        Two types (full and sliding attention, or attention and linear attention's state): groups
+        of `min(a, b)` layers each (`max` when the larger count is under 1.5x the smaller), the
+        last group of a type padded with unused layers."""
+        if self.linear_attention is not None:
+            full, state = self.attention_layers, self.linear_attention.layers
+            size = min(full, state) if max(full, state) >= 1.5 * min(full, state) else max(full, state)
+            return KVLayout(size, -(-full // size), state_groups=-(-state // size))
         sliding, full = self.sliding_layers, self.num_layers - self.sliding_layers
         if not sliding:
             return KVLayout(self.num_layers)
@@ -126,10 +187,11 @@ class ModelSpec:
 
     @property
     def attention_params(self) -> int:
-        """Weights of one layer's attention projections."""
+        """Weights of one full-attention layer's projections."""
         h, heads = self.hidden_size, self.num_attention_heads
         if self.mla is None:
-            return h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h
+            gate = h * self.q_dim if self.attention_output_gate else 0
+            return h * self.q_dim + gate + 2 * h * self.kv_dim + self.q_dim * h
         a = self.mla
         q_head = a.qk_nope_head_dim + a.qk_rope_head_dim
         q = h * heads * q_head if not a.q_lora_rank else h * a.q_lora_rank + a.q_lora_rank * heads * q_head
@@ -150,13 +212,20 @@ class ModelSpec:
         return self.active_layer_params_total // self.num_layers
 
     @property
+    def mixer_params_total(self) -> int:
+        """Every layer's attention projections: full attention's, and linear attention's where it is."""
+        lin = self.linear_attention
+        linear = lin.layers * lin.layer_params(self.hidden_size) if lin is not None else 0
+        return self.attention_layers * self.attention_params + linear
+
+    @property
     def active_layer_params_total(self) -> int:
-        return sum(self.attention_params + self._mlp_params(i, True) for i in range(self.num_layers))
+        return self.mixer_params_total + sum(self._mlp_params(i, True) for i in range(self.num_layers))
 
     @property
     def linear_params_total(self) -> int:
         """Every decoder layer's linear weights (MoE: every expert)."""
-        return sum(self.attention_params + self._mlp_params(i, False) for i in range(self.num_layers))
+        return self.mixer_params_total + sum(self._mlp_params(i, False) for i in range(self.num_layers))
 
     @property
     def matmul_params(self) -> int:
@@ -171,7 +240,9 @@ class ModelSpec:
         norms = self.layer_norms * h + (self.mla.kv_lora_rank + self.mla.q_lora_rank if self.mla else 0)
         embed = self.vocab_size * h
         lm_head = 0 if self.tie_word_embeddings else self.vocab_size * h
-        return embed + self.num_layers * (bias + norms) + h + lm_head  # + final norm
+        lin = self.linear_attention
+        small = lin.layers * lin.other_params() if lin is not None else 0
+        return embed + self.attention_layers * bias + self.num_layers * norms + small + h + lm_head  # + final norm
 
     @property
     def num_params(self) -> int:
@@ -208,7 +279,7 @@ class ModelSpec:
         latent and the rope key."""
         if self.mla is not None:
             return self.num_layers * (self.mla.kv_lora_rank + self.mla.qk_rope_head_dim)
-        return 2 * self.num_layers * self.kv_dim
+        return 2 * self.attention_layers * self.kv_dim
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -234,7 +305,10 @@ def pipeline_stage(model: ModelSpec, pipeline_parallel_size: int) -> ModelSpec:
     moe = model.moe
     if moe is not None:
         moe = replace(moe, dense_layers=max(0, moe.dense_layers - (model.num_layers - layers)))
-    return replace(model, num_layers=layers, moe=moe)
+    lin = model.linear_attention
+    if lin is not None:  # its share of linear-attention layers, rounded down (attention keeps the KV)
+        lin = replace(lin, layers=lin.layers * layers // model.num_layers)
+    return replace(model, num_layers=layers, moe=moe, linear_attention=lin)
 
 
 # quant_method -> bytes per routed-expert weight, for methods that quantise only the experts
@@ -284,6 +358,16 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     # Not a published checkpoint: a 125M-parameter Llama (GQA 12/4 heads) that real vLLM runs on a
     # CPU with random weights, for `servesim validate --engine vllm` (docs/validation.md).
     "llama-125m": _llama("llama-125m", 12, 768, 12, 4, 2048, 32000),
+    # Hybrid: Qwen3-Next-80B-A3B (Qwen/Qwen3-Next-80B-A3B-Instruct config.json): every fourth layer
+    # full attention with an output gate (16 query, 2 KV heads of 256), the other 36 Gated
+    # DeltaNet (16 key, 32 value heads of 128, conv 4); 512 experts of 512, 10 a token, plus one
+    # shared expert as wide. 79,674,286,848 weights counted: the published 79,674,391,296 less the
+    # shared experts' gates (48 x 2,048) and the q/k norms (12 x 2 x 256), not counted here.
+    "qwen3-next-80b-a3b": ModelSpec("qwen3-next-80b-a3b", 48, 2048, 16, 2, 256, 5120, 151936,
+                                    moe=MoESpec(num_experts=512, experts_per_token=10,
+                                                expert_intermediate_size=512, shared_experts=1),
+                                    linear_attention=LinearAttentionSpec(36, 16, 32, 128, 128, 4),
+                                    attention_output_gate=True),
     # Small enough for CPU calibration runs and fast tests.
     "tiny": ModelSpec("tiny", 2, 64, 4, 2, 16, 128, 256),
 }
@@ -322,7 +406,7 @@ def model_from_fields(fields: dict, where: str) -> ModelSpec:
     if dtype_bytes not in (1, 2, 4) or isinstance(dtype_bytes, bool):
         raise ScenarioError(f"{at('dtype_bytes')}: {_show(dtype_bytes)} is not one of 1, 2, 4")
     parts: dict[str, Any] = {}
-    for key, cls in (("moe", MoESpec), ("mla", MLASpec)):
+    for key, cls in (("moe", MoESpec), ("mla", MLASpec), ("linear_attention", LinearAttentionSpec)):
         if fields.get(key) is not None:
             names = tuple(f.name for f in dc_fields(cls))
             required = tuple(f.name for f in dc_fields(cls) if f.default is dataclasses.MISSING)
@@ -338,6 +422,12 @@ def model_from_fields(fields: dict, where: str) -> ModelSpec:
     if sliding and parts.get("mla") is not None:
         raise ScenarioError(f"{at('sliding_window')}: a sliding window over latent attention (mla) "
                             f"is not modelled")
+    lin = parts.get("linear_attention")
+    if lin is not None:
+        _check_linear_attention(lin, v["num_layers"], at("linear_attention"))
+        if sliding or parts.get("mla") is not None:
+            raise ScenarioError(f"{at('linear_attention')}: linear attention beside "
+                                f"{'a sliding window' if sliding else 'latent attention (mla)'} is not modelled")
     lwb = fields.get("linear_weight_bytes")
     if lwb is not None and (isinstance(lwb, bool) or lwb not in (0.5, 1, 2, 4)):
         raise ScenarioError(f"{at('linear_weight_bytes')}: {_show(lwb)} is not one of 0.5, 1, 2, 4")
@@ -358,9 +448,26 @@ def model_from_fields(fields: dict, where: str) -> ModelSpec:
         sliding_layers=sliding, **parts,
         tie_word_embeddings=_bool(fields.get("tie_word_embeddings", False), at("tie_word_embeddings")),
         attention_bias=_bool(fields.get("attention_bias", False), at("attention_bias")),
+        attention_output_gate=_bool(fields.get("attention_output_gate", False), at("attention_output_gate")),
         layer_norms=_int(fields.get("layer_norms", 2), at("layer_norms"), lo=0, cap=MAX_COUNT),
         **v,
     )
+
+
+def _check_linear_attention(lin: LinearAttentionSpec, num_layers: int, where: str) -> None:
+    """A hybrid keeps both kinds of layer, heads and dims of at least one, a state dtype of 1, 2 or 4 bytes."""
+    if not 1 <= lin.layers < num_layers:
+        raise ScenarioError(f"{where}.layers: {lin.layers} of {num_layers} layers; a hybrid has from 1 to "
+                            f"{num_layers - 1} linear-attention layers")
+    for key in ("num_key_heads", "num_value_heads", "key_head_dim", "value_head_dim", "conv_kernel"):
+        if getattr(lin, key) < 1:
+            raise ScenarioError(f"{where}.{key}: {getattr(lin, key)} is not a positive integer")
+    if lin.num_value_heads % lin.num_key_heads:
+        raise ScenarioError(f"{where}.num_value_heads: {lin.num_value_heads} is not a multiple of "
+                            f"num_key_heads ({lin.num_key_heads})")
+    if lin.state_dtype_bytes not in (0, 1, 2, 4):
+        raise ScenarioError(f"{where}.state_dtype_bytes: {lin.state_dtype_bytes} is not one of 0 (the "
+                            f"model's dtype), 1, 2, 4")
 
 
 # Model types whose layers ModelSpec sizes and prices: dense Llama-style decoders (GQA attention,
@@ -368,8 +475,10 @@ def model_from_fields(fields: dict, where: str) -> ModelSpec:
 LLAMA_STYLE = ("llama", "mistral", "qwen2", "qwen3")
 # Gemma-2/3 text decoders: Llama-shaped (GeGLU has the same gate/up/down), 4 norms per layer
 GEMMA_TYPES = ("gemma2", "gemma3_text")
-MOE_TYPES = ("mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss", "llama4_text")
-MODELLED_TYPES = LLAMA_STYLE + GEMMA_TYPES + MOE_TYPES
+MOE_TYPES = ("mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss", "llama4_text", "qwen3_next", "qwen3_5_moe_text")
+# hybrids of attention and Gated DeltaNet layers (_linear_attention below): Qwen3-Next, Qwen3.5
+HYBRID_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
+MODELLED_TYPES = tuple(dict.fromkeys(LLAMA_STYLE + GEMMA_TYPES + MOE_TYPES + HYBRID_TYPES))
 # quantization_config.quant_method -> bytes per linear-layer weight (weight-only for awq/gptq:
 # their `bits`); anything else is refused
 QUANT_BYTES = {"fp8": 1.0}
@@ -392,10 +501,11 @@ def _refuse_unmodelled(cfg: dict, path: Path) -> None:
                                     f"in a {_show(model_type)} config are not modelled")
     layer_types = cfg.get("layer_types")
     if isinstance(layer_types, list):
-        odd = [t for t in layer_types if t not in LAYER_TYPES]
+        known = LAYER_TYPES + (("linear_attention",) if model_type in HYBRID_TYPES else ())
+        odd = [t for t in layer_types if t not in known]
         if odd:
             raise ScenarioError(f"{path}: layer_types: {_show(odd[0])} layers are not modelled "
-                                f"(only {' and '.join(LAYER_TYPES)})")
+                                f"(only {', '.join(known)})")
     if model_type == "llama4_text" and cfg.get("interleave_moe_layer_step", 1) != 1:
         raise ScenarioError(f"{path}: interleave_moe_layer_step: {_show(cfg['interleave_moe_layer_step'])}: MoE "
                             f"layers interleaved with dense ones (Llama-4-Maverick) are not modelled; Scout's 1 is")
@@ -489,9 +599,48 @@ def _moe(cfg: dict) -> MoESpec | None:
     width = cfg.get("moe_intermediate_size") or cfg["intermediate_size"]  # Mixtral: experts are full width
     # Llama 4: every MoE layer has one shared expert as wide as the routed ones
     shared = 1 if cfg.get("model_type") == "llama4_text" else cfg.get("n_shared_experts") or 0
+    if cfg.get("shared_expert_intermediate_size"):  # Qwen3-Next: one shared MLP, in experts' widths
+        wide = cfg["shared_expert_intermediate_size"]
+        if not isinstance(wide, int) or isinstance(wide, bool) or wide % width:
+            raise ValueError(f"shared_expert_intermediate_size {_show(wide)} is not a whole number of "
+                             f"experts of moe_intermediate_size {width}")
+        shared = wide // width
     return MoESpec(num_experts=experts, experts_per_token=cfg["num_experts_per_tok"],
                    expert_intermediate_size=width, shared_experts=shared,
                    dense_layers=cfg.get("first_k_dense_replace") or 0)
+
+
+def _linear_attention(cfg: dict, path: Path) -> dict:
+    """A hybrid's Gated DeltaNet layers (Qwen3-Next): which layers (layer_types, else every
+    full_attention_interval-th layer attends and the others are linear), their heads and state."""
+    if cfg.get("model_type") not in HYBRID_TYPES:
+        return {}
+    layers = cfg["num_hidden_layers"]
+    types = cfg.get("layer_types")
+    if isinstance(types, list):
+        if len(types) != layers:
+            raise ScenarioError(f"{path}: layer_types: {len(types)} entries for {layers} num_hidden_layers")
+        linear = types.count("linear_attention")
+    else:
+        interval = _int(cfg.get("full_attention_interval", 4), f"{path}: full_attention_interval", lo=1,
+                        cap=MAX_COUNT)
+        linear = layers - layers // interval
+    if not linear or linear == layers:
+        raise ScenarioError(f"{path}: layer_types: {linear} of {layers} layers are linear attention; servesim "
+                            f"models a hybrid with both kinds")
+    state = cfg.get("mamba_ssm_dtype")
+    if state is not None and state not in DTYPE_BYTES:
+        raise ScenarioError(f"{path}: mamba_ssm_dtype: {_show(state)}; allowed: {', '.join(DTYPE_BYTES)}")
+    keys = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")
+    nk, nv, dk, dv = (_int(cfg.get(k), f"{path}: {k}", lo=1, cap=MAX_COUNT) for k in keys)
+    if nv % nk:
+        raise ScenarioError(f"{path}: linear_num_value_heads: {nv} is not a multiple of "
+                            f"linear_num_key_heads ({nk})")
+    spec = LinearAttentionSpec(linear, nk, nv, dk, dv,
+                               conv_kernel=_int(cfg.get("linear_conv_kernel_dim", 4), f"{path}: linear_conv_kernel_dim",
+                                                lo=1, cap=MAX_COUNT),
+                               state_dtype_bytes=DTYPE_BYTES[state] if state is not None else 0)
+    return {"linear_attention": spec, "attention_output_gate": bool(cfg.get("attn_output_gate", True))}
 
 
 def _mla(cfg: dict) -> MLASpec | None:
@@ -512,19 +661,24 @@ _HF_KEYS = {
 }
 
 
+# multimodal configs whose text decoder servesim sizes: model_type -> its decoder's model_type
+TEXT_DECODERS = {"llama4": "llama4_text", "qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
+
+
 def _llama4_text(cfg: dict, path: Path) -> dict:
-    """A Llama 4 config.json (model_type llama4: its decoder under text_config, a vision encoder
+    """A multimodal config.json (Llama 4, Qwen3.5: the decoder under text_config, a vision encoder
     beside it) as its text decoder's config; the vision encoder's weights are not counted, and a
     warning says so. Any other config as it is."""
-    if cfg.get("model_type") != "llama4":
+    kind = cfg.get("model_type")
+    if kind not in TEXT_DECODERS:
         return cfg
     text = cfg.get("text_config")
     if not isinstance(text, dict):
-        raise ScenarioError(f"{path}: text_config: missing or not a mapping in a llama4 config")
+        raise ScenarioError(f"{path}: text_config: missing or not a mapping in a {kind} config")
     if cfg.get("vision_config"):
-        warnings.warn(f"{path}: llama4: the text decoder is sized and priced; the vision encoder "
-                      "(vision_config, under 1% of Scout's weights) is not counted", ServesimWarning, stacklevel=3)
-    out = {**text, "model_type": "llama4_text"}
+        warnings.warn(f"{path}: {kind}: the text decoder is sized and priced; the vision encoder "
+                      "(vision_config, around 1% of the weights) is not counted", ServesimWarning, stacklevel=3)
+    out = {**text, "model_type": TEXT_DECODERS[kind]}
     for key in ("torch_dtype", "tie_word_embeddings", "quantization_config"):
         if key in cfg and key not in text:
             out[key] = cfg[key]
@@ -573,6 +727,10 @@ def model_from_hf_config(path: Path, name: str | None = None) -> ModelSpec:
                                 f"keep one")
         cfg["quantization_config"] = modelopt
     _refuse_unmodelled(cfg, path)
+    if "intermediate_size" not in cfg and cfg.get("moe_intermediate_size") and cfg.get("num_experts_per_tok"):
+        # every layer MoE, no dense width given (Qwen3.5-MoE): the width a token activates stands in
+        # where a dense one is read (the activation reserve), k x the expert width
+        cfg = {**cfg, "intermediate_size": cfg["moe_intermediate_size"] * cfg["num_experts_per_tok"]}
     missing = [k for k in _HF_KEYS if k not in cfg]
     if missing:
         raise ScenarioError(f"{path}: missing key {missing[0]!r}; a Llama-style config.json "
@@ -594,11 +752,15 @@ def model_from_hf_config(path: Path, name: str | None = None) -> ModelSpec:
     fields["name"] = name or (path.stem if path.name != "config.json" else path.resolve().parent.name) or "custom"
     spec = model_from_fields(fields, str(path))
     try:
-        extra = {"moe": _moe(cfg), "mla": _mla(cfg), **_quantised_bytes(cfg, path)}
+        extra = {"moe": _moe(cfg), "mla": _mla(cfg), **_quantised_bytes(cfg, path), **_linear_attention(cfg, path)}
         for part in ("moe", "mla"):
             if extra[part] is not None:
                 for key, value in vars(extra[part]).items():
                     _int(value, f"{path}: {part}.{key}", lo=0, cap=MAX_TOKENS)
+    except ScenarioError:
+        raise
+    except ValueError as e:  # (_moe's)
+        raise ScenarioError(f"{path}: {e}") from None
     except (KeyError, TypeError) as e:
         raise ScenarioError(f"{path}: {e.args[0] if e.args else e}: missing or malformed for its "
                             f"model_type {_show(cfg.get('model_type'))}") from None

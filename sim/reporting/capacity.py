@@ -12,9 +12,16 @@ from typing import Any
 
 from sim.config.checks import MAX_TOKENS, _int
 from sim.config.errors import ScenarioError
-from sim.config.scenario import MAX_BLOCK_SIZE, load_scenario
+from sim.config.scenario import MAX_BLOCK_SIZE, block_size_ok, load_scenario
 from sim.presets.hardware import HARDWARE_PRESETS
-from sim.presets.memory import KV_CACHE_DTYPES, kv_budget, lora_slot_bytes, routed_expert_bytes_per_gpu
+from sim.presets.memory import (
+    KV_CACHE_DTYPES,
+    hybrid_block_size,
+    kv_budget,
+    linear_state_bytes,
+    lora_slot_bytes,
+    routed_expert_bytes_per_gpu,
+)
 from sim.presets.models import MODEL_PRESETS, model_from_hf_config, pipeline_stage
 
 
@@ -57,9 +64,16 @@ def capacity_table(model: str | None = None, gpu: str | None = None, tp: int | N
     _check_layout(m, stages, ranks, experts)
     stage = pipeline_stage(m, stages)
     b_tp: int = _or_default(tp, defaults["tp"])
+    if stage.linear_attention is not None and b_tp >= 1 and stage.num_attention_heads % b_tp == 0:
+        lin = stage.linear_attention
+        if lin.num_key_heads % b_tp or lin.num_value_heads % b_tp:
+            raise ScenarioError(f"--tp: {b_tp} does not divide {m.name}'s linear-attention heads "
+                                f"({lin.num_key_heads} key, {lin.num_value_heads} value)")
+    # a hybrid's attention block holds one linear-attention state (vLLM raises a smaller one)
+    block = hybrid_block_size(stage, hw, b_tp, defaults["kv_dtype"], _or_default(block_size, defaults["block"]))
     b = kv_budget(stage, hw, tensor_parallel_size=b_tp,
                   gpu_memory_utilization=_or_default(gpu_memory_utilization, defaults["util"]),
-                  block_size=_or_default(block_size, defaults["block"]),
+                  block_size=block,
                   max_num_batched_tokens=_or_default(max_num_batched_tokens, defaults["tokens"]),
                   where="capacity", kv_cache_dtype=defaults["kv_dtype"], enable_expert_parallel=experts,
                   data_parallel_size=ranks,
@@ -95,9 +109,9 @@ def _check_capacity_options(m: Any, tp: int | None, util: float | None, block: i
                             f"allowed: {allowed}")
     if util is not None and not 0 < util <= 1:
         raise ScenarioError(f"--gpu-memory-utilization: {util} is not a number in (0, 1]")
-    if block is not None and (not 1 <= block <= MAX_BLOCK_SIZE or block & (block - 1)):
+    if block is not None and not block_size_ok(block):
         raise ScenarioError(f"--block-size: {block} is not a power of two in [1, {MAX_BLOCK_SIZE}] "
-                            "(vLLM uses 16)")
+                            "(vLLM uses 16) or a multiple of 16 (a hybrid model's)")
     if tokens is not None and tokens < 1:
         raise ScenarioError(f"--max-num-batched-tokens: {tokens} is not an integer >= 1")
 
@@ -179,8 +193,18 @@ def _architecture_rows(m: Any, tp: int, kv_cache_dtype: str, gb, dp: int = 1,
                f"x {elem} B, the same on every GPU (MLA)")
     else:
         heads = max(1, m.num_kv_heads // tp)
-        why = f"2 (K, V) x {m.num_layers} layers x {heads} KV heads x {m.head_dim} x {elem} B"
+        layers = (f"{m.attention_layers} attention layers (of {m.num_layers})" if m.linear_attention
+                  else f"{m.num_layers} layers")
+        why = f"2 (K, V) x {layers} x {heads} KV heads x {m.head_dim} x {elem} B"
     rows.append(("kv_bytes_per_token_why", "KV bytes per token, because", why, why))
+    if m.linear_attention is not None:
+        lin, lay = m.linear_attention, m.kv_layout
+        state = linear_state_bytes(m, tp)
+        text = (f"{state:,} B a layer per GPU ({lin.layers} Gated DeltaNet layers: conv {lin.conv_kernel - 1} x "
+                f"{lin.conv_dim // tp:,} + recurrent {lin.num_value_heads // tp} x {lin.value_head_dim} x "
+                f"{lin.key_head_dim}); vLLM groups the layers {lay.full_groups} attention + {lay.state_groups} "
+                f"state group(s) of {lay.group_layers}: a sequence holds one state block in each, whatever its length")
+        rows.append(("linear_state_bytes", "linear-attention state per sequence", state, text))
     if m.sliding_layers:
         lay = m.kv_layout
         full = m.num_layers - m.sliding_layers

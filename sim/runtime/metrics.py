@@ -222,7 +222,11 @@ def summarize(req: RequestTable, rq: pd.DataFrame, steps: pd.DataFrame, recorder
               itl: InterTokenGaps, max_num_seqs: int,
               replicas: float, gpus: float, flops_per_token: float, weight_bytes: float,
               kv_bytes_per_token: float, peak_flops: float, hbm_bandwidth: float,
-              slo=None, classes: tuple[str, ...] = ()) -> dict:
+              slo=None, classes: tuple[str, ...] = (), experts: tuple[float, float] | None = None,
+              state_bytes_per_decode: float = 0.0) -> dict:
+    """`experts`: a MoE model's (routed experts' bytes, 1 - k / E): an iteration of T tokens reads the
+    experts its tokens touch, E x (1 - (1 - k/E)^T) of a layer's E (each token routed to k, uniformly:
+    the expectation RooflineCost uses), not all of them (MBU would pass 100% at small batches)."""
     done = rq[~rq["finish_s"].isna()]
     duration = float(done["finish_s"].max() - rq["arrival_s"].min()) if len(done) else 0.0
     per_s = (lambda x: x / duration) if duration > 0 else (lambda x: 0.0)  # noqa: E731
@@ -231,6 +235,14 @@ def summarize(req: RequestTable, rq: pd.DataFrame, steps: pd.DataFrame, recorder
     useful = float((steps["prefill_tokens"] + steps["decode_tokens"] * steps["count"]).sum())
     padded = float((steps["padded_tokens"] * steps["count"]).sum())
     busy_gpu_s = duration * gpus
+    weights_read = iterations * weight_bytes  # bytes of weights the iterations read, all GPUs
+    if experts is not None and iterations:
+        routed, miss = experts
+        step_tokens = (steps["prefill_tokens"] + steps["decode_tokens"]).to_numpy(dtype=np.float64)
+        touched = float((count * (1.0 - miss ** step_tokens)).sum())
+        weights_read = iterations * (weight_bytes - routed) + routed * touched
+    if state_bytes_per_decode:  # (a hybrid: sequence states instead of KV in its linear layers)
+        weights_read += state_bytes_per_decode * float((steps["decode_tokens"] * count).sum())
     itl, itl_w = itl.gaps, itl.counts
     out = {
         "completed": int(len(done)),
@@ -253,7 +265,7 @@ def summarize(req: RequestTable, rq: pd.DataFrame, steps: pd.DataFrame, recorder
         "padding_waste": padded / (useful + padded) if useful + padded > 0 else 0.0,
         # estimates: matmul FLOPs of useful tokens; weights read once per iteration plus decode KV reads
         "mfu": useful * flops_per_token / (busy_gpu_s * peak_flops) if busy_gpu_s > 0 else 0.0,
-        "mbu": (iterations * weight_bytes + recorder.decode_context_tokens * kv_bytes_per_token)
+        "mbu": (weights_read + recorder.decode_context_tokens * kv_bytes_per_token)
         / (busy_gpu_s * hbm_bandwidth) if busy_gpu_s > 0 else 0.0,
     }
     verdict = None if slo is None else judge(done, slo, duration, (itl, itl_w), classes)

@@ -69,6 +69,8 @@ class IterationLevelScheduler:
         # running decodes: one token each (DecodePool), or speculative (sim/schedulers/speculative.py)
         # (a sliding-window model's cache frees blocks behind each request's window: sim/kv/cache.py)
         self._windowed = getattr(kv, "sliding_groups", 0) > 0
+        # a hybrid's state blocks per running request (sim/kv/cache.StateKVCache): full, never waste
+        self._state_blocks: int = getattr(kv, "states", 0)
         if pool is None:
             pool = WindowedDecodePool(requests, kv) if self._windowed else DecodePool(requests, kv.block_size)
         self.pool = pool
@@ -462,6 +464,8 @@ class IterationLevelScheduler:
                 stats = new_tuple(BatchStats, (lens, contexts, decodes, context_sum + decodes, 0, 0, 0, adapters,
                                                loads))
             max_steps = self._run_length() if decodes and not self.prefilling and not preempted else 1
+            if self._state_blocks:  # each running request's linear-attention states fill their blocks
+                tokens += self._state_blocks * self._block_size * (decodes + len(self.prefilling))
         if self.loading:
             max_steps = 1  # (a load ending may let its request join at the next boundary)
         free: int = kv.free

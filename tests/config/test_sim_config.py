@@ -95,7 +95,7 @@ def test_every_key_given(tmp_path):
                               "routing": engine["routing"]}.items()
             if k not in ("disaggregation", "autoscaling", "admission", "lora",  # (their own tests; offloading
                          "kv_offloading_size", "kv_offloading_backend",  # needs prefix caching, pipeline
-                         "pipeline_parallel_size", "data_parallel_size")} == engine  # parallelism no
+                         "pipeline_parallel_size", "data_parallel_size", "all2all_backend")} == engine  # parallelism no
     # speculative decoding, data parallelism a MoE model)
     assert sc.slo == SLOConfig(ttft_ms=300.0, tpot_ms=40.0, percentile=90.0)
 
@@ -238,8 +238,10 @@ def test_unknown_key_at_each_level(tmp_path, raw, expected):
     ({"max_num_seqs": True}, "engine.max_num_seqs: true is not an integer >= 1"),
     ({"max_num_seqs": 0}, "engine.max_num_seqs: 0 is not an integer >= 1"),
     ({"max_num_batched_tokens": "1e4"}, "'1e4' is not an integer >= 1 (YAML 1.1 reads 1e3 as a string"),
-    ({"block_size": 0}, "engine.block_size: 0 is not an integer in [1, 1024]"),
-    ({"block_size": 2048}, "engine.block_size: 2048 is not an integer in [1, 1024]"),
+    ({"block_size": 0}, "engine.block_size: 0 is not an integer in [1, 8192]"),
+    # (multiples of 16 past 1024 are a hybrid model's, as vLLM raises its blocks: not another model's)
+    ({"block_size": 2048}, "engine.block_size: 2048 is not a power of two in [1, 1024]"),
+    ({"block_size": 16384}, "engine.block_size: 16384 is not an integer in [1, 8192]"),
     ({"block_size": 24}, "engine.block_size: 24 is not a power of two in [1, 1024]"),
     ({"gpu_memory_utilization": 0}, "engine.gpu_memory_utilization: 0 is not a number in (0, 1]"),
     ({"gpu_memory_utilization": 1.2}, "engine.gpu_memory_utilization: 1.2 is not a number in (0, 1]"),

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import shlex
 
+import pandas as pd
 import pytest
 
 from sim.build import cost_model
 from sim.config.errors import ScenarioError
 from sim.config.scenario import scenario_from_dict
 from sim.cost.batch import BatchStats
-from sim.cost.expert_parallel import all_to_all_bytes_per_token, moe_layers
+from sim.cost.composer import TABLES
+from sim.cost.expert_parallel import all_to_all_bytes_per_token, allgather_bytes_per_token, moe_layers
 from sim.cost.step_cost import RooflineCost
 from sim.planning.vllm_command import vllm_serve
 from sim.presets.hardware import HARDWARE_PRESETS
@@ -46,22 +48,51 @@ def test_deepseek_v3_memory_per_gpu_at_dp8_ep8_by_hand():
 
 
 def test_the_all_to_all_by_hand():
-    """EP over 8 GPUs: a token's hidden state (7,168 x 2 bytes) goes to its 8 experts, 7/8 of them on
-    other GPUs, and comes back: 2 x 8 x 14,336 x 7 / 8 = 200,704 bytes per MoE layer. Over NVLink
-    (450 GB/s, 2 us a transfer, two a layer) a step of T tokens adds 58 x (4 us + T x 200,704 / 450e9)."""
-    assert all_to_all_bytes_per_token(DS, 8) == 200_704 and moe_layers(DS) == 58
+    """vLLM's default allgather_reducescatter over 8 ranks: a rank receives the other 7 ranks' hidden
+    states (7,168 x 2 bytes each) and as many back: 2 x 7 x 14,336 = 200,704 bytes per own token per
+    MoE layer, as DeepEP's dispatch of a token to its 8 experts, 7/8 elsewhere, and back (2 x 8 x
+    14,336 x 7 / 8). Over NVLink (450 GB/s, 2 us a transfer, two a layer) a step of T tokens adds
+    58 x (4 us + T x 200,704 / 450e9)."""
+    assert all_to_all_bytes_per_token(DS, 8) == 200_704 == allgather_bytes_per_token(DS, 8) and moe_layers(DS) == 58
     sc = _scenario(data_parallel_size=8, enable_expert_parallel=True)
     cost = cost_model(sc)
     inner = RooflineCost(DS, H200, 1, data_parallel_size=8)
     stats = BatchStats(num_decodes=32, decode_context_sum=32 * 2000)
     assert cost.step_time(stats) == pytest.approx(inner.step_time(stats) + 58 * (4e-6 + 32 * 200_704 / 450e9),
                                                   rel=1e-12)
-    # 16 GPUs span two nodes: InfiniBand, 50 GB/s and 5 us
+    # 16 ranks span two nodes: InfiniBand, 50 GB/s and 5 us; the all-gather grows with the ranks
+    # (2 x 15 x 14,336 a token) where DeepEP's dispatch would not (2 x 8 x 14,336 x 15 / 16)
     wide = cost_model(_scenario(data_parallel_size=16, enable_expert_parallel=True))
     inner16 = RooflineCost(DS, H200, 1, data_parallel_size=16)
-    per_token = 2 * 8 * 7168 * 2 * 15 / 16
+    per_token = 2 * 15 * 7168 * 2
     assert wide.step_time(stats) == pytest.approx(inner16.step_time(stats) + 58 * (10e-6 + 32 * per_token / 50e9),
                                                   rel=1e-12)
+    deepep = cost_model(_scenario(data_parallel_size=16, enable_expert_parallel=True,
+                                  all2all_backend="deepep_high_throughput"))
+    assert deepep.measured is None  # (timed at EP8 on one node only)
+    assert deepep.step_time(stats) == pytest.approx(
+        inner16.step_time(stats) + 58 * (10e-6 + 32 * 2 * 8 * 7168 * 2 * 15 / 16 / 50e9), rel=1e-12)
+
+
+def test_deepep_at_ep8_is_priced_from_its_measured_dispatch_and_combine():
+    """DeepSeek-V3 at DP8 on H200 with DeepEP's low-latency kernels: each MoE layer costs the dispatch
+    and the combine AIConfigurator timed at the rank's tokens (moe_a2a.csv, us converted to ms), read
+    here off the table by hand: at 128 tokens 112.1 + 100.6 us (below ~100 tokens the low-latency timings
+    are a noisy ~50 us plateau that the monotone fit evens out); and the run says the all-to-all is measured."""
+    table = pd.read_csv(TABLES / "h200_sxm" / "moe_a2a.csv")
+    rows = table[(table["comm_backend"] == "deepep_ll") & (table["ep_size"] == 8) & (table["hidden_size"] == 7168)
+                 & (table["topk"] == 8) & (table["num_experts"] == 256) & (table["num_tokens"] == 128)]
+    layer_ms = float(rows["latency_ms"].sum())
+    assert len(rows) == 2 and layer_ms == pytest.approx(0.1121 + 0.1006, abs=2e-4)
+    sc = _scenario(cost=None, data_parallel_size=8, enable_expert_parallel=True, all2all_backend="deepep_low_latency")
+    assert "its deepep_low_latency all-to-all measured (DeepEP at EP8" in sc.cost_model.notice
+    cost = cost_model(sc)
+    stats = BatchStats(num_decodes=128, decode_context_sum=128 * 2000)
+    assert cost.step_time(stats) == pytest.approx(cost.inner.step_time(stats) + 58 * layer_ms / 1e3, rel=1e-9)
+    default = _scenario(cost=None, data_parallel_size=8, enable_expert_parallel=True)
+    assert "allgather_reducescatter all-to-all a stated model" in default.cost_model.notice
+    with pytest.raises(ScenarioError, match="engine.all2all_backend: 'deepep_low_latency' is used by expert parallelism"):
+        _scenario(all2all_backend="deepep_low_latency")
 
 
 def test_a_rank_reads_its_share_of_the_experts_touched_by_every_rank():

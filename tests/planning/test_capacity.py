@@ -83,7 +83,7 @@ def test_hf_config_path(tmp_path):
 
 @pytest.mark.parametrize("args, says", [
     (["--model", "llama-3-80b", "--gpu", "h100-sxm"], "--model: unknown preset 'llama-3-80b'; presets: deepseek-v3, gpt-oss-120b, gpt-oss-20b, llama-125m"),
-    (["--model", "llama-3-8b", "--gpu", "h100"], "--gpu: unknown preset 'h100'; presets: a100-80gb, b200, h100-sxm"),
+    (["--model", "llama-3-8b", "--gpu", "h100"], "--gpu: unknown preset 'h100'; presets: a100-80gb, b200, b300, gb200, gb300, h100-sxm"),
     (["--gpu", "h100-sxm"], "--model: missing"),
     (["--model", "llama-3-8b"], "--gpu: missing"),
     (["--model", "llama-3-70b", "--gpu", "h100-sxm"], "141.1 GB of weights per GPU"),

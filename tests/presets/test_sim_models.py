@@ -151,7 +151,15 @@ def test_hardware_presets():
     assert HARDWARE_PRESETS["h200"].memory_bytes == 141e9
     assert HARDWARE_PRESETS["a100-80gb"].bf16_flops == 312e12
     assert HARDWARE_PRESETS["l40s"].interconnect_bandwidth == 32e9
-    assert all(h.usd_per_hour > 0 and h.name == n for n, h in HARDWARE_PRESETS.items())
+    assert all(h.name == n for n, h in HARDWARE_PRESETS.items())
+    # a price where one can be cited; the newest GPUs have none ("unknown": the planner asks for one)
+    assert {n for n, h in HARDWARE_PRESETS.items() if h.usd_per_hour == 0} == {"b300", "gb200", "gb300", "mi355x"}
+    assert all(h.usd_per_hour > 0 for n, h in HARDWARE_PRESETS.items() if n not in ("b300", "gb200", "gb300", "mi355x"))
+    # NVL72 racks: 72 GPUs on one NVLink domain; every other preset 8 (an HGX board)
+    assert {n: h.nvlink_domain for n, h in HARDWARE_PRESETS.items() if h.nvlink_domain != 8} == {"gb200": 72, "gb300": 72}
+    mi = HARDWARE_PRESETS["mi355x"]  # AMD, as reported: 5 PFLOP/s fp8, bf16 half; 7 x 153.6 GB/s links both ways
+    assert (mi.memory_bytes, mi.hbm_bandwidth, mi.bf16_flops, mi.fp8_flops, mi.interconnect_bandwidth) == \
+        (288e9, 8e12, 2.5e15, 5e15, 7 * 153.6e9 / 2)
     mi = HARDWARE_PRESETS["mi300x"]  # AMD, by datasheet
     assert (mi.memory_bytes, mi.hbm_bandwidth, mi.bf16_flops, mi.fp8_flops) == (192e9, 5.3e12, 1.3e15, 2.6e15)
 

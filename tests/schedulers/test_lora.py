@@ -171,3 +171,15 @@ def test_the_run_table_says_how_many_adapters_and_loads(tmp_path):
     s = json.loads((tmp_path / "run" / "summary.json").read_text())["lora"]
     assert s["adapters_used"] == 3
     assert f"3 used; {s['adapter_loads']} loads into 2 slot(s) a replica" in out.output
+
+
+def test_a_gpu_without_a_host_link_cannot_load_adapters_and_the_model_is_said_stated():
+    """Loads cross the host link: without its bandwidth they would be free, so it is asked for; and a
+    LoRA run says its adapters' costs are a stated model, not measured."""
+    no_link = {k: v for k, v in HW.items() if k != "host_bandwidth"}
+    with pytest.raises(ScenarioError, match="engine.lora: h100-sxm has no host link bandwidth"):
+        scenario_from_dict({"model": "llama-3-8b", "hardware": no_link, "engine": {"lora": {"max_loras": 2}},
+                            "workload": _ONE})
+    sc = scenario_from_dict({"model": "llama-3-8b", "hardware": "h100-sxm", "engine": {"lora": {"max_loras": 2}},
+                             "workload": _ONE})
+    assert "LoRA adapters' loads and kernels are a stated model" in sc.cost_model.notice
