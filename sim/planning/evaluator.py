@@ -76,7 +76,9 @@ def _arrays(w: Workload) -> list:
     they are."""
     values = [getattr(w, f.name) for f in fields(w) if f.name != "users"]
     if w.users is not None:
-        values += [getattr(w.users, f.name) for f in fields(w.users)]
+        values += [getattr(w.users, f.name) for f in fields(w.users) if f.name != "script"]
+        if w.users.script is not None:  # (recorded agent sessions: their arrays)
+            values += [getattr(w.users.script, f.name) for f in fields(w.users.script)]
     return [np.ascontiguousarray(v).tobytes() if isinstance(v, np.ndarray) else v for v in values]
 
 

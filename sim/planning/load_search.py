@@ -131,6 +131,10 @@ def replay_stats(w) -> dict:
     """A trace workload's requests (after num_requests), their span at time_scale 1 and its native
     rate: (n - 1) / span, the n - 1 gaps between the first and the last arrival."""
     arrival = build_workload(replace(w, time_scale=1.0, priority=None), np.random.default_rng(0)).arrival_s
+    if np.isnan(arrival).all():  # recorded agent sessions: arrivals made during the run (closed loop)
+        raise ScenarioError(f"plan: {shown(w.trace)}: recorded agent sessions arrive as their calls finish, "
+                            "not at a rate to vary; plan the shape with arrival process agents (sessions/s), "
+                            "or replay it faster or slower with `servesim sweep --grid workload.time_scale=...`")
     span = float(arrival[-1] - arrival[0])
     if span <= 0:
         raise ScenarioError(f"plan: {shown(w.trace)}: its {len(arrival)} requests arrive at one instant: "

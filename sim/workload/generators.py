@@ -53,6 +53,19 @@ class Users:
     # agents: how many requests user u sends in all, int64 [users] (then it stops); None: users send
     # until the workload's num_requests have arrived
     calls: np.ndarray | None = None
+    # an agent-session trace: each user's calls as recorded (sim/workload/sessions.py sends them so)
+    script: AgentScript | None = None
+
+
+@dataclass(frozen=True)
+class AgentScript:
+    """The calls of recorded agent sessions (workload.format agent_sessions), user u's (the u-th session
+    to start) at rows offsets[u]:offsets[u + 1], in order: each call's whole prompt, its output, and its
+    tool's time after it (s, time_scale applied)."""
+    offsets: np.ndarray  # int64 [users + 1]
+    prompt: np.ndarray   # int64 [calls]
+    output: np.ndarray   # int64 [calls]
+    tool_s: np.ndarray   # float64 [calls]
 
 
 @dataclass(frozen=True)
@@ -350,7 +363,7 @@ def build_workload(cfg: WorkloadConfig, rng: np.random.Generator) -> Workload:
     times are nan (the run fills them in); time_scale divides its think times and start offsets."""
     users, prefix, which = None, None, None
     if cfg.trace is not None:
-        arrival, prompt, output, priority, prefix = _replay(cfg, rng)
+        arrival, prompt, output, priority, prefix, users = _replay(cfg, rng)
     else:  # a generator: parse_workload set all four (agents: the steps set the count)
         n, process = cfg.num_requests, cfg.arrival
         assert process is not None
@@ -382,12 +395,16 @@ def build_workload(cfg: WorkloadConfig, rng: np.random.Generator) -> Workload:
             turns = loop.turns.sample(rng, len(prompt)) if loop.turns is not None else None  # (last again)
             users = Users(users.start_s, users.think_s, turns, loop.max_context)
         users = replace(users, start_s=users.start_s / cfg.time_scale, think_s=users.think_s / cfg.time_scale)
+        if users.script is not None:  # (a recorded session's tool times: as its think times)
+            users = replace(users, script=replace(users.script, tool_s=users.script.tool_s / cfg.time_scale))
     arrival = arrival / cfg.time_scale
     # the times the simulation will use, after time_scale: past MAX_SECONDS a float64 clock no
     # longer resolves a step (its spacing at 1e15 s is 0.125 s), and late requests came out with
     # latencies of 0
     for what, values in (("arrival times", arrival),
-                         ("closed-loop start and think times", np.concatenate((users.start_s, users.think_s))
+                         ("closed-loop start and think times",
+                          np.concatenate((users.start_s, users.think_s,
+                                          users.script.tool_s if users.script is not None else np.zeros(0)))
                           if users is not None else np.zeros(0))):
         finite = values[np.isfinite(values)]
         if len(finite) and float(finite.max()) > MAX_SECONDS:
@@ -415,10 +432,15 @@ def _mix(cfg: WorkloadConfig, rng: np.random.Generator, n: int) -> tuple[np.ndar
     return which.astype(np.int64), prompt, output, priority
 
 
-def _replay(cfg: WorkloadConfig, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+def _replay(cfg: WorkloadConfig, rng: np.random.Generator) -> tuple[Any, ...]:
     table = cfg.read()
     num_requests, trace = cfg.num_requests, cfg.trace
     assert trace is not None
+    if table.attrs.get("agent_sessions"):
+        if num_requests is not None:
+            raise ScenarioError(f"{shown(trace)}: workload.num_requests: not with agent sessions (their calls "
+                                "set how many requests there are)")
+        return _sessions(table)
     if num_requests is not None:
         if num_requests > len(table):
             raise ScenarioError(f"{shown(trace)}: has {len(table)} requests, fewer than "
@@ -431,7 +453,28 @@ def _replay(cfg: WorkloadConfig, rng: np.random.Generator) -> tuple[np.ndarray, 
             raise ScenarioError(f"{shown(trace)}: has no arrival times to replay; use it as a length "
                                 "distribution (prompt_tokens: {dist: empirical, trace: ...}) with an arrival process")
         columns = (bench_arrivals(table.attrs, len(table), rng, trace), *columns[1:])
-    return (*columns, table["prefix"].tolist() if "prefix" in table else None)
+    return (*columns, table["prefix"].tolist() if "prefix" in table else None, None)
+
+
+def _sessions(table) -> tuple[Any, ...]:
+    """An agent-session trace as a closed loop: one user per session, the sessions in order of their
+    start (ties: first appearance), each sending its recorded calls one after another, one
+    conversation (sim/workload/sessions.py). The request arrays hold the calls in that order (the
+    run sets each one's lengths as it is sent, so the checks before the run see every call)."""
+    session = table["session"].to_numpy()
+    first = np.unique(session, return_index=True)[1]          # each session's first row
+    start = table["start_s"].to_numpy()[first]
+    order = np.argsort(start, kind="stable")                   # user u = the u-th session to start
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    rows = np.argsort(rank[session], kind="stable")            # calls grouped by user, in file order
+    calls = np.bincount(rank[session], minlength=len(order)).astype(np.int64)
+    offsets = np.concatenate(([0], np.cumsum(calls))).astype(np.int64)
+    prompt, output = table["prompt_tokens"].to_numpy()[rows], table["output_tokens"].to_numpy()[rows]
+    script = AgentScript(offsets, prompt, output, table["tool_s"].to_numpy(dtype=np.float64)[rows])
+    n = len(rows)
+    users = Users(start[order].astype(np.float64), np.zeros(n), calls.copy(), None, calls, script)
+    return np.full(n, np.nan), prompt.copy(), output.copy(), np.zeros(n, dtype=np.int64), None, users
 
 
 def bench_arrivals(attrs: dict, n: int, rng: np.random.Generator, trace: Path) -> np.ndarray:

@@ -45,6 +45,9 @@ class Sessions:
         self.conversation = np.full(n, -1, dtype=np.int64)  # per request, in start order
         self.turn = np.zeros(n, dtype=np.int64)              # per request, 1-based
         self.cut = 0                  # conversations ended early: their next prompt would not fit
+        self.script = users.script        # recorded agent sessions: each call's lengths and tool time
+        self.think = users.think_s        # (the closed loop reads each request's think time from it)
+        self._sent = np.zeros(len(users.start_s), dtype=np.int64)  # user -> calls it has sent
         self._last: dict[int, int] = {}     # user -> its latest request
         self._chain: list[list] = []        # conversation -> its block names so far
 
@@ -52,6 +55,9 @@ class Sessions:
         """Request `rid` has just been sent by `user`: it continues the user's conversation or
         starts the next one. Sets its prompt, and its block names in every replica's cache."""
         req = self.req
+        if self.script is not None:
+            self._scripted(rid, user)
+            return
         message, output = int(self.message[rid]), int(req.output[rid])
         last = self._last.get(user)
         self._last[user] = rid
@@ -64,6 +70,26 @@ class Sessions:
                     return
                 self.cut += 1
         self._start(rid, message, output)
+
+    def _scripted(self, rid: int, user: int) -> None:
+        """A recorded session's next call: its prompt, output and tool time as recorded. It continues
+        the conversation when its prompt starts with the previous call's prompt and output (its
+        length at least theirs), else (the agent cut or summarised its context) starts a new one."""
+        script, req = self.script, self.req
+        assert script is not None
+        i = int(script.offsets[user] + self._sent[user])
+        self._sent[user] += 1
+        prompt, output = int(script.prompt[i]), int(script.output[i])
+        req.output[rid] = output
+        self.think[rid] = script.tool_s[i]
+        last = self._last.get(user)
+        self._last[user] = rid
+        if last is not None and prompt >= int(req.prompt[last] + req.output[last]):
+            if self._allowed(prompt, output):
+                self._join(rid, int(self.conversation[last]), int(self.turn[last]) + 1, prompt, output)
+                return
+            self.cut += 1
+        self._start(rid, prompt, output)
 
     def _allowed(self, prompt: int, output: int) -> bool:
         if self.max_context is not None and prompt + output > self.max_context:

@@ -39,6 +39,7 @@ BLIS = ("arrived_at", "prefill_tokens", "decode_tokens")           # seconds (BL
 # prompt length when recorded, a shared-prefix group and length, vllm_priority when set
 BLIS_V2 = ("arrival_time_us", "input_tokens", "output_tokens")
 VLLM_BENCH = ("input_lens", "output_lens")                      # + start_times, or request_rate
+AGENT_SESSIONS = ("session_id", "prompt_tokens", "output_tokens")  # + start_s, tool_s
 TOKEN_KEYS = ("tokens", "num_tokens", "token_count")  # a ShareGPT turn's token count, by any of these
 TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 
@@ -381,6 +382,34 @@ def _read_generic(df: pd.DataFrame, lines: np.ndarray, name: str, hash_block_tok
     return table
 
 
+def _read_agent_sessions(df: pd.DataFrame, lines: np.ndarray, name: str, _: int = 0) -> pd.DataFrame:
+    """An agent's sessions, one row per LLM call, each session's calls in order: session_id, the
+    call's whole prompt as sent (prompt_tokens: the session's context so far and the new tokens),
+    output_tokens; optional start_s (when the session starts: its first row's, s) and tool_s (how
+    long the tool runs after this call before the session's next, s; default 0). No arrival times:
+    replayed closed loop, a call sent when its session's previous call has finished and its tool has
+    run (sim/workload/sessions.py). `session` numbers the sessions in order of first appearance."""
+    ids = df["session_id"]
+    missing = ids.isna().to_numpy()
+    if missing.any():
+        _fail(ids, lines, name, "session_id", ~missing, "a session id")
+    prompt = _ints(df["prompt_tokens"], lines, name, "prompt_tokens", 1)
+    output = np.maximum(_ints(df["output_tokens"], lines, name, "output_tokens", 0), 1)  # (as _table)
+    zeros = np.zeros(len(df))
+    tool = _seconds(df["tool_s"].fillna(0), lines, name, "tool_s") if "tool_s" in df else zeros
+    session, _ = pd.factorize(ids.astype(str))
+    start = zeros
+    if "start_s" in df:  # read on each session's first row (later rows may leave it blank)
+        first = np.unique(session, return_index=True)[1]
+        at = _seconds(df["start_s"].iloc[first].reset_index(drop=True), lines[first], name, "start_s")
+        start = at[session]
+    table = pd.DataFrame({"arrival_s": np.full(len(df), np.nan), "prompt_tokens": prompt, "output_tokens": output,
+                          "priority": np.zeros(len(df), dtype=np.int64), "session": session.astype(np.int64),
+                          "start_s": start, "tool_s": tool})
+    table.attrs["agent_sessions"] = True
+    return table
+
+
 def _read_arrived_at(cols: tuple[str, str, str]) -> Callable[..., pd.DataFrame]:
     """Vidur's and BLIS's CSVs: seconds in arrived_at, then their own prompt and output columns."""
     def read(df: pd.DataFrame, lines: np.ndarray, name: str, _: int) -> pd.DataFrame:
@@ -566,6 +595,8 @@ TRACE_FORMATS: dict[str, TraceFormat] = {
                               "a vllm bench serve result JSON with input_lens and output_lens"),
     "mooncake": TraceFormat(_read_jsonl, lambda path, head: head.startswith(b"{"), (),
                             "Mooncake JSONL with keys timestamp,input_length,output_length"),
+    "agent_sessions": TraceFormat(_read_agent_sessions, None, AGENT_SESSIONS,
+                                  "agent sessions CSV header session_id,prompt_tokens,output_tokens[,start_s,tool_s]"),
 }
 FORMATS = tuple(TRACE_FORMATS)
 ACCEPTED = (", ".join(f.accepted for f in TRACE_FORMATS.values())

@@ -1,0 +1,74 @@
+"""Recorded agent sessions replayed closed loop (workload.format agent_sessions; sim/workload/sessions.py):
+a hand timeline with the unit cost model, a session whose context was reset, time_scale on the tools'
+times, and the reader's one-line errors."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sim.config.errors import ScenarioError
+from sim.config.scenario import scenario_from_dict
+from sim.simulate import simulate
+from sim.workload.traces import read_trace
+
+HEADER = "session_id,start_s,prompt_tokens,output_tokens,tool_s\n"
+
+
+def _run(tmp_path: Path, rows: str, **workload):
+    (tmp_path / "agents.csv").write_text(HEADER + rows)
+    sc = scenario_from_dict({"model": "llama-3-8b", "hardware": "h100-sxm", "cost_model": "unit",
+                             "engine": {"scheduler": "chunked", "block_size": 4},
+                             "workload": {"trace": "agents.csv", **workload}}, base_dir=tmp_path)
+    return simulate(sc)
+
+
+def test_a_recorded_session_waits_for_its_call_and_its_tool(tmp_path):
+    """A starts at 0: 8-token prompt, 2 out, then a 3 s tool; its second call's prompt is the first's
+    8 + 2 and 4 new tokens. B starts at 1: 5 tokens, 1 out. [0,1] A prefills; [1,2] A decodes and B
+    prefills (B done at 2); A's last token at 2, its tool until 5: A's second call arrives at 5, finds
+    its first 8 tokens cached (two 4-token blocks), prefills 6 in [5,6], decodes in [6,7]."""
+    r = _run(tmp_path, "A,0,8,2,3\nB,1,5,1,0\nA,,14,2,0\n")
+    rq = r.requests
+    assert rq[["arrival_s", "prompt_tokens", "output_tokens", "first_token_s", "finish_s"]].values.tolist() == \
+        [[0, 8, 2, 1, 2], [1, 5, 1, 2, 2], [5, 14, 2, 6, 7]]
+    assert rq["user"].tolist() == [0, 1, 0] and rq["turn"].tolist() == [1, 1, 2]
+    assert rq["cached_tokens"].tolist() == [0, 0, 8]
+    assert r.steps[["start_s", "prefill_tokens", "decode_tokens"]].values.tolist() == \
+        [[0, 8, 0], [1, 5, 1], [5, 6, 0], [6, 0, 1]]
+
+
+def test_a_shorter_prompt_starts_a_new_conversation_and_time_scale_shortens_the_tools(tmp_path):
+    """A's second call (6 tokens) is shorter than its first call's 8 + 2: the agent reset its context, so
+    it is a new conversation with nothing cached. time_scale 2: the 3 s tool takes 1.5 s, so it arrives
+    at 2 + 1.5 = 3.5."""
+    r = _run(tmp_path, "A,0,8,2,3\nA,,6,1,0\n", time_scale=2)
+    rq = r.requests
+    assert rq["arrival_s"].tolist() == [0.0, 3.5] and rq["conversation"].tolist() == [0, 1]
+    assert rq["cached_tokens"].tolist() == [0, 0] and rq["turn"].tolist() == [1, 1]
+
+
+def test_the_reader_says_what_is_wrong_on_which_line(tmp_path):
+    for rows, message in (("A,0,8,2,-1\n", "agents.csv:2: tool_s '-1' is not a non-negative number"),
+                          (",0,8,2,0\n", "agents.csv:2: session_id is missing"),
+                          ("A,0,0,2,0\n", "agents.csv:2: prompt_tokens '0' is not a positive integer"),
+                          ("A,,8,2,0\n", "agents.csv:2: start_s is missing")):
+        (tmp_path / "agents.csv").write_text(HEADER + rows)
+        with pytest.raises(ScenarioError, match=message.replace("(", r"\(")):
+            read_trace(tmp_path / "agents.csv")
+    with pytest.raises(ScenarioError, match="workload.num_requests: not with agent sessions"):
+        _run(tmp_path, "A,0,8,2,0\n", num_requests=1)
+    # a session's start is read on its first row; later rows may repeat it or leave it out
+    (tmp_path / "agents.csv").write_text("session_id,prompt_tokens,output_tokens\nx,3,1\ny,4,1\nx,9,1\n")
+    table = read_trace(tmp_path / "agents.csv")
+    assert table["session"].tolist() == [0, 1, 0] and table["start_s"].tolist() == [0.0, 0.0, 0.0]
+
+
+def test_the_planner_says_recorded_sessions_have_no_rate_to_vary(tmp_path):
+    from sim.planning.load_search import replay_stats
+
+    (tmp_path / "agents.csv").write_text(HEADER + "A,0,8,2,3\nA,,14,2,0\n")
+    sc = scenario_from_dict({"model": "llama-3-8b", "hardware": "h100-sxm", "workload": {"trace": "agents.csv"}},
+                            base_dir=tmp_path)
+    with pytest.raises(ScenarioError, match="recorded agent sessions arrive as their calls finish"):
+        replay_stats(sc.workload)
