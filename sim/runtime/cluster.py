@@ -18,7 +18,7 @@ import heapq
 from array import array
 from collections import deque
 from math import inf
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import simpy
@@ -208,6 +208,11 @@ class ClosedLoopRouter:
         self.user = np.full(len(req), -1, dtype=np.int64)  # who sent each request
         # agents: the calls each session has yet to send (None: users send until len(req) arrived)
         self.left = None if users.calls is None else users.calls.copy()
+        # agents with fan-out: each step's calls go together, the next step after the last answer
+        self.fan: Any = users.fan_out
+        self._step: Any = None if users.fan_offsets is None else users.fan_offsets[:-1].copy()  # user -> its step
+        # user -> calls of its current step not yet answered
+        self._pending: Any = None if self.fan is None else np.zeros(len(users.start_s), dtype=np.int64)
         req.arrival = np.full(len(req), np.nan)  # filled in as requests arrive
         self.inboxes = [UserInbox(self) for _ in schedulers]
         signals.bind(self.inboxes)
@@ -215,7 +220,7 @@ class ClosedLoopRouter:
         self._due: list[tuple[float, int]] = []  # (arrival time, user), one per pending timeout
         self._arrived = 0
         for user, delay in enumerate(users.start_s.tolist()):
-            self._send(user, delay)
+            self._step_out(user, delay)
 
     @property
     def done(self) -> bool:
@@ -226,11 +231,26 @@ class ClosedLoopRouter:
 
     def finished(self, rids) -> None:
         """These requests have just finished: their users think, then send the next."""
-        left = self.left
+        left, pending = self.left, self._pending
         for rid in rids:
             user = int(self.user[rid])
+            if pending is not None:  # fan-out: the step goes on until its last call has answered
+                pending[user] -= 1
+                if pending[user] > 0:
+                    continue
+                self._step[user] += 1
             if left is None or left[user] > 0:
-                self._send(user, float(self.think[rid]))
+                self._step_out(user, float(self.think[rid]))
+
+    def _step_out(self, user: int, delay: float) -> None:
+        """The user's next step: one request, or with fan-out all the step's calls at once."""
+        if self.fan is None:
+            self._send(user, delay)
+            return
+        calls = int(self.fan[self._step[user]])
+        self._pending[user] = calls
+        for _ in range(calls):
+            self._send(user, delay)
 
     def _send(self, user: int, delay: float) -> None:
         heapq.heappush(self._due, (self.env.now + delay, user))  # the time SimPy schedules it at

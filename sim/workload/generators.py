@@ -55,6 +55,11 @@ class Users:
     calls: np.ndarray | None = None
     # an agent-session trace: each user's calls as recorded (sim/workload/sessions.py sends them so)
     script: AgentScript | None = None
+    # agents with fan-out: the calls of each step, sent together (the next step waits for all of
+    # them), int64 over every user's steps in turn, user u's at fan_out[fan_offsets[u]:fan_offsets[u + 1]];
+    # None: one call a step
+    fan_out: np.ndarray | None = None
+    fan_offsets: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -194,34 +199,51 @@ class Agents:
     """Agent sessions arriving open loop: `sessions` of them, Poisson at `rate` sessions/s (the
     first at 0); each makes `steps` LLM calls one after another, a tool running `tool_time` s
     (mean) between a call's last token and the next call, whose prompt is the whole session so far
-    plus the tool's result (a multi-turn conversation: sim/workload/sessions.py). The requests are
-    the sessions' calls: their count is the sum of the steps, drawn up front."""
+    plus the tool's result (a multi-turn conversation: sim/workload/sessions.py). With `fan_out`, a
+    step is that many calls sent together on the same context (sub-agents, a map over documents), the
+    tool running after the last of them; the next step's context holds all their answers. The
+    requests are the sessions' calls: their count is the sum of the steps' calls, drawn up front."""
     rate: float                        # sessions/s
     sessions: int
-    steps: LengthDist                  # LLM calls per session, >= 1
+    steps: LengthDist                  # LLM steps per session, >= 1
     tool_time: float                   # s, mean
     tool_dist: str = "exponential"     # exponential | fixed
     max_context: int | None = None     # tokens a session's context may reach (then it starts afresh)
+    fan_out: LengthDist | None = None  # calls per step, >= 1 (None: one)
 
     def expected_requests(self) -> float:
-        """The sessions' calls on average (a length distribution's mean steps: fixed, uniform,
-        lognormal)."""
-        d = self.steps
-        mean = (d.value if isinstance(d, Fixed) else (d.low + d.high) / 2 if isinstance(d, Uniform)
-                else d.mean if isinstance(d, Lognormal) else 1.0)
-        return self.sessions * float(mean)
+        """The sessions' calls on average (a length distribution's mean steps x mean calls a step:
+        fixed, uniform, lognormal)."""
+        fan = 1.0 if self.fan_out is None else _mean(self.fan_out)
+        return self.sessions * _mean(self.steps) * fan
 
     def plan(self, rng: np.random.Generator) -> Users:
-        """Session start times, then each session's steps, then the tool time after every call;
-        turns without end (a session's calls, `calls`, end it)."""
+        """Session start times, then each session's steps, (with fan_out: each step's calls,) then the
+        tool time after every call; turns without end (a session's calls, `calls`, end it)."""
         start = Poisson(self.rate).times(rng, self.sessions)
         steps = self.steps.sample(rng, self.sessions)
-        n = int(steps.sum())
+        fan = offsets = None
+        calls = steps.astype(np.int64)
+        if self.fan_out is not None:
+            if int(steps.sum()) > MAX_REQUESTS:
+                raise ScenarioError(f"workload.arrival: {self.sessions} agent sessions take {int(steps.sum()):,} "
+                                    f"steps, more than servesim's {MAX_REQUESTS:,} requests in one run")
+            fan = self.fan_out.sample(rng, int(steps.sum())).astype(np.int64)
+            offsets = np.concatenate(([0], np.cumsum(steps))).astype(np.int64)
+            calls = np.add.reduceat(fan, offsets[:-1]) if len(fan) else np.zeros(0, np.int64)
+        n = int(calls.sum())
         if n > MAX_REQUESTS:  # (checked before the lengths are drawn for them)
             raise ScenarioError(f"workload.arrival: {self.sessions} agent sessions make {n:,} calls, more than "
                                 f"servesim's {MAX_REQUESTS:,} requests in one run; fewer sessions or steps")
         think = _pauses(rng, self.tool_time, self.tool_dist, n)
-        return Users(start, think, np.full(n, n, dtype=np.int64), self.max_context, steps.astype(np.int64))
+        return Users(start, think, np.full(n, n, dtype=np.int64), self.max_context, calls, fan_out=fan,
+                     fan_offsets=offsets)
+
+
+def _mean(d: LengthDist) -> float:
+    """A count distribution's mean (fixed, uniform, lognormal before its cap)."""
+    return float(d.value if isinstance(d, Fixed) else (d.low + d.high) / 2 if isinstance(d, Uniform)
+                 else d.mean if isinstance(d, Lognormal) else 1.0)
 
 
 def _cumulative(gaps: np.ndarray) -> np.ndarray:
@@ -651,7 +673,10 @@ def _arrival(top: _Keys, base_dir: Path) -> ArrivalProcess | ClosedLoop | Agents
                         _dist(keys, "steps", TURN_DISTS, 1, Path(".")) if isinstance(steps, dict)
                         else Fixed(keys.integer("steps", 1)),
                         keys.number("tool_time", low=0, high=MAX_SECONDS),
-                        keys.choice("tool_dist", THINK_DISTS, "exponential"), keys.maybe_integer("max_context", 2))
+                        keys.choice("tool_dist", THINK_DISTS, "exponential"), keys.maybe_integer("max_context", 2),
+                        None if keys.raw.get("fan_out") is None else
+                        _dist(keys, "fan_out", TURN_DISTS, 1, Path(".")) if isinstance(keys.raw["fan_out"], dict)
+                        else Fixed(keys.integer("fan_out", 1, high=MAX_COUNT)))
         calls = agents.expected_requests()
         if calls > MAX_REQUESTS:
             raise keys.fail("sessions", f"{agents.sessions:,} sessions of {calls / agents.sessions:g} calls on "

@@ -48,6 +48,15 @@ class Sessions:
         self.script = users.script        # recorded agent sessions: each call's lengths and tool time
         self.think = users.think_s        # (the closed loop reads each request's think time from it)
         self._sent = np.zeros(len(users.start_s), dtype=np.int64)  # user -> calls it has sent
+        # agents with fan-out (users.fan_out): per user, the step's calls begun so far, its first call
+        # (which carries the conversation on), the context its calls share, and the next step's
+        # context (the first call's prompt and every answer of the step)
+        self.fan, self.fan_offsets = users.fan_out, users.fan_offsets
+        self._step = np.zeros(len(users.start_s), dtype=np.int64)
+        self._in_step = np.zeros(len(users.start_s), dtype=np.int64)
+        self._head: dict[int, int] = {}
+        self._context = np.zeros(len(users.start_s), dtype=np.int64)
+        self._grown = np.zeros(len(users.start_s), dtype=np.int64)
         self._last: dict[int, int] = {}     # user -> its latest request
         self._chain: list[list] = []        # conversation -> its block names so far
 
@@ -57,6 +66,9 @@ class Sessions:
         req = self.req
         if self.script is not None:
             self._scripted(rid, user)
+            return
+        if self.fan is not None:
+            self._fanned(rid, user)
             return
         message, output = int(self.message[rid]), int(req.output[rid])
         last = self._last.get(user)
@@ -70,6 +82,56 @@ class Sessions:
                     return
                 self.cut += 1
         self._start(rid, message, output)
+
+    def _fanned(self, rid: int, user: int) -> None:
+        """A call of an agent's step with fan-out. The step's first call continues the conversation
+        as a turn does (its prompt: the last step's first prompt, every answer of that step, then its
+        own new tokens); the others share the context before those new tokens and add their own, each
+        a branch of the conversation that nothing after it continues."""
+        req, fan = self.req, self.fan
+        assert fan is not None and self.fan_offsets is not None
+        message, output = int(self.message[rid]), int(req.output[rid])
+        calls = int(fan[self.fan_offsets[user] + self._step[user]])
+        if self._in_step[user] == 0:  # the step's first call
+            head = self._head.get(user)
+            self._head[user] = rid
+            prompt = int(self._grown[user]) + message
+            if head is not None and self._allowed(prompt, output):
+                self._join(rid, int(self.conversation[head]), int(self.turn[head]) + 1, prompt, output)
+            else:
+                self.cut += head is not None
+                self._start(rid, message, output)
+                prompt = message
+            self._context[user] = prompt - message
+            self._grown[user] = prompt + output
+        else:
+            head = self._head[user]
+            prompt = int(self._context[user]) + message
+            if self._allowed(prompt, output):
+                self._branch(rid, int(self.conversation[head]), int(self.turn[head]), prompt, output,
+                             int(self._context[user]))
+            else:
+                self.cut += 1
+                self._start(rid, message, output)
+            self._grown[user] += output
+        self._in_step[user] += 1
+        if self._in_step[user] == calls:
+            self._in_step[user] = 0
+            self._step[user] += 1
+
+    def _branch(self, rid: int, conv: int, turn: int, prompt: int, output: int, shared: int) -> None:
+        """`rid` joins conversation `conv` on its first `shared` tokens (their whole blocks' names),
+        its own tokens after them named for it alone."""
+        self.req.prompt[rid] = prompt
+        self.conversation[rid], self.turn[rid] = conv, turn
+        if not self.caches:
+            return
+        chain = self._chain[conv][:shared // self.block_size]
+        full = (prompt + output - 1) // self.block_size
+        chain = chain + [("fan", rid, j) for j in range(len(chain), full)]
+        for cache in self.caches:
+            cache.hashes[rid] = chain
+            cache.prompt[rid] = prompt
 
     def _scripted(self, rid: int, user: int) -> None:
         """A recorded session's next call: its prompt, output and tool time as recorded. It continues

@@ -109,3 +109,35 @@ def test_more_calls_than_a_run_holds_are_refused_before_any_is_drawn():
     lognormal = agents(sessions=1000, steps={"dist": "lognormal", "mean": 1e6, "std": 1e6})
     with pytest.raises(ScenarioError, match="workload.arrival.sessions"):
         make_scenario(workload=lognormal)
+
+
+@pytest.mark.parametrize("ff", [True, False])
+def test_fan_out_sends_a_steps_calls_together_and_waits_for_all(ff):
+    """fan_out 2, two steps, 4-token messages, 2-token answers, 1 s tools, 4-token blocks. Step 1: both
+    calls at 0, prefilled together [0, 1] (8 tokens), decoded [1, 2]; the tool runs after the last
+    answer, 2-3. Step 2 at 3: its first call's prompt is step 1's first prompt and both answers plus
+    its new tokens, 4 + 2 + 2 + 4 = 12; the second call shares that context (8 tokens) and adds its
+    own 4: 12. Both find step 1's first block (4 tokens: its first call's message) cached; the
+    block of the context's next 4 tokens is being computed by the first call in the same iteration."""
+    r = simulate(make_scenario(workload=agents(steps=2, tool_time=1.0, fan_out=2) | {"output_tokens": FIXED(2)},
+                               scheduler="chunked", block_size=4, max_num_seqs=8, max_num_batched_tokens=64),
+                 fast_forward=ff)
+    rq = r.requests
+    assert rq["arrival_s"].tolist() == [0.0, 0.0, 3.0, 3.0]
+    assert rq["prompt_tokens"].tolist() == [4, 4, 12, 12] and rq["turn"].tolist() == [1, 1, 2, 2]
+    assert rq["finish_s"].tolist() == [2.0, 2.0, 5.0, 5.0] and rq["cached_tokens"].tolist() == [0, 0, 4, 4]
+    assert r.summary["agents"]["calls_mean"] == 4
+
+
+def test_a_fan_out_of_one_is_the_plain_session():
+    plain = simulate(make_scenario(workload=agents(sessions=6, rate=0.5), scheduler="chunked"))
+    fan = simulate(make_scenario(workload=agents(sessions=6, rate=0.5, fan_out=1), scheduler="chunked"))
+    assert plain.requests.equals(fan.requests)
+
+
+def test_fan_out_counts_in_the_expected_calls():
+    from sim.config.scenario import scenario_from_dict
+
+    w = agents(sessions=10, steps={"dist": "uniform", "low": 2, "high": 4}, fan_out={"dist": "fixed", "value": 3})
+    sc = scenario_from_dict({"model": "llama-3-8b", "hardware": "h100-sxm", "workload": w})
+    assert sc.workload.arrival.expected_requests() == 10 * 3 * 3
