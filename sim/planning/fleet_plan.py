@@ -17,6 +17,13 @@ is the first run's.
    Probed at k = -16, -8, 0, 8, 16, then narrowed between the last that met and the first that
    failed. When none meets (a cold start too slow for the ramp), min_replicas rises by one and the
    search repeats, up to the static fleet itself (min = max: the static fleet, which meets it).
+3. **A scheduled floor** (a workload whose rate follows a profile: its times are known ahead): the
+   static fleet scaled to each segment's rate, ceil(static x rate / peak) replicas as a cron floor
+   (engine.autoscaling.min_replicas_schedule, KEDA's cron scaler), each rise starting one cold start
+   before its segment so the replicas serve when the load comes, each fall at its segment's start;
+   the policy above it searched as in 2 (the largest target meeting the SLO). The floor lets the
+   target rise (fewer replicas off the ramp) without missing a predictable ramp; it is reported
+   beside the policy, with the cheaper of the two.
 
 The cost of each is its GPU-hours over its own run (replica-seconds held x tensor_parallel_size)
 at the hardware's price per GPU-hour; the saving is 1 - policy / static.
@@ -24,6 +31,7 @@ at the hardware's price per GPU-hour; the saving is 1 - policy / static.
 from __future__ import annotations
 
 import functools
+import json
 import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -159,6 +167,33 @@ def _policy(low: int, high: int, target: float) -> tuple[str, ...]:
             f"engine.replicas={low}", f"engine.autoscaling.target_in_flight={target!r}")
 
 
+def floor_schedule(profile, static: int, low: int, cold_start_s: float) -> list[list[float]]:
+    """The cron floor of step 3 (module docstring) for `profile` (sim/workload/generators.Profile):
+    [[start_s, replicas], ...] from 0, at least `low` replicas; a rise starts `cold_start_s` early
+    (no earlier than the entry before it, which then takes the higher floor), a fall on time."""
+    peak = max(profile.rates)
+    out: list[list[float]] = []
+    for start, rate in zip(profile.starts_s, profile.rates):
+        floor = max(low, math.ceil(static * rate / peak - 1e-9)) if peak > 0 else low
+        if out and floor == out[-1][1]:
+            continue
+        at = max(0.0, start - cold_start_s) if out and floor > out[-1][1] else float(start)
+        while out and at <= out[-1][0]:  # the rise reaches back over that entry: it takes the higher floor
+            at = out.pop()[0]
+        out.append([at, floor])
+    if out[0][0] > 0:  # (a profile starting later: its first floor from 0)
+        out[0][0] = 0.0
+    return out
+
+
+def _scheduled(low: int, high: int, target: float, schedule: list, period: float | None) -> tuple[str, ...]:
+    at_start = next(n for t, n in reversed(schedule) if t <= 0)
+    return (f"engine.autoscaling.min_replicas={low}", f"engine.autoscaling.max_replicas={high}",
+            f"engine.replicas={max(low, int(at_start))}", f"engine.autoscaling.target_in_flight={target!r}",
+            f"engine.autoscaling.min_replicas_schedule={json.dumps(schedule, separators=(',', ':'))}",
+            *((f"engine.autoscaling.schedule_period_s={period!r}",) if period is not None else ()))
+
+
 def plan_fleet(path: str | Path, slo: SLOConfig, *, overrides: Iterable[str] = (), window_s: float = WINDOW_S,
                seeds: int = 2, gpu_hour_usd: float | None = None, workers: int | None = None,
                runner: Any = None, progress: Callable[..., None] | None = None) -> dict:
@@ -217,6 +252,8 @@ def plan_fleet(path: str | Path, slo: SLOConfig, *, overrides: Iterable[str] = (
         "seeds": judged, "probes": tried,
         "static_probes": [{"replicas": n, "met_each": statics[n]["met_each"], **_brief(statics[n], price)}
                           for n in sorted(statics)], "simulations": len(probe.done)}
+    result["scheduled"] = _plan_schedule(sc, probe, static_n, price, base, result)
+    result["simulations"] = len(probe.done)
     if chosen is None:
         result["policy"] = None
         return result
@@ -233,6 +270,45 @@ def plan_fleet(path: str | Path, slo: SLOConfig, *, overrides: Iterable[str] = (
     result["saving"] = {"gpu_hours": result["static"]["gpu_hours"] - result["policy"]["gpu_hours"],
                         "usd": s_usd - p_usd, "fraction": 1 - p_usd / s_usd if s_usd > 0 else 0.0}
     return result
+
+
+def _plan_schedule(sc, probe: _Probe, static_n: int, price: float, base: tuple[str, ...], result: dict) -> dict | None:
+    """Step 3: the scheduled floor and the largest target above it that meets the SLO (None: the
+    workload has no profile, or nothing meets below the static fleet)."""
+    from sim.workload.generators import Profile  # (the workload layer: only for its arrival process)
+
+    profile, a = sc.workload.arrival, sc.engine.autoscaling
+    if not isinstance(profile, Profile):
+        return None
+    low = a.min_replicas
+    schedule = floor_schedule(profile, static_n, low, a.cold_start_s)
+    probe.phase = "the scheduled floor"
+    tried: list[dict] = []
+
+    def runs(ks: list[int]) -> dict[int, dict]:
+        found = probe([_scheduled(low, static_n, target_at(a.target_in_flight, k), schedule, profile.period_s)
+                       for k in ks])
+        for k, f in zip(ks, found):
+            tried.append({"target_in_flight": target_at(a.target_in_flight, k), "met_each": f["met_each"],
+                          **_brief(f, price)})
+        return dict(zip(ks, found))
+
+    k = _largest_meeting(runs, probe.width)
+    out: dict[str, Any] = {"schedule": schedule, "period_s": profile.period_s, "probes": tried, "policy": None}
+    if k is None:
+        return out
+    target = target_at(a.target_in_flight, k)
+    overrides = _scheduled(low, static_n, target, schedule, profile.period_s)
+    best = probe([overrides])[0]
+    out["policy"] = {"min_replicas": low, "max_replicas": static_n, "target_in_flight": target,
+                     "interval_s": a.interval_s, "cold_start_s": a.cold_start_s,
+                     "scale_down_delay_s": a.scale_down_delay_s, "tolerance": a.tolerance, **_brief(best, price),
+                     "windows": best["windows"], "spans": best["spans"], "overrides": list(base) + list(overrides)}
+    s_usd = result["static"]["usd"]
+    out["saving"] = {"gpu_hours": result["static"]["gpu_hours"] - best["gpu_hours"],
+                     "usd": s_usd - best["gpu_hours"] * price,
+                     "fraction": 1 - best["gpu_hours"] * price / s_usd if s_usd > 0 else 0.0}
+    return out
 
 
 def _fewest_static(runs: Callable[[list[int]], list[dict]], start: int, slo: SLOConfig) -> int:

@@ -7,6 +7,7 @@ and fleet_plan.png (load, replicas and the SLO per window: the policy against th
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -26,19 +27,41 @@ def _policy_text(p: dict) -> str:
             f"(cold start {p['cold_start_s']:g} s)")
 
 
+def _schedule_text(schedule: list) -> str:
+    return ", ".join(f"{int(n)} from {_clock(t)}" for t, n in schedule)
+
+
+def _scheduled_rows(r: dict) -> list[tuple[str, str]]:
+    """The scheduled floor's rows (a workload with a rate profile), and which of the two is cheaper."""
+    sch = r.get("scheduled")
+    if not sch:
+        return []
+    q, p = sch["policy"], r["policy"]
+    if q is None:
+        return [("scheduled floor + policy", f"floor {_schedule_text(sch['schedule'])}: none meets the SLO")]
+    cheaper = ("cheaper than the plain policy" if p is None or q["usd"] < p["usd"] else
+               "no cheaper than the plain policy")
+    return [("scheduled floor + policy", f"floor {_schedule_text(sch['schedule'])}; target_in_flight "
+                                         f"{q['target_in_flight']:.3g}"),
+            ("its cost", f"{q['gpu_hours']:,.1f} GPU-hours (${q['usd']:,.2f}), saving {sch['saving']['fraction']:.1%} "
+                         f"on the static fleet: {cheaper}")]
+
+
 def fleet_headline(r: dict) -> list[tuple[str, str]]:
     s, p = r["static"], r["policy"]
     rows = [("SLO", f"{r['slo']}, in every {_clock(r['window_s'])} of arrivals"),
             ("static fleet for the peak", f"{s['replicas']} x TP{r['tensor_parallel_size']} {r['hardware']}: "
                                           f"{s['gpu_hours']:,.1f} GPU-hours (${s['usd']:,.2f})")]
     if p is None:
-        return rows + [("autoscaled policy", "none meets the SLO in every window below the static fleet")]
+        return rows + [("autoscaled policy", "none meets the SLO in every window below the static fleet")] \
+            + _scheduled_rows(r) + [("simulations", f"{r['simulations']} whole runs")]
     sv = r["saving"]
     return rows + [("autoscaled policy", _policy_text(p)),
                    ("its cost", f"{p['gpu_hours']:,.1f} GPU-hours (${p['usd']:,.2f}); {p['mean_replicas']:.2f} "
                                 f"replicas held on average, at most {p['peak_replicas']}"),
                    ("saving", f"{sv['fraction']:.1%}: {sv['gpu_hours']:,.1f} GPU-hours (${sv['usd']:,.2f}) over "
                               f"{_clock(p['end_s'])}"),
+                   *_scheduled_rows(r),
                    ("simulations", f"{r['simulations']} whole runs")]
 
 
@@ -72,6 +95,11 @@ def _window_table(r: dict) -> list[str]:
         lines.append("| " + " | ".join(cells) + " |")
     return lines + ["", "worst: the largest observed / target over the window's targets (each class's own); "
                     "meeting: the share of the window's requests that met their targets.", ""]
+
+
+def _command(r: dict, policy: dict) -> str:
+    """The `servesim run` line that repeats a policy's run (its overrides quoted for a shell)."""
+    return "servesim run " + r["scenario"] + "".join(f" --set {shlex.quote(o)}" for o in policy["overrides"])
 
 
 def _each(row: dict) -> str:
@@ -112,8 +140,7 @@ def markdown(r: dict, figure: str | None) -> str:
         lines += [f"    {k}: {p[k]:.4g}" if isinstance(p[k], float) else f"    {k}: {p[k]}"
                   for k in ("min_replicas", "max_replicas", "target_in_flight", "interval_s", "cold_start_s",
                             "scale_down_delay_s", "tolerance")]
-        lines += ["```", "", "or: `servesim run " + r["scenario"] + "".join(f" --set {o}" for o in p["overrides"])
-                  + "`", ""]
+        lines += ["```", "", f"or: `{_command(r, p)}`", ""]
     own = r["own_policy"]
     a = r["autoscaling"]
     lines += [f"The scenario's own policy ({a['min_replicas']}-{a['max_replicas']} replicas, target_in_flight "
@@ -121,6 +148,29 @@ def markdown(r: dict, figure: str | None) -> str:
               f"({own['windows_missed']} windows missed), {own['gpu_hours']:,.2f} GPU-hours.", ""]
     if figure:
         lines += [f"![the policy against the static fleet]({figure})", ""]
+    sch = r.get("scheduled")
+    if sch:
+        q = sch["policy"]
+        lines += ["## A scheduled floor", "",
+                  "The workload's rate follows a profile, so its ramps are known ahead: a cron floor "
+                  "(`min_replicas_schedule`) of the static fleet scaled to each segment's rate, each rise one cold "
+                  f"start early: {_schedule_text(sch['schedule'])}"
+                  + (f", repeating every {_clock(sch['period_s'])}" if sch["period_s"] else "") + "."]
+        if q is None:
+            lines += ["", "No target above it meets the SLO in every window below the static fleet.", ""]
+        else:
+            better = p is None or q["usd"] < p["usd"]
+            lines += ["", f"With target_in_flight {q['target_in_flight']:.3g} above it: {q['gpu_hours']:,.2f} "
+                      f"GPU-hours (${q['usd']:,.2f}), {q['mean_replicas']:.2f} / {q['peak_replicas']} replicas held "
+                      f"(mean / peak), {len(q['windows']) - q['windows_missed']} of {len(q['windows'])} windows "
+                      f"meeting the SLO; saving {sch['saving']['fraction']:.1%} on the static fleet, "
+                      + ("**cheaper than the plain policy**." if better else "no cheaper than the plain policy."),
+                      "", f"or: `{_command(r, q)}`", ""]
+        lines += ["| target_in_flight | meets (each seed) | windows missed (first seed) | GPU-hours |",
+                  "| --- | --- | --- | --- |"]
+        lines += [f"| {t['target_in_flight']:.3g} | {_each(t)} | {t['windows_missed']} | {t['gpu_hours']:,.2f} |"
+                  for t in sch["probes"]]
+        lines.append("")
     lines += _window_table(r) + ["## How it was found", "",
               "1. The static fleet: the fewest fixed replicas (engine.autoscaling off) that meet the SLO in every "
               "window, searched from the most replicas the scenario's own policy held.",

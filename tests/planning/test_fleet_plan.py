@@ -15,7 +15,7 @@ import servesim
 from cli import app
 from sim.config.errors import ScenarioError
 from sim.config.scenario import SLOConfig, load_scenario
-from sim.planning.fleet_plan import FIRST_PROBES, GRID, _fewest_static, _largest_meeting, judge_day
+from sim.planning.fleet_plan import FIRST_PROBES, GRID, _fewest_static, _largest_meeting, floor_schedule, judge_day
 from sim.simulate import simulate
 from simhelpers import assert_one_line_error
 
@@ -114,7 +114,14 @@ def test_a_fleet_plan_finds_a_cheaper_policy_and_the_runs_here_agree(tmp_path):
     # every larger target probed on the same min_replicas failed (the answer is the largest that met)
     assert all(not p["met"] for p in plan["probes"]
                if p["min_replicas"] == policy["min_replicas"] and p["target_in_flight"] > policy["target_in_flight"])
+    # 3. the scheduled floor: ceil(n x 3 / 30) = 1 off the peak, n from 300 s less the 20 s cold start, 1
+    # again at 450 s; the target above it reruns here meeting the SLO on both seeds
+    sch = plan["scheduled"]
+    assert sch["schedule"] == [[0.0, 1], [280.0, n], [450.0, 1]] and sch["period_s"] == 900
+    assert all(judged(*sch["policy"]["overrides"], seed=s)[0]["met"] for s in (0, 1))
+    assert sch["saving"]["fraction"] == pytest.approx(1 - sch["policy"]["usd"] / plan["static"]["usd"])
     text = (out / "plan.md").read_text()
+    assert "## A scheduled floor" in text and "1 from 0 s, " in text
     assert "Saving:" in text and "fleet_plan.png" in text and (out / "fleet_plan.png").stat().st_size > 10_000
     table = text[text.index("## Every window"):text.index("## How it was found")]
     rows = [line for line in table.splitlines() if line.startswith("| ") and "window" not in line and "---" not in line]
@@ -155,3 +162,16 @@ def test_a_window_too_short_for_the_run_is_refused():
         judge_day(_result([0.0, 20.0], [0.05, 0.05]), SLOConfig(ttft_ms=100.0), 0.001)
     most = judge_day(_result([0.0, 20.0], [0.05, 0.05]), SLOConfig(ttft_ms=100.0), 20 / (MOST_WINDOWS - 0.5))
     assert len(most["windows"]) == MOST_WINDOWS
+
+
+def test_a_floor_schedule_by_hand():
+    """8 replicas serve the peak of 40 req/s: 10 req/s needs ceil(8 x 10 / 40) = 2, 25 needs 5, 40 all 8,
+    at least min_replicas 2. A rise starts a 60 s cold start early (5 from 3600 - 60 = 3540, 8 from
+    3630 - 60 = 3570), a fall on time (2 at 7200). A rise reaching back over the entry before it takes
+    that entry's place: 4 from 50 - 60 -> 0 replaces the 2 at 0."""
+    from sim.workload.generators import Profile
+
+    day = Profile((0.0, 3600.0, 3630.0, 7200.0), (10.0, 25.0, 40.0, 1.0), 86400.0)
+    assert floor_schedule(day, 8, 2, 60.0) == [[0.0, 2], [3540.0, 5], [3570.0, 8], [7200.0, 2]]
+    tight = Profile((0.0, 50.0, 100.0), (10.0, 20.0, 40.0))
+    assert floor_schedule(tight, 8, 1, 60.0) == [[0.0, 4], [40.0, 8]]
