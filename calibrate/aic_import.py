@@ -55,7 +55,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from sim.cost.composer import MOE_COLUMNS, MOE_TABLES, SYSTEMS, mla_gemm_type, moe_dtype, moe_key
+from sim.cost.composer import MOE_COLUMNS, MOE_TABLES, TABLE_SYSTEMS, mla_gemm_type, moe_dtype, moe_key
 from sim.presets.models import CPU_PRESETS, MODEL_PRESETS
 
 PACKAGE = "aiconfigurator-core"
@@ -65,20 +65,9 @@ TP_SIZES = (1, 2, 4, 8)
 KV_CACHE_DTYPES = ("bfloat16", "fp8")
 # attention head sizes imported (every Llama-style model servesim reads has one of these)
 HEAD_DIMS = (64, 128, 256)
-# servesim hardware preset -> the attention kernels vLLM uses there by default (FlashAttention 3 on
-# Hopper, 2 on Ampere and Ada, FlashInfer's TRT-LLM kernels on Blackwell), as (prefill kernel,
-# decode kernel); the AIConfigurator system folder is the tables' own name (sim/cost/composer.SYSTEMS)
-ATTENTION_KERNELS = {
-    "h100-sxm": ("vllm_flash_attn_fa3", "vllm_flash_attn_fa3"),
-    "h200": ("vllm_flash_attn_fa3", "vllm_flash_attn_fa3"),
-    "a100-80gb": ("vllm_flash_attn", "vllm_flash_attn"),
-    "l40s": ("vllm_flash_attn_fa2", "vllm_flash_attn_fa2"),
-    "b200": ("vllm_flashinfer_trtllmprefill", "vllm_flashinfer_trtllmdecode"),
-    "b300": ("vllm_flashinfer_trtllmprefill", "vllm_flashinfer_trtllmdecode"),
-    "gb200": ("vllm_flashinfer_trtllmprefill", "vllm_flashinfer_trtllmdecode"),
-    "gb300": ("vllm_flashinfer_trtllmprefill", "vllm_flashinfer_trtllmdecode"),
-}
-GPUS = {gpu: (SYSTEMS[gpu], kernels) for gpu, kernels in ATTENTION_KERNELS.items()}  # preset -> (folder, kernels)
+# servesim preset -> (AIConfigurator's system folder, (prefill, decode) attention kernels): the
+# composer's registry (sim/cost/composer.TABLE_SYSTEMS), the one line a GPU with tables takes
+GPUS = TABLE_SYSTEMS  # preset -> (folder, kernels)
 OUT = Path(__file__).resolve().parents[1] / "sim" / "tables"
 
 

@@ -70,10 +70,18 @@ from sim.presets.memory import kv_heads_per_rank
 from sim.presets.models import EXPERT_QUANT_BYTES, ModelSpec
 
 TABLES = Path(__file__).resolve().parents[1] / "tables"  # sim/tables
-# servesim hardware preset -> its kernel tables' folder under TABLES (AIConfigurator's system name);
-# the one place the two names meet (calibrate/aic_import.py imports the tables by it)
-SYSTEMS = {"h100-sxm": "h100_sxm", "h200": "h200_sxm", "a100-80gb": "a100_sxm", "l40s": "l40s",
-           "b200": "b200_sxm", "b300": "b300_sxm", "gb200": "gb200", "gb300": "gb300"}
+# servesim hardware preset -> its kernel tables: their folder under TABLES (AIConfigurator's system
+# name) and the attention kernels vLLM runs there by default, (prefill, decode): FlashAttention 3 on
+# Hopper, 2 on Ampere and Ada, FlashInfer's TRT-LLM kernels on Blackwell. The one place the two
+# names meet (calibrate/aic_import.py imports the tables by it): a GPU with tables is one line here.
+_FA3, _FA2, _TRTLLM = (("vllm_flash_attn_fa3",) * 2, ("vllm_flash_attn_fa2",) * 2,
+                       ("vllm_flashinfer_trtllmprefill", "vllm_flashinfer_trtllmdecode"))
+TABLE_SYSTEMS: dict[str, tuple[str, tuple[str, str]]] = {
+    "h100-sxm": ("h100_sxm", _FA3), "h200": ("h200_sxm", _FA3),
+    "a100-80gb": ("a100_sxm", ("vllm_flash_attn", "vllm_flash_attn")), "l40s": ("l40s", _FA2),
+    "b200": ("b200_sxm", _TRTLLM), "b300": ("b300_sxm", _TRTLLM), "gb200": ("gb200", _TRTLLM),
+    "gb300": ("gb300", _TRTLLM)}
+SYSTEMS = {gpu: folder for gpu, (folder, _) in TABLE_SYSTEMS.items()}  # preset -> its tables' folder
 HELDOUT_SHAPES = 300  # iteration shapes a tabulated profile is checked on against the composer
 
 # Elementwise work per token per layer, in elements of the activation dtype read + written: two
