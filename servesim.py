@@ -253,10 +253,14 @@ def kv_budget(model: Any, gpu: Any, *, tp: int = 1, gpu_memory_utilization: floa
     `servesim capacity` computes it: .num_gpu_blocks, .max_concurrent_seqs(tokens), ... per GPU;
     with `pp` stages, the busiest stage's GPU; with `dp` ranks of a MoE model and `ep`, the experts
     spread over every rank's GPUs."""
+    from sim.presets.memory import hybrid_block_size
     from sim.presets.memory import kv_budget as budget
     from sim.presets.models import pipeline_stage
 
-    return budget(pipeline_stage(_preset("model", model), pp), _preset("GPU", gpu), tensor_parallel_size=tp,
+    stage, hw = pipeline_stage(_preset("model", model), pp), _preset("GPU", gpu)
+    # (a hybrid's block is raised to hold a linear-attention state, as vLLM and a scenario do)
+    block_size = hybrid_block_size(stage, hw, tp, kv_cache_dtype, block_size)
+    return budget(stage, hw, tensor_parallel_size=tp,
                   gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
                   max_num_batched_tokens=max_num_batched_tokens, kv_cache_dtype=kv_cache_dtype,
                   enable_expert_parallel=ep, data_parallel_size=dp)
