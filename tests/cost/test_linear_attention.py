@@ -120,8 +120,8 @@ def test_a_scenario_says_what_priced_its_linear_layers(q35):
         sc = scenario_from_dict(raw)
         mi = scenario_from_dict({**raw, "hardware": "mi355x"})
     assert sc.cost_model.name == "measured"  # its experts (2048, 512, top-8 of 256) are measured too
-    assert sc.cost_model.notice == ("30 Gated DeltaNet layers' kernels measured (vLLM 0.24, AIConfigurator "
-                                    "tables, 8 key / 16 value heads per GPU)")
+    assert sc.cost_model.notice.startswith("30 Gated DeltaNet layers' kernels measured (vLLM 0.24, AIConfigurator "
+                                           "tables, 8 key / 16 value heads per GPU); prefix caching off")
     assert mi.cost_model.name == "roofline" and "30 Gated DeltaNet layers' kernels estimated" in mi.cost_model.notice
     # and the iteration includes them: a decode of one sequence is dearer than the same model
     # priced without its linear layers' kernels
