@@ -284,8 +284,9 @@ def scenario_from_dict(raw: Mapping[str, Any], source: str | Path | None = None,
         from sim.cost import linear_attention  # (the cost layer's: its kernels' source)
         kernels, why = linear_attention.kernels_for(stage, hw, engine.tensor_parallel_size)
         said = linear_attention.describe(kernels, stage.linear_attention.layers) + (f" ({why})" if why else "")
-        said += ("; prefix caching off (the state modelled as vLLM's mamba_cache_mode none; recent vLLM caches "
-                 "hybrids' prefixes in its align mode, not modelled: compare with vllm serve --no-enable-prefix-caching)")
+        said += ("; prefix caching off (the state modelled as vLLM's mamba_cache_mode none; recent vLLM "
+                 "caches hybrids' prefixes in its align mode, not modelled: compare with vllm serve "
+                 "--no-enable-prefix-caching)")
         cost_model = _say(cost_model, said)
     work = _delegate(overridden, "workload", lambda: workload.parse_workload(
         raw["workload"], label, base_dir))  # its messages read "<label>: workload.<key>: ..."
