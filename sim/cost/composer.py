@@ -80,7 +80,7 @@ TABLE_SYSTEMS: dict[str, tuple[str, tuple[str, str]]] = {
     "h100-sxm": ("h100_sxm", _FA3), "h200": ("h200_sxm", _FA3),
     "a100-80gb": ("a100_sxm", ("vllm_flash_attn", "vllm_flash_attn")), "l40s": ("l40s", _FA2),
     "b200": ("b200_sxm", _TRTLLM), "b300": ("b300_sxm", _TRTLLM), "gb200": ("gb200", _TRTLLM),
-    "gb300": ("gb300", _TRTLLM)}
+    "gb300": ("gb300", _TRTLLM), "rtx-pro-6000": ("rtx_pro_6000_server", _FA2)}
 SYSTEMS = {gpu: folder for gpu, (folder, _) in TABLE_SYSTEMS.items()}  # preset -> its tables' folder
 HELDOUT_SHAPES = 300  # iteration shapes a tabulated profile is checked on against the composer
 

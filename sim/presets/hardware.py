@@ -16,7 +16,7 @@ Host links: the datasheets' PCIe figure, which is bidirectional, halved (Gen5 x1
 GB/s per direction; Gen4 x16: 64 -> 32): a peak; DMA copies of KV blocks reach less.
 Prices are rounded on-demand estimates per GPU-hour from GPU clouds (mid-2025), not quotes;
 override `usd_per_hour` in a scenario for your own contract. See docs/cost_models.md. A preset with
-no public rate servesim can cite (B300, GB200, GB300, MI355X) has usd_per_hour 0, "unknown": the
+no public rate servesim can cite (B300, GB200, GB300, RTX PRO 6000, MI355X) has usd_per_hour 0, "unknown": the
 planner asks for a price (--price GPU=USD, or hardware.usd_per_hour) rather than rank it as free.
 NVLink domains: HGX/DGX boards join 8 GPUs; GB200/GB300 NVL72 racks join 72 over NVLink switches
 (`nvlink_domain`), so a replica of up to 72 GPUs there never crosses the slower network.
@@ -90,6 +90,12 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
     # GB200's. Measured kernel tables (sim/tables/gb300). Price unknown.
     "gb300": HardwareSpec("gb300", 288e9, 8.0e12, 2.5e15, 900e9, 0.0, fp8_flops=5.0e15, host_bandwidth=225e9,
                           network_bandwidth=100e9, nvlink_domain=72),
+    # RTX PRO 6000 Blackwell Server Edition (96 GB GDDR7, PCIe card, no NVLink): 1.792 TB/s, 467.8
+    # TFLOP/s dense bf16 and 935.6 fp8 (AIConfigurator's figures, scaled to the 2,430 MHz its card ran
+    # at), PCIe Gen5 x16 between GPUs and to the host. Measured kernel tables (sim/tables/rtx_pro_6000_server).
+    # No reference NIC (0) and no price.
+    "rtx-pro-6000": HardwareSpec("rtx-pro-6000", 96e9, 1.792e12, 467.8e12, 64e9, 0.0, fp8_flops=935.6e12,
+                                 host_bandwidth=64e9),
     # AMD Instinct MI355X (CDNA 4, 288 GB HBM3E): 8 TB/s, 5 PFLOP/s dense fp8 (AMD at ISSCC 2026, as
     # reported) and half that in bf16, Infinity Fabric 7 links x 153.6 GB/s both ways = 537.6 GB/s a
     # direction, PCIe Gen5. No kernel tables: the roofline's estimate, said so. Price unknown.

@@ -1,4 +1,4 @@
-"""The GPUs the kernel tables cover beyond the first five (B300, GB200, GB300: measured profiles
+"""The GPUs the kernel tables cover beyond the first five (B300, GB200, GB300, RTX PRO 6000: measured profiles
 through the same importer) and the MI355X by datasheet: what each prices with, their NVLink domains,
 and the planner asking for a price where none can be cited."""
 from __future__ import annotations
@@ -21,7 +21,7 @@ LLAMA3 = MODEL_PRESETS["llama-3-8b"]
 
 
 @pytest.mark.parametrize("gpu, device", [("b300", "NVIDIA B300"), ("gb200", "NVIDIA GB200"),
-                                         ("gb300", "NVIDIA GB300")])
+                                         ("gb300", "NVIDIA GB300"), ("rtx-pro-6000", "NVIDIA RTX PRO 6000")])
 def test_the_new_blackwell_gpus_price_from_their_measured_tables(gpu, device):
     hw = HARDWARE_PRESETS[gpu]
     assert shipped_profile("llama-3-8b", gpu, 1) is not None

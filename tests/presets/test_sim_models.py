@@ -153,8 +153,9 @@ def test_hardware_presets():
     assert HARDWARE_PRESETS["l40s"].interconnect_bandwidth == 32e9
     assert all(h.name == n for n, h in HARDWARE_PRESETS.items())
     # a price where one can be cited; the newest GPUs have none ("unknown": the planner asks for one)
-    assert {n for n, h in HARDWARE_PRESETS.items() if h.usd_per_hour == 0} == {"b300", "gb200", "gb300", "mi355x"}
-    assert all(h.usd_per_hour > 0 for n, h in HARDWARE_PRESETS.items() if n not in ("b300", "gb200", "gb300", "mi355x"))
+    unpriced = {"b300", "gb200", "gb300", "mi355x", "rtx-pro-6000"}
+    assert {n for n, h in HARDWARE_PRESETS.items() if h.usd_per_hour == 0} == unpriced
+    assert all(h.usd_per_hour > 0 for n, h in HARDWARE_PRESETS.items() if n not in unpriced)
     # NVL72 racks: 72 GPUs on one NVLink domain; every other preset 8 (an HGX board)
     assert {n: h.nvlink_domain for n, h in HARDWARE_PRESETS.items() if h.nvlink_domain != 8} == {"gb200": 72, "gb300": 72}
     mi = HARDWARE_PRESETS["mi355x"]  # AMD, as reported: 5 PFLOP/s fp8, bf16 half; 7 x 153.6 GB/s links both ways
