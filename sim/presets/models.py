@@ -30,7 +30,10 @@ class MoESpec:
     experts_per_token: int         # routed experts each token is sent to
     expert_intermediate_size: int  # gate/up/down width of one expert
     shared_experts: int = 0        # experts every token also uses (DeepSeek), same width
-    dense_layers: int = 0          # leading layers with a dense MLP of intermediate_size
+    # layers with a dense MLP of intermediate_size: DeepSeek's lead (first_k_dense_replace);
+    # Llama-4-Maverick's alternate with the MoE ones (interleave_moe_layer_step 2). Sized and priced
+    # by count; only pipeline_stage reads them as leading (an upper bound for an interleaved stage)
+    dense_layers: int = 0
 
 
 @dataclass(frozen=True)
@@ -506,9 +509,9 @@ def _refuse_unmodelled(cfg: dict, path: Path) -> None:
         if odd:
             raise ScenarioError(f"{path}: layer_types: {_show(odd[0])} layers are not modelled "
                                 f"(only {', '.join(known)})")
-    if model_type == "llama4_text" and cfg.get("interleave_moe_layer_step", 1) != 1:
-        raise ScenarioError(f"{path}: interleave_moe_layer_step: {_show(cfg['interleave_moe_layer_step'])}: MoE "
-                            f"layers interleaved with dense ones (Llama-4-Maverick) are not modelled; Scout's 1 is")
+    step = cfg.get("interleave_moe_layer_step", 1)
+    if model_type == "llama4_text" and (isinstance(step, bool) or not isinstance(step, int) or step < 1):
+        raise ScenarioError(f"{path}: interleave_moe_layer_step: {_show(step)} is not a positive integer")
     if cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1 or cfg.get("moe_layer_freq", 1) != 1:
         raise ScenarioError(f"{path}: mlp_only_layers / decoder_sparse_step / moe_layer_freq: MoE "
                             f"layers interleaved with dense ones are not modelled (only leading dense "
@@ -599,6 +602,11 @@ def _moe(cfg: dict) -> MoESpec | None:
     width = cfg.get("moe_intermediate_size") or cfg["intermediate_size"]  # Mixtral: experts are full width
     # Llama 4: every MoE layer has one shared expert as wide as the routed ones
     shared = 1 if cfg.get("model_type") == "llama4_text" else cfg.get("n_shared_experts") or 0
+    dense = cfg.get("first_k_dense_replace") or 0
+    if cfg.get("model_type") == "llama4_text" and cfg.get("interleave_moe_layer_step", 1) > 1:
+        # Llama-4-Maverick: layer i is MoE when (i + 1) % step == 0 (transformers' Llama4TextConfig),
+        # the others dense (of intermediate_size_mlp: model_from_hf_config)
+        dense = cfg["num_hidden_layers"] - cfg["num_hidden_layers"] // cfg["interleave_moe_layer_step"]
     if cfg.get("shared_expert_intermediate_size"):  # Qwen3-Next: one shared MLP, in experts' widths
         wide = cfg["shared_expert_intermediate_size"]
         if not isinstance(wide, int) or isinstance(wide, bool) or wide % width:
@@ -606,8 +614,7 @@ def _moe(cfg: dict) -> MoESpec | None:
                              f"experts of moe_intermediate_size {width}")
         shared = wide // width
     return MoESpec(num_experts=experts, experts_per_token=cfg["num_experts_per_tok"],
-                   expert_intermediate_size=width, shared_experts=shared,
-                   dense_layers=cfg.get("first_k_dense_replace") or 0)
+                   expert_intermediate_size=width, shared_experts=shared, dense_layers=dense)
 
 
 def _linear_attention(cfg: dict, path: Path) -> dict:
@@ -736,6 +743,9 @@ def model_from_hf_config(path: Path, name: str | None = None) -> ModelSpec:
         raise ScenarioError(f"{path}: missing key {missing[0]!r}; a Llama-style config.json "
                             f"needs {', '.join(_HF_KEYS)}")
     fields = {ours: cfg[theirs] for theirs, ours in _HF_KEYS.items()}
+    if cfg.get("model_type") == "llama4_text" and cfg.get("interleave_moe_layer_step", 1) > 1:
+        # (its dense layers' width; intermediate_size is the experts')
+        fields["intermediate_size"] = cfg.get("intermediate_size_mlp", cfg["intermediate_size"])
     for theirs, ours in (("num_key_value_heads", "num_kv_heads"), ("head_dim", "head_dim")):
         if cfg.get(theirs) is not None:  # some configs write "head_dim": null
             fields[ours] = cfg[theirs]

@@ -278,9 +278,27 @@ def test_llama4_scout_is_sized_by_hand():
     assert kv_bytes_per_token_per_rank(m, 8) == 48 * 2 * 8 * 128 * 2 // 8 == 24_576
 
 
-def test_llama4_maverick_interleaved_moe_is_refused_naming_the_field():
-    with pytest.raises(ScenarioError, match="interleave_moe_layer_step: 2: MoE layers interleaved with dense ones"):
-        model_from_hf_config(FIXTURES / "meta-llama--Llama-4-Maverick-17B-128E-Instruct.json")
+def test_llama4_maverick_alternates_dense_and_moe_layers_by_hand(tmp_path):
+    """interleave_moe_layer_step 2: of 48 layers the 24 with (i + 1) % 2 == 0 are MoE (128 experts of
+    8,192, top-1, plus one shared of the same width, a 5,120 x 128 router), the other 24 dense MLPs of
+    intermediate_size_mlp 16,384. Attention: q and o 5,120 x 5,120, k and v 5,120 x 1,024 a layer.
+    Embedding and LM head (untied) 202,048 x 5,120 each; norms 2 x 5,120 a layer + the final one.
+    400,711,848,960 in all (Meta: "400B"); per token 16,149,708,800 matmul weights (Meta: "17B active",
+    the embedding included)."""
+    m = model_from_hf_config(FIXTURES / "meta-llama--Llama-4-Maverick-17B-128E-Instruct.json")
+    attention = 2 * 5120 * 5120 + 2 * 5120 * 1024
+    dense, expert = 3 * 5120 * 16384, 3 * 5120 * 8192
+    moe = 128 * expert + expert + 5120 * 128
+    embed = 2 * 202048 * 5120
+    norms = 48 * 2 * 5120 + 5120
+    assert m.num_params == 48 * attention + 24 * dense + 24 * moe + embed + norms == 400_711_848_960
+    assert m.matmul_params == 48 * attention + 24 * dense + 24 * (2 * expert + 5120 * 128) + 202048 * 5120
+    assert (m.intermediate_size, m.moe.dense_layers, m.moe.num_experts) == (16384, 24, 128)
+    cfg = json.loads((FIXTURES / "meta-llama--Llama-4-Maverick-17B-128E-Instruct.json").read_text())
+    cfg["text_config"]["interleave_moe_layer_step"] = 0
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ScenarioError, match="interleave_moe_layer_step: 0 is not a positive integer"):
+        model_from_hf_config(tmp_path / "config.json")
 
 
 def test_llama4_with_a_vision_encoder_says_it_is_not_counted(tmp_path):
