@@ -72,6 +72,9 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
                 raise
             raise ScenarioError(f"{_where(scenario)}{err}") from None
     e, where = scenario.engine, _where(scenario)
+    if e.lora is None and workload.adapter is not None and bool((workload.adapter >= 0).any()):
+        raise ScenarioError(f"{where}workload.trace: its requests name LoRA adapters (the adapter column) but the "
+                            "engine serves none; set engine.lora (e.g. {max_loras: 4, max_lora_rank: 16})")
     blocks, layout = scenario.budget.num_gpu_blocks, scenario.budget.layout
     offered = workload  # every request sent (a gateway may turn some away: engine.admission)
     admitted_at = None

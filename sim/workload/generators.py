@@ -383,9 +383,9 @@ class SharedAdapters:
 def build_workload(cfg: WorkloadConfig, rng: np.random.Generator) -> Workload:
     """The requests `cfg` describes; every random draw comes from `rng`. A closed loop's arrival
     times are nan (the run fills them in); time_scale divides its think times and start offsets."""
-    users, prefix, which = None, None, None
+    users, prefix, which, adapter = None, None, None, None
     if cfg.trace is not None:
-        arrival, prompt, output, priority, prefix, users = _replay(cfg, rng)
+        arrival, prompt, output, priority, prefix, users, adapter = _replay(cfg, rng)
     else:  # a generator: parse_workload set all four (agents: the steps set the count)
         n, process = cfg.num_requests, cfg.arrival
         assert process is not None
@@ -410,7 +410,8 @@ def build_workload(cfg: WorkloadConfig, rng: np.random.Generator) -> Workload:
         priority = cfg.priority.sample(rng, len(arrival))
     if cfg.prefix is not None:  # drawn last: workloads without a prefix keep their numbers
         prefix = cfg.prefix.draw(rng, prompt)
-    adapter = cfg.adapters.draw(rng, len(prompt)) if cfg.adapters is not None else None  # (after that: likewise)
+    if cfg.adapters is not None:  # (after that: likewise)
+        adapter = cfg.adapters.draw(rng, len(prompt))
     if users is not None:
         loop = cfg.arrival
         if isinstance(loop, ClosedLoop):
@@ -475,7 +476,12 @@ def _replay(cfg: WorkloadConfig, rng: np.random.Generator) -> tuple[Any, ...]:
             raise ScenarioError(f"{shown(trace)}: has no arrival times to replay; use it as a length "
                                 "distribution (prompt_tokens: {dist: empirical, trace: ...}) with an arrival process")
         columns = (bench_arrivals(table.attrs, len(table), rng, trace), *columns[1:])
-    return (*columns, table["prefix"].tolist() if "prefix" in table else None, None)
+    if "adapter" in table:  # (a trace's adapter column: each request's LoRA adapter, -1 the base model)
+        if cfg.adapters is not None:
+            raise ScenarioError(f"{shown(trace)}: has an adapter column and workload.adapters draws them too; "
+                                "keep one")
+    adapter = table["adapter"].to_numpy(copy=True) if "adapter" in table else None
+    return (*columns, table["prefix"].tolist() if "prefix" in table else None, None, adapter)
 
 
 def _sessions(table) -> tuple[Any, ...]:
@@ -496,7 +502,7 @@ def _sessions(table) -> tuple[Any, ...]:
     script = AgentScript(offsets, prompt, output, table["tool_s"].to_numpy(dtype=np.float64)[rows])
     n = len(rows)
     users = Users(start[order].astype(np.float64), np.zeros(n), calls.copy(), None, calls, script)
-    return np.full(n, np.nan), prompt.copy(), output.copy(), np.zeros(n, dtype=np.int64), None, users
+    return np.full(n, np.nan), prompt.copy(), output.copy(), np.zeros(n, dtype=np.int64), None, users, None
 
 
 def bench_arrivals(attrs: dict, n: int, rng: np.random.Generator, trace: Path) -> np.ndarray:

@@ -379,6 +379,11 @@ def _read_generic(df: pd.DataFrame, lines: np.ndarray, name: str, hash_block_tok
     table = _table(arrival, df, GENERIC, lines, name, priority)
     if "hash_ids" in df:  # prompt block ids: what prefix caching matches on
         table["prefix"] = _hash_column(df["hash_ids"], lines, name, "hash_ids", hash_block_tokens)
+    if "adapter" in df:  # the LoRA adapter each request names (any text; blank: the base model)
+        named = df["adapter"].notna().to_numpy()
+        codes, names = pd.factorize(df["adapter"].astype(str).where(named))
+        table["adapter"] = np.where(named, codes, -1).astype(np.int64)
+        table.attrs["adapters"] = [str(n) for n in names]
     return table
 
 

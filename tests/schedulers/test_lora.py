@@ -183,3 +183,26 @@ def test_a_gpu_without_a_host_link_cannot_load_adapters_and_the_model_is_said_st
     sc = scenario_from_dict({"model": "llama-3-8b", "hardware": "h100-sxm", "engine": {"lora": {"max_loras": 2}},
                              "workload": _ONE})
     assert "LoRA adapters' loads and kernels are a stated model" in sc.cost_model.notice
+
+
+def test_a_traces_adapter_column_names_each_requests_adapter(tmp_path):
+    """A generic CSV trace's `adapter` column: names numbered in order of first appearance, blank the base
+    model. With one slot the second adapter's request waits for the first's (as in the hand timeline
+    above); without engine.lora the run is refused, not run on the base model."""
+    (tmp_path / "t.csv").write_text("arrival_s,prompt_tokens,output_tokens,adapter\n0,4,2,support\n0,4,2,sql\n"
+                                    "0,4,2,\n0,4,2,support\n")
+    from sim.workload.traces import read_trace
+
+    table = read_trace(tmp_path / "t.csv")
+    assert table["adapter"].tolist() == [0, 1, -1, 0] and table.attrs["adapters"] == ["support", "sql"]
+    raw = {"model": "llama-3-8b", "hardware": HW, "cost_model": "unit", "workload": {"trace": "t.csv"},
+           "engine": {"scheduler": "chunked", "block_size": 4, "lora": {"max_loras": 1}}}
+    r = simulate(scenario_from_dict(raw, base_dir=tmp_path))
+    assert r.requests["adapter"].tolist() == [0, 1, -1, 0]
+    first = r.requests.set_index("request_id")["first_token_s"]
+    assert first[1] > first[0] == first[3] == first[2]  # sql waits for the one slot; the rest go together
+    with pytest.raises(ScenarioError, match="its requests name LoRA adapters .* set engine.lora"):
+        simulate(scenario_from_dict({**raw, "engine": {"scheduler": "chunked"}}, base_dir=tmp_path))
+    with pytest.raises(ScenarioError, match="has an adapter column and workload.adapters draws them too"):
+        simulate(scenario_from_dict({**raw, "workload": {"trace": "t.csv", "adapters": {"count": 2, "share": 1.0}}},
+                                    base_dir=tmp_path))
