@@ -99,7 +99,8 @@ class Sessions:
             if head is not None and self._allowed(prompt, output):
                 self._join(rid, int(self.conversation[head]), int(self.turn[head]) + 1, prompt, output)
             else:
-                self.cut += head is not None
+                if head is not None:  # (the grown context would not fit: a fresh one)
+                    self.cut += 1
                 self._start(rid, message, output)
                 prompt = message
             self._context[user] = prompt - message

@@ -4,6 +4,7 @@ which of the two a scenario says it used."""
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -58,8 +59,8 @@ def test_measured_kernels_are_the_tables_rows(gdn):
     mid = (k.decode_s(16) + k.decode_s(32)) / 2
     assert k.decode_s(24) == pytest.approx(mid, rel=1e-12)
     with pytest.raises(ValueError, match="no Gated DeltaNet rows for 3 key / 5 value heads"):
-        MeasuredKernels(gdn, QN.__class__(**{**QN.__dict__, "linear_attention": QN.linear_attention.__class__(
-            36, 3, 5, 128, 128, 4)}), 1)
+        MeasuredKernels(gdn, replace(QN, linear_attention=replace(QN.linear_attention, num_key_heads=3,
+                                                                 num_value_heads=5)), 1)
 
 
 def test_the_wrapper_adds_every_linear_layer_to_the_inner_step(gdn):
