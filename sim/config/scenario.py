@@ -593,9 +593,9 @@ def _check_window(engine: EngineConfig, model: ModelSpec, w: Where) -> EngineCon
 def _check_hybrid(engine: EngineConfig, model: ModelSpec, hw: HardwareSpec, w: Where) -> EngineConfig:
     """A hybrid model's linear-attention state (sim/kv/cache.StateKVCache) is modelled as vLLM keeps
     it without prefix caching (mamba_cache_mode none), on an iteration-level engine that does both
-    phases on one GPU group: caching left at its default is off (vLLM's own default for hybrids
-    without prefix-caching support; said in docs/simulator.md), asked for it is an error. The
-    attention block grows to hold one layer's state, as vLLM sets it (memory.hybrid_block_size)."""
+    phases (pipeline stages and data-parallel ranks included): caching left at its default is off
+    (said in the run's notice and docs/simulator.md), asked for it is an error. The attention block
+    grows to hold one layer's state, as vLLM sets it (memory.hybrid_block_size)."""
     if model.linear_attention is None:
         if not _power_of_two_block(engine.block_size):  # (multiples of 16 are a hybrid's: vLLM sets them)
             raise ScenarioError(f"{w('engine.block_size')}: {engine.block_size} is not a power of two "
@@ -606,9 +606,7 @@ def _check_hybrid(engine: EngineConfig, model: ModelSpec, hw: HardwareSpec, w: W
         raise ScenarioError(f"{w('engine.enable_prefix_caching')}: prefix caching {why} is not modelled "
                             f"(vLLM's mamba_cache_mode align); set it to false (or leave it out: off for such models)")
     _refuse_beside(engine, w("model"), f"{model.name} (linear attention)",
-                   ("speculative", "disaggregation", "kv_offloading_size", "lora"), stages=True)
-    if engine.data_parallel_size > 1:
-        raise ScenarioError(f"{w('engine.data_parallel_size')}: data parallelism {why} is not modelled")
+                   ("speculative", "disaggregation", "kv_offloading_size", "lora"), stages=False)
     if model.kv_layout.full_groups != 1:
         raise ScenarioError(f"{w('model')}: {model.attention_layers} attention layers beside "
                             f"{model.linear_attention.layers} linear ones make {model.kv_layout.full_groups} "
@@ -758,9 +756,11 @@ def _parse_cost_model(v: Any, w: Where, base_dir: Path, model: ModelSpec, hw: Ha
             spec = cost.parse_cost_model("roofline", model, hw, engine.tensor_parallel_size, w("cost_model"))
             group = engine.tensor_parallel_size * engine.data_parallel_size
             a2a, why = measured_all_to_all(model, hw, engine.all2all_backend, group)
-            said = (f"its {engine.all2all_backend} all-to-all measured (DeepEP at EP{group}, AIConfigurator tables)"
-                    if a2a is not None else
-                    f"its {engine.all2all_backend} all-to-all a stated model ({why}): sim/cost/expert_parallel.py")
+            backend = engine.all2all_backend
+            said = (f"its {backend} all-to-all measured (DeepEP at EP{group}, AIConfigurator tables)" if a2a is not None
+                    else f"its {backend} all-to-all a stated model (sim/cost/expert_parallel.py)"
+                    if backend == "allgather_reducescatter" else
+                    f"its {backend} all-to-all a stated model (sim/cost/expert_parallel.py; {why})")
             return dataclasses.replace(spec, notice=(
                 f"step costs are estimated (roofline), not measured: data_parallel_size {engine.data_parallel_size} "
                 f"with expert parallelism has no measured profile; {said}"))

@@ -169,6 +169,32 @@ def test_pipeline_stage_keeps_its_share_of_linear_layers():
     assert (stage.num_layers, stage.linear_attention.layers, stage.attention_layers) == (24, 18, 6)
 
 
+def test_hybrid_pipeline_stages_and_data_parallel_ranks():
+    """PP2: a stage of 24 layers holds 6 attention and 18 GDN layers, grouped in 6s (1 attention + 3
+    state groups), its GDN kernels priced for its 18 layers. DP2 x TP2 with EP: each GPU keeps the
+    non-expert weights split by TP2 and 512 / 4 = 128 whole experts; each rank's step is its own
+    (36 GDN layers) plus the all-to-all."""
+    from sim.build import cost_model
+    from sim.cost.expert_parallel import ExpertParallelCost
+    from sim.cost.linear_attention import LinearAttentionCost
+    from sim.cost.pipeline import PipelineCost
+
+    base = {"model": "qwen3-next-80b-a3b", "hardware": "h200", "workload": _ONE}
+    pp = scenario_from_dict({**base, "engine": {"scheduler": "chunked", "tensor_parallel_size": 2,
+                                                "pipeline_parallel_size": 2}})
+    assert pp.budget.layout == KVLayout(6, 1, state_groups=3) and pp.engine.block_size == 544
+    cost = cost_model(pp)
+    assert isinstance(cost, PipelineCost) and isinstance(cost.stage, LinearAttentionCost) and cost.stage.layers == 18
+    dp = scenario_from_dict({**base, "engine": {"scheduler": "chunked", "tensor_parallel_size": 2,
+                                                "data_parallel_size": 2, "enable_expert_parallel": True}})
+    routed = QN.routed_expert_params * QN.expert_bytes_per_weight
+    assert dp.budget.weight_bytes_per_gpu == pytest.approx((QN.weight_bytes - routed) / 2 + 128 * routed / 512,
+                                                           rel=1e-12)
+    cost = cost_model(dp)
+    assert isinstance(cost, ExpertParallelCost) and isinstance(cost.inner, LinearAttentionCost)
+    assert cost.inner.layers == 36
+
+
 def test_capacity_prints_the_state_and_the_raised_block():
     from cli import app
 
