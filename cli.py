@@ -728,6 +728,11 @@ def plan(
     kv_offloading_size: Annotated[str | None, typer.Option(
         help="Configuration search: CPU KV tier sizes to compare, GiB per replica (vLLM's --kv-offloading-size; "
              "0: none), e.g. 0,16,64.", metavar="GIB,...", show_default=False)] = None,
+    all2all_backend: Annotated[str | None, typer.Option(
+        "--all2all-backend",
+        help="Configuration search: the data-parallel ranks' all-to-all backends to compare, vLLM's "
+             "--all2all-backend names (docs/planner.md), e.g. deepep_low_latency", metavar="NAME,...",
+        show_default=False)] = None,
     max_gpus: Annotated[int | None, typer.Option(
         help="Configuration search: at most this many GPUs in all.", metavar="N", show_default=False)] = None,
     budget_usd_per_hour: Annotated[float | None, typer.Option(
@@ -763,7 +768,8 @@ def plan(
         price=price, out=out, emit=emit,
         overrides=tuple(set_ or ()), seeds=seeds, resolution=resolution, horizon_s=horizon_s, confidence=confidence,
         headroom=headroom, band=band, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-        gpus=gpus, tp=tp, pp=pp, dp=dp, schedulers=schedulers, speculative=speculative, disaggregation=disaggregation,
+        gpus=gpus, tp=tp, pp=pp, dp=dp, all2all_backend=all2all_backend, schedulers=schedulers,
+        speculative=speculative, disaggregation=disaggregation,
         prefix_caching=prefix_caching, kv_offloading_size=kv_offloading_size, max_gpus=max_gpus,
         budget_usd_per_hour=budget_usd_per_hour,
         min_requests=min_requests, workers=workers, cluster=cluster, window_s=window_s)

@@ -37,7 +37,7 @@ from typing import Any
 import yaml
 
 from sim.config.errors import ScenarioError
-from sim.config.scenario import SLOConfig, load_scenario
+from sim.config.scenario import ALL2ALL_BACKENDS, EngineConfig, SLOConfig, load_scenario
 from sim.planning.engine_curve import SETTING_KEYS
 from sim.planning.evaluator import Evaluator, PlanOptions
 from sim.planning.load_search import Knob, load_knob, max_load, replay_stats
@@ -48,7 +48,8 @@ from sim.planning.vllm_command import vllm_serve
 from sim.presets.hardware import HARDWARE_PRESETS
 
 # knobs the search can vary; a disaggregated setting's "replica" is a unit of P + D replicas
-KNOBS = ("pipeline_parallel_size", "data_parallel_size", "enable_expert_parallel", "disaggregation", "speculative",
+KNOBS = ("pipeline_parallel_size", "data_parallel_size", "enable_expert_parallel", "all2all_backend", "disaggregation",
+         "speculative",
          "scheduler", "enable_prefix_caching",
          "kv_offloading_size", *SETTING_KEYS)
 SATURATE = 10.0     # the bound's load: this x the scenario's own
@@ -61,7 +62,7 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
                    target: float | None = None, overrides: Iterable[str] = (),
                    seqs: Iterable[int] = (), tokens: Iterable[int] = (), schedulers: Iterable[str] = (),
                    prefix_caching: Iterable[bool] = (), offloading: Iterable[float | None] = (),
-                   pps: Iterable[int] = (), dps: Iterable[int] = (),
+                   pps: Iterable[int] = (), dps: Iterable[int] = (), all2all: Iterable[str] = (),
                    speculative: Iterable[dict | None] = (),
                    disaggregation: Iterable[tuple[int, int] | None] = (),
                    max_gpus: int | None = None, budget_usd_per_hour: float | None = None,
@@ -93,11 +94,18 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
     # data-parallel ranks per replica; DP > 1 with expert parallelism, as vLLM serves a MoE model so
     ranks: list[tuple[int, bool]] = [(d, True if d > 1 else e.enable_expert_parallel)
                                      for d in dict.fromkeys(dps)] or [(e.data_parallel_size, e.enable_expert_parallel)]
+    # the ranks' all-to-all (vLLM's --all2all-backend): compared where there are ranks, the default alone
+    backends = list(dict.fromkeys(all2all)) or [e.all2all_backend]
+    odd = [b for b in backends if b not in ALL2ALL_BACKENDS]
+    if odd:
+        raise ScenarioError(f"--all2all-backend: {odd[0]!r} is not one of {', '.join(ALL2ALL_BACKENDS)}")
+    default = EngineConfig.all2all_backend
     settings: list[dict[str, Any]] = [
         {"max_num_seqs": n, "max_num_batched_tokens": t, "scheduler": k, "enable_prefix_caching": c,
          "kv_offloading_size": o, "speculative": sp, "disaggregation": dg, "pipeline_parallel_size": p,
-         "data_parallel_size": dp, "enable_expert_parallel": ep}
-                for dp, ep in ranks for p in stages for dg in splits for sp in specs
+         "data_parallel_size": dp, "enable_expert_parallel": ep, "all2all_backend": a2a}
+                for dp, ep in ranks for a2a in (backends if dp > 1 else [default])
+                for p in stages for dg in splits for sp in specs
                 for k in dict.fromkeys(schedulers or [e.scheduler])
                 for c in dict.fromkeys(caching) for o in dict.fromkeys(tiers)
                 for n in sorted(set(seqs) or {e.max_num_seqs})
@@ -265,7 +273,7 @@ def _best_per_gpu(entries: list[dict]) -> dict | None:
                                   -p["max_num_batched_tokens"])) if ok else None
 
 
-LAYOUT_KNOBS = ("pipeline_parallel_size", "data_parallel_size", "enable_expert_parallel")
+LAYOUT_KNOBS = ("pipeline_parallel_size", "data_parallel_size", "enable_expert_parallel", "all2all_backend")
 
 
 def _evaluator(path, slo: SLOConfig, overrides: tuple[str, ...], options: PlanOptions, runner: Any,

@@ -49,6 +49,7 @@ class PlanRequest:
     tp: str | None = None                  # "1,2,4"
     pp: str | None = None                  # "1,2": pipeline stages per replica
     dp: str | None = None                  # "1,8": data-parallel ranks per replica (MoE, with EP)
+    all2all_backend: str | None = None     # "allgather_reducescatter,deepep_low_latency": their all-to-all
     schedulers: str | None = None          # "chunked,continuous"
     speculative: str | None = None         # "off,eagle:3:0.7"
     disaggregation: str | None = None      # "off,1:3"
@@ -64,7 +65,8 @@ class PlanRequest:
     @property
     def searches(self) -> bool:
         """A configuration search (any of the search options given), else a plan."""
-        return any(v is not None for v in (self.gpus, self.tp, self.pp, self.dp, self.schedulers, self.prefix_caching,
+        return any(v is not None for v in (self.gpus, self.tp, self.pp, self.dp, self.all2all_backend, self.schedulers,
+                                           self.prefix_caching,
                                            self.speculative, self.disaggregation, self.kv_offloading_size))
 
 
@@ -133,6 +135,7 @@ class PlanJob:
                 prefix_caching=parse_on_off("--prefix-caching", r.prefix_caching),
                 offloading=parse_offload_list(r.kv_offloading_size),
                 pps=parse_int_list("--pp", r.pp) or (), dps=parse_int_list("--dp", r.dp) or (),
+                all2all=parse_backends(r.all2all_backend),
                 speculative=parse_spec_list(r.speculative), disaggregation=parse_split_list(r.disaggregation),
                 max_gpus=r.max_gpus, budget_usd_per_hour=r.budget_usd_per_hour, headroom=r.headroom,
                 options=self.options, progress=progress, runner=runner)
@@ -261,6 +264,7 @@ def prepare(r: PlanRequest, note: Callable[[str], None] | None = None) -> PlanJo
         parse_int_list("--tp", r.tp)
         parse_int_list("--pp", r.pp)
         parse_int_list("--dp", r.dp)
+        parse_backends(r.all2all_backend)
         parse_schedulers(r.schedulers or sc.engine.scheduler)
         parse_on_off("--prefix-caching", r.prefix_caching)
         parse_offload_list(r.kv_offloading_size)
@@ -283,7 +287,7 @@ def _check_fleet(r: PlanRequest, sc: Scenario) -> None:
         return
     given = [flag for flag, v in (
         ("--target-rate", r.target_rate), ("--target-users", r.target_users), ("--gpus", r.gpus), ("--tp", r.tp),
-        ("--pp", r.pp), ("--dp", r.dp),
+        ("--pp", r.pp), ("--dp", r.dp), ("--all2all-backend", r.all2all_backend),
         ("--schedulers", r.schedulers), ("--speculative", r.speculative), ("--disaggregation", r.disaggregation),
         ("--prefix-caching", r.prefix_caching), ("--kv-offloading-size", r.kv_offloading_size),
         ("--max-num-seqs", r.max_num_seqs),
@@ -353,6 +357,17 @@ def parse_on_off(flag: str, text: str | None) -> list[bool]:
         if c not in values:
             raise ScenarioError(f"{flag}: {c!r} is not on or off (write {flag} on,off)")
     return [values[c] for c in items]
+
+
+def parse_backends(text: str | None) -> list[str]:
+    """'allgather_reducescatter,deepep_low_latency' -> the list (vLLM's --all2all-backend names); None -> []."""
+    from sim.config.scenario import ALL2ALL_BACKENDS
+
+    out = [c.strip() for c in text.split(",")] if text else []
+    for name in out:
+        if name not in ALL2ALL_BACKENDS:
+            raise ScenarioError(f"--all2all-backend: {name!r} is not one of {', '.join(ALL2ALL_BACKENDS)}")
+    return list(dict.fromkeys(out))
 
 
 def parse_offload_list(text: str | None) -> list[float | None]:

@@ -27,6 +27,8 @@ def _knobs(setting: dict) -> str:
         parts.append(f"DP{setting['data_parallel_size']}")
     if "enable_expert_parallel" in setting:
         parts.append("EP" if setting["enable_expert_parallel"] else "no EP")
+    if setting.get("data_parallel_size", 1) > 1 and "all2all_backend" in setting:
+        parts.append(setting["all2all_backend"])
     if "disaggregation" in setting:
         d = setting["disaggregation"]
         parts.append("aggregated" if d is None else f"{d['prefill_replicas']}P:{d['decode_replicas']}D")

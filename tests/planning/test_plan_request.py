@@ -7,6 +7,7 @@ import pytest
 from sim.config.errors import ScenarioError
 from sim.planning.plan_request import (
     PlanRequest,
+    parse_backends,
     parse_int_list,
     parse_offload_list,
     parse_on_off,
@@ -27,11 +28,14 @@ def test_the_option_mini_languages_by_hand():
         {"method": "draft", "num_speculative_tokens": 4, "acceptance_rate": 0.6, "draft_model": "llama-3.2-1b"}]
     assert parse_split_list("off,1:3, 2:2") == [None, (1, 3), (2, 2)]
     assert parse_offload_list("0, 16,64,16") == [None, 16.0, 64.0] and parse_offload_list(None) == []
+    assert parse_backends("deepep_low_latency, allgather_reducescatter") == ["deepep_low_latency",
+                                                                              "allgather_reducescatter"]
     for call, message in ((lambda: parse_int_list("--tp", "1,0"), "--tp: '0' is not an integer >= 1"),
                           (lambda: parse_on_off("--prefix-caching", "yes"), "--prefix-caching: 'yes' is not on or off"),
                           (lambda: parse_spec_list("eagle:x"), "--speculative: 'eagle:x' is not off or METHOD"),
                           (lambda: parse_split_list("1:0"), "--disaggregation: '1:0' is not off or P:D"),
-                          (lambda: parse_offload_list("-1"), "--kv-offloading-size: '-1' is not a size in GiB")):
+                          (lambda: parse_offload_list("-1"), "--kv-offloading-size: '-1' is not a size in GiB"),
+                          (lambda: parse_backends("nccl"), "--all2all-backend: 'nccl' is not one of")):
         with pytest.raises(ScenarioError, match=message.replace("(", r"\(")):
             call()
 
