@@ -27,7 +27,7 @@ def _knobs(setting: dict) -> str:
         parts.append(f"DP{setting['data_parallel_size']}")
     if "enable_expert_parallel" in setting:
         parts.append("EP" if setting["enable_expert_parallel"] else "no EP")
-    if setting.get("data_parallel_size", 1) > 1 and "all2all_backend" in setting:
+    if "all2all_backend" in setting and setting.get("data_parallel_size", 2) > 1:  # (DP1's is the default)
         parts.append(setting["all2all_backend"])
     if "disaggregation" in setting:
         d = setting["disaggregation"]
