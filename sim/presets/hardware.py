@@ -125,10 +125,12 @@ def hardware_from_fields(fields: dict, where: str) -> HardwareSpec:
 
 
 def is_preset(hardware: HardwareSpec) -> bool:
-    """Is `hardware` the preset of its name, its price and links to the host and the network aside?
-    Those are the user's to set (hardware: {..., usd_per_hour: 2.0, host_bandwidth: 40e9}); none
-    changes what a kernel costs, so such a GPU keeps the preset's kernel tables and measured profiles."""
+    """Is `hardware` the preset of its name, its price, its links to the host and the network and its
+    NVLink domain aside? Those are the user's to set (hardware: {..., usd_per_hour: 2.0,
+    host_bandwidth: 40e9}); none changes what a kernel costs, so such a GPU keeps the preset's kernel
+    tables and measured profiles."""
     preset = HARDWARE_PRESETS.get(hardware.name)
     return preset is not None and replace(preset, usd_per_hour=hardware.usd_per_hour,
                                           host_bandwidth=hardware.host_bandwidth,
-                                          network_bandwidth=hardware.network_bandwidth) == hardware
+                                          network_bandwidth=hardware.network_bandwidth,
+                                          nvlink_domain=hardware.nvlink_domain) == hardware

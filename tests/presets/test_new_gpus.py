@@ -41,6 +41,15 @@ def test_mi355x_is_a_datasheet_roofline_and_says_so():
     assert spec.name == "roofline" and "no kernel tables for mi355x" in spec.notice
 
 
+def test_a_presets_nvlink_domain_is_the_users_to_set_and_keeps_its_tables():
+    from dataclasses import replace
+
+    from sim.presets.hardware import is_preset
+
+    assert is_preset(replace(HARDWARE_PRESETS["h100-sxm"], nvlink_domain=16))
+    assert not is_preset(replace(HARDWARE_PRESETS["h100-sxm"], hbm_bandwidth=3e12))
+
+
 def test_an_nvl72_rack_keeps_a_16_gpu_replica_on_nvlink():
     """16 GPUs: two HGX boards apart (the H100's 50 GB/s network) but one GB200 NVL72 rack (NVLink, 900 GB/s)."""
     assert hop_link(HARDWARE_PRESETS["gb200"], 16) == (900e9, 2e-6)
