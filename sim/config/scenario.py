@@ -222,8 +222,9 @@ def _power_of_two_block(block: int) -> bool:
 
 def block_size_ok(block: int) -> bool:
     """A power of two in [1, MAX_BLOCK_SIZE], or a multiple of 16 up to MAX_HYBRID_BLOCK_SIZE (a hybrid's)."""
-    return (1 <= block <= MAX_BLOCK_SIZE and not block & (block - 1)) or (
-        0 < block <= MAX_HYBRID_BLOCK_SIZE and block % 16 == 0)
+    return _power_of_two_block(block) or (0 < block <= MAX_HYBRID_BLOCK_SIZE and block % 16 == 0)
+
+
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # the name becomes the folder runs/<name>
 
 

@@ -30,6 +30,7 @@ which this leaves out (the ranks are taken as equally loaded); the dispatch in b
 from __future__ import annotations
 
 from collections import Counter
+from functools import lru_cache
 
 import numpy as np
 import pandas as pd
@@ -83,9 +84,11 @@ class MeasuredAllToAll:
         return sum(c(tokens, self.extrapolated, "all-to-all tokens") for c in self._curves) / 1e3
 
 
+@lru_cache(maxsize=32)
 def measured_all_to_all(model, hardware, backend: str, group: int):
     """The measured DeepEP timings of `backend` for this model and group on a preset GPU with tables,
-    and None with why where there are none."""
+    and None with why where there are none. Kept for the process (asked when a scenario loads and for
+    each run built)."""
     from pathlib import Path
 
     from sim.cost.composer import SYSTEMS, TABLES  # (the one place preset and tables meet)

@@ -26,6 +26,7 @@ HBM bandwidth):
 from __future__ import annotations
 
 from collections import Counter
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -103,9 +104,11 @@ def gdn_table(folder: Path | None) -> pd.DataFrame | None:
     return pd.read_csv(path) if path is not None and path.is_file() else None
 
 
+@lru_cache(maxsize=32)
 def kernels_for(model, hardware, tensor_parallel_size: int):
     """Measured kernels where the hardware preset's tables time the model's heads per GPU, else the
-    roofline's: (kernels, why not measured or None)."""
+    roofline's: (kernels, why not measured or None). Kept for the process: a scenario asks when it
+    loads (its notice) and again for each run it builds (a plan builds hundreds)."""
     from sim.cost.composer import SYSTEMS, TABLES  # (the one place preset and tables meet)
     from sim.presets.hardware import is_preset
 

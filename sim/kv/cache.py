@@ -185,7 +185,6 @@ class StateKVCache(PagedKVCache):
 
     def __init__(self, num_blocks: int, block_size: int, layout):
         super().__init__(num_blocks, block_size)
-        self.layout = layout
         self.full, self.states = layout.full_groups, layout.state_groups
 
     def blocks_for(self, num_tokens):

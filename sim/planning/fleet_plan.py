@@ -162,9 +162,10 @@ def _static(n: int) -> tuple[str, ...]:
     return ("engine.autoscaling=null", f"engine.replicas={n}")
 
 
-def _policy(low: int, high: int, target: float) -> tuple[str, ...]:
+def _policy(low: int, high: int, target: float, start: int | None = None) -> tuple[str, ...]:
+    """A policy's overrides; `start`: replicas serving at time 0 (None: `low`)."""
     return (f"engine.autoscaling.min_replicas={low}", f"engine.autoscaling.max_replicas={high}",
-            f"engine.replicas={low}", f"engine.autoscaling.target_in_flight={target!r}")
+            f"engine.replicas={low if start is None else start}", f"engine.autoscaling.target_in_flight={target!r}")
 
 
 def floor_schedule(profile, static: int, low: int, cold_start_s: float) -> list[list[float]]:
@@ -187,9 +188,8 @@ def floor_schedule(profile, static: int, low: int, cold_start_s: float) -> list[
 
 
 def _scheduled(low: int, high: int, target: float, schedule: list, period: float | None) -> tuple[str, ...]:
-    at_start = next(n for t, n in reversed(schedule) if t <= 0)
-    return (f"engine.autoscaling.min_replicas={low}", f"engine.autoscaling.max_replicas={high}",
-            f"engine.replicas={max(low, int(at_start))}", f"engine.autoscaling.target_in_flight={target!r}",
+    """The policy above a floor_schedule (from 0, at least `low`): its floor at 0 serves from the start."""
+    return (*_policy(low, high, target, start=int(schedule[0][1])),
             f"engine.autoscaling.min_replicas_schedule={json.dumps(schedule, separators=(',', ':'))}",
             *((f"engine.autoscaling.schedule_period_s={period!r}",) if period is not None else ()))
 

@@ -64,11 +64,6 @@ def capacity_table(model: str | None = None, gpu: str | None = None, tp: int | N
     _check_layout(m, stages, ranks, experts)
     stage = pipeline_stage(m, stages)
     b_tp: int = _or_default(tp, defaults["tp"])
-    if stage.linear_attention is not None and b_tp >= 1 and stage.num_attention_heads % b_tp == 0:
-        lin = stage.linear_attention
-        if lin.num_key_heads % b_tp or lin.num_value_heads % b_tp:
-            raise ScenarioError(f"--tp: {b_tp} does not divide {m.name}'s linear-attention heads "
-                                f"({lin.num_key_heads} key, {lin.num_value_heads} value)")
     # a hybrid's attention block holds one linear-attention state (vLLM raises a smaller one)
     block = hybrid_block_size(stage, hw, b_tp, defaults["kv_dtype"], _or_default(block_size, defaults["block"]))
     b = kv_budget(stage, hw, tensor_parallel_size=b_tp,
@@ -107,6 +102,10 @@ def _check_capacity_options(m: Any, tp: int | None, util: float | None, block: i
         allowed = ", ".join(str(d) for d in range(1, heads + 1) if heads % d == 0)
         raise ScenarioError(f"--tp: {tp} does not divide the {heads} attention heads of {m.name}; "
                             f"allowed: {allowed}")
+    lin = m.linear_attention
+    if tp is not None and lin is not None and (lin.num_key_heads % tp or lin.num_value_heads % tp):
+        raise ScenarioError(f"--tp: {tp} does not divide {m.name}'s linear-attention heads "
+                            f"({lin.num_key_heads} key, {lin.num_value_heads} value)")
     if util is not None and not 0 < util <= 1:
         raise ScenarioError(f"--gpu-memory-utilization: {util} is not a number in (0, 1]")
     if block is not None and not block_size_ok(block):

@@ -476,11 +476,12 @@ def _replay(cfg: WorkloadConfig, rng: np.random.Generator) -> tuple[Any, ...]:
             raise ScenarioError(f"{shown(trace)}: has no arrival times to replay; use it as a length "
                                 "distribution (prompt_tokens: {dist: empirical, trace: ...}) with an arrival process")
         columns = (bench_arrivals(table.attrs, len(table), rng, trace), *columns[1:])
+    adapter = None
     if "adapter" in table:  # (a trace's adapter column: each request's LoRA adapter, -1 the base model)
         if cfg.adapters is not None:
             raise ScenarioError(f"{shown(trace)}: has an adapter column and workload.adapters draws them too; "
                                 "keep one")
-    adapter = table["adapter"].to_numpy(copy=True) if "adapter" in table else None
+        adapter = table["adapter"].to_numpy(copy=True)
     return (*columns, table["prefix"].tolist() if "prefix" in table else None, None, adapter)
 
 

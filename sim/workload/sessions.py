@@ -109,8 +109,8 @@ class Sessions:
             head = self._head[user]
             prompt = int(self._context[user]) + message
             if self._allowed(prompt, output):
-                self._branch(rid, int(self.conversation[head]), int(self.turn[head]), prompt, output,
-                             int(self._context[user]))
+                self._join(rid, int(self.conversation[head]), int(self.turn[head]), prompt, output,
+                           shared=int(self._context[user]))
             else:
                 self.cut += 1
                 self._start(rid, message, output)
@@ -119,20 +119,6 @@ class Sessions:
         if self._in_step[user] == calls:
             self._in_step[user] = 0
             self._step[user] += 1
-
-    def _branch(self, rid: int, conv: int, turn: int, prompt: int, output: int, shared: int) -> None:
-        """`rid` joins conversation `conv` on its first `shared` tokens (their whole blocks' names),
-        its own tokens after them named for it alone."""
-        self.req.prompt[rid] = prompt
-        self.conversation[rid], self.turn[rid] = conv, turn
-        if not self.caches:
-            return
-        chain = self._chain[conv][:shared // self.block_size]
-        full = (prompt + output - 1) // self.block_size
-        chain = chain + [("fan", rid, j) for j in range(len(chain), full)]
-        for cache in self.caches:
-            cache.hashes[rid] = chain
-            cache.prompt[rid] = prompt
 
     def _scripted(self, rid: int, user: int) -> None:
         """A recorded session's next call: its prompt, output and tool time as recorded. It continues
@@ -166,14 +152,21 @@ class Sessions:
         self._chain.append(shared)
         self._join(rid, conv, 1, prompt, output)
 
-    def _join(self, rid: int, conv: int, turn: int, prompt: int, output: int) -> None:
+    def _join(self, rid: int, conv: int, turn: int, prompt: int, output: int, shared: int | None = None) -> None:
+        """`rid` is the next turn of conversation `conv` (its block names extend the conversation's),
+        or with `shared` a fan-out branch of it: the conversation's first `shared` tokens (their
+        whole blocks' names), its own tokens after them named for it alone."""
         self.req.prompt[rid] = prompt
         self.conversation[rid], self.turn[rid] = conv, turn
         if not self.caches:
             return
-        chain = self._chain[conv]
         full = (prompt + output - 1) // self.block_size  # blocks it fills: KV of all but its last token
-        chain.extend(("turn", conv, j) for j in range(len(chain), full))
+        if shared is None:
+            chain = self._chain[conv]
+            chain.extend(("turn", conv, j) for j in range(len(chain), full))
+        else:
+            chain = self._chain[conv][:shared // self.block_size]
+            chain = chain + [("fan", rid, j) for j in range(len(chain), full)]
         # one list per conversation, read up to each reader's own token count (prefix_cache.py)
         for cache in self.caches:
             cache.hashes[rid] = chain
