@@ -194,11 +194,13 @@ def markdown(r: dict, figure: str | None) -> str:
 @plain_text
 def fleet_figure(r: dict):
     """Three panels over the run: arrivals per second in each window; replicas held, the policy's
-    (from its spans) against the static fleet; the worst observed / target per window, both."""
+    (from its spans) and the scheduled floor's, where there is one, against the static fleet; the
+    worst observed / target per window, each."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
     s, p = r["static"], r["policy"]
+    q = (r.get("scheduled") or {}).get("policy")  # the policy above a scheduled floor (step 3)
     w = r["window_s"]
     hours = max(s["end_s"], p["end_s"] if p else 0) > 7200
     scale = 3600 if hours else 1
@@ -216,15 +218,22 @@ def fleet_figure(r: dict):
         t, held = held_steps([sp["start_s"] for sp in p["spans"]], [sp["end_s"] for sp in p["spans"]], p["end_s"])
         axes[1].step(np.array(t) / scale, held, where="post", color="C1", lw=1.2,
                      label=f"autoscaled: {_policy_text(p)}")
+    if q is not None:
+        t, held = held_steps([sp["start_s"] for sp in q["spans"]], [sp["end_s"] for sp in q["spans"]], q["end_s"])
+        axes[1].step(np.array(t) / scale, held, where="post", color="C2", lw=1.2, ls="--",
+                     label=f"scheduled floor + autoscaler: target_in_flight {q['target_in_flight']:.3g}")
     axes[1].set_ylabel("replicas held")
     axes[1].yaxis.set_major_locator(MaxNLocator(integer=True))
-    axes[1].set_ylim(0, s["replicas"] + 1)
+    axes[1].set_ylim(0, s["replicas"] * 1.5 + 1)  # (room above the fleet for the legend)
     axes[1].legend(loc="upper left", fontsize=8)
     mids = (starts + w / 2) / scale
     axes[2].plot(mids, [x["worst_ratio"] for x in s["windows"]], "o-", ms=3, color="C7", label="static fleet")
     if p is not None:
         axes[2].plot(mids[:len(p["windows"])], [x["worst_ratio"] for x in p["windows"]], "o-", ms=3, color="C1",
                      label="autoscaled")
+    if q is not None:
+        axes[2].plot(mids[:len(q["windows"])], [x["worst_ratio"] for x in q["windows"]], "s--", ms=3, color="C2",
+                     label="scheduled floor + autoscaler")
     axes[2].axhline(1.0, color="red", ls="--", lw=0.8, label="the SLO (observed = target)")
     axes[2].set_ylabel("worst observed /\ntarget, per window")
     axes[2].set_ylim(bottom=0)
@@ -237,6 +246,9 @@ def fleet_figure(r: dict):
     if p is not None:
         title += (f"\nautoscaled {p['gpu_hours']:,.1f} GPU-hours against {s['gpu_hours']:,.1f} for "
                   f"{s['replicas']} fixed replicas: {r['saving']['fraction']:.0%} less")
+    if q is not None:
+        title += (f"; with a scheduled floor {q['gpu_hours']:,.1f}: "
+                  f"{r['scheduled']['saving']['fraction']:.0%} less")
     axes[0].set_title(title)
     return fig
 
