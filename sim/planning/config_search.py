@@ -12,9 +12,12 @@ Simulation is spent where it can change the answer:
 2. **Bounds, 2 simulations per (GPU, TP)**: the engine saturated (10x the scenario's load) gives
    the requests/s a replica completes flat out (under overload, with its preemptions; sustained
    loads under an SLO came out at 0.7-1.2x it on the chat scenario, so it is an estimate, not a
-   strict bound); nearly idle (1/100 of that) gives the latency floor: a candidate that misses the
-   SLO there misses it at every load. One that could not carry the target within the GPU or dollar
-   limits even at SLACK x its saturated throughput is out.
+   strict bound); nearly idle (1/100 of that, or one closed-loop user) gives the latency floor: a
+   candidate that misses the SLO there misses it at every load. Loads are in the scenario's unit:
+   req/s (a generated rate; a trace replayed at time_scale), users (a closed loop: the flat-out
+   throughput times one user's cycle, Little's law) or sessions/s (agents: over a session's calls).
+   One that could not carry the target within the GPU or dollar limits even at SLACK x its
+   saturated throughput is out.
 3. **Coarse search** of every engine setting left (the engine curve's grid and seeds, galloping
    from 85% of the saturated throughput).
 4. **Confirmed search** (the plan's: P(a fresh seed meets the SLO) >= confidence), in order of
@@ -40,7 +43,7 @@ from sim.config.errors import ScenarioError
 from sim.config.scenario import ALL2ALL_BACKENDS, EngineConfig, SLOConfig, load_scenario
 from sim.planning.engine_curve import SETTING_KEYS
 from sim.planning.evaluator import Evaluator, PlanOptions
-from sim.planning.load_search import Knob, load_knob, max_load, replay_stats
+from sim.planning.load_search import Knob, check_target_unit, load_knob, max_load, replay_stats
 from sim.planning.planner import size_cluster
 from sim.planning.search_report import _knobs
 from sim.planning.search_report import tp_groups as _units
@@ -66,7 +69,7 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
                    speculative: Iterable[dict | None] = (),
                    disaggregation: Iterable[tuple[int, int] | None] = (),
                    max_gpus: int | None = None, budget_usd_per_hour: float | None = None,
-                   prices: dict[str, float] | None = None,
+                   prices: dict[str, float] | None = None, target_unit: str = "req/s",
                    headroom: float = 1.0, options: PlanOptions = PlanOptions(),
                    progress: Callable[..., None] | None = None, runner: Any = None) -> dict:
     """Every candidate's sustained load and cost; the cheapest meeting the SLO at `target`
@@ -78,10 +81,11 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
     unknown = [g for g in gpus if g not in HARDWARE_PRESETS]
     if unknown:
         raise ScenarioError(f"--gpus: unknown GPU {unknown[0]!r}; allowed: {', '.join(HARDWARE_PRESETS)}")
-    if load_knob(base, options).unit != "req/s":  # (a trace replay's knob is its rate, through time_scale)
-        raise ScenarioError("--gpus/--tp: the configuration search plans an arrival rate (a generated "
-                            "open-loop workload or a trace replayed faster or slower); plan a closed loop "
-                            "one GPU at a time (likewise agent sessions)")
+    # the load's unit: req/s (a generated rate, or a trace replayed at time_scale), users (a closed
+    # loop) or sessions/s (agent sessions); the target is read in it
+    own_knob = load_knob(base, options)
+    unit = own_knob.unit
+    check_target_unit(own_knob, target, target_unit, path)
     e = base.engine
     own_spec = e.speculative.as_yaml() if e.speculative else None
     specs = list(speculative) or [own_spec]
@@ -157,10 +161,10 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
         if row.get("pruned"):
             continue
         if target is not None:
-            best_case = SLACK * row["bound_rps"]
+            best_case = SLACK * row["bound"]
             need = math.ceil(target / headroom / best_case - 1e-9) * tp
             if max_gpus is not None and need > max_gpus:
-                row["pruned"] = f"even at {best_case:.2f} req/s per replica ({SLACK:g}x its saturated " \
+                row["pruned"] = f"even at {best_case:.2f} {unit} per replica ({SLACK:g}x its saturated " \
                                 f"throughput) the target needs {need} GPUs > --max-gpus {max_gpus}"
             elif budget_usd_per_hour is not None and need * row["usd_per_gpu_hour"] > budget_usd_per_hour:
                 row["pruned"] = f"even at {SLACK:g}x its saturated throughput the target needs {need} GPUs, " \
@@ -176,7 +180,7 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
         ev = evaluators[key]
         ev.progress = tick(ev, "coarse search", estimate)
         knob = load_knob(ev.scenario, ev.options)
-        grid = knob.anchored(row["bound_rps"] * START, max(ev.options.curve_resolution, knob.resolution))
+        grid = knob.anchored(row["bound"] * START, max(ev.options.curve_resolution, knob.resolution))
         entries: list[dict[str, Any]] = []
         at = 0
         for setting in settings:
@@ -202,7 +206,7 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
             row["pruned"] = "no setting meets the SLO at any load"
             del evaluators[key]
             continue
-        row.update({k: best[k] for k in keys}, replicas_per_unit=_units(best), coarse_rps=best["sustained"],
+        row.update({k: best[k] for k in keys}, replicas_per_unit=_units(best), coarse_load=best["sustained"],
                    coarse_grid=grid.resolution,
                    coarse_overrides=best["overrides"],
                    ties=[{k: x[k] for k in keys} for x in entries if x is not best and x["sustained"] is not None
@@ -224,12 +228,12 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
         ev = evaluators[row["gpu"], row["tensor_parallel_size"]]
         ev.progress = tick(ev, "confirming", estimate)
         knob = load_knob(ev.scenario, ev.options)
-        found = max_load(ev, knob, tuple(row["coarse_overrides"]), start=knob.index(row["coarse_rps"]),
+        found = max_load(ev, knob, tuple(row["coarse_overrides"]), start=knob.index(row["coarse_load"]),
                          gallop=True, confirm=True)
         if found["answer"] is None:
-            row.update(status="fails when confirmed", sustained_rps=None)
+            row.update(status="fails when confirmed", sustained_load=None)
             continue
-        row.update(status="confirmed", sustained_rps=found["answer"], confidence=found["confidence"])
+        row.update(status="confirmed", sustained_load=found["answer"], confidence=found["confidence"])
         row.update(_costs(row, found["answer"], found["answer_point"], target, headroom))
         over = _over_limits(row, max_gpus, budget_usd_per_hour)
         if over:
@@ -239,7 +243,7 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
 
     out: dict[str, Any] = {"scenario": base.name, "source": str(path), "slo_label": slo.label(),
                            "slo_targets": slo.targets(),  # metric -> [limit ms, percentile]
-                           "model": base.model.name, "target": target, "headroom": headroom,
+                           "model": base.model.name, "unit": unit, "target": target, "headroom": headroom,
                            "max_gpus": max_gpus, "budget_usd_per_hour": budget_usd_per_hour,
                            "settings": settings, "candidates": rows, "chosen": None}
     if base.workload.trace is not None:  # every load is the trace replayed at time_scale = load / native rate
@@ -252,7 +256,7 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
                   "tensor_parallel_size": cheapest["tensor_parallel_size"]}
         if target is not None:
             ev.progress = tick(ev, "sizing the cluster", estimate)
-            cl = size_cluster(ev, knob, target / headroom, cheapest["sustained_rps"],
+            cl = size_cluster(ev, knob, target / headroom, cheapest["sustained_load"],
                               tuple(cheapest["coarse_overrides"]), _scale(cheapest.get("disaggregation")))
             gpus_n = cl["replicas"] * cheapest["tensor_parallel_size"] * cheapest["replicas_per_unit"]
             chosen.update(replicas=cl["replicas"], gpus=gpus_n, usd_per_hour=gpus_n * cheapest["usd_per_gpu_hour"],
@@ -322,18 +326,35 @@ def _current(engine, key: str):
 
 
 def _bounds(ev: Evaluator, knob: Knob, slo: SLOConfig) -> dict:
-    """The saturated throughput of one replica (where to start searching) and the latency floor
-    (nearly idle): one seed each."""
-    rate = knob.value(0) * SATURATE
-    saturated = ev.runs(knob.overrides(rate, ev.options), range(1))[0]
-    bound = saturated["request_throughput"]
-    out: dict[str, Any] = {"bound_rps": bound}
-    idle = ev.runs(knob.overrides(max(bound * IDLE, 1e-3), ev.options), range(1))[0]
+    """One replica's load flat out in the knob's unit (where to start searching; `bound`) and the
+    latency floor (nearly idle): one seed each."""
+    saturated = ev.runs(knob.overrides(knob.value(0) * SATURATE, ev.options), range(1))[0]
+    flat_out = saturated["request_throughput"]  # requests/s completed under overload
+    # nearly idle: one user of a closed loop, else 1/100 of the flat-out load
+    idle_load = 1 if knob.integer else max(in_unit(knob, flat_out, 0.0) * IDLE, 1e-3)
+    idle = ev.runs(knob.overrides(idle_load, ev.options), range(1))[0]
+    out: dict[str, Any] = {"bound": in_unit(knob, flat_out, idle["request_throughput"]),
+                           "bound_request_throughput": flat_out}
     if not idle["met"]:
         worst = max(slo.targets(), key=lambda k: (idle[k]["slo"] or 0) / slo.targets()[k][0])
         out["pruned"] = (f"misses the SLO even nearly idle: {worst} {idle[worst]['slo']:.1f} ms > "
                          f"{slo.targets()[worst][0]:g} ms")
     return out
+
+
+def in_unit(knob: Knob, flat_out: float, one_user: float) -> float:
+    """The flat-out throughput (requests/s) as a load in the knob's unit: itself (req/s); over a
+    session's mean calls (sessions/s); for a closed loop, by Little's law, users = throughput x a
+    user's cycle (response + think), the cycle measured alone as 1 / `one_user`'s throughput (requests/s
+    of one user), so flat_out / one_user, at least 1. Like the rate's, an estimate: responses slow
+    under load, and an overloaded engine can complete less than at the SLO's load (preemptions): on
+    the bundled closed loop (Llama-3-8B, H100/A100, TP1/2, roofline) the users sustained came out at
+    0.5-1.4x it. The search gallops from 85% of it."""
+    if knob.unit == "sessions/s":
+        return flat_out / knob.per_count
+    if knob.integer:
+        return max(1.0, flat_out / one_user) if one_user > 0 else 1.0
+    return flat_out
 
 
 def _costs(row: dict, sustained: float, point: dict, target: float | None, headroom: float) -> dict:

@@ -127,6 +127,21 @@ def load_knob(scenario, options) -> Knob:
                 own_length=own)
 
 
+TARGET_FLAGS = {"req/s": "--target-rate", "users": "--target-users", "sessions/s": "--target-rate"}
+
+
+def check_target_unit(knob: Knob, target: float | None, target_unit: str, path) -> str:
+    """The target's unit, checked against the load's: --target-rate of an agents workload is read as
+    sessions starting per second; a rate for a closed loop (or users for an open loop) is refused."""
+    if target_unit == "req/s" and knob.unit == "sessions/s":
+        return knob.unit
+    if target is not None and target_unit != knob.unit:
+        kind = ("closed-loop (its load is workload.arrival.users)" if knob.integer
+                else f"open-loop (its load is {knob.key})")
+        raise ScenarioError(f"{TARGET_FLAGS[target_unit]}: {path} is {kind}; use {TARGET_FLAGS[knob.unit]}")
+    return target_unit
+
+
 def replay_stats(w) -> dict:
     """A trace workload's requests (after num_requests), their span at time_scale 1 and its native
     rate: (n - 1) / span, the n - 1 gaps between the first and the last arrival."""

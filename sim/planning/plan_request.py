@@ -130,6 +130,7 @@ class PlanJob:
             return search_configs(
                 r.scenario, self.slo, gpus=self.gpus, prices=self.prices,
                 tps=parse_int_list("--tp", r.tp) or (e.tensor_parallel_size,), target=target,
+                target_unit="users" if r.target_users is not None else "req/s",
                 overrides=r.overrides, seqs=seqs or (), tokens=tokens or (),
                 schedulers=parse_schedulers(r.schedulers or e.scheduler),
                 prefix_caching=parse_on_off("--prefix-caching", r.prefix_caching),

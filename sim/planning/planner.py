@@ -27,7 +27,7 @@ from sim.config.errors import ScenarioError
 from sim.config.scenario import SLOConfig
 from sim.planning.engine_curve import engine_curve, engine_overrides
 from sim.planning.evaluator import Evaluator, PlanOptions
-from sim.planning.load_search import DEFAULT_HORIZON_S, Knob, load_knob, max_load, replay_stats
+from sim.planning.load_search import DEFAULT_HORIZON_S, Knob, check_target_unit, load_knob, max_load, replay_stats
 from sim.planning.slo import SLO_KEYS
 
 MAX_REPLICAS = 10_000  # the most replicas size_cluster starts at (a cluster that big takes minutes per run)
@@ -166,13 +166,7 @@ def plan(path: str | Path, slo: SLOConfig, *, overrides: Iterable[str] = (), tar
     ev = Evaluator(path, slo, overrides, options, runner=runner)
     sc, options = ev.scenario, ev.options  # one seed per point when the workload is deterministic
     knob = load_knob(sc, options)
-    if target_unit == "req/s" and knob.unit == "sessions/s":
-        target_unit = knob.unit  # (--target-rate of an agents workload: sessions starting per second)
-    if target is not None and target_unit != knob.unit:
-        flag = {"req/s": "--target-rate", "users": "--target-users", "sessions/s": "--target-rate"}
-        kind = "closed-loop (its load is workload.arrival.users)" if knob.integer else "open-loop (its load " \
-            f"is {knob.key})"
-        raise ScenarioError(f"{flag[target_unit]}: {path} is {kind}; use {flag[knob.unit]}")
+    target_unit = check_target_unit(knob, target, target_unit, path)
     if not 0 < headroom <= 1:
         raise ScenarioError(f"--headroom: {headroom:g} is not in (0, 1] (0.8: plan for 80% of the sustained load)")
     error_band = sc.cost_model.error_band() if band else None

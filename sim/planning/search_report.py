@@ -47,6 +47,11 @@ def _knobs(setting: dict) -> str:
     return ", ".join(parts + [f"{setting['max_num_seqs']} / {setting['max_num_batched_tokens']}"])
 
 
+def _unit(r: dict) -> str:
+    """The search's load unit: req/s, users (a closed loop) or sessions/s (agents)."""
+    return r.get("unit", "req/s")
+
+
 def _name(row: dict) -> str:
     return f"{row['gpu']} TP{row['tensor_parallel_size']}"
 
@@ -78,10 +83,11 @@ def _why(r: dict, c: dict) -> str | None:
     mine = next((s for s in row["settings"] if all(s.get(k) == c.get(k) for k in keys)), None)
     if mine is None or _per_gpu(mine, tp) is None:
         return None
+    unit = _unit(r)
     if row.get("sustained_per_gpu") is not None:
-        parts = [f"{row['sustained_per_gpu']:.2f} req/s per GPU ({row.get('status', 'coarse')}) with {_knobs(mine)}"]
+        parts = [f"{row['sustained_per_gpu']:.2f} {unit} per GPU ({row.get('status', 'coarse')}) with {_knobs(mine)}"]
     else:
-        parts = [f"{_per_gpu(mine, tp):.2f} req/s per GPU (coarse) with {_knobs(mine)}"]
+        parts = [f"{_per_gpu(mine, tp):.2f} {unit} per GPU (coarse) with {_knobs(mine)}"]
     others = [s for s in row["settings"] if s is not mine and _per_gpu(s, tp) is not None]
     if others:
         best = max(others, key=lambda s: _per_gpu(s, tp) or 0.0)
@@ -100,7 +106,7 @@ def _why(r: dict, c: dict) -> str | None:
 def search_headline(r: dict) -> list[tuple[str, str]]:
     rows = [("SLO", r["slo_label"]), ("model", r["model"])]
     if r["target"] is not None:
-        rows.append(("target", f"{r['target']:g} req/s" + (f" at {r['headroom']:.0%} of sustained load"
+        rows.append(("target", f"{r['target']:g} {_unit(r)}" + (f" at {r['headroom']:.0%} of sustained load"
                                                             if r["headroom"] < 1 else "")))
     c = r["chosen"]
     if c is None:
@@ -142,8 +148,9 @@ def write_search_report(r: dict, out_dir: str | Path) -> list[Path]:
 
 
 def markdown(r: dict, plot: Path | None) -> str:
+    unit = _unit(r)
     lines = [f"# Configuration search: {r['scenario']}", "", f"`{r['source']}`, {r['model']}; SLO "
-             f"{r['slo_label']}" + (f"; target {r['target']:g} req/s" if r["target"] is not None else "") + ".", ""]
+             f"{r['slo_label']}" + (f"; target {r['target']:g} {unit}" if r["target"] is not None else "") + ".", ""]
     lines += ["| | |", "| --- | --- |"] + [f"| {a} | {b} |" for a, b in search_headline(r)] + [""]
     w = r.get("workload") or {}
     if w.get("native_rate"):
@@ -152,8 +159,9 @@ def markdown(r: dict, plot: Path | None) -> str:
                   "slower to reach each load: "
                   "workload.time_scale = load / native rate, its requests and their lengths as recorded.", ""]
     with_target = r["target"] is not None
-    cols = ["GPU", "TP", "setting (max_num_seqs / max_num_batched_tokens)", "sustained per replica or P+D unit (req/s)",
-            "per GPU (req/s)", "p99 TTFT at it (ms)", "$/M output tokens"]
+    cols = ["GPU", "TP", "setting (max_num_seqs / max_num_batched_tokens)",
+            f"sustained per replica or P+D unit ({unit})", f"per GPU ({unit})", "p99 TTFT at it (ms)",
+            "$/M output tokens"]
     cols += ["replicas", "GPUs", "$/hour"] if with_target else []
     cols += ["status"]
     lines += ["## Every candidate", "",
@@ -167,7 +175,7 @@ def markdown(r: dict, plot: Path | None) -> str:
             cells = [row["gpu"], str(row["tensor_parallel_size"])] + ["-"] * (len(cols) - 3) + \
                     [f"pruned: {row['pruned']}"]
         else:
-            sustained = row.get("sustained_rps") or row.get("coarse_rps")
+            sustained = row.get("sustained_load") or row.get("coarse_load")
             cells = [row["gpu"], str(row["tensor_parallel_size"]), _knobs(row), _f(sustained),
                      _f(row.get("sustained_per_gpu")),
                      _f(row.get("ttft_p99_ms_at_sustained"), 0), _f(row.get("usd_per_million_output_tokens"), 3)]
@@ -179,7 +187,7 @@ def markdown(r: dict, plot: Path | None) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     settings = r["settings"]
     if len(settings) > 1:
-        lines += ["", "## Engine settings per candidate (coarse sustained load, req/s)", "",
+        lines += ["", f"## Engine settings per candidate (coarse sustained load, {unit})", "",
                   "| GPU | TP | " + " | ".join(_knobs(s) for s in settings) + " |",
                   "|" + " --- |" * (2 + len(settings))]
         for row in r["candidates"]:
@@ -221,7 +229,7 @@ def pareto_plot(r: dict, path: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     key = "usd_per_hour" if r["target"] is not None else "usd_per_million_output_tokens"
-    xlabel = (f"USD per hour for {r['target']:g} req/s (replicas x TP x GPU price)" if key == "usd_per_hour"
+    xlabel = (f"USD per hour for {r['target']:g} {_unit(r)} (replicas x TP x GPU price)" if key == "usd_per_hour"
               else "USD per million output tokens at one replica's sustained load")
     fig, ax = plt.subplots(figsize=(8.5, 5.2))
     colours = {g: f"C{i}" for i, g in enumerate(dict.fromkeys(x["gpu"] for x in rows))}

@@ -217,7 +217,7 @@ def search_figures(result: dict) -> list:
         return []
     target = result.get("target")
     key = "usd_per_hour" if target is not None else "usd_per_million_output_tokens"
-    xlabel = (f"USD per hour for {target:g} req/s" if target is not None
+    xlabel = (f"USD per hour for {target:g} {result.get('unit') or 'req/s'}" if target is not None
               else "USD per million output tokens at one replica's sustained load")
     fig = _figure("Candidates: cost against p99 TTFT at their sustained load", xaxis_title=xlabel,
                   yaxis_title="p99 TTFT at the sustained load (ms)")

@@ -214,7 +214,7 @@ def test_config_search_limits_prune_before_simulating():
     r = search_configs(QUICKSTART, SLO, gpus=("h100-sxm",), tps=(2, 4), target=20.0, max_gpus=3, options=OWN)
     rows = {x["tensor_parallel_size"]: x for x in r["candidates"]}
     assert rows[4]["pruned"] == "one replica needs 4 GPUs > --max-gpus 3"
-    assert "bound_rps" not in rows[4]  # not simulated
+    assert "bound" not in rows[4]  # not simulated
     r = search_configs(QUICKSTART, SLO, gpus=("l40s",), tps=(1,), target=200.0, budget_usd_per_hour=5.0,
                        options=OWN)
     assert "USD/h > --budget-usd-per-hour" in r["candidates"][0]["pruned"] and r["chosen"] is None
@@ -234,7 +234,7 @@ def test_config_search_varies_the_scheduler_and_prefix_caching():
     assert pairs == {("chunked", True), ("chunked", False), ("continuous", True), ("continuous", False)}
     assert all(x["sustained"] is not None for x in row["settings"])
     best = max(x["sustained"] for x in row["settings"])
-    assert row["coarse_rps"] == best  # ranked by sustained load; equal ones are listed as ties
+    assert row["coarse_load"] == best  # ranked by sustained load; equal ones are listed as ties
     assert len(row["ties"]) == sum(x["sustained"] == best for x in row["settings"]) - 1
     c = r["chosen"]
     words = shlex.split(c["vllm_serve"])
@@ -469,7 +469,76 @@ def test_a_trace_replay_is_searched_across_gpus_at_its_time_scale(tmp_path):
     assert f"{native:.3f} req/s native" in (tmp_path / "search.md").read_text()
 
 
-def test_a_closed_loop_is_not_searched_across_gpus():
-    with pytest.raises(ScenarioError, match="plan a closed loop one GPU at a time"):
-        search_configs(REPO / "scenarios" / "closed-loop-llama3-8b-h100.yaml", SLOConfig(ttft_ms=500),
-                       gpus=["h100-sxm"], tps=(1,), options=OWN)
+def test_a_closed_loop_is_searched_across_gpus_in_users(tmp_path):
+    """A closed loop's load is users: every candidate's sustained load is a whole number of users,
+    --target-users sizes the chosen cluster (simulated at that many users), and search.md says users."""
+    closed = REPO / "scenarios" / "closed-loop-llama3-8b-h100.yaml"
+    res = CliRunner().invoke(app, ["plan", str(closed), "--slo", "ttft_ms=500,tpot_ms=20", "--gpus",
+                                   "h100-sxm,a100-80gb", "--tp", "1", "--target-users", "150",
+                                   "--min-requests", "300", "--resolution", "0.05", "--workers", "2",
+                                   "--out", str(tmp_path), "-q"])
+    assert res.exit_code == 0, res.output
+    r = json.loads((tmp_path / "search.json").read_text())
+    assert r["unit"] == "users" and r["target"] == 150
+    confirmed = [x for x in r["candidates"] if x.get("status") == "confirmed"]
+    assert confirmed
+    for row in r["candidates"]:
+        assert row["bound"] >= 1 and float(row["coarse_load"]).is_integer()
+        if row in confirmed:
+            assert float(row["sustained_load"]).is_integer()
+            assert row["replicas_estimate"] == -(-150 // row["sustained_load"])  # ceil(target / sustained)
+    chosen = r["chosen"]
+    best = min(confirmed, key=lambda x: (x["usd_per_hour"], x["tensor_parallel_size"]))
+    assert (chosen["gpu"], chosen["tensor_parallel_size"]) == (best["gpu"], best["tensor_parallel_size"])
+    point = chosen["cluster_point"]
+    assert point["met"] and "workload.arrival.users=150" in point["overrides"]
+    assert f"engine.replicas={chosen['replicas']}" in point["overrides"]
+    text = (tmp_path / "search.md").read_text()
+    assert "target 150 users" in text and "per GPU (users)" in text and "req/s" not in text
+
+
+def test_the_searchs_flat_out_load_in_each_unit_by_hand():
+    """req/s as measured; sessions/s over a session's mean calls (3: 12 req/s is 4 sessions/s);
+    users by Little's law: 30 req/s flat out, one user alone completing 0.25 req/s (a 4 s cycle of
+    response and think) is 30 x 4 = 120 users; never below one user."""
+    from sim.planning.config_search import in_unit
+    from sim.planning.load_search import Knob
+
+    rate = Knob("workload.arrival.rate", "req/s", 1.0, 0.02, False)
+    sessions = Knob("workload.arrival.rate", "sessions/s", 1.0, 0.02, False, per_count=3.0)
+    users = Knob("workload.arrival.users", "users", 64, 0.0, True)
+    assert in_unit(rate, 12.0, 0.0) == 12.0
+    assert in_unit(sessions, 12.0, 0.0) == 4.0
+    assert in_unit(users, 30.0, 0.25) == 120.0
+    assert in_unit(users, 0.1, 0.25) == 1.0
+
+
+def test_a_target_in_the_wrong_unit_is_refused_by_the_search():
+    closed = REPO / "scenarios" / "closed-loop-llama3-8b-h100.yaml"
+    with pytest.raises(ScenarioError, match="--target-rate: .* is closed-loop .* use --target-users"):
+        search_configs(closed, SLOConfig(ttft_ms=500), gpus=["h100-sxm"], tps=(1,), target=10.0, options=OWN)
+    with pytest.raises(ScenarioError, match="--target-users: .* is open-loop .* use --target-rate"):
+        search_configs(QUICKSTART, SLO, gpus=["h100-sxm"], tps=(1,), target=10, target_unit="users", options=OWN)
+
+
+def test_agent_sessions_are_searched_across_gpus_in_sessions_per_second(tmp_path):
+    """An agents workload's load is sessions starting per second: the flat-out bound is the
+    request throughput over 3 calls a session, and each candidate's sustained load is in sessions/s."""
+    raw = {"name": "agents", "model": "llama-3-8b", "hardware": "h100-sxm", "cost_model": "roofline",
+           "workload": {"arrival": {"process": "agents", "rate": 1.0, "sessions": 50, "steps": 3,
+                                    "tool_time": 2.0, "tool_dist": "fixed"},
+                        "prompt_tokens": {"dist": "fixed", "value": 1000},
+                        "output_tokens": {"dist": "fixed", "value": 100}},
+           "slo": {"ttft_ms": 500}}
+    path = tmp_path / "agents.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    r = search_configs(path, SLOConfig(ttft_ms=500, tpot_ms=30), gpus=["h100-sxm", "a100-80gb"], tps=(1,),
+                       options=PlanOptions(resolution=0.05, workers=2, min_requests=200, horizon_s=40))
+    assert r["unit"] == "sessions/s"
+    rows = {x["gpu"]: x for x in r["candidates"]}
+    for row in rows.values():
+        assert row["bound"] == pytest.approx(row["bound_request_throughput"] / 3)
+    assert rows["h100-sxm"]["coarse_load"] > rows["a100-80gb"]["coarse_load"] > 0
+    assert r["chosen"] is not None and "usd_per_million_output_tokens" in rows[r["chosen"]["gpu"]]
+
+
