@@ -241,6 +241,31 @@ def test_hf_config_with_a_list_dtype_and_a_binary_profile_are_refused(tmp_path):
         assert_clean(r, tmp_path / "o", ok=False)
 
 
+def test_a_warning_about_an_input_later_found_bad_is_not_printed_before_its_error(tmp_path):
+    """A Qwen3.5 config warns that its vision encoder is not counted; with a bad field further on,
+    loading it raises the one error and shows no warning. Valid, the warning is shown."""
+    import warnings
+
+    cfg = json.loads((ROOT / "tests/fixtures/hf_configs/Qwen--Qwen3.5-27B.json").read_text())
+    (tmp_path / "good.json").write_text(json.dumps(cfg))
+    cfg["text_config"]["linear_num_key_heads"] = 0
+    (tmp_path / "bad.json").write_text(json.dumps(cfg))
+    for name, bad in (("bad", True), ("good", False)):
+        path = scenario_file(tmp_path, with_(model={"hf_config": str(tmp_path / f"{name}.json")},
+                                             engine__tensor_parallel_size=2))
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            if bad:
+                with pytest.raises(ScenarioError, match="linear_num_key_heads: 0 is not an integer >= 1"):
+                    load_scenario(path)
+            else:
+                load_scenario(path)
+        shown = [str(w.message) for w in seen]
+        assert shown == ([] if bad else [f"{tmp_path / 'good.json'}: qwen3_5: the text decoder is sized and "
+                                         "priced; the vision encoder (vision_config, around 1% of the weights) "
+                                         "is not counted"])
+
+
 # ---------------------------------------------------------------- other commands
 
 def _sweep(tmp, *extra):

@@ -47,7 +47,7 @@ from sim.config.checks import (
     read_text,
 )
 from sim.config.disaggregation import DisaggregationConfig, parse_disaggregation
-from sim.config.errors import ScenarioError
+from sim.config.errors import ScenarioError, held_warnings
 from sim.config.lora import LoRAConfig, parse_lora
 from sim.config.routing import RoutingConfig, parse_routing
 from sim.config.speculative import SpeculativeConfig, parse_speculative
@@ -238,7 +238,14 @@ def load_scenario(path: str | Path, overrides: Iterable[str] = (), seed: int | N
 def scenario_from_dict(raw: Mapping[str, Any], source: str | Path | None = None,
                        base_dir: str | Path = ".", overrides: Iterable[str] = (),
                        seed: int | None = None) -> Scenario:
-    """Validate a scenario mapping (as YAML would give it); `raw` itself is not modified."""
+    """Validate a scenario mapping (as YAML would give it); `raw` itself is not modified. Warnings
+    about it are shown once it is valid (a bad one is its one error line)."""
+    with held_warnings():
+        return _scenario_from_dict(raw, source, base_dir, overrides, seed)
+
+
+def _scenario_from_dict(raw: Mapping[str, Any], source: str | Path | None, base_dir: str | Path,
+                        overrides: Iterable[str], seed: int | None) -> Scenario:
     label = str(source) if source is not None else "scenario"
     if not isinstance(raw, Mapping):
         raise ScenarioError(f"{label}: top level is {_show(raw)}; expected a mapping with keys "

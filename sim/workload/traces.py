@@ -408,6 +408,17 @@ def _read_agent_sessions(df: pd.DataFrame, lines: np.ndarray, name: str, _: int 
         first = np.unique(session, return_index=True)[1]
         at = _seconds(df["start_s"].iloc[first].reset_index(drop=True), lines[first], name, "start_s")
         start = at[session]
+        # a later row may repeat its session's start or leave it blank; another time there would be
+        # read as that call's arrival, which a session's calls do not have (they follow each other)
+        given = pd.to_numeric(df["start_s"], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+        odd = np.flatnonzero(~np.isnan(given) & (given != start))
+        if odd.size:
+            i = int(odd[0])
+            raise ScenarioError(
+                f"{name}:{lines[i]}: start_s {given[i]:g} differs from the start of session {str(ids.iloc[i])!r}, "
+                f"{start[i]:g} s on line {lines[first[session[i]]]}: start_s is when a session starts, on its "
+                "first row; its later calls follow their previous one (plus tool_s). Calls with their own "
+                "arrival times are a CSV trace (docs/workload.md)")
     table = pd.DataFrame({"arrival_s": np.full(len(df), np.nan), "prompt_tokens": prompt, "output_tokens": output,
                           "priority": np.zeros(len(df), dtype=np.int64), "session": session.astype(np.int64),
                           "start_s": start, "tool_s": tool})

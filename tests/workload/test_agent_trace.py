@@ -52,7 +52,10 @@ def test_the_reader_says_what_is_wrong_on_which_line(tmp_path):
     for rows, message in (("A,0,8,2,-1\n", "agents.csv:2: tool_s '-1' is not a non-negative number"),
                           (",0,8,2,0\n", "agents.csv:2: session_id is missing"),
                           ("A,0,0,2,0\n", "agents.csv:2: prompt_tokens '0' is not a positive integer"),
-                          ("A,,8,2,0\n", "agents.csv:2: start_s is missing")):
+                          ("A,,8,2,0\n", "agents.csv:2: start_s is missing"),
+                          # another start on a later row would be that call's own arrival: refused
+                          ("A,1,8,2,0\nB,2,5,1,0\nA,3,14,2,0\n",
+                           "agents.csv:4: start_s 3 differs from the start of session 'A', 1 s on line 2")):
         (tmp_path / "agents.csv").write_text(HEADER + rows)
         with pytest.raises(ScenarioError, match=message.replace("(", r"\(")):
             read_trace(tmp_path / "agents.csv")
@@ -62,6 +65,8 @@ def test_the_reader_says_what_is_wrong_on_which_line(tmp_path):
     (tmp_path / "agents.csv").write_text("session_id,prompt_tokens,output_tokens\nx,3,1\ny,4,1\nx,9,1\n")
     table = read_trace(tmp_path / "agents.csv")
     assert table["session"].tolist() == [0, 1, 0] and table["start_s"].tolist() == [0.0, 0.0, 0.0]
+    (tmp_path / "agents.csv").write_text(HEADER + "A,1,8,2,0\nB,2,5,1,0\nA,1.0,14,2,0\nB,,5,1,0\n")
+    assert read_trace(tmp_path / "agents.csv")["start_s"].tolist() == [1.0, 2.0, 1.0, 2.0]
 
 
 def test_the_planner_says_recorded_sessions_have_no_rate_to_vary(tmp_path):
