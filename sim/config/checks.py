@@ -165,12 +165,12 @@ def check_fields(fields: Any, where: str, allowed: tuple[str, ...], required: tu
         raise ScenarioError(f"{path}: missing; required: {', '.join(required)}")
 
 
-def check_out_dir(out_dir: Path) -> None:
-    """Refuse an --out that is a file, or lies under one, before any simulation runs."""
+def check_out_dir(out_dir: Path, flag: str = "--out") -> None:
+    """Refuse an output folder (`flag`'s) that is a file, or lies under one, before any simulation runs."""
     existing = next(p for p in (out_dir, *out_dir.parents) if p.exists())
     if not existing.is_dir():
         where = "" if existing == out_dir else f"{existing} "
-        raise ScenarioError(f"--out {out_dir}: {where}exists and is not a directory")
+        raise ScenarioError(f"{flag} {out_dir}: {where}exists and is not a directory")
 
 
 # ---------------------------------------------------------------- safe input

@@ -202,8 +202,10 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
             row["mixed_cost_models"] = ", ".join(f"{_knobs_text(s)}: {s['cost_model']}" for s in entries
                                                  if "cost_model" in s)
         best = _best_per_gpu([s for s in entries if "refused" not in s])
-        if best is None:
-            row["pruned"] = "no setting meets the SLO at any load"
+        if best is None:  # (every setting refused, e.g. --pp past the model's layers: that is why)
+            refused = [s["refused"] for s in entries if "refused" in s]
+            row["pruned"] = ("every setting refused: " + "; ".join(dict.fromkeys(refused))
+                             if len(refused) == len(entries) else "no setting meets the SLO at any load")
             del evaluators[key]
             continue
         row.update({k: best[k] for k in keys}, replicas_per_unit=_units(best), coarse_load=best["sustained"],

@@ -255,7 +255,7 @@ def prepare(r: PlanRequest, note: Callable[[str], None] | None = None) -> PlanJo
     out_dir = r.out if r.out is not None else Path("runs") / f"{sc.name}-plan"
     check_out_dir(out_dir)
     if r.emit is not None:
-        check_out_dir(r.emit)
+        check_out_dir(r.emit, "--emit")
     if not 0.5 <= r.confidence < 1:
         raise ScenarioError(f"--confidence: {r.confidence:g} is not in [0.5, 1)")
     # the list options, checked now (run() parses them again: cheap, and the job stays plain data)

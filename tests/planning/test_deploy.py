@@ -62,3 +62,12 @@ def test_plan_emit_writes_the_files_of_its_answer(tmp_path):
     rec = json.loads((tmp_path / "plan" / "plan.json").read_text())["recommendation"]
     assert sorted(p.name for p in emit.iterdir()) == ["engine_args.yaml", "k8s.yaml", "vllm_serve.sh"]
     check_manifest((emit / "k8s.yaml").read_text(), rec["replicas"], rec["tensor_parallel_size"], rec["vllm_serve"])
+
+
+def test_an_emit_folder_that_is_a_file_is_refused_by_its_own_flag_before_planning(tmp_path):
+    (tmp_path / "file").write_text("mine\n")
+    result = CliRunner().invoke(app, ["plan", str(ROOT / "scenarios" / "quickstart.yaml"), "--slo", "ttft_ms=500",
+                                      "--out", str(tmp_path / "plan"), "--emit", str(tmp_path / "file")])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == f"error: --emit {tmp_path / 'file'}: exists and is not a directory"
+    assert (tmp_path / "file").read_text() == "mine\n" and not (tmp_path / "plan").exists()

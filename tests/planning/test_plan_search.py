@@ -497,6 +497,15 @@ def test_a_closed_loop_is_searched_across_gpus_in_users(tmp_path):
     assert "target 150 users" in text and "per GPU (users)" in text and "req/s" not in text
 
 
+def test_a_candidate_whose_every_setting_is_refused_says_the_refusal():
+    """--pp 1000 on a 32-layer model: every setting is refused, and that, not "no setting meets the
+    SLO", is why the candidate is left out."""
+    r = search_configs(QUICKSTART, SLO, gpus=("h100-sxm",), tps=(1,), pps=(1000,), options=OWN)
+    row = r["candidates"][0]
+    assert row["pruned"] == ("every setting refused: --set engine.pipeline_parallel_size: 1000 stages for "
+                             "llama-3-8b's 32 layers; at most 32") and r["chosen"] is None
+
+
 def test_the_searchs_flat_out_load_in_each_unit_by_hand():
     """req/s as measured; sessions/s over a session's mean calls (3: 12 req/s is 4 sessions/s);
     users by Little's law: 30 req/s flat out, one user alone completing 0.25 req/s (a 4 s cycle of
