@@ -7,7 +7,7 @@ import numpy as np
 
 from sim.cost.batch import BatchStats
 from sim.kv.cache import PagedKVCache
-from sim.schedulers.step import NO_IDS, Schedule, StepOutcome
+from sim.schedulers.step import NO_IDS, OutcomeTelemetry, Schedule, ScheduleTelemetry, StepOutcome
 
 
 class OneAtATime:
@@ -55,10 +55,11 @@ class OneAtATime:
         rid = self.current
         return Schedule(decode_ids=decode_ids, prefill_ids=prefill_ids, stats=stats, num_seqs=1,
                         prefill_tokens=prefill, decode_tokens=len(decode_ids),
-                        kv_slots=self.kv.used * self.kv.block_size,
-                        kv_blocks_total=self.kv.num_blocks,
-                        kv_tokens=int(self.req.prompt[rid] + self.req.generated[rid]),
-                        waiting=len(self.waiting), max_steps=steps, arrival_sensitive=False)
+                        telemetry=ScheduleTelemetry(kv_slots=self.kv.used * self.kv.block_size,
+                                                    kv_blocks_total=self.kv.num_blocks,
+                                                    kv_tokens=int(self.req.prompt[rid] + self.req.generated[rid]),
+                                                    waiting=len(self.waiting)),
+                        max_steps=steps, arrival_sensitive=False)
 
     def update(self, schedule: Schedule, steps: int, now: float) -> StepOutcome:
         req, rid, used = self.req, self.current, self.kv.used
@@ -73,4 +74,4 @@ class OneAtATime:
             req.finish[rid] = now
             self.kv.release(self.kv.blocks_for(int(req.prompt[rid] + req.output[rid])))
             self.current, finished = -1, (rid,)
-        return StepOutcome(finished=finished, kv_blocks_used=used, kv_slot_growth=NO_IDS)
+        return StepOutcome(finished=finished, telemetry=OutcomeTelemetry(kv_blocks_used=used, kv_slot_growth=NO_IDS))

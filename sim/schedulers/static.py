@@ -14,7 +14,7 @@ import numpy as np
 
 from sim.cost.batch import BatchStats
 from sim.kv.cache import ContiguousKVCache
-from sim.schedulers.step import NO_IDS, Schedule, StepOutcome
+from sim.schedulers.step import NO_IDS, OutcomeTelemetry, Schedule, ScheduleTelemetry, StepOutcome
 from sim.workload.request import RequestTable
 
 
@@ -75,7 +75,8 @@ class StaticScheduler:
         if np.all(req.generated[rows] >= req.output[rows]):
             self.kv.release(rows)
             self.rows = np.zeros(0, dtype=np.int64)
-        return StepOutcome(finished=tuple(just_done.tolist()), kv_blocks_used=used, kv_slot_growth=NO_IDS)
+        return StepOutcome(finished=tuple(just_done.tolist()),
+                           telemetry=OutcomeTelemetry(kv_blocks_used=used, kv_slot_growth=NO_IDS))
 
     # -- schedules ------------------------------------------------------------------------------
     def _prefill(self, now: float) -> Schedule:
@@ -124,6 +125,7 @@ class StaticScheduler:
         reserved = self.kv.capacity - self.kv.free_tokens
         return Schedule(decode_ids=decode_ids, prefill_ids=prefill_ids, stats=stats,
                         num_seqs=num_seqs, prefill_tokens=prefill_tokens,
-                        decode_tokens=decode_tokens, kv_slots=reserved,
-                        kv_blocks_total=self.kv.num_blocks, kv_tokens=kv_tokens,
-                        waiting=len(self.waiting), max_steps=max_steps, arrival_sensitive=False)
+                        decode_tokens=decode_tokens,
+                        telemetry=ScheduleTelemetry(kv_slots=reserved, kv_blocks_total=self.kv.num_blocks,
+                                                    kv_tokens=kv_tokens, waiting=len(self.waiting)),
+                        max_steps=max_steps, arrival_sensitive=False)

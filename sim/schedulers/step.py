@@ -3,7 +3,7 @@ applying it changed (`StepOutcome`). Both are frozen; nobody writes to them afte
 
     schedule = scheduler.schedule(now)                 # every request computed, and how many tokens
     durations = cost.step_times(schedule.stats, n)     # the cost model sees only schedule.stats
-    outcome = scheduler.update(schedule, steps, now)   # requests finished, KV blocks in use
+    outcome = scheduler.update(schedule, steps, now)   # requests finished (and, apart, KV use)
 
 Like vLLM V1's `SchedulerOutput`, a schedule names each request computing this iteration and its
 token count (`num_scheduled_tokens`), decodes included, plus the requests it preempted; the
@@ -12,7 +12,10 @@ recorder, the real engine (calibrate/engine.py) and tests read it, never the sch
 A schedule may cover a run of identical decode iterations (fast-forward, sim/runtime/fast_forward.py): the
 same requests each decode one token per iteration for up to `max_steps` iterations.
 
-Both are NamedTuples: immutable (assigning a field raises AttributeError) and built by
+What only the recorder reads (KV occupancy, the waiting count) travels apart, in each one's
+`telemetry` (`ScheduleTelemetry`, `OutcomeTelemetry`): the engine passes it on unread.
+
+All are NamedTuples: immutable (assigning a field raises AttributeError) and built by
 `tuple.__new__`, several times cheaper than a frozen dataclass, which matters at one per event.
 """
 from __future__ import annotations
@@ -32,6 +35,16 @@ NO_IDS = np.zeros(0, dtype=np.int64)  # read-only: every schedule without such r
 NO_IDS.flags.writeable = False
 
 
+class ScheduleTelemetry(NamedTuple):
+    """What a schedule's first iteration held, for the recorder alone (steps.csv and the KV
+    integrals of summary.json): nothing that runs (the engine, the cost model, `update`) reads it."""
+    kv_slots: int             # KV token slots allocated during iteration 0 (paged: blocks x size)
+    kv_blocks_total: int      # KV capacity in blocks
+    kv_tokens: int            # tokens held during iteration 0 (useful ones, after its writes)
+    waiting: int              # requests left waiting when the schedule was formed
+    kv_blocks_cached: int = 0  # prefix caching: blocks holding a cached prompt block's hash (in use or free)
+
+
 class Schedule(NamedTuple):
     # Requests computing exactly one token (decodes), read-only. For the decode pool this is a view
     # of an array the pool copies before changing, so it stays true after the hand-over.
@@ -43,16 +56,12 @@ class Schedule(NamedTuple):
     num_seqs: int             # sequences doing useful work (padded idle rows excluded)
     prefill_tokens: int       # useful prefill tokens (padding excluded)
     decode_tokens: int        # sequences sampling a token after a decode (one each)
-    kv_slots: int             # KV token slots allocated during iteration 0 (paged: blocks x size)
-    kv_blocks_total: int      # KV capacity in blocks
-    kv_tokens: int            # tokens held during iteration 0 (useful ones, after its writes)
-    waiting: int              # requests left waiting when this schedule was formed
+    telemetry: ScheduleTelemetry  # what it held, for the recorder (apart: nothing that runs reads it)
     # Fast-forward: the schedule repeats unchanged, every decode one token further, for up to
     # max_steps iterations; an arrival can change that only if arrival_sensitive.
     max_steps: int = 1
     arrival_sensitive: bool = True
     preempted: tuple[int, ...] = ()  # requests preempted (recompute) while forming this schedule
-    kv_blocks_cached: int = 0  # prefix caching: blocks holding a cached prompt block's hash (in use or free)
 
     @property
     def num_scheduled_tokens(self) -> dict[int, int]:
@@ -62,15 +71,20 @@ class Schedule(NamedTuple):
         return out
 
 
-class StepOutcome(NamedTuple):
-    finished: tuple[int, ...]   # requests that sampled their last token in the iterations run
+class OutcomeTelemetry(NamedTuple):
+    """How a run's KV use grew, for the recorder alone (as ScheduleTelemetry)."""
     kv_blocks_used: int         # KV blocks held during the last iteration run (before the
                                 # finished requests released theirs)
     # KV token slots added by iterations 1.. of a run, cumulative (iteration j >= 1 holds
-    # schedule.kv_slots + kv_slot_growth[j - 1]): one per iteration after the first, or empty when
+    # telemetry.kv_slots + kv_slot_growth[j - 1]): one per iteration after the first, or empty when
     # the allocation stayed constant (whole numbers: a list, or an int or float array)
     kv_slot_growth: np.ndarray | list[int]
     # KV tokens held in iterations 1.. of a run over what iteration 0 held, cumulative, one per
     # iteration after the first; None: every decode adds one (a sliding-window cache, which frees
     # blocks mid-run, gives it)
     kv_token_growth: np.ndarray | None = None
+
+
+class StepOutcome(NamedTuple):
+    finished: tuple[int, ...]   # requests that sampled their last token in the iterations run
+    telemetry: OutcomeTelemetry  # how KV use grew, for the recorder
