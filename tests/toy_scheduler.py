@@ -7,7 +7,7 @@ import numpy as np
 
 from sim.cost.batch import BatchStats
 from sim.kv.cache import PagedKVCache
-from sim.schedulers.step import NO_IDS, OutcomeTelemetry, Schedule, ScheduleTelemetry, StepOutcome
+from sim.schedulers.step import NO_IDS, Schedule, StepOutcome
 
 
 class OneAtATime:
@@ -55,10 +55,9 @@ class OneAtATime:
         rid = self.current
         return Schedule(decode_ids=decode_ids, prefill_ids=prefill_ids, stats=stats, num_seqs=1,
                         prefill_tokens=prefill, decode_tokens=len(decode_ids),
-                        telemetry=ScheduleTelemetry(kv_slots=self.kv.used * self.kv.block_size,
-                                                    kv_blocks_total=self.kv.num_blocks,
-                                                    kv_tokens=int(self.req.prompt[rid] + self.req.generated[rid]),
-                                                    waiting=len(self.waiting)),
+                        # (kv_slots, kv_blocks_total, kv_tokens, waiting, kv_blocks_cached)
+                        telemetry=(self.kv.used * self.kv.block_size, self.kv.num_blocks,
+                                   int(self.req.prompt[rid] + self.req.generated[rid]), len(self.waiting), 0),
                         max_steps=steps, arrival_sensitive=False)
 
     def update(self, schedule: Schedule, steps: int, now: float) -> StepOutcome:
@@ -74,4 +73,4 @@ class OneAtATime:
             req.finish[rid] = now
             self.kv.release(self.kv.blocks_for(int(req.prompt[rid] + req.output[rid])))
             self.current, finished = -1, (rid,)
-        return StepOutcome(finished=finished, telemetry=OutcomeTelemetry(kv_blocks_used=used, kv_slot_growth=NO_IDS))
+        return StepOutcome(finished=finished, telemetry=(used, NO_IDS, None))

@@ -66,29 +66,30 @@ class Recorder:
         """One row for `durations` (s), the iterations of `schedule` run from `start`, which took
         `total` seconds together (fast_forward.total; durations[0] for one iteration)."""
         count, stats, bs = len(durations), schedule.stats, self.block_size
-        held, grew = schedule.telemetry, outcome.telemetry  # (what only the recorder reads)
+        # what only the recorder reads (sim/schedulers/step.py), named here
+        kv_slots, kv_blocks_total, kv_tokens, waiting, kv_blocks_cached = schedule.telemetry
+        kv_blocks_used, kv_slot_growth, kv_token_growth = outcome.telemetry
         if count == 1:  # scalar arithmetic: most rows are single iterations
-            self.kv_slot_seconds += held.kv_slots * total
-            self.kv_token_seconds += held.kv_tokens * total
-            self.kv_block_seconds += -(-held.kv_slots // bs) * total
+            self.kv_slot_seconds += kv_slots * total
+            self.kv_token_seconds += kv_tokens * total
+            self.kv_block_seconds += -(-kv_slots // bs) * total
             self.decode_context_tokens += stats.decode_context_sum
         else:
-            growth = grew.kv_slot_growth  # (the scheduler's: count - 1 long, or empty)
-            grown_slots = _dot(_floats(growth), durations) if len(growth) else 0.0
-            self.kv_slot_seconds += held.kv_slots * total + grown_slots
+            # (the scheduler's growth: count - 1 long, or empty)
+            grown_slots = _dot(_floats(kv_slot_growth), durations) if len(kv_slot_growth) else 0.0
+            self.kv_slot_seconds += kv_slots * total + grown_slots
             # every decode adds one token per iteration (a sliding window's run says otherwise)
-            tokens = grew.kv_token_growth
-            self.kv_token_seconds += held.kv_tokens * total + (
-                schedule.decode_tokens * _ramp_dot(durations) if tokens is None
-                else _dot(_floats(tokens), durations))
+            self.kv_token_seconds += kv_tokens * total + (
+                schedule.decode_tokens * _ramp_dot(durations) if kv_token_growth is None
+                else _dot(_floats(kv_token_growth), durations))
             # a run's growth comes in whole blocks (paged); a constant reservation rounds up once
-            self.kv_block_seconds += -(-held.kv_slots // bs) * total + grown_slots / bs
+            self.kv_block_seconds += -(-kv_slots // bs) * total + grown_slots / bs
             self.decode_context_tokens += (count * stats.decode_context_sum
                                            + stats.num_decodes * count * (count - 1) / 2)
         self.durations.fromlist(durations)
         self._rows.append((replica, start, total, count, schedule.num_seqs, schedule.prefill_tokens,
-                           schedule.decode_tokens, stats.padded_tokens, grew.kv_blocks_used,
-                           held.kv_blocks_total, held.waiting, held.kv_blocks_cached))
+                           schedule.decode_tokens, stats.padded_tokens, kv_blocks_used,
+                           kv_blocks_total, waiting, kv_blocks_cached))
         if len(self._rows) >= _CHUNK:
             self._pack()
 

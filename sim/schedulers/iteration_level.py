@@ -27,7 +27,7 @@ from mypy_extensions import mypyc_attr
 from sim.cost.batch import BatchStats, windowed_stats
 from sim.kv.cache import PagedKVCache
 from sim.schedulers.decode_pool import DecodePool, WindowedDecodePool
-from sim.schedulers.step import NO_IDS, OutcomeTelemetry, Schedule, ScheduleTelemetry, StepOutcome, new_tuple
+from sim.schedulers.step import NO_IDS, Schedule, StepOutcome, new_tuple
 from sim.workload.request import RequestTable
 
 _WALK = 24  # a decode run up to this long has its block openings counted in Python, not numpy
@@ -156,7 +156,7 @@ class IterationLevelScheduler:
         if schedule.prefill_tokens:
             self._commit_prefills(schedule, finished, now)
         # finished; kv_blocks_used, kv_slot_growth, kv_token_growth (None: every decode one token)
-        return new_tuple(StepOutcome, (tuple(finished), new_tuple(OutcomeTelemetry, (used, growth, None))))
+        return new_tuple(StepOutcome, (tuple(finished), (used, growth, None)))
 
     def _commit_prefills(self, schedule: Schedule, finished: list[int], now: float) -> None:
         """The iteration's prefill chunks are computed; a prompt done samples its first token."""
@@ -197,7 +197,7 @@ class IterationLevelScheduler:
             self._finish(finished, now)
         if schedule.prefill_tokens:
             self._commit_prefills(schedule, finished, now)
-        return StepOutcome(tuple(finished), OutcomeTelemetry(used, growth, tokens))
+        return StepOutcome(tuple(finished), (used, growth, tokens))
 
     def _windowed_run(self, schedule: Schedule, steps: int):
         """A decode run over a sliding-window cache: iteration j >= 1 opens blocks, every
@@ -473,9 +473,9 @@ class IterationLevelScheduler:
         return new_tuple(Schedule, (
             pool.ids() if decodes else NO_IDS, ids, stats,             # decode_ids, prefill_ids, stats
             decodes + len(chunks), prefill_tokens, decodes,            # num_seqs, prefill/decode tokens
-            new_tuple(ScheduleTelemetry, (                             # telemetry: kv_slots,
-                (self._num_blocks - free) * self._block_size, self._num_blocks,  # kv_blocks_total,
-                tokens, len(self.waiting), kv.cached_blocks)),         # kv_tokens, waiting, kv_blocks_cached
+            ((self._num_blocks - free) * self._block_size, self._num_blocks,  # telemetry: kv_slots,
+             tokens, len(self.waiting), kv.cached_blocks),             # kv_blocks_total, kv_tokens,
+                                                                       # waiting, kv_blocks_cached
             max_steps, self._arrival_sensitive(),                      # max_steps, arrival_sensitive
             tuple(self._preempted) if self._preempted else ()))        # preempted
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from sim.cost.batch import BatchStats
 from sim.kv.cache import ContiguousKVCache
-from sim.schedulers.step import NO_IDS, OutcomeTelemetry, Schedule, ScheduleTelemetry, StepOutcome
+from sim.schedulers.step import NO_IDS, Schedule, StepOutcome
 from sim.workload.request import RequestTable
 
 
@@ -75,8 +75,7 @@ class StaticScheduler:
         if np.all(req.generated[rows] >= req.output[rows]):
             self.kv.release(rows)
             self.rows = np.zeros(0, dtype=np.int64)
-        return StepOutcome(finished=tuple(just_done.tolist()),
-                           telemetry=OutcomeTelemetry(kv_blocks_used=used, kv_slot_growth=NO_IDS))
+        return StepOutcome(finished=tuple(just_done.tolist()), telemetry=(used, NO_IDS, None))
 
     # -- schedules ------------------------------------------------------------------------------
     def _prefill(self, now: float) -> Schedule:
@@ -126,6 +125,6 @@ class StaticScheduler:
         return Schedule(decode_ids=decode_ids, prefill_ids=prefill_ids, stats=stats,
                         num_seqs=num_seqs, prefill_tokens=prefill_tokens,
                         decode_tokens=decode_tokens,
-                        telemetry=ScheduleTelemetry(kv_slots=reserved, kv_blocks_total=self.kv.num_blocks,
-                                                    kv_tokens=kv_tokens, waiting=len(self.waiting)),
+                        # (kv_slots, kv_blocks_total, kv_tokens, waiting, kv_blocks_cached)
+                        telemetry=(reserved, self.kv.num_blocks, kv_tokens, len(self.waiting), 0),
                         max_steps=max_steps, arrival_sensitive=False)

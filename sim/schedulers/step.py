@@ -35,14 +35,28 @@ NO_IDS = np.zeros(0, dtype=np.int64)  # read-only: every schedule without such r
 NO_IDS.flags.writeable = False
 
 
-class ScheduleTelemetry(NamedTuple):
-    """What a schedule's first iteration held, for the recorder alone (steps.csv and the KV
-    integrals of summary.json): nothing that runs (the engine, the cost model, `update`) reads it."""
-    kv_slots: int             # KV token slots allocated during iteration 0 (paged: blocks x size)
-    kv_blocks_total: int      # KV capacity in blocks
-    kv_tokens: int            # tokens held during iteration 0 (useful ones, after its writes)
-    waiting: int              # requests left waiting when the schedule was formed
-    kv_blocks_cached: int = 0  # prefix caching: blocks holding a cached prompt block's hash (in use or free)
+# What only the recorder reads (steps.csv and the KV integrals of summary.json), apart from what
+# runs: nothing else (the engine, the cost model, `update`) reads it. Plain tuples, named field by
+# field where they are unpacked (sim/runtime/recorder.py): one of each per event, a tuple literal is
+# several times cheaper than even tuple.__new__ on a NamedTuple (measured: a NamedTuple here cost
+# the simulator 8%, bench/against.py).
+# A schedule's: what its first iteration held.
+#   (kv_slots: KV token slots allocated during iteration 0 (paged: blocks x size),
+#    kv_blocks_total: KV capacity in blocks,
+#    kv_tokens: tokens held during iteration 0 (useful ones, after its writes),
+#    waiting: requests left waiting when the schedule was formed,
+#    kv_blocks_cached: prefix caching: blocks holding a cached prompt block's hash, in use or free)
+ScheduleTelemetry = tuple[int, int, int, int, int]
+# An outcome's: how the run's KV use grew.
+#   (kv_blocks_used: KV blocks held during the last iteration run (before the finished requests
+#        released theirs),
+#    kv_slot_growth: KV token slots added by iterations 1.. of a run, cumulative (iteration j >= 1
+#        holds kv_slots + kv_slot_growth[j - 1]): one per iteration after the first, or empty when the
+#        allocation stayed constant (whole numbers: a list, or an int or float array),
+#    kv_token_growth: KV tokens held in iterations 1.. over what iteration 0 held, cumulative, one
+#        per iteration after the first; None: every decode adds one (a sliding-window cache, which
+#        frees blocks mid-run, gives it))
+OutcomeTelemetry = tuple[int, np.ndarray | list[int], np.ndarray | None]
 
 
 class Schedule(NamedTuple):
@@ -69,20 +83,6 @@ class Schedule(NamedTuple):
         out = dict.fromkeys(self.decode_ids.tolist(), 1)
         out.update(zip(self.prefill_ids.tolist(), self.stats.prefill_lens.tolist()))
         return out
-
-
-class OutcomeTelemetry(NamedTuple):
-    """How a run's KV use grew, for the recorder alone (as ScheduleTelemetry)."""
-    kv_blocks_used: int         # KV blocks held during the last iteration run (before the
-                                # finished requests released theirs)
-    # KV token slots added by iterations 1.. of a run, cumulative (iteration j >= 1 holds
-    # telemetry.kv_slots + kv_slot_growth[j - 1]): one per iteration after the first, or empty when
-    # the allocation stayed constant (whole numbers: a list, or an int or float array)
-    kv_slot_growth: np.ndarray | list[int]
-    # KV tokens held in iterations 1.. of a run over what iteration 0 held, cumulative, one per
-    # iteration after the first; None: every decode adds one (a sliding-window cache, which frees
-    # blocks mid-run, gives it)
-    kv_token_growth: np.ndarray | None = None
 
 
 class StepOutcome(NamedTuple):

@@ -267,18 +267,18 @@ def test_recorder_integrates_a_decode_run_by_hand():
     second iteration on, 10 tokens held at first (each decode adds one per iteration)."""
     from sim.cost.batch import BatchStats
     from sim.runtime.recorder import Recorder
-    from sim.schedulers.step import NO_IDS, OutcomeTelemetry, Schedule, ScheduleTelemetry, StepOutcome
+    from sim.schedulers.step import NO_IDS, Schedule, StepOutcome
     stats = BatchStats(num_decodes=2, decode_context_sum=12)
     schedule = Schedule(NO_IDS, NO_IDS, stats, num_seqs=2, prefill_tokens=0, decode_tokens=2,
-                        telemetry=ScheduleTelemetry(kv_slots=16, kv_blocks_total=8, kv_tokens=10, waiting=0),
+                        telemetry=(16, 8, 10, 0, 0),  # kv_slots, capacity, kv_tokens, waiting, cached
                         max_steps=3)
     rec = Recorder(block_size=16)
-    rec.record(0, 0.0, [1.0, 2.0, 4.0], 7.0, schedule, StepOutcome((), OutcomeTelemetry(2, [16, 16])))
+    rec.record(0, 0.0, [1.0, 2.0, 4.0], 7.0, schedule, StepOutcome((), (2, [16, 16], None)))
     assert rec.kv_slot_seconds == 16 * 7 + 16 * (2 + 4)
     assert rec.kv_token_seconds == 10 * 7 + 2 * (1 * 2 + 2 * 4)
     assert rec.kv_block_seconds == 1 * 7 + 16 * (2 + 4) / 16
     assert rec.decode_context_tokens == 3 * 12 + 2 * 3
-    rec.record(0, 7.0, [1.0, 1.0], 2.0, schedule, StepOutcome((), OutcomeTelemetry(2, np.array([32.0]))))
+    rec.record(0, 7.0, [1.0, 1.0], 2.0, schedule, StepOutcome((), (2, np.array([32.0]), None)))
     assert rec.kv_slot_seconds == 16 * 7 + 16 * 6 + 16 * 2 + 32 * 1
     assert rec.take_durations().tolist() == [1.0, 2.0, 4.0, 1.0, 1.0]
 
