@@ -519,6 +519,7 @@ def compare(
 
     from sim.config.checks import check_input_file
     from sim.config.errors import ScenarioError
+    from sim.files import writing
     from sim.reporting.analysis import load_run
     from sim.reporting.compare import compare as make_table
     from sim.reporting.compare import compare_plot, measured_doc
@@ -530,9 +531,10 @@ def compare(
         table = make_table(doc, run)
         folder = out if out is not None else Path(run_dir)
         folder.mkdir(parents=True, exist_ok=True)
-        _write_json({"bench": str(bench), "run": str(run_dir),
-                     "rows": json.loads(table.to_json(orient="records"))}, folder / "compare.json")
-        compare_plot(table, run, folder / "compare.png")
+        with writing(folder):  # (another compare writing there: its two files, then these two)
+            _write_json({"bench": str(bench), "run": str(run_dir),
+                         "rows": json.loads(table.to_json(orient="records"))}, folder / "compare.json")
+            compare_plot(table, run, folder / "compare.png")
     except ScenarioError as e:
         raise _fail(str(e)) from None
     except OSError as e:

@@ -158,3 +158,19 @@ def folder_lock(folder: Path, what: str):
 
 
 LOCK_NAME = ".servesim.lock"
+
+
+@contextmanager
+def writing(folder: Path):
+    """Hold `folder`'s write turn while a command puts its set of files there (a run's renames, a
+    plan's report and figures): an flock on the folder itself, so a second command writing there at
+    the same moment waits for the first to finish its set (milliseconds, or the seconds a plan takes
+    to draw), and the folder then holds one command's files whole (the last one's), never a mix of
+    two. Nothing is left in the folder. (A sweep, which appends to its folder for as long as it
+    runs, refuses a second writer instead: folder_lock.)"""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # (releases the flock)

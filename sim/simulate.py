@@ -23,7 +23,7 @@ from sim.config.checks import MAX_SECONDS
 from sim.config.errors import ScenarioError
 from sim.config.scenario import Scenario, resolved_yaml
 from sim.cost.step_cost import CostModel
-from sim.files import give_mode
+from sim.files import give_mode, writing
 from sim.kv.prefix_cache import PrefixKVCache
 from sim.presets import memory
 from sim.runtime.disaggregation import pool_utilization
@@ -300,7 +300,7 @@ def write_outputs(result: SimResult, out_dir: Path) -> None:
             with os.fdopen(fd, "wb") as f:
                 write(f)
         try:
-            with signals_held():
+            with writing(out_dir), signals_held():  # (another run writing here: after its renames)
                 for name, tmp in temps:
                     os.replace(tmp, out_dir / name)
         except KeyboardInterrupt as interrupted:

@@ -210,3 +210,43 @@ def test_a_log_axis_over_a_few_decades_labels_its_ticks_plainly_without_collisio
     with tempfile.TemporaryDirectory() as d:
         labels = draw(Path(d) / "f.png")
     assert sorted(labels, key=float) == ["0.2", "0.5", "1", "2", "5", "10", "20", "50"]
+
+
+def test_a_second_run_or_plan_writing_into_a_folder_waits_for_the_first_files_to_be_whole(tmp_path, monkeypatch):
+    """Two commands writing one folder at once could leave one's requests.csv beside the other's
+    summary.json (a plan: one's plan.json beside the other's plan.md). A run's renames wait while
+    another command holds the folder's write turn, then put all of its own files there; nothing is
+    left behind. The turn is an flock on the folder: held here by the test (another open file)."""
+    import threading
+
+    from sim.config.scenario import scenario_from_dict
+    from sim.files import writing
+    from sim.simulate import simulate, write_outputs
+
+    out = tmp_path / "run"
+    out.mkdir()
+    result = simulate(scenario_from_dict(SCENARIO))
+    done = threading.Event()
+    writer = threading.Thread(target=lambda: (write_outputs(result, out), done.set()))
+    with writing(out):
+        writer.start()
+        assert not done.wait(0.5)  # waiting for the turn: none of its files in place yet
+        assert not (out / "summary.json").exists() and not (out / "requests.csv").exists()
+    writer.join(10)
+    assert done.is_set()
+    assert sorted(p.name for p in out.iterdir()) == ["requests.csv", "scenario.yaml", "steps.csv", "summary.json"]
+    # a plan's report likewise (PlanJob.write takes the same turn)
+    from sim.planning.plan_request import PlanJob, PlanRequest, prepare
+
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(SCENARIO))
+    job = prepare(PlanRequest(tmp_path / "s.yaml", slo="ttft_ms=500", out=tmp_path / "plan"))
+    calls: list[dict] = []
+    monkeypatch.setattr(PlanJob, "_write", lambda self, result: calls.append(result) or ("t", [], "x"))
+    finished = threading.Event()
+    job.out_dir.mkdir()
+    other = threading.Thread(target=lambda: (job.write({"r": 1}), finished.set()))
+    with writing(job.out_dir):
+        other.start()
+        assert not finished.wait(0.5) and calls == []
+    other.join(10)
+    assert calls == [{"r": 1}] and list(job.out_dir.iterdir()) == []

@@ -19,6 +19,7 @@ from typing import Any
 from sim.config.checks import MAX_COUNT, MAX_RATE, check_out_dir
 from sim.config.errors import ScenarioError
 from sim.config.scenario import Scenario, SLOConfig, load_scenario
+from sim.files import write_file, writing
 from sim.planning.evaluator import PlanOptions
 from sim.planning.slo import parse_slo
 from sim.presets.hardware import HARDWARE_PRESETS
@@ -167,7 +168,6 @@ class PlanJob:
     def emit(self, result: dict) -> list[Path]:
         """The deployable files of the answer (sim/planning/deploy.py) into request.emit; [] when
         there is no vLLM command to deploy (no answer, or the static scheduler)."""
-        from sim.files import write_file
         from sim.planning.deploy import deploy_files
 
         if self.request.emit is None:
@@ -179,10 +179,17 @@ class PlanJob:
             * int(answer.get("data_parallel_size") or 1)  # per pod
         files = deploy_files(answer["vllm_serve"], int(answer.get("replicas", 1)), gpus, self.scenario.name)
         self.request.emit.mkdir(parents=True, exist_ok=True)
-        return [write_file(self.request.emit / name, text) for name, text in files.items()]
+        with writing(self.request.emit):  # (one plan's files whole, not a mix of two)
+            return [write_file(self.request.emit / name, text) for name, text in files.items()]
 
     def write(self, result: dict) -> tuple[str, list[tuple[str, str]], str]:
-        """Write the report; (the headline table's title, its rows, what was written)."""
+        """Write the report; (the headline table's title, its rows, what was written). Another
+        plan writing into the same folder waits for this one's files, or this for its."""
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        with writing(self.out_dir):
+            return self._write(result)
+
+    def _write(self, result: dict) -> tuple[str, list[tuple[str, str]], str]:
         if self.fleet:
             from sim.planning.fleet_report import FLEET_PNG, fleet_headline, write_fleet_report
 
