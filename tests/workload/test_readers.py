@@ -97,6 +97,23 @@ def test_epoch_microseconds_read_as_milliseconds_point_to_microseconds(tmp_path)
         read_trace(trace, columns={"arrival": "t", "prompt_tokens": "p", "output_tokens": "o"}, time_unit="ms")
 
 
+def test_a_unix_clock_in_arrival_s_points_to_the_column_mapping_that_reads_it(tmp_path):
+    """arrival_s counts seconds from the trace's start: Unix seconds there (a 1 s trace) were
+    refused as "not at most 1e9 s, the longest span", which it is not. Now the error says it is a
+    clock and how to read one, and that mapping reads the same file as a 1 s trace."""
+    trace = tmp_path / "unix.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n1732700000,10,5\n1732700000.5,10,5\n1732700001,12,5\n")
+    with pytest.raises(ScenarioError, match=r"unix.csv:4: arrival_s 1732700001 looks like a clock time .* "
+                                            r"workload.columns: \{arrival: arrival_s, "):
+        read_trace(trace)
+    t = read_trace(trace, columns={"arrival": "arrival_s", "prompt_tokens": "prompt_tokens",
+                                   "output_tokens": "output_tokens"})
+    assert t["arrival_s"].tolist() == [0.0, 0.5, 1.0]
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,5\n2e9,10,5\n")  # a span past the bound
+    with pytest.raises(ScenarioError, match="unix.csv:3: arrival_s '2000000000.0' is not at most 1e\\+09 s"):
+        read_trace(trace)
+
+
 def _scenario_with(trace: Path, tmp_path: Path | None = None, **workload) -> Path:
     import tempfile
 
