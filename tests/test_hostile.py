@@ -385,6 +385,56 @@ def test_a_damaged_run_folder_is_one_error_line(tmp_path, what, command):
     assert_clean(r, tmp_path / "out", ok=False)
 
 
+@pytest.fixture(scope="module")
+def written_plans(tmp_path_factory) -> dict[str, Path]:
+    """A plan folder and a configuration search folder, as servesim writes them (small: the
+    200-request trace replay, one GPU)."""
+    tmp = tmp_path_factory.mktemp("plans")
+    short = ROOT / "scenarios" / "short-trace-replay.yaml"
+    folders = {"plan": tmp / "plan", "search": tmp / "search"}
+    for kind, extra in (("plan", ["--target-rate", "5"]), ("search", ["--gpus", "h100-sxm", "--target-rate", "5"])):
+        r = CliRunner().invoke(app, ["plan", str(short), "--slo", "ttft_ms=2000,tpot_ms=50", "--no-band",
+                                     "--resolution", "0.1", "--out", str(folders[kind]), "-q", *extra])
+        assert r.exit_code == 0, r.output
+    return folders
+
+
+EDITS = {  # a hand edit of plan.json / search.json, as a user might leave one
+    ("plan", "a section replaced by text"): lambda r: r.update(load_search="x"),
+    ("plan", "the answer's key gone"): lambda r: r.pop("recommendation"),
+    ("plan", "a curve point without its numbers"): lambda r: r["load_search"].update(curve=[{"load": "a"}]),
+    ("plan", "the slo a number"): lambda r: r.update(slo=7),
+    ("search", "a candidate without its gpu"): lambda r: r["candidates"][0].pop("gpu"),
+    ("search", "candidates a string"): lambda r: r.update(candidates="x"),
+    ("search", "the target text"): lambda r: r.update(target="abc"),
+    ("search", "slo targets without a percentile"): lambda r: r.update(slo_targets={"ttft_ms": "x"}),
+}
+
+
+@pytest.mark.parametrize("command", ["plot", "report"])
+@pytest.mark.parametrize("kind, edit", list(EDITS))
+def test_an_edited_plan_or_search_is_one_error_line_naming_the_file(tmp_path, written_plans, kind, edit, command):
+    """Figures and tables read a plan's JSON as servesim wrote it: edited, they ended in tracebacks
+    (KeyError, TypeError deep in a figure); now one line naming the file, exit 2."""
+    import shutil
+
+    folder = tmp_path / kind
+    shutil.copytree(written_plans[kind], folder)
+    doc = folder / f"{kind}.json"
+    r = json.loads(doc.read_text())
+    EDITS[kind, edit](r)
+    doc.write_text(json.dumps(r))
+    args = ["plot", str(folder), "--out", str(tmp_path / "out")] if command == "plot" else ["report", str(folder)]
+    with time_limit(TIMEOUT_S):
+        res = _invoke_entry(args)
+    if (command, edit) == ("plot", "the answer's key gone"):  # (the figures never read the answer)
+        assert_clean(res, None, ok=True)
+        return
+    assert_clean(res, tmp_path / "out", ok=False)
+    assert res.stderr.startswith(f"error: {doc}: not a ") and "as servesim writes it" in res.stderr, res.stderr
+    assert not (folder / "report.html").exists()
+
+
 # ---------------------------------------------------------------- outputs
 
 def test_summary_is_strict_json_and_counts_are_never_negative(tmp_path):

@@ -7,7 +7,8 @@ A `Run` is one `servesim run` output (requests.csv, steps.csv, summary.json), re
 from __future__ import annotations
 
 import heapq
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,24 @@ class Run:
         util = self.summary.get("slot_utilization") or 0.0
         largest = int(s["num_seqs"].max()) if len(s) else 1
         return max(largest, round(seq_iters / (util * iters))) if util > 0 and iters else largest
+
+
+@contextmanager
+def as_written(path: Path, kind: str) -> Iterator[None]:
+    """Drawing or reporting a plan's or search's JSON (`kind`), which the figures and tables read
+    as servesim wrote it: a hand-edited or damaged one (a key gone, a list where a number was) is
+    one error naming the file and what was wrong there, not a traceback from deep in a figure."""
+    try:
+        yield
+    except ScenarioError:
+        raise
+    except KeyError as e:
+        raise ScenarioError(f"{path}: not {kind} as servesim writes it: no key {e.args[0]!r} where one "
+                            "was expected; write it again with servesim plan") from None
+    except (IndexError, TypeError, ValueError, AttributeError, StopIteration) as e:
+        what = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ScenarioError(f"{path}: not {kind} as servesim writes it: a value of the wrong kind or "
+                            f"missing ({what}); write it again with servesim plan") from None
 
 
 def load_run(path: str | Path, name: str | None = None) -> Run:

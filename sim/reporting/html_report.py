@@ -21,7 +21,7 @@ from typing import Any
 from sim.config.checks import json_object
 from sim.config.errors import ScenarioError
 from sim.files import write_file
-from sim.reporting.analysis import load_run
+from sim.reporting.analysis import as_written, load_run
 
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;
@@ -179,12 +179,13 @@ def write_report(folder: str | Path) -> Path:
                 from sim.planning.fleet_report import FLEET_PNG, fleet_headline
                 kind, rows_of = "fleet plan", fleet_headline
             title = f"servesim {kind}: {r['scenario']}"
-            body += ["<h2>Answer</h2>", _table(rows_of(r))]
-            if fleet:  # its one figure, as plan wrote it
-                live, figures = [], [p for p in (folder / FLEET_PNG,) if p.is_file() and not p.is_symlink()]
-            else:
-                live = interactive.plan_figures(r) if stem == "plan" else interactive.search_figures(r)
-                figures = save_folder_plots(folder, out=tmp)
+            with as_written(path, f"a {kind}"):
+                body += ["<h2>Answer</h2>", _table(rows_of(r))]
+                if fleet:  # its one figure, as plan wrote it
+                    live, figures = [], [p for p in (folder / FLEET_PNG,) if p.is_file() and not p.is_symlink()]
+                else:
+                    live = interactive.plan_figures(r) if stem == "plan" else interactive.search_figures(r)
+                    figures = save_folder_plots(folder, out=tmp)
             if (folder / f"{stem}.md").is_file():  # (after the figures: the whole report)
                 after += [f"<h2>{stem}.md</h2>", _markdown(folder / f"{stem}.md", folder)]
             data = {"kind": "fleet plan" if fleet else stem, "result": r}

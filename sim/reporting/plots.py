@@ -25,6 +25,7 @@ from sim.config.errors import ScenarioError
 from sim.files import plain_text, save_figure
 from sim.reporting.analysis import (
     Run,
+    as_written,
     iteration_of,
     load_run,
     replica_iterations,
@@ -487,13 +488,16 @@ def save_folder_plots(folder: str | Path, out: str | Path | None = None, x: str 
     if (folder / "plan.json").is_file():
         from sim.planning.plan_report import _plots
         plan = read_json_object(folder / "plan.json", "a plan")
-        if "static" in plan and "policy" in plan:  # a fleet plan (sim/planning/fleet_plan.py)
-            from sim.planning.fleet_report import FLEET_PNG, fleet_figure
-            return [save_figure(fleet_figure(plan), out / FLEET_PNG, dpi=110)]
-        return _plots(plan, out)
+        with as_written(folder / "plan.json", "a plan"):
+            if "static" in plan and "policy" in plan:  # a fleet plan (sim/planning/fleet_plan.py)
+                from sim.planning.fleet_report import FLEET_PNG, fleet_figure
+                return [save_figure(fleet_figure(plan), out / FLEET_PNG, dpi=110)]
+            return _plots(plan, out)
     if (folder / "search.json").is_file():
         from sim.planning.search_report import PARETO_PNG, pareto_plot
-        pareto = pareto_plot(read_json_object(folder / "search.json", "a configuration search"), out / PARETO_PNG)
+        search = read_json_object(folder / "search.json", "a configuration search")
+        with as_written(folder / "search.json", "a configuration search"):
+            pareto = pareto_plot(search, out / PARETO_PNG)
         return [pareto] if pareto else []
     raise ScenarioError(f"{folder}: not a run, sweep, plan or search folder (no summary.json, results.csv, "
                         "plan.json or search.json)")
