@@ -588,6 +588,7 @@ def export(
         help="chrome-trace: request tracks drawn (the first N by id).", metavar="N")] = 5000,
 ) -> None:
     """Write a run in another tool's format."""
+    from sim.config.checks import check_out_dir
     from sim.config.errors import ScenarioError
     from sim.reporting.analysis import load_run
     from sim.reporting.export import chrome_trace, vllm_bench
@@ -607,9 +608,13 @@ def export(
             raise ScenarioError(f"--to: {to!r} is not one of {', '.join(formats)}")
         if max_requests < 0:
             raise ScenarioError(f"--max-requests: {max_requests} is not an integer >= 0")
-        run = load_run(run_dir)
         name, make = formats[to]
         path = out if out is not None else Path(run_dir) / name
+        if path.is_dir():
+            raise ScenarioError(f"--out {path}: is a folder; give the file to write, e.g. {path / name}")
+        check_out_dir(path.parent)  # (a folder not there yet is made, as other commands' --out is)
+        run = load_run(run_dir)
+        path.parent.mkdir(parents=True, exist_ok=True)
         _write_json(make(run), path)
     except ScenarioError as e:
         raise _fail(str(e)) from None

@@ -14,6 +14,7 @@ named like a temporary. So a file is written
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import functools
 import io
@@ -63,7 +64,12 @@ def write_file(path: str | Path, data: bytes | str) -> Path:
     """Write `data` (text is UTF-8) to `path` safely (module docstring); returns the path."""
     path = Path(path)
     payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    if path.is_dir() and not path.is_symlink():  # (said of the target: the temporary's name means nothing)
+        raise IsADirectoryError(errno.EISDIR, "is a folder, not a file", str(path))
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    except OSError as e:  # no such folder, not writable: said of the folder
+        raise type(e)(e.errno, e.strerror, str(path.parent)) from None
     try:
         give_mode(fd, path)
         with os.fdopen(fd, "wb") as f:

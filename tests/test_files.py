@@ -250,3 +250,25 @@ def test_a_second_run_or_plan_writing_into_a_folder_waits_for_the_first_files_to
         assert not finished.wait(0.5) and calls == []
     other.join(10)
     assert calls == [{"r": 1}] and list(job.out_dir.iterdir()) == []
+
+
+def test_export_to_a_folder_or_a_new_folder_and_the_writers_errors_name_the_target(tmp_path):
+    """`export --out` a folder ended in exit 1 naming a hidden temporary (".run.sux6otat: Is a
+    directory"), and into a folder not yet there likewise; now the first is one usage line (exit 2)
+    and the second makes the folder, as other commands' --out does. The writer's own errors name
+    the file or folder asked for, never its temporary."""
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(SCENARIO))
+    run = tmp_path / "run"
+    assert CliRunner().invoke(app, ["run", str(tmp_path / "s.yaml"), "--out", str(run), "-q"]).exit_code == 0
+    r = CliRunner().invoke(app, ["export", str(run), "--to", "vllm-bench", "--out", str(run)])
+    assert r.exit_code == 2
+    assert r.stderr.strip() == f"error: --out {run}: is a folder; give the file to write, e.g. {run / 'vllm_bench.json'}"
+    deep = tmp_path / "new" / "deeper" / "b.json"
+    r = CliRunner().invoke(app, ["export", str(run), "--to", "vllm-bench", "--out", str(deep)])
+    assert r.exit_code == 0 and json.loads(deep.read_text())["completed"] == 12
+    with pytest.raises(FileNotFoundError) as e:
+        write_file(tmp_path / "absent" / "x.json", "{}")
+    assert e.value.filename == str(tmp_path / "absent")
+    with pytest.raises(IsADirectoryError) as e:
+        write_file(run, "{}")
+    assert e.value.filename == str(run) and not any(p.name.startswith(".") for p in tmp_path.iterdir())
