@@ -12,6 +12,7 @@ Error = simulated / measured - 1.
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +58,7 @@ def measured_doc(path: Path) -> dict:
         if not isinstance(doc, dict) or not any(k.endswith("_ttft_ms") or k == "ttfts" for k in doc):
             raise ScenarioError(f"{path}: no measured latencies (mean_ttft_ms, ... or ttfts); expected vllm "
                                 "bench serve --save-result output")
+        _check_bench(doc, path)
         return {"source": "vllm bench serve", **doc}
     header = text.split("\n", 1)[0].split(",")
     timing = ("send_time_us", "first_chunk_time_us", "last_chunk_time_us", "status")
@@ -64,6 +66,44 @@ def measured_doc(path: Path) -> dict:
         raise ScenarioError(f"{path}: not a JSON file (vllm bench serve --save-result output) nor a BLIS trace "
                             f"v2 CSV with {', '.join(BLIS_V2 + timing)}")
     return blis_v2_doc(pd.read_csv(path, skipinitialspace=True))
+
+
+# vllm bench serve's per-request lists (seconds; token counts), one entry per request each
+PER_REQUEST = ("ttfts", "itls", "input_lens", "output_lens")
+
+
+def _check_bench(doc: dict, path: Path) -> None:
+    """What the comparison and the overhead fit read of a bench result, as vLLM writes it: its
+    summary statistics (`*_ms`, `*_throughput`) numbers, its per-request lists (also `tpots`,
+    `e2els` where present) lists of numbers >= 0 (itls: a list of gaps per request), the
+    per-request ones one entry per request each. A hand-edited or damaged one is one error naming
+    the key and the entry (a string in ttfts was a traceback)."""
+    for key, value in doc.items():
+        if (key.endswith("_ms") or key.endswith("_throughput")) and value is not None and not _number(value):
+            raise ScenarioError(f"{path}: {key}: {value!r:.40} is not a finite number >= 0")
+    counts: dict[str, int] = {}
+    for key in (*PER_REQUEST, "tpots", "e2els"):
+        values = doc.get(key)
+        if values is None:
+            continue
+        if not isinstance(values, list):
+            raise ScenarioError(f"{path}: {key}: {type(values).__name__} where vllm bench serve writes a list")
+        for i, v in enumerate(values):
+            if key == "itls":
+                if not isinstance(v, list) or not all(_number(g) for g in v):
+                    raise ScenarioError(f"{path}: itls[{i}]: {v!r:.40} is not a list of gaps >= 0 (s)")
+            elif not _number(v) and not (v is None and key in ("tpots", "e2els")):
+                raise ScenarioError(f"{path}: {key}[{i}]: {v!r:.40} is not a finite number >= 0")
+        if key in PER_REQUEST:
+            counts[key] = len(values)
+    if len(set(counts.values())) > 1:
+        (a, n), (b, m) = next((x, y) for x in counts.items() for y in counts.items() if x[1] != y[1])
+        raise ScenarioError(f"{path}: {a} has {n} entries but {b} {m}: vllm bench serve writes one per request "
+                            "in each (a damaged or edited file)")
+
+
+def _number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
 
 
 def blis_v2_doc(df: pd.DataFrame) -> dict:

@@ -283,6 +283,33 @@ def test_blis_trace_v2(tmp_path):
     assert r.summary["prefix_cache_hit_rate"] == 512 / (612 + 431 + 2048 + 866 + 300)
 
 
+@pytest.mark.parametrize("edit, says", [
+    ({"ttfts": [0.01, "a", 0.03]}, "ttfts[1]: 'a' is not a finite number >= 0"),
+    ({"ttfts": [-1, 0.02, 0.03]}, "ttfts[0]: -1 is not a finite number >= 0"),
+    ({"itls": [[0.005], "x", [0.01]]}, "itls[1]: 'x' is not a list of gaps >= 0 (s)"),
+    ({"ttfts": [0.01, 0.02]}, "ttfts has 2 entries but itls 3: vllm bench serve writes one per request"),
+    ({"mean_ttft_ms": "fast"}, "mean_ttft_ms: 'fast' is not a finite number >= 0"),
+    ({"itls": {"a": 1}}, "itls: dict where vllm bench serve writes a list"),
+])
+def test_a_damaged_bench_result_is_one_error_naming_the_entry(tmp_path, edit, says):
+    """compare and calibrate --from-bench read a bench result's per-request lists: a string in
+    ttfts or itls was a traceback (ValueError deep in numpy), a short list or a negative time was
+    compared as if whole. Each is now one error naming the key and entry."""
+    from sim.reporting.compare import measured_doc
+
+    doc = {"ttfts": [0.01, 0.02, 0.03], "itls": [[0.005], [0.005, 0.006], []], "input_lens": [10, 20, 30],
+           "output_lens": [2, 3, 1], "mean_ttft_ms": 20.0, "request_throughput": 1.5, **edit}
+    (tmp_path / "b.json").write_text(json.dumps(doc))
+    with pytest.raises(ScenarioError) as e:
+        measured_doc(tmp_path / "b.json")
+    assert str(e.value).startswith(f"{tmp_path / 'b.json'}: {says}")
+    good = {k: v for k, v in doc.items() if k not in edit}
+    (tmp_path / "b.json").write_text(json.dumps({**good, **{k: doc_default for k, doc_default in (
+        ("ttfts", [0.01, 0.02, 0.03]), ("itls", [[0.005], [0.005, 0.006], []]), ("mean_ttft_ms", 20.0))
+        if k in edit}}))
+    assert measured_doc(tmp_path / "b.json")["ttfts"] == [0.01, 0.02, 0.03]
+
+
 def test_compare_reads_a_blis_trace_v2s_measured_latencies(tmp_path):
     """servesim compare BLIS_V2.csv RUN: the 4 requests with status ok, in microseconds (fixture):
     TTFT = first chunk - send: 41050, 40280, 219800, 34890; E2EL = last chunk - send: 1209850,
