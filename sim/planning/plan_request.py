@@ -214,11 +214,12 @@ def prepare(r: PlanRequest, note: Callable[[str], None] | None = None) -> PlanJo
     if r.target_rate is not None and r.target_users is not None:
         raise ScenarioError("--target-rate and --target-users: give one (a rate for open-loop "
                             "scenarios, users for closed-loop ones)")
+    whole = ("--target-users", "--seeds", "--workers", "--min-requests")  # (the rest: any number > 0)
     for flag, v in (("--target-rate", r.target_rate), ("--target-users", r.target_users),
                     ("--seeds", r.seeds), ("--resolution", r.resolution), ("--workers", r.workers),
                     ("--horizon-s", r.horizon_s), ("--min-requests", r.min_requests)):
         if v is not None and not 0 < v < math.inf:
-            rule = "an integer >= 1" if isinstance(v, int) else "a finite number > 0"
+            rule = "an integer >= 1" if flag in whole else "a finite number > 0"
             raise ScenarioError(f"{flag}: {v} is not {rule}")
     for flag, v, cap in (("--target-rate", r.target_rate, MAX_RATE), ("--target-users", r.target_users, MAX_COUNT)):
         if v is not None and v > cap:  # said before any search runs

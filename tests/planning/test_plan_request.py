@@ -61,6 +61,9 @@ def test_prepare_checks_everything_before_a_simulation(tmp_path):
         with pytest.raises(ScenarioError) as err:
             prepare(PlanRequest(QUICKSTART, slo="ttft_ms=500", out=tmp_path / key, **{key: value}))
         assert str(err.value).startswith(messages[key]), (key, str(err.value))
+    # a rate is any number > 0, even given as a whole one (the Python API: target_rate=-1 was "not an integer")
+    with pytest.raises(ScenarioError, match=r"^--target-rate: -1 is not a finite number > 0$"):
+        prepare(PlanRequest(QUICKSTART, slo="ttft_ms=500", out=tmp_path / "r", target_rate=-1))
     (tmp_path / "file").write_text("x")
     with pytest.raises(ScenarioError, match="exists and is not a directory"):
         prepare(PlanRequest(QUICKSTART, slo="ttft_ms=500", out=tmp_path / "file"))
