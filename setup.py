@@ -22,6 +22,7 @@ HOT = [
     "sim/runtime/cluster.py",
     "sim/schedulers/iteration_level.py",
     "sim/schedulers/decode_pool.py",
+    "sim/schedulers/window.py",
     "sim/schedulers/chunked.py",
     "sim/schedulers/continuous.py",
     "sim/kv/prefix_cache.py",

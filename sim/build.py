@@ -35,9 +35,11 @@ from sim.presets import models
 from sim.presets.memory import kv_bytes_per_token_per_rank
 from sim.runtime.routers import Router, Signals, make_router
 from sim.schedulers import SCHEDULERS, Scheduler
+from sim.schedulers.decode_pool import WindowedDecodePool
 from sim.schedulers.lora import LoRASlots
 from sim.schedulers.queues import make_queue
 from sim.schedulers.speculative import SpeculativePool
+from sim.schedulers.window import SlidingWindow
 from sim.workload.request import RequestTable
 from sim.workload.sessions import Sessions
 
@@ -128,6 +130,8 @@ def build_scheduler(e: EngineConfig, requests: RequestTable, num_blocks: int,
         pool = SpeculativePool(requests, kv, e.speculative, rng if rng is not None else np.random.default_rng(0))
     make: Callable[..., Scheduler] = cls  # (each scheduler's __init__ takes what it needs of these)
     extra: dict = {} if handoff is None else {"handoff": handoff}  # (a disaggregated prefill replica's)
+    if isinstance(kv, WindowedKVCache):  # what a sliding window changes in a step, and its decode pool
+        extra["window"] = SlidingWindow(kv, WindowedDecodePool(requests, kv))
     if offload is not None:  # (the scenario checked it runs over prefix caching: a PrefixKVCache)
         extra["connector"] = CpuOffload(offload, kv)
     if e.lora is not None:  # adapter slots: which requests may join, what each iteration loads

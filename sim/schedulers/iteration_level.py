@@ -24,10 +24,11 @@ from typing import Any, ClassVar
 import numpy as np
 from mypy_extensions import mypyc_attr
 
-from sim.cost.batch import BatchStats, windowed_stats
+from sim.cost.batch import BatchStats
 from sim.kv.cache import PagedKVCache
-from sim.schedulers.decode_pool import DecodePool, WindowedDecodePool
+from sim.schedulers.decode_pool import DecodePool
 from sim.schedulers.step import NO_IDS, Schedule, StepOutcome, new_tuple
+from sim.schedulers.window import SlidingWindow
 from sim.workload.request import RequestTable
 
 _WALK = 24  # a decode run up to this long has its block openings counted in Python, not numpy
@@ -47,7 +48,7 @@ class IterationLevelScheduler:
     def __init__(self, requests: RequestTable, kv, queue, *, max_num_seqs: int,
                  max_num_batched_tokens: int, pool=None, reserve_full_isl: bool = True,
                  handoff: Callable[[int, float], None] | None = None, connector=None, lora=None,
-                 **_unused):
+                 window: SlidingWindow | None = None, **_unused):
         self.req, self.waiting = requests, queue
         # a disaggregated prefill replica's: where a computed prompt's KV goes instead of decoding
         # here, handoff(rid, now) (like vLLM's KV connector handed to its scheduler)
@@ -59,6 +60,9 @@ class IterationLevelScheduler:
         # multi-LoRA serving (sim/schedulers/lora.LoRASlots): which adapters a batch may use, which
         # it must load; None: every request on the base model
         self.lora: Any = lora
+        # a sliding-window model's blocks (sim/schedulers/window.py, over a WindowedKVCache and its
+        # pool): what it changes in a step; None: the paged cache's plain rules
+        self.window = window
         # a PagedKVCache, its sliding-window subclass or a PrefixKVCache: the same count API,
         # duck-typed (the windowed one adds `layout` and its group counts)
         self.kv: Any = kv
@@ -66,13 +70,12 @@ class IterationLevelScheduler:
         self.reserve_full_isl = reserve_full_isl  # vLLM's scheduler_reserve_full_isl (_admit)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        # running decodes: one token each (DecodePool), or speculative (sim/schedulers/speculative.py)
-        # (a sliding-window model's cache frees blocks behind each request's window: sim/kv/cache.py)
-        self._windowed = getattr(kv, "sliding_groups", 0) > 0
         # a hybrid's state blocks per running request (sim/kv/cache.StateKVCache): full, never waste
         self._state_blocks: int = getattr(kv, "states", 0)
+        # running decodes: one token each (DecodePool), speculative (sim/schedulers/speculative.py)
+        # or over a sliding window (the window's own pool)
         if pool is None:
-            pool = WindowedDecodePool(requests, kv) if self._windowed else DecodePool(requests, kv.block_size)
+            pool = window.pool if window is not None else DecodePool(requests, kv.block_size)
         self.pool = pool
         # constant facts of the cache and the pool, typed (kv and pool are duck-typed: compiled,
         # every read of theirs is a Python attribute lookup, and arithmetic on it is boxed)
@@ -85,10 +88,6 @@ class IterationLevelScheduler:
         self.retry_at = np.inf           # only an arrival or a finished iteration creates new work
         self._fifo = getattr(queue, "new_arrivals_last", False)  # arrivals never pass a blocked head
         self._preempted: list[int] = []  # preempted while forming the current schedule
-        # sliding window: blocks each request freed behind its window as the last iteration ended
-        # (prefill chunks here; decodes by arithmetic), and their total (see _lazy_releases)
-        self._slid: dict[int, int] = {}
-        self._released = 0
 
     # -- the contract ---------------------------------------------------------------------------
     def add(self, rid: int) -> None:
@@ -117,9 +116,10 @@ class IterationLevelScheduler:
         need: int = pool.new_blocks_now()
         if chunks:  # (skipping empty generators: this runs every iteration)
             need += sum(kv.growth(self._computed(rid), t) for rid, t in chunks)
-        if self._windowed and need > kv.free - self._released:
+        window = self.window
+        if window is not None and window.short(need):
             # vLLM frees the blocks behind windows only as it reaches each request: order matters
-            chunks = self._preempt_until_fits(now, chunks, self._lazy_releases())
+            chunks = self._preempt_until_fits(now, chunks, window.lazy_releases(self.order))
             preempted = bool(self._preempted)
         else:
             preempted = not kv.allocate(need)
@@ -135,12 +135,14 @@ class IterationLevelScheduler:
         return self._schedule(chunks, preempted)
 
     def update(self, schedule: Schedule, steps: int, now: float) -> StepOutcome:
-        if self._windowed:
-            return self._update_windowed(schedule, steps, now)
-        kv = self.kv
-        growth, finished = NO_IDS, []
+        kv, window = self.kv, self.window
+        growth, tokens, closing, finished = NO_IDS, None, 0, []
+        if window is not None:
+            window.slid = {}
         if schedule.decode_tokens:
-            if steps > 1:  # the later iterations of a run; _run_length checked they fit
+            if window is not None:  # blocks open and go behind windows as the run goes
+                growth, tokens, closing = window.run(schedule.decode_tokens, steps)
+            elif steps > 1:  # the later iterations of a run; _run_length checked they fit
                 if steps <= _WALK:
                     opened, growth = self.pool.slots_opened(steps - 1, self._block_size)
                     kv.allocate(opened)
@@ -151,17 +153,18 @@ class IterationLevelScheduler:
             finished = self.pool.advance(steps)
         free: int = kv.free
         used = self._num_blocks - free  # held in the last iteration, before the finished release theirs
+        if window is not None:  # (the last iteration's, freed after its usage is read)
+            window.release(closing)
         if finished:
             self._finish(finished, now)
         if schedule.prefill_tokens:
             self._commit_prefills(schedule, finished, now)
         # finished; kv_blocks_used, kv_slot_growth, kv_token_growth (None: every decode one token)
-        return new_tuple(StepOutcome, (tuple(finished), (used, growth, None)))
+        return new_tuple(StepOutcome, (tuple(finished), (used, growth, tokens)))
 
     def _commit_prefills(self, schedule: Schedule, finished: list[int], now: float) -> None:
         """The iteration's prefill chunks are computed; a prompt done samples its first token."""
-        req, kv = self._req, self.kv
-        slid = self._slid if self._windowed else None
+        req, kv, window = self._req, self.kv, self.window
         ids: list[int] = schedule.prefill_ids.tolist()
         lens: list[int] = schedule.stats.prefill_lens.tolist()
         for rid, t in zip(ids, lens):
@@ -171,9 +174,8 @@ class IterationLevelScheduler:
             kv.commit(rid, computed)  # (prefix caching: its full prompt blocks become cacheable)
             if self.connector is not None:  # (offloading: and are copied to CPU memory)
                 self.connector.computed(rid, computed)
-            if slid is not None:  # (sliding window: blocks now behind it are freed)
-                slid[rid] = freed = kv.slide(before, computed)
-                self._released += freed
+            if window is not None:  # (blocks now behind its window are freed)
+                window.slide(rid, before, computed)
             prompt: int = req.prompt[rid]
             generated: int = req.generated[rid]
             if computed < prompt + generated:
@@ -181,38 +183,6 @@ class IterationLevelScheduler:
             self.prefilling.remove(rid)
             if self._prompt_done(rid, now):
                 finished.append(rid)
-
-    def _update_windowed(self, schedule: Schedule, steps: int, now: float) -> StepOutcome:
-        """`update` over a sliding-window cache: the blocks the last iteration pushed behind
-        windows are freed after its usage is read (and remembered for _lazy_releases)."""
-        kv, growth, tokens, closing, finished = self.kv, NO_IDS, None, 0, []
-        self._slid = {}
-        if schedule.decode_tokens:
-            growth, tokens, closing = self._windowed_run(schedule, steps)
-            finished = self.pool.advance(steps)
-        used = kv.num_blocks - kv.free
-        kv.free += closing
-        self._released = closing
-        if finished:
-            self._finish(finished, now)
-        if schedule.prefill_tokens:
-            self._commit_prefills(schedule, finished, now)
-        return StepOutcome(tuple(finished), (used, growth, tokens))
-
-    def _windowed_run(self, schedule: Schedule, steps: int):
-        """A decode run over a sliding-window cache: iteration j >= 1 opens blocks, every
-        iteration's end frees those behind the window. Returns the run's slot and token growth
-        (StepOutcome) and the blocks the last iteration frees (after its usage is read)."""
-        pool, kv, bs = self.pool, self.kv, self.kv.block_size
-        growth = tokens = NO_IDS
-        if steps > 1:
-            shut = pool.closes_at(0, steps - 1).cumsum()
-            net = pool.new_blocks_at(1, steps - 1).cumsum() - shut
-            kv.free -= int(net[-1])
-            growth = net * bs
-            # every decode writes one token per group; a freed block takes its bs tokens along
-            tokens = pool.groups * schedule.decode_tokens * np.arange(1, steps) - shut * bs
-        return growth, tokens, pool.closes_after(steps - 1)
 
     def _prompt_done(self, rid: int, now: float) -> bool:
         """Its prompt (recompute included) is all computed: it samples a token, then finishes
@@ -256,21 +226,6 @@ class IterationLevelScheduler:
             chunks.append((rid, t))
             budget -= t
         return chunks
-
-    def _lazy_releases(self) -> dict[int, int]:
-        """Sliding window: the blocks each running request freed behind its window as the last
-        iteration ended, taken back from the free count: vLLM frees them only when its pass over
-        the running requests reaches that request (`remove_skipped_blocks` in `allocate_slots`)."""
-        kv, pool, order = self.kv, self.pool, self.order
-        pending = {rid: freed for rid, freed in self._slid.items() if rid in order}  # (not finished)
-        behind, bs, groups = kv.layout.behind, kv.block_size, kv.sliding_groups
-        for rid in pool.members:  # the rest decoded one token: c - 1 -> c
-            if rid not in self._slid:
-                c = pool.computed(rid)
-                pending[rid] = groups * (behind(c, bs) - behind(c - 1, bs))
-        kv.free -= sum(pending.values())
-        self._released = 0
-        return pending
 
     def _preempt_until_fits(self, now: float, chunks, pending=None) -> list[tuple[int, int]]:
         """vLLM V1's loop: each running request in admission order gets its blocks, preempting
@@ -370,7 +325,7 @@ class IterationLevelScheduler:
                 break  # the whole sequence must fit, not just this chunk (vLLM 0.32's default)
             # (blocks_for(start + t) - held but for a sliding window, whose chunk's blocks are all
             # allocated before the ones behind the window are freed: growth)
-            new = kv.blocks_for(start + t) - held if not self._windowed else kv.growth(start, t)
+            new = kv.blocks_for(start + t) - held if self.window is None else kv.growth(start, t)
             if not kv.admit(rid, hits, new, total):
                 break  # head-of-line: whoever is first in line waits for room
             if hits:
@@ -447,14 +402,11 @@ class IterationLevelScheduler:
                                prefill_contexts=np.concatenate((contexts, v_contexts)),
                                draft_seqs=draft_seqs, draft_context_sum=draft_context)
             max_steps = 1
-        elif self._windowed:
-            window_sum, capped = pool.window_sums()
-            stats = windowed_stats(lens, contexts, decodes, context_sum + decodes, window_sum, capped)
-            max_steps = self._windowed_run_length() if decodes and not self.prefilling and not preempted else 1
-            # token slots over every group, less the blocks freed behind windows
-            behind = pool.behind_sum + sum(kv.layout.behind(int(req.computed[r]), kv.block_size)
-                                           for r in self.prefilling)
-            tokens = kv.groups * tokens - kv.sliding_groups * kv.block_size * behind
+        elif self.window is not None:
+            someone_waits = bool(len(self.waiting)) and len(self.order) < self.max_num_seqs
+            stats, max_steps, tokens = self.window.schedule(
+                lens, contexts, decodes, context_sum, tokens, self.prefilling, req.computed,
+                bool(decodes) and not self.prefilling and not preempted, someone_waits)
         else:
             # (every field, in order: sim/cost/batch.py; one per event)
             if self.lora is None:
@@ -490,26 +442,6 @@ class IterationLevelScheduler:
             return max(k, 1)
         opened = self.pool.new_blocks_at(1, k - 1).cumsum()
         return 1 + int(opened.searchsorted(free, side="right"))
-
-    def _windowed_run_length(self) -> int:
-        """_run_length over a sliding-window cache, where the free count is not monotone: blocks
-        go behind windows mid-run (and a member becoming capped ends a run: steps_to_next_finish)."""
-        pool = self.pool
-        k = pool.steps_to_next_finish()
-        if k <= 1:
-            return max(k, 1)
-        if len(self.waiting) and len(self.order) < self.max_num_seqs:
-            # someone waits for blocks: the run ends with the first iteration that frees some
-            freeing = np.flatnonzero(pool.closes_at(0, k - 1))
-            k = int(freeing[0]) + 1 if len(freeing) else k
-            if k == 1:
-                return 1
-        # iteration j >= 1 may count on the blocks freed up to iteration j - 2 only: those of
-        # j - 1 come back as vLLM's pass reaches each request, so schedule() checks the order
-        closed = np.concatenate(([0], pool.closes_at(0, k - 2).cumsum()))
-        net = pool.new_blocks_at(1, k - 1).cumsum() - closed
-        over = np.flatnonzero(net > self.kv.free)
-        return 1 + int(over[0]) if len(over) else k
 
     def _arrival_sensitive(self) -> bool:
         """Could a request arriving during a decode run join before the run ends? Not when every
