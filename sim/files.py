@@ -176,7 +176,11 @@ def writing(folder: Path):
     runs, refuses a second writer instead: folder_lock.)"""
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as e:  # a file system without flock (some network or FUSE mounts): unguarded,
+            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):  # as before this turn
+                raise
         yield
     finally:
         os.close(fd)  # (releases the flock)
