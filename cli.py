@@ -304,7 +304,7 @@ class _Progress:
 
 
 def _fmt(v: Any, digits: int = 2) -> str:
-    if v is None:
+    if v is None or (isinstance(v, float) and v != v):  # (a measurement missing: NaN in a frame)
         return "-"
     if isinstance(v, float):
         return f"{v:,.{digits}f}"

@@ -220,7 +220,9 @@ def fit_bench(benches: list[Path], model, gpu: str, tp: int, overrides: tuple[st
         missing = [k for k in FIT_METRICS if k not in m]
         if missing:
             raise ScenarioError(f"{b}: no measured {', '.join(missing)} (expected vllm bench serve "
-                                f"--save-result output with its median_ttft_ms, mean_tpot_ms, median_e2el_ms)")
+                                f"--save-result output with its median_ttft_ms, mean_tpot_ms, median_e2el_ms: "
+                                f"vllm bench serve writes median_e2el_ms with --percentile-metrics "
+                                f"ttft,tpot,itl,e2el, or each request's latency with --save-detailed)")
         real.append(m)
 
     def run(measured: dict | None) -> list[Result]:

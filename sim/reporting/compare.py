@@ -31,7 +31,9 @@ def _measured(doc: dict, metric: str, stat: str) -> float | None:
     value = doc.get(f"{stat}_{metric}_ms")
     if isinstance(value, (int, float)):
         return float(value)
-    per_request = {"ttft": doc.get("ttfts"), "tpot": doc.get("tpots"), "e2el": doc.get("e2els"),
+    # (vLLM's --save-detailed names each request's end-to-end latency `latencies`; e2els: BLIS's, ours)
+    e2els = doc.get("e2els") if doc.get("e2els") is not None else doc.get("latencies")
+    per_request = {"ttft": doc.get("ttfts"), "tpot": doc.get("tpots"), "e2el": e2els,
                    "itl": [g for gaps in doc.get("itls") or [] for g in (gaps or [])]}.get(metric)
     if per_request:
         values = np.asarray([v for v in per_request if v is not None], dtype=float) * 1e3
@@ -69,7 +71,8 @@ def measured_doc(path: Path) -> dict:
 
 
 # vllm bench serve's per-request lists (seconds; token counts), one entry per request each
-PER_REQUEST = ("ttfts", "itls", "input_lens", "output_lens")
+# (latencies: each request's end-to-end time, written with --save-detailed)
+PER_REQUEST = ("ttfts", "itls", "input_lens", "output_lens", "latencies")
 
 
 def _check_bench(doc: dict, path: Path) -> None:

@@ -283,6 +283,32 @@ def test_blis_trace_v2(tmp_path):
     assert r.summary["prefix_cache_hit_rate"] == 512 / (612 + 431 + 2048 + 866 + 300)
 
 
+REAL_BENCH = Path(__file__).parents[1] / "fixtures" / "vllm_bench_cpu" / "bench.json"  # (its README: how)
+
+
+def test_a_real_vllm_bench_result_is_read_as_vllm_writes_it():
+    """A real `vllm bench serve --save-result --save-detailed` file (vLLM 0.32.0's HTTP server on
+    CPU): its requests replay as a trace (arrivals from start_times), and compare and
+    calibrate --from-bench read its measurements: TTFT from the per-request list agrees with vLLM's
+    own median_ttft_ms, and E2E comes from `latencies` (vLLM's name: E2EL was missing, shown "nan",
+    and --from-bench refused the file for want of median_e2el_ms)."""
+    from calibrate.overheads import bench_metrics
+    from sim.reporting.compare import _measured, measured_doc
+
+    raw = json.loads(REAL_BENCH.read_text())
+    t = read_trace(REAL_BENCH, "vllm_bench")
+    start = np.asarray(raw["start_times"])
+    assert len(t) == 60 and set(t["prompt_tokens"]) == {128} and set(t["output_tokens"]) == {32}
+    assert np.allclose(t["arrival_s"], np.sort(start - start.min()))
+    doc = measured_doc(REAL_BENCH)
+    assert "e2els" not in raw and "median_e2el_ms" not in raw  # (vLLM's defaults)
+    assert np.median(raw["ttfts"]) * 1e3 == pytest.approx(raw["median_ttft_ms"], rel=1e-9)
+    assert _measured(doc, "e2el", "median") == pytest.approx(np.median(raw["latencies"]) * 1e3, rel=1e-12)
+    m = bench_metrics(doc)
+    assert m["e2e_p50_s"] == pytest.approx(np.median(raw["latencies"]), rel=1e-12)
+    assert m["ttft_p50_ms"] == raw["median_ttft_ms"] and m["tpot_mean_ms"] == raw["mean_tpot_ms"]
+
+
 @pytest.mark.parametrize("edit, says", [
     ({"ttfts": [0.01, "a", 0.03]}, "ttfts[1]: 'a' is not a finite number >= 0"),
     ({"ttfts": [-1, 0.02, 0.03]}, "ttfts[0]: -1 is not a finite number >= 0"),
