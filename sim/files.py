@@ -60,8 +60,10 @@ def probe_writable(folder: Path) -> None:
     os.unlink(tmp)
 
 
-def write_file(path: str | Path, data: bytes | str) -> Path:
-    """Write `data` (text is UTF-8) to `path` safely (module docstring); returns the path."""
+def write_file(path: str | Path, data: bytes | str, executable: bool = False) -> Path:
+    """Write `data` (text is UTF-8) to `path` safely (module docstring); returns the path.
+    `executable` (a script): executable by whoever may read it, set on the temporary before the
+    rename (never a chmod by name, which would follow a link planted there)."""
     path = Path(path)
     payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
     if path.is_dir() and not path.is_symlink():  # (said of the target: the temporary's name means nothing)
@@ -72,6 +74,9 @@ def write_file(path: str | Path, data: bytes | str) -> Path:
         raise type(e)(e.errno, e.strerror, str(path.parent)) from None
     try:
         give_mode(fd, path)
+        if executable:
+            mode = os.fstat(fd).st_mode & 0o7777
+            os.fchmod(fd, mode | (mode & 0o444) >> 2)  # (r -> r-x for each of user, group, others)
         with os.fdopen(fd, "wb") as f:
             f.write(payload)
             f.flush()

@@ -180,7 +180,8 @@ class PlanJob:
         files = deploy_files(answer["vllm_serve"], int(answer.get("replicas", 1)), gpus, self.scenario.name)
         self.request.emit.mkdir(parents=True, exist_ok=True)
         with writing(self.request.emit):  # (one plan's files whole, not a mix of two)
-            return [write_file(self.request.emit / name, text) for name, text in files.items()]
+            return [write_file(self.request.emit / name, text, executable=name.endswith(".sh"))
+                    for name, text in files.items()]
 
     def write(self, result: dict) -> tuple[str, list[tuple[str, str]], str]:
         """Write the report; (the headline table's title, its rows, what was written). Another

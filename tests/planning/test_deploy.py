@@ -61,6 +61,14 @@ def test_plan_emit_writes_the_files_of_its_answer(tmp_path):
 
     rec = json.loads((tmp_path / "plan" / "plan.json").read_text())["recommendation"]
     assert sorted(p.name for p in emit.iterdir()) == ["engine_args.yaml", "k8s.yaml", "vllm_serve.sh"]
+    # the launch script runs as ./vllm_serve.sh: executable wherever it is readable (the umask's say)
+    import os
+    import stat
+    script, config = (emit / "vllm_serve.sh").stat().st_mode, (emit / "k8s.yaml").stat().st_mode
+    assert script & stat.S_IXUSR and not config & stat.S_IXUSR
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(script) == 0o777 & ~umask and stat.S_IMODE(config) == 0o666 & ~umask
     check_manifest((emit / "k8s.yaml").read_text(), rec["replicas"], rec["tensor_parallel_size"], rec["vllm_serve"])
 
 
