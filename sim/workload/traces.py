@@ -286,23 +286,6 @@ def _read_mapped(path: Path, name: str, columns: dict, time_unit: str, hash_bloc
     return table
 
 
-def _refuse_wall_clock(col: pd.Series, lines: np.ndarray, name: str) -> None:
-    """arrival_s counts seconds from the trace's start. Times past servesim's bound that span less
-    than it are a wall clock (Unix time, or epoch ms): said so, with the mapping that makes a clock
-    relative to its first arrival (and reads its unit), instead of "not at most 1e9 s"."""
-    values = pd.to_numeric(col, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
-    if not np.isfinite(values).all() or not len(values) or values.max() <= MAX_SECONDS:
-        return  # (bad cells and plain spans: _seconds says what is wrong)
-    if values.max() - values.min() > MAX_SECONDS and values.max() < _CLOCK_LIMIT_S:
-        return  # a span past the bound: _seconds refuses it as one
-    i = int(np.argmax(values))
-    raise ScenarioError(
-        f"{name}:{lines[i]}: arrival_s {values[i]:.15g} looks like a clock time (seconds or ms since 1970), "
-        "but arrival_s counts seconds from the trace's start; map the columns instead, which reads a clock "
-        "relative to its first arrival: workload.columns: {arrival: arrival_s, prompt_tokens: prompt_tokens, "
-        "output_tokens: output_tokens} (and workload.time_unit: ms, us or ns for a finer clock)")
-
-
 # No clock a trace is written in reads past this many seconds: 1e11 s is ~3,170 years after 1970,
 # while epoch milliseconds today (~1.8e12) or microseconds read as seconds land far beyond it
 _CLOCK_LIMIT_S = 1e11
@@ -323,6 +306,23 @@ def _check_clock(seconds: np.ndarray, time_unit: str, name: str, label: str) -> 
     years = largest / (365.25 * 86400)
     raise ScenarioError(f"{name}: {label} {raw:.6g} read in {time_unit} is {years:,.0f} years after 1970, "
                         f"not a clock; epoch {fits}? set workload.time_unit: {fits} (allowed: {', '.join(units)})")
+
+
+def _refuse_wall_clock(col: pd.Series, lines: np.ndarray, name: str) -> None:
+    """arrival_s counts seconds from the trace's start. Times past servesim's bound that span less
+    than it are a wall clock (Unix time, or epoch ms): said so, with the mapping that makes a clock
+    relative to its first arrival (and reads its unit), instead of "not at most 1e9 s"."""
+    values = pd.to_numeric(col, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    if not np.isfinite(values).all() or not len(values) or values.max() <= MAX_SECONDS:
+        return  # (bad cells and plain spans: _seconds says what is wrong)
+    if values.max() - values.min() > MAX_SECONDS and values.max() < _CLOCK_LIMIT_S:
+        return  # a span past the bound: _seconds refuses it as one
+    i = int(np.argmax(values))
+    raise ScenarioError(
+        f"{name}:{lines[i]}: arrival_s {values[i]:.15g} looks like a clock time (seconds or ms since 1970), "
+        "but arrival_s counts seconds from the trace's start; map the columns instead, which reads a clock "
+        "relative to its first arrival: workload.columns: {arrival: arrival_s, prompt_tokens: prompt_tokens, "
+        "output_tokens: output_tokens} (and workload.time_unit: ms, us or ns for a finer clock)")
 
 
 def _hash_column(col: pd.Series, lines: np.ndarray, name: str, label: str, block_tokens: int) -> list:
