@@ -988,14 +988,22 @@ def calibrate_cmd(
     sets: Annotated[list[str] | None, typer.Option(
         "--set", help="With --from-bench: a scenario key of your server's engine, e.g. "
                       "engine.max_num_seqs=128 (repeatable).", metavar="KEY=VALUE", show_default=False)] = None,
+    base_profile: Annotated[Path | None, typer.Option(
+        "--profile", help="With --from-bench: the step costs to fit on top of, instead of the GPU's "
+                          "kernel tables: a profile of your engine's own iterations (calibrate "
+                          "--from-runs or --device: only request handling and the scheduling lag are "
+                          "then fitted, the iterations holding the host work), or a kernel-table one.",
+        metavar="FILE", show_default=False)] = None,
 ) -> None:
     """Time a real model step over a grid of batch shapes, fit the step-cost model and write a
     [bold]profile YAML[/] (for [bold]cost_model: {profile: FILE}[/]) plus the raw CSV; or, with
     [bold]--from-tables[/], compose it from published kernel timings; or, with
     [bold]--from-bench[/], fit the engine overheads on top of them to your own server's
     benchmarks. See docs/calibration.md and docs/cost_models.md."""
+    if base_profile is not None and not from_bench:
+        raise _fail("--profile is the base of --from-bench's fit; give --from-bench RESULT.json too")
     if from_bench:
-        return _calibrate_from_bench(from_bench, model, gpu, tp, tuple(sets or ()), out)
+        return _calibrate_from_bench(from_bench, model, gpu, tp, tuple(sets or ()), out, base_profile)
     if from_tables is not None:
         return _calibrate_from_tables(from_tables, model, gpu, tp, out)
     if from_runs:
@@ -1043,22 +1051,16 @@ def _calibrate_from_runs(runs: list[Path], model: str, out: Path) -> None:
 
 
 def _calibrate_from_bench(benches: list[Path], model: str, gpu: str | None, tp: int,
-                          sets: tuple[str, ...], out: Path) -> None:
-    from calibrate.measured import write_profile
-    from calibrate.overheads import FIT_METRICS, bench_model, bench_profile, fit_bench, grid_points
+                          sets: tuple[str, ...], out: Path, base: Path | None = None) -> None:
+    from calibrate.overheads import FIT_METRICS, bench_model, bench_profile, fit_bench, write_bench_profile
     from sim.config.errors import ScenarioError
 
     try:
-        model_value = bench_model(benches, model, gpu, tp, sets)
+        model_value = bench_model(benches, model, gpu, tp, sets, base)
         assert gpu is not None  # (checked by bench_model)
         with _Progress("fitting overheads", "grid points") as progress:
-            n, total = [0], len(grid_points())
-
-            def tick(line: str) -> None:
-                n[0] += 1
-                progress(n[0], total)
-            result = fit_bench(benches, model_value, gpu, tp, sets, progress=tick)
-        write_profile(bench_profile(result, benches), out)
+            result = fit_bench(benches, model_value, gpu, tp, sets, profile=base, tick=progress)
+        write_bench_profile(bench_profile(result, benches), out)
     except ScenarioError as e:
         raise _fail(str(e)) from None
     except OSError as e:
@@ -1068,10 +1070,15 @@ def _calibrate_from_bench(benches: list[Path], model: str, gpu: str | None, tp: 
         cells = "; ".join(f"{label[k]} {after.real[k]:.4g} real, error {before.error[k]:+.1%} -> {after.error[k]:+.1%}"
                           for k in FIT_METRICS)
         typer.echo(f"{before.name}: {cells}")
+    for _, held in result["held_out"]:
+        cells = "; ".join(f"{label[k]} {held.error[k]:+.1%}" for k in FIT_METRICS)
+        typer.echo(f"held out, fitted on the other runs: {held.name}: {cells}")
     p = result["params"]
-    typer.echo("fitted: " + ", ".join(f"{k} {v}" for k, v in p.items()))
-    typer.echo(f"profile: {out} (use it as cost_model: {{profile: {out}}}; the plan's error band is "
-               f"the error above, on the runs it was fitted on)")
+    typer.echo("fitted: " + ", ".join(f"{k} {v}" for k, v in p.items())
+               + (f" (on top of the iterations of {base})" if base is not None else ""))
+    which = ("the held-out error above" if result["held_out"] else
+             "the error above, on the run it was fitted on (give two or more runs for a held-out one)")
+    typer.echo(f"profile: {out} (use it as cost_model: {{profile: {out}}}; the plan's error band is {which})")
 
 
 def _calibrate_from_tables(tables: Path, model: str, gpu: str | None, tp: int, out: Path) -> None:

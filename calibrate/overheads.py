@@ -33,6 +33,11 @@ SATURATED_TTFT_S = 1.0  # a run whose median TTFT reaches this did not keep up (
 GRID = {"async_scheduling": (False, True), "host_per_iteration_s": (0.0, 8e-3),
         "per_iteration_s": (0.0, 0.25e-3, 0.5e-3, 0.75e-3, 1e-3),
         "tp_sync_per_iteration_s": (0.0, 0.25e-3, 0.5e-3, 1e-3)}
+# On a fitted (v1) profile, whose iterations were timed whole on the engine (their host work in
+# them), no host floor is searched: the lag, what the server adds per iteration beyond the timed
+# engine (wider: a CPU server's API process shares the cores), and the frontend (solved).
+PROFILE_GRID = {"async_scheduling": (False, True),
+                "per_iteration_s": tuple(round(0.25e-3 * i, 7) for i in range(9))}  # 0 to 2 ms
 FRONTEND_GRID = np.round(np.arange(0.0, 20.0001e-3, 0.1e-3), 7)  # frontend_s candidates, s
 FIT_METRICS = ("tpot_mean_ms", "e2e_p50_s", "ttft_p50_ms")  # their mean |error| is minimised
 
@@ -123,15 +128,19 @@ class Fit:
 
 
 def simulate_grid(simulate_point: Callable[[dict], list[Result]],
-                  progress: Callable[[str], None] | None = None, grid: dict | None = None) -> Fit:
+                  progress: Callable[[str], None] | None = None, grid: dict | None = None,
+                  tick: Callable[[int, int], None] | None = None) -> Fit:
     """simulate_point(measured options) -> every run's Result, at each point of `grid` (default
-    GRID; its keys a subset of GRID's) with frontend 0."""
+    GRID; its keys a subset of GRID's) with frontend 0. After each point: progress(a line with
+    the ETA) and tick(points done, points)."""
     fit = Fit()
     points = grid_points(grid)
     t0 = time.time()
     for i, point in enumerate(points):
         fit.per_point.append((point, simulate_point({**point, "frontend_s": 0.0,
                                                      "frontend_per_prompt_token_s": 0.0})))
+        if tick is not None:
+            tick(i + 1, len(points))
         if progress is not None:
             done = time.time() - t0
             progress(f"  grid point {i + 1}/{len(points)} {json.dumps(point)}: {done:.0f} s, "
@@ -148,9 +157,12 @@ def step_time_error(results: list[Result]) -> dict:
 
 
 def error_band(results: list[Result], basis: str) -> dict:
-    """step_time_error as step-time factors (real = simulated / (1 + error))."""
+    """step_time_error as step-time factors (real = simulated / (1 + error)), bracketing the
+    simulated step itself: where every run errs on one side (one run, or a bias the grid's steps
+    leave), that side's end and 1.0 (a band of 1.03 and 1.03 would say the real step is never the
+    simulated one, and the planner's band is the answer at each end)."""
     e = step_time_error(results)
-    return {"slower": round(1 / (1 + e["p10"]), 4), "faster": round(1 / (1 + e["p90"]), 4),
+    return {"slower": round(1 / (1 + min(e["p10"], 0.0)), 4), "faster": round(1 / (1 + max(e["p90"], 0.0)), 4),
             "basis": f"{basis}: TPOT error {e['p10']:+.1%} to {e['p90']:+.1%} (10th-90th percentile, "
                      f"{e['stages']} runs)"}
 
@@ -171,16 +183,42 @@ def bench_metrics(doc: dict) -> dict:
     return out
 
 
-def bench_scenario(bench: Path, model, gpu: str, tp: int, measured: dict | None) -> dict:
-    """The scenario that replays one benchmark's requests on the engine being calibrated."""
+def bench_scenario(bench: Path, model, gpu: str, tp: int, measured: dict | None,
+                   profile: Path | None = None) -> dict:
+    """The scenario that replays one benchmark's requests on the engine being calibrated: step
+    costs from `profile` when given (its overheads then set by `with_overheads`), else the measured
+    kernel tables with the `measured` options."""
+    cost = ({"profile": str(profile.resolve())} if profile is not None
+            else {"measured": dict(measured)} if measured is not None else None)
     return {"name": "calibrate-" + "".join(c if c.isalnum() or c in "._-" else "-" for c in bench.stem)[:60],
-            "seed": 0, "model": model, "hardware": gpu,
-            "cost_model": {"measured": dict(measured)} if measured is not None else None,
+            "seed": 0, "model": model, "hardware": gpu, "cost_model": cost,
             "engine": {"scheduler": "chunked", "tensor_parallel_size": tp},
             "workload": {"trace": str(bench.resolve()), "format": "vllm_bench"}}
 
 
-def bench_model(benches: list[Path], model: str, gpu: str | None, tp: int, overrides: tuple[str, ...]) -> Any:
+def with_overheads(scenario, values: dict | None):
+    """`scenario` with its profile's engine overheads replaced by `values` (None: as the profile
+    says)."""
+    from dataclasses import replace
+
+    from sim.cost.overheads import EngineOverheads
+    if values is None:
+        return scenario
+    spec = scenario.cost_model
+    overheads = EngineOverheads(**values)
+    return replace(scenario, cost_model=replace(spec, options={**spec.options, "overheads": overheads}))
+
+
+def fit_grid(scenario) -> dict:
+    """The grid `fit_bench` searches for this scenario's cost model: every term on kernel-table
+    step costs, PROFILE_GRID's on a fitted (v1) profile."""
+    from sim.cost.measured import TableProfile
+    profile = scenario.cost_model.profile
+    return GRID if profile is None or isinstance(profile, TableProfile) else PROFILE_GRID
+
+
+def bench_model(benches: list[Path], model: str, gpu: str | None, tp: int, overrides: tuple[str, ...],
+                profile: Path | None = None) -> Any:
     """`servesim calibrate --from-bench`'s options checked: the scenario's model value (a preset name,
     or {hf_config: path}). ScenarioError naming the option for bad input."""
     _int(tp, "--tp", lo=1)
@@ -199,16 +237,22 @@ def bench_model(benches: list[Path], model: str, gpu: str | None, tp: int, overr
         raise ScenarioError(f"--set {bad[0]}: only engine.KEY=VALUE describes the server here")
     for b in benches:
         check_input_file(b, "trace", str(b))
+    if profile is not None:
+        check_input_file(profile, "profile", "--profile")
     return value
 
 
 def fit_bench(benches: list[Path], model, gpu: str, tp: int, overrides: tuple[str, ...] = (),
-              grid: dict | None = None, progress: Callable[[str], None] | None = None) -> dict:
+              grid: dict | None = None, progress: Callable[[str], None] | None = None,
+              profile: Path | None = None, tick: Callable[[int, int], None] | None = None) -> dict:
     """Fit the engine overheads to `vllm bench serve` results of one server (model, GPU, TP and
     the engine settings in `overrides`, e.g. engine.max_num_seqs=128): each result's requests are
-    replayed (its start_times, or its request_rate) at every grid point. Returns the fitted
-    parameters and per-run results before (the shipped defaults) and after, and the scenario
-    of the first run (to build the profile from). ScenarioError for unusable inputs."""
+    replayed (its start_times, or its request_rate) at every grid point (default: `fit_grid`'s).
+    Step costs: the kernel tables of that model and GPU, or `profile` (a fitted v1 profile of the
+    server's own iterations: then only the request terms are fitted; or a v2 profile). Returns the
+    fitted parameters and per-run results before (the shipped defaults, or the profile's own
+    overheads) and after, and the scenario of the first run (to build the profile from).
+    ScenarioError for unusable inputs."""
     from sim.config.errors import ScenarioError
     from sim.config.scenario import scenario_from_dict
     from sim.reporting.compare import measured_doc
@@ -225,41 +269,90 @@ def fit_bench(benches: list[Path], model, gpu: str, tp: int, overrides: tuple[st
                                 f"ttft,tpot,itl,e2el, or each request's latency with --save-detailed)")
         real.append(m)
 
+    def scenario(b: Path, measured: dict | None):
+        if profile is None:
+            return scenario_from_dict(bench_scenario(b, model, gpu, tp, measured), base_dir=b.resolve().parent,
+                                      overrides=overrides)
+        return with_overheads(scenario_from_dict(bench_scenario(b, model, gpu, tp, None, profile),
+                                                 base_dir=b.resolve().parent, overrides=overrides), measured)
+
     def run(measured: dict | None) -> list[Result]:
         out = []
-        for b, m in zip(benches, real):
-            sc = scenario_from_dict(bench_scenario(b, model, gpu, tp, measured), base_dir=b.resolve().parent,
-                                    overrides=overrides)
+        for i, (b, m) in enumerate(zip(benches, real)):
+            sc = scenario(b, measured)
             t0 = time.perf_counter()
             sim = sim_metrics(simulate(sc).requests)
-            out.append(Result({"stage": b.name, "model": sc.model.name}, m, sim,
+            out.append(Result({"stage": b.name, "model": sc.model.name, "run": i}, m, sim,
                               m["ttft_p50_ms"] >= 1e3 * SATURATED_TTFT_S,
                               sim["ttft_p50_ms"] >= 1e3 * SATURATED_TTFT_S, time.perf_counter() - t0))
         return out
 
-    before = run(None)
-    first = scenario_from_dict(bench_scenario(benches[0], model, gpu, tp, None),
-                               base_dir=benches[0].resolve().parent, overrides=overrides)
-    if first.cost_model.name != "measured":
+    first = scenario(benches[0], None)
+    if profile is None and first.cost_model.name != "measured":
         raise ScenarioError(f"{first.model.name} on {gpu} at TP {tp}: {first.cost_model.notice}; "
-                            "--from-bench fits the overheads on top of measured kernel times")
-    fit = simulate_grid(run, progress, grid)
+                            "--from-bench fits the overheads on top of measured kernel times (or give "
+                            "--profile: a profile of your engine's own step times)")
+    before = run(None)
+    fit = simulate_grid(run, progress, grid or fit_grid(first), tick)
     params, value = fit.best()
     return {"params": params, "loss": value, "before": before, "after": fit.results(params),
-            "scenario": first}
+            "held_out": held_out(fit, len(benches)), "scenario": first}
+
+
+def held_out(fit: Fit, runs: int) -> list[tuple[dict, Result]]:
+    """Leave one run out: per run, the overheads fitted on the others and that run simulated with
+    them (from the grid already simulated: no new simulation); [] with fewer than 2 runs."""
+    if runs < 2:
+        return []
+    out = []
+    for i in range(runs):
+        params, _ = fit.best(lambda r, i=i: r.info["run"] != i)
+        out.append((params, next(r for r in fit.results(params) if r.info["run"] == i)))
+    return out
 
 
 def bench_profile(result: dict, benches: list[Path]) -> dict:
-    """fit_bench's result as a v2 profile of the calibrated model x GPU x TP: the fitted overheads
-    (`model.engine_overheads`), the fit's error on the user's runs (`metadata.serving_error`, the
-    planner's band) and the runs it was fitted on."""
+    """fit_bench's result as a profile: the fitted overheads (`model.engine_overheads`), the fit's
+    error on the user's runs (`metadata.serving_error`, the planner's band) and the runs it was
+    fitted on, over the step costs it was fitted on: a v2 profile composed for the calibrated model
+    x GPU x TP, or a copy of the --profile given."""
     from sim.cost.composer import compose_document
 
     sc = result["scenario"]
-    doc = compose_document(sc.model, sc.hardware, sc.engine.tensor_parallel_size)
+    base = sc.cost_model.profile if sc.cost_model.name == "profile" else None
+    if base is None:
+        doc = compose_document(sc.model, sc.hardware, sc.engine.tensor_parallel_size)
+    else:
+        import yaml
+        doc = yaml.safe_load(Path(base.source).read_text())
     doc["model"]["engine_overheads"] = dict(result["params"])
     meta = doc["metadata"]
-    meta["serving_error"] = error_band(result["after"], "fitted to your server's benchmarks (in-sample)")
+    held = [r for _, r in result["held_out"]]
+    meta["serving_error"] = (error_band(held, "your server's benchmarks, each predicted with the overheads "
+                                              "fitted on the others (leave one run out)") if held else
+                             error_band(result["after"], "fitted to your server's benchmarks (in-sample)"))
     meta["calibrated_on"] = [str(b) for b in benches]
-    meta["notes"].append("engine overheads fitted by servesim calibrate --from-bench to the runs in calibrated_on")
+    note = "engine overheads fitted by servesim calibrate --from-bench to the runs in calibrated_on"
+    if base is not None:
+        note += f", on the step costs of {base.source}"
+    if isinstance(meta.get("notes"), list):
+        meta["notes"].append(note)
+    else:
+        meta["notes"] = f"{meta['notes']}; {note}" if meta.get("notes") else note
     return doc
+
+
+def write_bench_profile(doc: dict, path: Path) -> None:
+    """bench_profile's document to `path`: a composed (v2) one as every composed profile is
+    written (6 significant digits), a copy of a fitted (v1) base with its numbers unchanged (the
+    fit's errors were computed on them)."""
+    from calibrate.measured import write_profile
+    from sim.cost.measured import FORMAT
+    if doc.get("format") == FORMAT:
+        write_profile(doc, path)
+        return
+    import yaml
+
+    from sim.files import write_file
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_file(path, yaml.safe_dump(doc, sort_keys=False, width=100))

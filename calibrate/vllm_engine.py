@@ -50,6 +50,13 @@ RAW_FILE = "vllm_raw.json"  # beside vllm.log in real/: the driver's out.json as
 # (calibrate/fit.py); 2 moved the fitted total within 1% of the measured one on the steady run
 REWEIGHT = 2
 DTYPE = "bfloat16"       # the CPU backend's default; AVX512-BF16 machines run it natively
+# the model's dtype_bytes -> the dtype vLLM runs it in (a float32 config.json runs in float32, as
+# `vllm serve --dtype float32` does; 2 bytes: bfloat16, the default above)
+RUN_DTYPES = {4: "float32", 2: DTYPE}
+
+
+def run_dtype(scenario: Scenario) -> str:
+    return RUN_DTYPES.get(scenario.model.dtype_bytes, DTYPE)
 
 
 def default_venv() -> Path:
@@ -120,7 +127,7 @@ def model_config(scenario: Scenario) -> dict:
             "vocab_size": m.vocab_size, "max_position_embeddings": 131072,
             "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu",
             "tie_word_embeddings": m.tie_word_embeddings, "attention_bias": m.attention_bias,
-            "torch_dtype": DTYPE, "bos_token_id": 1, "eos_token_id": 2,
+            "torch_dtype": run_dtype(scenario), "bos_token_id": 1, "eos_token_id": 2,
             **({} if not m.sliding_layers else {  # vLLM's Llama reads a window per layer from these
                 "sliding_window": m.sliding_window, "layer_types": ["sliding_attention"] * m.num_layers})}
 
@@ -147,7 +154,7 @@ def job(scenario: Scenario, workload: Workload, model_dir: Path, clock: str) -> 
                        "max_num_batched_tokens": e.max_num_batched_tokens,
                        "enable_chunked_prefill": e.scheduler == "chunked",
                        "enable_prefix_caching": caching, "max_model_len": max_model_len,
-                       "dtype": DTYPE},
+                       "dtype": run_dtype(scenario)},
             "requests": [[float(a), int(p), int(o)] for a, p, o in
                          zip(workload.arrival_s, workload.prompt_tokens, workload.output_tokens)]}
 
@@ -244,7 +251,7 @@ def to_real_run(out: dict, scenario: Scenario, workload: Workload) -> RealRun:
         "seed": scenario.seed, "model": scenario.model.name,
         "engine": dataclasses.asdict(scenario.engine), "num_gpu_blocks": num_blocks(scenario),
         "requests": n, "device": "cpu", "device_name": "vLLM " + out["meta"].get("vllm", "?") + " (CPU)",
-        "dtype": DTYPE, "attention": "vllm-cpu", "clock": out["meta"]["clock"],
+        "dtype": run_dtype(scenario), "attention": "vllm-cpu", "clock": out["meta"]["clock"],
         "iterations": len(its), "duration_s": float(finish.max()) if n else 0.0,
         "wall_s": out["meta"].get("wall_s"), "engine_overhead_ms": 0.0,
         "model_step_ms_mean": float(np.mean([it["model_s"] for it in its]) * 1e3) if its else 0.0,

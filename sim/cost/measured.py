@@ -31,7 +31,7 @@ import numpy as np
 
 from sim.config.errors import ScenarioError
 from sim.cost.batch import BatchStats
-from sim.cost.overheads import EngineOverheads, overheads_from_mapping
+from sim.cost.overheads import EngineOverheads, check_serving_error, overheads_from_mapping
 from sim.cost.step_cost import StepCost
 
 FORMAT = "servesim-step-profile/v2"
@@ -162,14 +162,8 @@ def load_table_profile(path: Path, doc: dict, data: bytes) -> TableProfile:
     tp = meta["tensor_parallel_size"]
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise _fail(f"{where}: metadata.tensor_parallel_size", f"must be a positive integer, got {tp!r}")
-    band = meta.get("serving_error")
-    if band is not None:  # calibrate --from-bench: the error against the user's server (the plan's band)
-        ok = (isinstance(band, dict) and set(band) == {"slower", "faster", "basis"}
-              and all(isinstance(band[k], (int, float)) and not isinstance(band[k], bool) for k in ("slower", "faster"))
-              and 1 <= band["slower"] < 10 and 0 < band["faster"] <= 1 and isinstance(band["basis"], str))
-        if not ok:
-            raise _fail(f"{where}: metadata.serving_error", "must be a mapping of slower (>= 1), faster "
-                                                             "(in (0, 1]) and basis (text)")
+    if meta.get("serving_error") is not None:  # calibrate --from-bench: the error against the user's server
+        check_serving_error(meta["serving_error"], f"{where}: metadata.serving_error")
     keys = ("tokens", "sequences", "decode_attention", "prefill_attention", "cpu_overhead")
     optional = tuple(k for k in ("fp8_kv_cache", "engine_overheads")
                      if isinstance(doc["model"], dict) and k in doc["model"])

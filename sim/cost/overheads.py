@@ -122,6 +122,12 @@ def parse_overheads(options: dict, defaults: EngineOverheads, where: str) -> Eng
 
 
 OVERHEAD_KEYS = tuple(f.name for f in fields(EngineOverheads))
+# the terms on request times only (the others change an iteration's length)
+REQUEST_KEYS = ("frontend_s", "frontend_per_prompt_token_s", "async_scheduling")
+# what a profile of whole timed engine iterations (v1: their host work in them) can carry: the request
+# terms, and what a server adds to each iteration beyond the engine timed (e.g. sending each step's
+# tokens to a separate API-server process); not the host floor, which the iterations already hold
+WHOLE_ITERATION_KEYS = (*REQUEST_KEYS, "per_iteration_s", "tp_sync_per_iteration_s")
 
 
 # The defaults for kernel-table (measured) step costs: fitted to real vLLM V1 serving on H100 by
@@ -139,10 +145,11 @@ def default_overheads() -> EngineOverheads:
     return overheads_from_mapping(_defaults_doc()["overheads"], str(DEFAULTS_FILE))
 
 
-def overheads_from_mapping(values, where: str) -> EngineOverheads:
-    """An EngineOverheads from a mapping of its fields (a profile's or the defaults file's)."""
-    if not isinstance(values, dict) or not set(values) <= set(OVERHEAD_KEYS):
-        raise ScenarioError(f"{where}: overheads must be a mapping with keys among {', '.join(OVERHEAD_KEYS)}")
+def overheads_from_mapping(values, where: str, allowed: tuple[str, ...] = OVERHEAD_KEYS) -> EngineOverheads:
+    """An EngineOverheads from a mapping of its fields (a profile's or the defaults file's), keys
+    among `allowed`."""
+    if not isinstance(values, dict) or not set(values) <= set(allowed):
+        raise ScenarioError(f"{where}: overheads must be a mapping with keys among {', '.join(allowed)}")
     out: dict[str, Any] = {}
     for k, v in values.items():
         if k == "async_scheduling":
@@ -166,3 +173,14 @@ def serving_error_band() -> dict | None:
             "basis": f"held-out (leave-one-model-out) TPOT error against real vLLM on H100, "
                      f"{err['p10']:+.1%} to {err['p90']:+.1%} (10th-90th percentile, {err['stages']} stages; "
                      f"docs/validation.md)"}
+
+
+def check_serving_error(band: Any, where: str) -> dict:
+    """A profile's `metadata.serving_error` (calibrate --from-bench: its error against the user's
+    server, the plan's band): slower >= 1, faster in (0, 1], basis text."""
+    ok = (isinstance(band, dict) and set(band) == {"slower", "faster", "basis"}
+          and all(isinstance(band[k], (int, float)) and not isinstance(band[k], bool) for k in ("slower", "faster"))
+          and 1 <= band["slower"] < 10 and 0 < band["faster"] <= 1 and isinstance(band["basis"], str))
+    if not ok:
+        raise ScenarioError(f"{where}: must be a mapping of slower (>= 1), faster (in (0, 1]) and basis (text)")
+    return band

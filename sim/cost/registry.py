@@ -22,7 +22,16 @@ import numpy as np
 from sim.config.checks import MAX_STEP_SECONDS, _num, _section, check_input_file, load_yaml
 from sim.config.errors import ScenarioError
 from sim.cost import linear_attention, measured
-from sim.cost.overheads import OVERHEAD_KEYS, EngineOverheads, default_overheads, parse_overheads, serving_error_band
+from sim.cost.overheads import (
+    OVERHEAD_KEYS,
+    WHOLE_ITERATION_KEYS,
+    EngineOverheads,
+    check_serving_error,
+    default_overheads,
+    overheads_from_mapping,
+    parse_overheads,
+    serving_error_band,
+)
 
 # the per-iteration models, importable from here as before (the contract above names them)
 from sim.cost.step_cost import (
@@ -53,7 +62,8 @@ def _fail(where: str, msg: str) -> ScenarioError:
 # ---- profile YAML parsing (format documented in docs/cost_models.md) ----
 
 _META_REQUIRED = ("device", "model", "dtype", "tensor_parallel_size", "measured")
-_META_OPTIONAL = ("torch", "triton", "date", "grid", "heldout_mape", "heldout_max_error", "notes")
+_META_OPTIONAL = ("torch", "triton", "date", "grid", "heldout_mape", "heldout_max_error", "notes",
+                  "serving_error", "calibrated_on")
 _TERMS = ("intercept", "total_tokens", "decode_context_sum", "prefill_attention_work", "num_seqs")
 
 
@@ -102,6 +112,8 @@ def _check_metadata(meta: Any, where: str) -> dict:
         raise _fail(f"{where}.attention", f"must be a string, got {meta['attention']!r}")
     if meta.get("time_split_ms") is not None and not isinstance(meta["time_split_ms"], dict):
         raise _fail(f"{where}.time_split_ms", f"must be a mapping, got {meta['time_split_ms']!r}")
+    if meta.get("serving_error") is not None:  # calibrate --from-bench --profile: the plan's band
+        check_serving_error(meta["serving_error"], f"{where}.serving_error")
     return meta
 
 
@@ -148,11 +160,14 @@ def _load_profile(path: Path, where: str = ""):
         raise ScenarioError(f"{path}: format: got {doc['format']!r}; allowed: {PROFILE_FORMAT}, "
                             f"{measured.FORMAT}")
     meta = _check_metadata(doc["metadata"], f"{path}: metadata")
-    terms = _keys(doc["model"], f"{path}: model", _TERMS)
+    terms = _keys(doc["model"], f"{path}: model", _TERMS, ("engine_overheads",))
     knots, seconds = _check_curve(terms["total_tokens"], f"{path}: model.total_tokens")
     coef = {k: _nonneg(terms[k], f"{path}: model.{k}") for k in _TERMS if k != "total_tokens"}
+    # its iterations were timed whole (the engine's host work in them): no host floor on top
+    overheads = (overheads_from_mapping(terms["engine_overheads"], f"{path}: model.engine_overheads",
+                                        WHOLE_ITERATION_KEYS) if "engine_overheads" in terms else None)
     return StepProfile(knots=knots, seconds=seconds, metadata=meta, source=path,
-                       sha256=hashlib.sha256(data).hexdigest(), **coef)
+                       sha256=hashlib.sha256(data).hexdigest(), overheads=overheads, **coef)
 
 
 # ---- the registry: name -> how to build that model from a scenario's `cost_model` value ----
@@ -188,6 +203,8 @@ def _profile_options(options: Any, where: str, hardware: HardwareSpec, tp: int, 
     if isinstance(profile, measured.TableProfile):  # kernel time: the engine's overheads on top
         _check_profile_matches(profile, model, hardware)
         out["overheads"] = profile.overheads or default_overheads()
+    elif profile.overheads is not None:  # whole iterations: request handling, the lag, a server's adder
+        out["overheads"] = profile.overheads
     return out
 
 
@@ -246,7 +263,8 @@ def _build_profile(kw, m, hw, tp):
         return measured.TableProfileCost(profile, kw.get("cpu_overhead_s"),
                                          kw.get("cpu_overhead_per_seq_s"), kw.get("kv_cache_dtype", "auto"),
                                          kw.get("overheads"), tp)
-    return ProfileCost(profile)
+    overheads = kw.get("overheads")  # (a v1 profile's: no floor, WHOLE_ITERATION_KEYS)
+    return ProfileCost(profile) if overheads is None else ProfileCost(profile, overheads.step_floor_and_adder(tp)[1])
 
 
 @dataclass(frozen=True)
@@ -290,8 +308,9 @@ class CostModelSpec:
 
     @property
     def overheads(self) -> EngineOverheads | None:
-        """The engine overheads on top of a measured profile's kernel time (None: the model's
-        step times are whole iterations already: roofline, unit, fitted v1 profiles)."""
+        """The engine overheads on top of a measured profile's kernel time; on a fitted (v1)
+        profile, whose iterations were timed whole, those it carries (calibrate --from-bench
+        --profile: no host floor). None: nothing on top (roofline, unit, other v1 profiles)."""
         return self.options.get("overheads")
 
     def build(self, model: ModelSpec, hardware: HardwareSpec, tensor_parallel_size: int,
@@ -351,9 +370,9 @@ class CostModelSpec:
         A kernel-table (v2) profile's own interpolation error (`heldout_mape`: the profile against
         the tables it was tabulated from) says nothing about real serving and is not used here."""
         profile = self.profile
+        if profile is not None and profile.metadata.get("serving_error") is not None:
+            return profile.metadata["serving_error"]  # calibrate --from-bench: the user's server
         if isinstance(profile, measured.TableProfile):
-            if profile.metadata.get("serving_error") is not None:  # calibrate --from-bench: the user's server
-                return profile.metadata["serving_error"]
             # the default overheads carry their held-out error; a profile's own, never checked, none
             return serving_error_band() if profile.overheads is None else None
         mape = profile.metadata.get("heldout_mape") if profile is not None else None

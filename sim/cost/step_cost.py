@@ -339,6 +339,11 @@ class StepProfile:
     metadata: dict
     source: Path
     sha256: str = ""                # of the file's bytes, for summary.json's provenance
+    # the engine overheads on top (sim/cost/overheads.py's EngineOverheads, WHOLE_ITERATION_KEYS:
+    # request handling, the scheduling lag, a server's per-iteration time; never the hidden host
+    # floor, the timed iterations holding the host work), where the profile carries them
+    # (calibrate --from-bench --profile); None: none
+    overheads: Any = None
 
     def tokens_time(self, tokens: float) -> float:
         """Piecewise-linear in total tokens; past the last knot, the last segment continues."""
@@ -351,10 +356,13 @@ class StepProfile:
 
 class ProfileCost(StepCost):
     """t = intercept + f(total_tokens) + a x decode_context_sum + b x prefill_attention_work
-    + c x num_seqs, with f monotone piecewise-linear and a, b, c >= 0."""
+    + c x num_seqs (+ adder), with f monotone piecewise-linear and a, b, c >= 0. `adder` (s): what a
+    server adds to every iteration that the profile's timed iterations did not hold (the profile's
+    engine_overheads: per_iteration_s, and tp_sync_per_iteration_s at TP > 1)."""
 
-    def __init__(self, profile: StepProfile):
+    def __init__(self, profile: StepProfile, adder: float = 0.0):
         self.profile = profile
+        self._adder = adder
         self._tokens_time: dict[int, float] = {}  # total tokens -> profile.tokens_time (np.interp)
 
     def step_time(self, stats: BatchStats) -> float:
@@ -368,6 +376,8 @@ class ProfileCost(StepCost):
              + p.decode_context_sum * _context_sum(stats))
         if len(stats.prefill_lens):
             t += p.prefill_attention_work * prefill_attention_work(stats)
+        if self._adder:  # (only then: a profile without one prices to the same floats as before)
+            t += self._adder
         return t
 
     def step_times(self, stats: BatchStats, steps: int = 1) -> np.ndarray:
