@@ -496,35 +496,51 @@ class StepComposer:
         return out
 
     def _attention(self, frame: pd.DataFrame, q: int, kv: int, length: str):
-        frame = frame[(frame["head_dim"] == self.model.head_dim)
-                      & (frame["kv_cache_dtype"] == TABLE_KV_DTYPE[self.kv_cache_dtype])]
-        if frame.empty:
-            raise ValueError(f"{self.tables.folder}: no attention rows with head_dim "
-                             f"{self.model.head_dim} and a {KV_WHAT[self.kv_cache_dtype]} KV cache")
-        batches = {float(v) for v in frame["batch_size"]}
-        combos = set(zip(frame["num_heads"], frame["num_kv_heads"]))
-        sources = attention_sources(q, kv, combos)
-        # a source read at x times the batch has its measured batches at b / x: knots too, so that
-        # a profile tabulated on this axis keeps the composition's kinks
-        axis = batches | {v / x for _, _, _, x in sources if x != 1.0 for v in batches if v / x >= 1}
-        self._axes["prefill" if length == "isl" else "decode"] = (
-            sorted(axis), sorted({float(v) for v in frame[length]}))
-        out = []
-        for h, k, weight, batch in sources:
-            rows = frame[(frame["num_heads"] == h) & (frame["num_kv_heads"] == k)]
-            grid = _Grid(rows, "batch_size", length)
-            what = "prefill" if length == "isl" else "decode"
-            if batch != 1.0:
-                self.notes.append(f"{what} attention for {q}/{kv} heads per GPU: measured {h}/{k} "
-                                  f"at {batch:.4g}x the batch")
-            elif weight != 1.0 or (h, k) != (q, kv):
-                self.notes.append(f"{what} attention for {q}/{kv} heads per GPU: measured {h}/{k} "
-                                  f"x {weight:.4g}")
-            if grid.raised:
-                self.notes.append(f"{what} attention {h}/{k} heads: {grid.raised} of "
-                                  f"{grid.points} measured points moved by the monotone fit")
-            out.append((grid, weight, batch))
+        frame = frame[frame["kv_cache_dtype"] == TABLE_KV_DTYPE[self.kv_cache_dtype]]
+        what = "prefill" if length == "isl" else "decode"
+        out, batches, lengths = [], set(), set()
+        for head_dim, share in self._head_dims(frame, what):
+            rows_d = frame[frame["head_dim"] == head_dim]
+            measured = {float(v) for v in rows_d["batch_size"]}
+            sources = attention_sources(q, kv, set(zip(rows_d["num_heads"], rows_d["num_kv_heads"])))
+            # a source read at x times the batch has its measured batches at b / x: knots too, so
+            # that a profile tabulated on this axis keeps the composition's kinks
+            batches |= measured | {v / x for _, _, _, x in sources if x != 1.0 for v in measured if v / x >= 1}
+            lengths |= {float(v) for v in rows_d[length]}
+            for h, k, weight, batch in sources:
+                grid = _Grid(rows_d[(rows_d["num_heads"] == h) & (rows_d["num_kv_heads"] == k)], "batch_size", length)
+                if batch != 1.0:
+                    self.notes.append(f"{what} attention for {q}/{kv} heads per GPU: measured {h}/{k} "
+                                      f"at {batch:.4g}x the batch")
+                elif weight != 1.0 or (h, k) != (q, kv):
+                    self.notes.append(f"{what} attention for {q}/{kv} heads per GPU: measured {h}/{k} "
+                                      f"x {weight:.4g}")
+                if grid.raised:
+                    self.notes.append(f"{what} attention {h}/{k} heads: {grid.raised} of "
+                                      f"{grid.points} measured points moved by the monotone fit")
+                out.append((grid, weight * share, batch))
+        self._axes[what] = (sorted(batches), sorted(lengths))
         return out
+
+    def _head_dims(self, frame: pd.DataFrame, what: str) -> list[tuple[int, float]]:
+        """The measured head_dims standing in for the model's, with their shares: the model's own,
+        else linear between the nearest measured below and above (Phi-3-mini's 96 between 64 and
+        128: attention reads K and V and does its FLOPs in proportion to head_dim, so the time
+        between two measured sizes is taken as linear in it). ValueError past the measured ones."""
+        d = self.model.head_dim
+        dims = sorted({int(v) for v in frame["head_dim"]})
+        if d in dims:
+            return [(d, 1.0)]
+        below, above = [x for x in dims if x < d], [x for x in dims if x > d]
+        if not below or not above:
+            raise ValueError(f"{self.tables.folder}: no attention rows with head_dim {d} and a "
+                             f"{KV_WHAT[self.kv_cache_dtype]} KV cache (measured: "
+                             f"{', '.join(map(str, dims)) or 'none'})")
+        lo, hi = below[-1], above[0]
+        w = (d - lo) / (hi - lo)
+        self.notes.append(f"{what} attention at head_dim {d}: linear between the measured {lo} "
+                          f"(x {1 - w:.4g}) and {hi} (x {w:.4g})")
+        return [(lo, 1 - w), (hi, w)]
 
     def attention_axes(self, phase: str) -> tuple[list[float], list[float]]:
         """The measured batch sizes and lengths (prompt length or KV length) of the attention table

@@ -474,11 +474,20 @@ def _check_linear_attention(lin: LinearAttentionSpec, num_layers: int, where: st
 
 
 # Model types whose layers ModelSpec sizes and prices: dense Llama-style decoders (GQA attention,
-# gated MLP), and the MoE / MLA layouts read by _moe / _mla below.
-LLAMA_STYLE = ("llama", "mistral", "qwen2", "qwen3")
+# gated MLP), and the MoE / MLA layouts read by _moe / _mla below. Granite (IBM) is Llama with scalar
+# multipliers on embeddings, residuals, attention and logits (no weights, no work); Phi-3/Phi-4 fuse
+# q/k/v and gate/up into one GEMM each, the same weights and FLOPs as Llama's four; Gemma (1) is
+# Llama-shaped with GeGLU (the same gate/up/down) and 2 norms per layer; OLMo-2 adds q/k RMSNorms
+# (2 x hidden per layer, not counted, as Gemma-3's).
+LLAMA_STYLE = ("llama", "mistral", "qwen2", "qwen3", "granite", "phi3", "gemma", "olmo2")
 # Gemma-2/3 text decoders: Llama-shaped (GeGLU has the same gate/up/down), 4 norms per layer
 GEMMA_TYPES = ("gemma2", "gemma3_text")
-MOE_TYPES = ("mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss", "llama4_text", "qwen3_next", "qwen3_5_moe_text")
+# Qwen2-MoE (Qwen1.5-MoE, Qwen2-57B-A14B): routed experts of moe_intermediate_size plus one shared
+# expert of shared_expert_intermediate_size (its sigmoid gate, hidden weights, not counted)
+MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "gpt_oss", "llama4_text", "qwen3_next",
+             "qwen3_5_moe_text")
+# model types that always use q/k/v biases without saying so (no attention_bias key)
+QKV_BIAS_TYPES = ("qwen2", "qwen2_moe")
 # hybrids of attention and Gated DeltaNet layers (_linear_attention below): Qwen3-Next, Qwen3.5
 HYBRID_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 MODELLED_TYPES = tuple(dict.fromkeys(LLAMA_STYLE + GEMMA_TYPES + MOE_TYPES + HYBRID_TYPES))
@@ -669,11 +678,12 @@ _HF_KEYS = {
 
 
 # multimodal configs whose text decoder servesim sizes: model_type -> its decoder's model_type
-TEXT_DECODERS = {"llama4": "llama4_text", "qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
+TEXT_DECODERS = {"llama4": "llama4_text", "qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text",
+                 "gemma3": "gemma3_text"}
 
 
 def _llama4_text(cfg: dict, path: Path) -> dict:
-    """A multimodal config.json (Llama 4, Qwen3.5: the decoder under text_config, a vision encoder
+    """A multimodal config.json (Llama 4, Qwen3.5, Gemma 3: the decoder under text_config, a vision encoder
     beside it) as its text decoder's config; the vision encoder's weights are not counted, and a
     warning says so. Any other config as it is."""
     kind = cfg.get("model_type")
@@ -684,7 +694,8 @@ def _llama4_text(cfg: dict, path: Path) -> dict:
         raise ScenarioError(f"{path}: text_config: missing or not a mapping in a {kind} config")
     if cfg.get("vision_config"):
         warnings.warn(f"{path}: {kind}: the text decoder is sized and priced; the vision encoder "
-                      "(vision_config, around 1% of the weights) is not counted", ServesimWarning, stacklevel=3)
+                      "(vision_config: about 1% of Llama 4's and Qwen3.5's weights, 0.4 B parameters in Gemma 3's) "
+                      "is not counted", ServesimWarning, stacklevel=3)
     out = {**text, "model_type": TEXT_DECODERS[kind]}
     for key in ("torch_dtype", "tie_word_embeddings", "quantization_config"):
         if key in cfg and key not in text:
@@ -719,8 +730,8 @@ def model_from_hf_config(path: Path, name: str | None = None) -> ModelSpec:
     """ModelSpec from a Llama-style Hugging Face config.json (or the folder holding one), with a
     ModelOpt hf_quant_config.json beside it when there is one.
 
-    name defaults to the folder's name (e.g. "Meta-Llama-3-8B"). Qwen2 configs have no
-    `attention_bias` key but always use q/k/v biases, so model_type "qwen2" implies it."""
+    name defaults to the folder's name (e.g. "Meta-Llama-3-8B"). Qwen2 and Qwen2-MoE configs
+    have no `attention_bias` key but always use q/k/v biases, so their model_type implies it."""
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
@@ -749,13 +760,16 @@ def model_from_hf_config(path: Path, name: str | None = None) -> ModelSpec:
     for theirs, ours in (("num_key_value_heads", "num_kv_heads"), ("head_dim", "head_dim")):
         if cfg.get(theirs) is not None:  # some configs write "head_dim": null
             fields[ours] = cfg[theirs]
-    dtype = cfg.get("torch_dtype", cfg.get("dtype", "bfloat16"))
+    # (transformers 5 writes `dtype`, and null where none was set: vLLM then serves 16-bit, bf16 here)
+    dtype = next((cfg[k] for k in ("torch_dtype", "dtype") if cfg.get(k) is not None), "bfloat16")
     if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
         raise ScenarioError(f"{path}: torch_dtype {dtype!r} not supported; "
                             f"allowed: {', '.join(DTYPE_BYTES)}")
     fields["dtype_bytes"] = DTYPE_BYTES[dtype]
     fields["tie_word_embeddings"] = bool(cfg.get("tie_word_embeddings", False))
-    fields["attention_bias"] = bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2"))
+    # (transformers 5 writes Qwen2-MoE's as qkv_bias)
+    biased = cfg.get("qkv_bias", cfg.get("model_type") in QKV_BIAS_TYPES)
+    fields["attention_bias"] = bool(cfg.get("attention_bias", biased))
     if cfg.get("model_type") in GEMMA_TYPES:  # input, post-attention, pre- and post-feedforward
         fields["layer_norms"] = 4
     fields.update(_sliding(cfg, path))

@@ -514,3 +514,22 @@ def test_a_kernel_table_profile_of_another_model_or_gpu_is_refused(tmp_path):
     cfg.write_text((Path(__file__).parents[1] / "fixtures/hf_configs/meta-llama--Meta-Llama-3.1-8B.json").read_text())
     sc = scenario_from_dict({**base, "model": {"hf_config": str(cfg), "name": "my-llama"}, "hardware": "h100-sxm"})
     assert sc.model.name == "my-llama" and sc.cost_model.profile.source == h100
+
+
+def test_attention_at_an_unmeasured_head_dim_is_linear_between_the_measured_ones(h100):
+    """Phi-3-mini's head_dim 96 (the H100 tables time 64, 128 and 256): its attention at every batch
+    and length is the mean of the same heads' at 64 and 128 (96 is halfway), and a head_dim past
+    the measured ones is refused naming them."""
+    from dataclasses import replace
+    tables = h100
+    at = {d: StepComposer(tables, replace(LLAMA3, head_dim=d), 1) for d in (64, 96, 128)}
+    for n, ctx in ((1, 100), (16, 1000), (256, 5000)):
+        s = BatchStats(num_decodes=n, decode_context_sum=n * ctx)
+        want = 0.5 * at[64].terms(s)["decode_attention"] + 0.5 * at[128].terms(s)["decode_attention"]
+        assert at[96].terms(s)["decode_attention"] == pytest.approx(want, rel=1e-12)
+        p = BatchStats(prefill_lens=np.array([ctx]), prefill_contexts=np.array([0]))
+        want = 0.5 * at[64].terms(p)["prefill_attention"] + 0.5 * at[128].terms(p)["prefill_attention"]
+        assert at[96].terms(p)["prefill_attention"] == pytest.approx(want, rel=1e-12)
+    assert any("head_dim 96: linear between the measured 64 (x 0.5) and 128 (x 0.5)" in n for n in at[96].notes)
+    with pytest.raises(ValueError, match="no attention rows with head_dim 512 .*measured: 64, 128, 256"):
+        StepComposer(tables, replace(LLAMA3, head_dim=512), 1)

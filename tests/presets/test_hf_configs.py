@@ -106,7 +106,7 @@ def test_deepseek_v3_by_hand():
     ({"layer_types": ["chunked_attention"] * 32}, "layer_types: 'chunked_attention' layers are not modelled"),
     ({"layer_types": ["sliding_attention", "full_attention"]}, "layer_types: 2 entries for 32 num_hidden_layers"),
     ({"layer_types": ["sliding_attention"] * 32}, "sliding_window: null: layer_types lists sliding_attention"),
-    ({"model_type": "gemma3"}, "model_type: 'gemma3' is not modelled"),  # (multimodal; gemma3_text is)
+    ({"model_type": "starcoder2"}, "model_type: 'starcoder2' is not modelled"),  # (an ungated MLP)
     ({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 64]}},
      r"weight_block_size: \[128, 64\]: only square blocks"),
 ])
@@ -339,3 +339,81 @@ def test_capacity_on_llama4_scout_from_its_config():
     assert d["num_params"] == 107_769_861_120
     assert d["active_params"] == 48 * (62_914_560 + 2 * 3 * 5120 * 8192 + 5120 * 16) + 202_048 * 5120
     assert d["kv_bytes_per_token"] == 24_576 and d["sliding_window"] == 8192
+
+
+# ---- Llama-shaped model types beyond Llama's (transformers 5.19.0's config defaults, the README)
+
+def _dense_params(c: dict, qkv_bias: bool = False) -> int:
+    """A gated-MLP decoder's weights from its config, by hand: attention (head_dim from the config
+    or hidden / heads), gate/up/down, 2 norms a layer, embedding, LM head unless tied, final norm."""
+    h, layers, vocab, inter = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"], c["intermediate_size"]
+    heads, kv = c["num_attention_heads"], c["num_key_value_heads"]
+    hd = c.get("head_dim") or h // heads
+    attn = h * heads * hd + 2 * h * kv * hd + heads * hd * h + ((heads + 2 * kv) * hd if qkv_bias else 0)
+    per_layer = attn + 3 * h * inter + 2 * h
+    return layers * per_layer + vocab * h * (1 if c["tie_word_embeddings"] else 2) + h
+
+
+@pytest.mark.parametrize("name, params", [
+    # Granite: Llama plus scalar multipliers (no weights): Llama-2-7B's shape and count by default
+    ("transformers--GraniteConfig-defaults", 6_738_415_616),
+    # Phi-3 / Phi-4: q/k/v and gate/up fused, the same weights; the defaults are Phi-3-mini's 3.82 B
+    ("transformers--Phi3Config-defaults", 3_821_079_552),
+    # Gemma (1): head_dim 256 x 16 heads (4,096) over hidden 3,072, tied embeddings: Gemma-7B's 8.54 B
+    ("transformers--GemmaConfig-defaults", 8_537_680_896),
+    # OLMo-2: q/k RMSNorms besides (2 x 4,096 a layer, not counted)
+    ("transformers--Olmo2Config-defaults", 6_888_361_984),
+])
+def test_llama_shaped_model_types_by_hand(name, params):
+    c = _cfg(name)
+    m = model_from_hf_config(FIXTURES / f"{name}.json")
+    assert _dense_params(c) == params and m.num_params == params and m.weight_bytes == 2 * params
+    hd = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    assert m.kv_bytes_per_token == 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * hd * 2
+    assert m.sliding_layers == 0 and m.moe is None
+
+
+def test_qwen2_moe_by_hand():
+    """Qwen1.5-MoE-A2.7B's layout (transformers' Qwen2MoeConfig defaults): 60 routed experts of 1,408,
+    4 per token, one shared expert of 5,632 (4 x 1,408) in every layer, q/k/v biases (qkv_bias)."""
+    c = _cfg("transformers--Qwen2MoeConfig-defaults")
+    m = model_from_hf_config(FIXTURES / "transformers--Qwen2MoeConfig-defaults.json")
+    h, layers, vocab, e, k, w = 2048, 24, 151936, 60, 4, 1408
+    assert (c["hidden_size"], c["num_hidden_layers"], c["vocab_size"], c["num_experts"],
+            c["num_experts_per_tok"], c["moe_intermediate_size"], c["shared_expert_intermediate_size"]) == (
+        h, layers, vocab, e, k, w, 4 * w)
+    attn = 4 * h * h + 3 * h                       # q, k, v, o (16 heads of 128) + q/k/v biases
+    routed, router, shared = e * 3 * h * w, h * e, 4 * 3 * h * w
+    params = layers * (attn + routed + router + shared + 2 * h) + 2 * vocab * h + h
+    assert m.moe.num_experts == e and m.moe.experts_per_token == k and m.moe.shared_experts == 4
+    assert m.attention_bias and m.num_params == params and round(params / 1e9, 1) == 14.3
+    matmul = 4 * h * h  # (FLOPs count matmul weights: no biases)
+    assert m.flops_per_token == 2 * (layers * (matmul + k * 3 * h * w + router + shared) + vocab * h)
+
+
+def test_new_model_types_simulate_on_composed_kernel_costs():
+    """Granite on an A100, Gemma on an L40S, OLMo-2 on an H100 get step costs composed from the GPU's
+    measured kernel tables, as a Llama config does (no roofline notice)."""
+    from sim.config.scenario import scenario_from_dict
+    for name, gpu in (("transformers--GraniteConfig-defaults", "a100-80gb"),
+                      ("transformers--GemmaConfig-defaults", "l40s"),
+                      ("transformers--Olmo2Config-defaults", "h100-sxm")):
+        sc = scenario_from_dict({"model": {"hf_config": str(FIXTURES / f"{name}.json")}, "hardware": gpu,
+                                 "workload": {"arrival": {"process": "poisson", "rate": 1.0}, "num_requests": 5,
+                                              "prompt_tokens": {"dist": "fixed", "value": 100},
+                                              "output_tokens": {"dist": "fixed", "value": 10}}})
+        assert sc.cost_model.name == "measured" and sc.cost_model.notice is None, (name, sc.cost_model.notice)
+
+
+def test_multimodal_gemma3_is_its_text_decoder(tmp_path):
+    """A Gemma 3 multimodal config.json (model_type gemma3, the decoder under text_config) is sized as
+    its text decoder, with a warning that the vision encoder is not counted."""
+    text = _cfg("transformers--Gemma3TextConfig-defaults")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "gemma3", "text_config": text, "torch_dtype": "bfloat16",
+                                "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152}}))
+    with pytest.warns(UserWarning, match="vision encoder"):
+        m = model_from_hf_config(path)
+    from dataclasses import replace
+    assert replace(m, name="x") == replace(model_from_hf_config(FIXTURES / "transformers--Gemma3TextConfig-defaults.json"),
+                                           name="x")
