@@ -262,8 +262,8 @@ def test_a_warning_about_an_input_later_found_bad_is_not_printed_before_its_erro
                 load_scenario(path)
         shown = [str(w.message) for w in seen]
         assert shown == ([] if bad else [f"{tmp_path / 'good.json'}: qwen3_5: the text decoder is sized and "
-                                         "priced; the vision encoder (vision_config, around 1% of the weights) "
-                                         "is not counted"])
+                                         "priced; the vision encoder (vision_config: about 1% of Llama 4's and "
+                                         "Qwen3.5's weights, 0.4 B parameters in Gemma 3's) is not counted"])
 
 
 # ---------------------------------------------------------------- other commands

@@ -499,10 +499,10 @@ class StepComposer:
         frame = frame[frame["kv_cache_dtype"] == TABLE_KV_DTYPE[self.kv_cache_dtype]]
         what = "prefill" if length == "isl" else "decode"
         out, batches, lengths = [], set(), set()
-        for head_dim, share in self._head_dims(frame, what):
+        for head_dim, share, heads in self._head_dims(frame, what, q, kv):
             rows_d = frame[frame["head_dim"] == head_dim]
             measured = {float(v) for v in rows_d["batch_size"]}
-            sources = attention_sources(q, kv, set(zip(rows_d["num_heads"], rows_d["num_kv_heads"])))
+            sources = attention_sources(*heads, set(zip(rows_d["num_heads"], rows_d["num_kv_heads"])))
             # a source read at x times the batch has its measured batches at b / x: knots too, so
             # that a profile tabulated on this axis keeps the composition's kinks
             batches |= measured | {v / x for _, _, _, x in sources if x != 1.0 for v in measured if v / x >= 1}
@@ -522,25 +522,36 @@ class StepComposer:
         self._axes[what] = (sorted(batches), sorted(lengths))
         return out
 
-    def _head_dims(self, frame: pd.DataFrame, what: str) -> list[tuple[int, float]]:
-        """The measured head_dims standing in for the model's, with their shares: the model's own,
-        else linear between the nearest measured below and above (Phi-3-mini's 96 between 64 and
-        128: attention reads K and V and does its FLOPs in proportion to head_dim, so the time
-        between two measured sizes is taken as linear in it). ValueError past the measured ones."""
+    def _head_dims(self, frame: pd.DataFrame, what: str, q: int, kv: int) -> list[tuple[int, float, tuple[int, int]]]:
+        """The measured head_dims standing in for the model's: (head_dim, share of the time, (heads,
+        kv heads) per GPU to read there). Attention reads K and V and does its FLOPs in proportion
+        to heads x head_dim, so: the model's own head_dim; else linear between the nearest measured
+        below and above (Phi-3-mini's 96 between 64 and 128); else, past the measured ones (the
+        A100 tables time 128 only), the nearest measured D with the heads scaled by head_dim / D
+        (32 heads of 64 as 16 of 128: the same bytes and FLOPs), or, where that is no whole number
+        of heads, the time at D scaled by head_dim / D. Every stand-in is said in the notes."""
         d = self.model.head_dim
         dims = sorted({int(v) for v in frame["head_dim"]})
+        if not dims:
+            raise ValueError(f"{self.tables.folder}: no attention rows with a {KV_WHAT[self.kv_cache_dtype]} KV cache")
         if d in dims:
-            return [(d, 1.0)]
+            return [(d, 1.0, (q, kv))]
         below, above = [x for x in dims if x < d], [x for x in dims if x > d]
-        if not below or not above:
-            raise ValueError(f"{self.tables.folder}: no attention rows with head_dim {d} and a "
-                             f"{KV_WHAT[self.kv_cache_dtype]} KV cache (measured: "
-                             f"{', '.join(map(str, dims)) or 'none'})")
-        lo, hi = below[-1], above[0]
-        w = (d - lo) / (hi - lo)
-        self.notes.append(f"{what} attention at head_dim {d}: linear between the measured {lo} "
-                          f"(x {1 - w:.4g}) and {hi} (x {w:.4g})")
-        return [(lo, 1 - w), (hi, w)]
+        if below and above:
+            lo, hi = below[-1], above[0]
+            w = (d - lo) / (hi - lo)
+            self.notes.append(f"{what} attention at head_dim {d}: linear between the measured {lo} "
+                              f"(x {1 - w:.4g}) and {hi} (x {w:.4g})")
+            return [(lo, 1 - w, (q, kv)), (hi, w, (q, kv))]
+        near = below[-1] if below else above[0]
+        if (q * d) % near == 0 and (kv * d) % near == 0:
+            heads = (q * d // near, kv * d // near)
+            self.notes.append(f"{what} attention at head_dim {d} (measured: {', '.join(map(str, dims))}): "
+                              f"{q}/{kv} heads read as {heads[0]}/{heads[1]} heads of {near}")
+            return [(near, 1.0, heads)]
+        self.notes.append(f"{what} attention at head_dim {d} (measured: {', '.join(map(str, dims))}): "
+                          f"the time at {near} x {d / near:.4g}")
+        return [(near, d / near, (q, kv))]
 
     def attention_axes(self, phase: str) -> tuple[list[float], list[float]]:
         """The measured batch sizes and lengths (prompt length or KV length) of the attention table

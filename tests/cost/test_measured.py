@@ -518,8 +518,7 @@ def test_a_kernel_table_profile_of_another_model_or_gpu_is_refused(tmp_path):
 
 def test_attention_at_an_unmeasured_head_dim_is_linear_between_the_measured_ones(h100):
     """Phi-3-mini's head_dim 96 (the H100 tables time 64, 128 and 256): its attention at every batch
-    and length is the mean of the same heads' at 64 and 128 (96 is halfway), and a head_dim past
-    the measured ones is refused naming them."""
+    and length is the mean of the same heads' at 64 and 128 (96 is halfway)."""
     from dataclasses import replace
     tables = h100
     at = {d: StepComposer(tables, replace(LLAMA3, head_dim=d), 1) for d in (64, 96, 128)}
@@ -531,5 +530,23 @@ def test_attention_at_an_unmeasured_head_dim_is_linear_between_the_measured_ones
         want = 0.5 * at[64].terms(p)["prefill_attention"] + 0.5 * at[128].terms(p)["prefill_attention"]
         assert at[96].terms(p)["prefill_attention"] == pytest.approx(want, rel=1e-12)
     assert any("head_dim 96: linear between the measured 64 (x 0.5) and 128 (x 0.5)" in n for n in at[96].notes)
-    with pytest.raises(ValueError, match="no attention rows with head_dim 512 .*measured: 64, 128, 256"):
-        StepComposer(tables, replace(LLAMA3, head_dim=512), 1)
+    past = StepComposer(tables, replace(LLAMA3, head_dim=512), 1)  # past 256: as heads of 256
+    assert any("head_dim 512 (measured: 64, 128, 256): 32/8 heads read as 64/16 heads of 256" in n for n in past.notes)
+
+
+def test_attention_past_the_measured_head_dims_reads_as_heads_of_a_measured_one():
+    """The A100 tables time head_dim 128 only: 32 heads / 8 kv heads of 64 read as 16 / 4 heads of 128
+    (the same bytes and FLOPs), exactly; one kv head of 64 (no whole number of heads of 128) as the
+    time at 128 x 0.5."""
+    from dataclasses import replace
+    a100 = KernelTables.load(TABLES / "a100_sxm", HARDWARE_PRESETS["a100-80gb"].hbm_bandwidth)
+    half = StepComposer(a100, replace(LLAMA3, head_dim=64), 1)
+    as_128 = StepComposer(a100, replace(LLAMA3, num_attention_heads=16, num_kv_heads=4), 1)
+    mqa = StepComposer(a100, replace(LLAMA3, head_dim=64, num_kv_heads=1, num_attention_heads=8), 1)
+    mqa_128 = StepComposer(a100, replace(LLAMA3, num_kv_heads=1, num_attention_heads=8), 1)
+    for n, ctx in ((1, 100), (32, 2000)):
+        s = BatchStats(num_decodes=n, decode_context_sum=n * ctx)
+        assert half.terms(s)["decode_attention"] == as_128.terms(s)["decode_attention"]
+        assert mqa.terms(s)["decode_attention"] == pytest.approx(0.5 * mqa_128.terms(s)["decode_attention"], rel=1e-12)
+    assert any("32/8 heads read as 16/4 heads of 128" in n for n in half.notes)
+    assert any("the time at 128 x 0.5" in n for n in mqa.notes)
