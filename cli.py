@@ -1070,6 +1070,10 @@ def _calibrate_from_bench(benches: list[Path], model: str, gpu: str | None, tp: 
         cells = "; ".join(f"{label[k]} {after.real[k]:.4g} real, error {before.error[k]:+.1%} -> {after.error[k]:+.1%}"
                           for k in FIT_METRICS)
         typer.echo(f"{before.name}: {cells}")
+    mismatch = _profile_of_another_preset(result["scenario"]) if base is not None else None
+    if mismatch:
+        typer.echo(f"warning: --profile {base} was fitted on the preset {mismatch!r}, whose shape is not "
+                   f"--model's ({result['scenario'].model.name}): its step times are another model's", err=True)
     for _, held in result["held_out"]:
         cells = "; ".join(f"{label[k]} {held.error[k]:+.1%}" for k in FIT_METRICS)
         typer.echo(f"held out, fitted on the other runs: {held.name}: {cells}")
@@ -1079,6 +1083,17 @@ def _calibrate_from_bench(benches: list[Path], model: str, gpu: str | None, tp: 
     which = ("the held-out error above" if result["held_out"] else
              "the error above, on the run it was fitted on (give two or more runs for a held-out one)")
     typer.echo(f"profile: {out} (use it as cost_model: {{profile: {out}}}; the plan's error band is {which})")
+
+
+def _profile_of_another_preset(scenario) -> str | None:
+    """The preset a fitted profile names, where its shape differs from the scenario's model (a
+    profile of whole iterations records only a model name; a preset's name says its shape)."""
+    from dataclasses import replace
+
+    from sim.presets.models import MODEL_PRESETS
+    name = scenario.cost_model.profile.metadata.get("model")
+    preset = MODEL_PRESETS.get(name)
+    return name if preset is not None and replace(preset, name=scenario.model.name) != scenario.model else None
 
 
 def _calibrate_from_tables(tables: Path, model: str, gpu: str | None, tp: int, out: Path) -> None:

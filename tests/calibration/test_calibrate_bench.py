@@ -180,3 +180,15 @@ def test_a_one_sided_error_band_still_brackets_the_simulated_step():
     r = Result({"stage": "a", "model": "m", "run": 0}, {"tpot_mean_ms": 1.0}, {"tpot_mean_ms": 0.97}, False, False)
     band = error_band([r], "x")
     assert band["slower"] == round(1 / 0.97, 4) and band["faster"] == 1.0
+
+
+def test_a_profile_of_another_preset_is_warned_about(tmp_path):
+    """A fitted profile names only its model: where that is a preset of another shape (cpu-tiny.yaml
+    is the `tiny` preset's), --from-bench says so; the fixture's own steps profile is not warned about."""
+    args = ["calibrate", "--from-bench", str(CPU / "bench-2rps.json"), "--model", str(CPU / "config.json"),
+            "--gpu", "h100-sxm", *sum((["--set", s] for s in ENGINE), []), "--out", str(tmp_path / "p.yaml")]
+    tiny = Path(__file__).resolve().parents[2] / "calibrate" / "profiles" / "cpu-tiny.yaml"
+    res = CliRunner().invoke(app, [*args, "--profile", str(tiny)])
+    assert res.exit_code == 0 and "fitted on the preset 'tiny', whose shape is not --model's" in res.output
+    res = CliRunner().invoke(app, [*args, "--profile", str(STEPS)])
+    assert res.exit_code == 0 and "warning" not in res.output
