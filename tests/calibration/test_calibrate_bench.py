@@ -23,18 +23,26 @@ SMALL_GRID = {"async_scheduling": (False, True), "host_per_iteration_s": (0.0,),
               "per_iteration_s": (0.0, 0.0005, 0.001), "tp_sync_per_iteration_s": (0.0,)}
 
 
-def bench(tmp_path: Path, rate: float, n: int = 150) -> Path:
-    """A `vllm bench serve` result of servesim with KNOWN overheads: Llama-3-8B, one H100."""
-    sc = scenario_from_dict({"name": f"bench-{rate:g}", "seed": 1, "model": "llama-3-8b", "hardware": "h100-sxm",
-                             "cost_model": {"measured": KNOWN}, "engine": {"scheduler": "chunked"},
-                             "workload": {"arrival": {"process": "poisson", "rate": rate}, "num_requests": n,
-                                          "prompt_tokens": {"dist": "uniform", "low": 200, "high": 1200},
-                                          "output_tokens": {"dist": "uniform", "low": 50, "high": 200}}})
+def exported(tmp_path: Path, scenario: dict, rate: float, n: int, prompts: tuple, outputs: tuple,
+             overrides: tuple = ()) -> Path:
+    """servesim's run of `scenario` (Poisson at `rate`, n requests, uniform prompt and output lengths)
+    written as a `vllm bench serve` result."""
+    workload = {"arrival": {"process": "poisson", "rate": rate}, "num_requests": n,
+                "prompt_tokens": {"dist": "uniform", "low": prompts[0], "high": prompts[1]},
+                "output_tokens": {"dist": "uniform", "low": outputs[0], "high": outputs[1]}}
+    sc = scenario_from_dict({"name": f"bench-{rate:g}", "hardware": "h100-sxm", "engine": {"scheduler": "chunked"},
+                             **scenario, "workload": workload}, overrides=overrides)
     run = tmp_path / f"run-{rate:g}"
     write_outputs(simulate(sc), run)
     path = tmp_path / f"bench-{rate:g}.json"
     path.write_text(json.dumps(vllm_bench(load_run(run))))
     return path
+
+
+def bench(tmp_path: Path, rate: float, n: int = 150) -> Path:
+    """A `vllm bench serve` result of servesim with KNOWN overheads: Llama-3-8B, one H100."""
+    return exported(tmp_path, {"seed": 1, "model": "llama-3-8b", "cost_model": {"measured": KNOWN}}, rate, n,
+                    (200, 1200), (50, 200))
 
 
 def test_known_overheads_are_fitted_back(tmp_path):
@@ -94,18 +102,8 @@ def bench_on_profile(tmp_path: Path, rate: float, overheads: dict) -> Path:
     truth = yaml.safe_load(STEPS.read_text())
     truth["model"]["engine_overheads"] = overheads
     (tmp_path / "truth.yaml").write_text(yaml.safe_dump(truth))
-    sc = scenario_from_dict({"name": f"cpu-{rate:g}", "seed": 2, "model": CPU_MODEL, "hardware": "h100-sxm",
-                             "cost_model": {"profile": str(tmp_path / "truth.yaml")},
-                             "engine": {"scheduler": "chunked"},
-                             "workload": {"arrival": {"process": "poisson", "rate": rate}, "num_requests": 120,
-                                          "prompt_tokens": {"dist": "uniform", "low": 64, "high": 256},
-                                          "output_tokens": {"dist": "uniform", "low": 16, "high": 64}}},
-                            overrides=ENGINE)
-    run = tmp_path / f"run-{rate:g}"
-    write_outputs(simulate(sc), run)
-    path = tmp_path / f"bench-{rate:g}.json"
-    path.write_text(json.dumps(vllm_bench(load_run(run))))
-    return path
+    return exported(tmp_path, {"seed": 2, "model": CPU_MODEL, "cost_model": {"profile": str(tmp_path / "truth.yaml")}},
+                    rate, 120, (64, 256), (16, 64), ENGINE)
 
 
 def test_overheads_on_a_profile_of_whole_iterations_are_fitted_back(tmp_path):
