@@ -345,6 +345,14 @@ class StepProfile:
     # (calibrate --from-bench --profile); None: none
     overheads: Any = None
 
+    def __reduce__(self) -> tuple:
+        # Rebuilt through __init__ when pickled (the planner sends scenarios to worker processes):
+        # compiled by mypyc, the default pickling sets each field with setattr, which a frozen
+        # dataclass refuses (FrozenInstanceError: `servesim plan` on a fitted profile crashed).
+        return (StepProfile, (self.knots, self.seconds, self.intercept, self.decode_context_sum,
+                              self.prefill_attention_work, self.num_seqs, self.metadata, self.source,
+                              self.sha256, self.overheads))
+
     def tokens_time(self, tokens: float) -> float:
         """Piecewise-linear in total tokens; past the last knot, the last segment continues."""
         k, s = self.knots, self.seconds

@@ -389,3 +389,17 @@ def test_a_preset_gpu_with_its_own_price_keeps_the_measured_costs():
     bigger = scenario_from_dict({"model": "llama-3-8b", "hardware": {**fields, "memory_bytes": 96e9},
                                  "workload": work})
     assert bigger.cost_model.name == "roofline" and "differs from it beyond its price" in bigger.cost_model.notice
+
+
+def test_a_fitted_profile_survives_pickling_as_the_planner_sends_it_to_workers():
+    """The planner pickles scenarios to its worker processes. Compiled (mypyc), a frozen dataclass was
+    unpickled by setting each field, which it refuses: `servesim plan` on any fitted (v1) profile
+    crashed with FrozenInstanceError. Its overheads travel too."""
+    import pickle
+    profile = load_profile(EXAMPLE)
+    with_overheads = replace(profile, overheads="any")  # (a field like the others)
+    for p in (profile, with_overheads):
+        back = pickle.loads(pickle.dumps(p))
+        assert type(back) is type(p) and back.knots.tolist() == p.knots.tolist()
+        assert (back.intercept, back.num_seqs, back.metadata, back.source, back.sha256, back.overheads) == (
+            p.intercept, p.num_seqs, p.metadata, p.source, p.sha256, p.overheads)
