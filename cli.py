@@ -991,8 +991,8 @@ def calibrate_cmd(
     base_profile: Annotated[Path | None, typer.Option(
         "--profile", help="With --from-bench: the step costs to fit on top of, instead of the GPU's "
                           "kernel tables: a profile of your engine's own iterations (calibrate "
-                          "--from-runs or --device: only request handling and the scheduling lag are "
-                          "then fitted, the iterations holding the host work), or a kernel-table one.",
+                          "--from-runs or --device: the iterations hold the host work, so no host "
+                          "floor is fitted on top), or a kernel-table one.",
         metavar="FILE", show_default=False)] = None,
 ) -> None:
     """Time a real model step over a grid of batch shapes, fit the step-cost model and write a

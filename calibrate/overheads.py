@@ -249,7 +249,7 @@ def fit_bench(benches: list[Path], model, gpu: str, tp: int, overrides: tuple[st
     the engine settings in `overrides`, e.g. engine.max_num_seqs=128): each result's requests are
     replayed (its start_times, or its request_rate) at every grid point (default: `fit_grid`'s).
     Step costs: the kernel tables of that model and GPU, or `profile` (a fitted v1 profile of the
-    server's own iterations: then only the request terms are fitted; or a v2 profile). Returns the
+    server's own iterations: then PROFILE_GRID's terms, no host floor; or a v2 profile). Returns the
     fitted parameters and per-run results before (the shipped defaults, or the profile's own
     overheads) and after, and the scenario of the first run (to build the profile from).
     ScenarioError for unusable inputs."""
