@@ -1052,7 +1052,14 @@ def _calibrate_from_runs(runs: list[Path], model: str, out: Path) -> None:
 
 def _calibrate_from_bench(benches: list[Path], model: str, gpu: str | None, tp: int,
                           sets: tuple[str, ...], out: Path, base: Path | None = None) -> None:
-    from calibrate.overheads import FIT_METRICS, bench_model, bench_profile, fit_bench, write_bench_profile
+    from calibrate.overheads import (
+        FIT_METRICS,
+        base_of_another_preset,
+        bench_model,
+        bench_profile,
+        fit_bench,
+        write_bench_profile,
+    )
     from sim.config.errors import ScenarioError
 
     try:
@@ -1070,7 +1077,7 @@ def _calibrate_from_bench(benches: list[Path], model: str, gpu: str | None, tp: 
         cells = "; ".join(f"{label[k]} {after.real[k]:.4g} real, error {before.error[k]:+.1%} -> {after.error[k]:+.1%}"
                           for k in FIT_METRICS)
         typer.echo(f"{before.name}: {cells}")
-    mismatch = _profile_of_another_preset(result["scenario"]) if base is not None else None
+    mismatch = base_of_another_preset(result["scenario"]) if base is not None else None
     if mismatch:
         typer.echo(f"warning: --profile {base} was fitted on the preset {mismatch!r}, whose shape is not "
                    f"--model's ({result['scenario'].model.name}): its step times are another model's", err=True)
@@ -1083,17 +1090,6 @@ def _calibrate_from_bench(benches: list[Path], model: str, gpu: str | None, tp: 
     which = ("the held-out error above" if result["held_out"] else
              "the error above, on the run it was fitted on (give two or more runs for a held-out one)")
     typer.echo(f"profile: {out} (use it as cost_model: {{profile: {out}}}; the plan's error band is {which})")
-
-
-def _profile_of_another_preset(scenario) -> str | None:
-    """The preset a fitted profile names, where its shape differs from the scenario's model (a
-    profile of whole iterations records only a model name; a preset's name says its shape)."""
-    from dataclasses import replace
-
-    from sim.presets.models import MODEL_PRESETS
-    name = scenario.cost_model.profile.metadata.get("model")
-    preset = MODEL_PRESETS.get(name)
-    return name if preset is not None and replace(preset, name=scenario.model.name) != scenario.model else None
 
 
 def _calibrate_from_tables(tables: Path, model: str, gpu: str | None, tp: int, out: Path) -> None:

@@ -223,10 +223,9 @@ def run_fit(runs: dict, stages: list[dict], folder: Path, jobs: int, progress=pr
                             progress)
     params, value = fit.best()
     heldout, per_model = [], {}
-    for model in sorted({s["model"] for s in sustained}):
-        p, _ = fit.best(lambda r, m=model: r.info["model"] != m)
+    for model, p, results in fit.held_out(lambda r: r.info["model"]):
         per_model[model] = p
-        heldout += [r for r in fit.results(p) if r.info["model"] == model]
+        heldout += results
     return {"params": params, "loss": value, "fit": fit.results(params), "heldout": heldout,
             "per_model": per_model, "grid_points": len(fit.per_point), "wall_s": time.time() - t0}
 

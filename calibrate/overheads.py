@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
 from sim.config.checks import _int, check_input_file
 from sim.config.errors import ScenarioError
@@ -118,6 +119,17 @@ class Fit:
             if best is None or value < best[1] - 1e-12:
                 best = ({**point, "frontend_s": f, "frontend_per_prompt_token_s": 0.0}, value)
         return best
+
+    def held_out(self, group: Callable[[Result], Any]) -> list[tuple[Any, dict, list[Result]]]:
+        """Leave each group out (a model's stages, a benchmark run): per group, in sorted order, the
+        grid point and frontend fitted on the other groups and the group's results simulated with
+        them. From the grid already simulated: no new simulation."""
+        groups = sorted({group(r) for r in self.per_point[0][1]}) if self.per_point else []
+        out = []
+        for g in groups:
+            params, _ = self.best(lambda r, g=g: group(r) != g)
+            out.append((g, params, [r for r in self.results(params) if group(r) == g]))
+        return out
 
     def results(self, params: dict) -> list[Result]:
         """Every run as simulated with `params` (its grid point; its frontend added)."""
@@ -242,6 +254,17 @@ def bench_model(benches: list[Path], model: str, gpu: str | None, tp: int, overr
     return value
 
 
+def base_of_another_preset(scenario) -> str | None:
+    """The preset a fitted --profile names, where its shape differs from the scenario's model (a
+    profile of whole iterations records only a model name; a preset's name says its shape)."""
+    from dataclasses import replace
+
+    from sim.presets.models import MODEL_PRESETS
+    name = scenario.cost_model.profile.metadata.get("model")
+    preset = MODEL_PRESETS.get(name)
+    return name if preset is not None and replace(preset, name=scenario.model.name) != scenario.model else None
+
+
 def fit_bench(benches: list[Path], model, gpu: str, tp: int, overrides: tuple[str, ...] = (),
               grid: dict | None = None, progress: Callable[[str], None] | None = None,
               profile: Path | None = None, tick: Callable[[int, int], None] | None = None) -> dict:
@@ -295,20 +318,10 @@ def fit_bench(benches: list[Path], model, gpu: str, tp: int, overrides: tuple[st
     before = run(None)
     fit = simulate_grid(run, progress, grid or fit_grid(first), tick)
     params, value = fit.best()
+    # leave one run out, with two or more: (the overheads fitted on the others, the run with them)
+    held = [(p, rs[0]) for _, p, rs in fit.held_out(lambda r: r.info["run"])] if len(benches) > 1 else []
     return {"params": params, "loss": value, "before": before, "after": fit.results(params),
-            "held_out": held_out(fit, len(benches)), "scenario": first}
-
-
-def held_out(fit: Fit, runs: int) -> list[tuple[dict, Result]]:
-    """Leave one run out: per run, the overheads fitted on the others and that run simulated with
-    them (from the grid already simulated: no new simulation); [] with fewer than 2 runs."""
-    if runs < 2:
-        return []
-    out = []
-    for i in range(runs):
-        params, _ = fit.best(lambda r, i=i: r.info["run"] != i)
-        out.append((params, next(r for r in fit.results(params) if r.info["run"] == i)))
-    return out
+            "held_out": held, "scenario": first}
 
 
 def bench_profile(result: dict, benches: list[Path]) -> dict:
@@ -323,7 +336,6 @@ def bench_profile(result: dict, benches: list[Path]) -> dict:
     if base is None:
         doc = compose_document(sc.model, sc.hardware, sc.engine.tensor_parallel_size)
     else:
-        import yaml
         doc = yaml.safe_load(Path(base.source).read_text())
     doc["model"]["engine_overheads"] = dict(result["params"])
     meta = doc["metadata"]
@@ -351,8 +363,6 @@ def write_bench_profile(doc: dict, path: Path) -> None:
     if doc.get("format") == FORMAT:
         write_profile(doc, path)
         return
-    import yaml
-
     from sim.files import write_file
     path.parent.mkdir(parents=True, exist_ok=True)
     write_file(path, yaml.safe_dump(doc, sort_keys=False, width=100))
