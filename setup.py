@@ -27,6 +27,7 @@ HOT = [
     "sim/schedulers/continuous.py",
     "sim/kv/prefix_cache.py",
     "sim/cost/step_cost.py",
+    "sim/cost/table_cost.py",
 ]
 DIGESTS = Path("sim/_compiled_sources.py")  # (generated, git-ignored)
 

@@ -12,6 +12,7 @@ written as one (the message says so).
 """
 from __future__ import annotations
 
+import copy
 import difflib
 import json
 import math
@@ -210,6 +211,42 @@ def read_text(path: Path, kind: str, label: str | None = None) -> str:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise ScenarioError(f"{label}: not UTF-8 text (byte {e.start})") from None
+
+
+def parsed_once(path: Path, parse: Callable[[Path], Any]) -> Any:
+    """parse(path), parsed once per process while the file is unchanged: the memo is keyed by the
+    file's identity (resolved path, inode, size, modification time in ns), so an edited file is
+    read again. A planner validates hundreds of copies of one scenario, each naming the same
+    23 KB step profile: pure-Python YAML took ~50 ms a copy (as long as the simulation). The
+    value is shared: callers must not change it (scenario_from_dict deep-copies its mapping)."""
+    try:
+        st = os.stat(path)
+    except OSError:  # (the parser's own checks name the problem)
+        return parse(path)
+    key = (str(Path(path).resolve()), st.st_ino, st.st_size, st.st_mtime_ns, parse)
+    hit = _PARSED.get(key)
+    if hit is None:
+        hit = _PARSED[key] = (parse(path),)
+        if len(_PARSED) > 256:  # (a long-lived notebook reading many files: keep the newest)
+            del _PARSED[next(iter(_PARSED))]
+    return hit[0]
+
+
+_PARSED: dict[tuple, tuple] = {}  # parsed_once's memo (errors are never kept: they raise before)
+
+
+def parsed_text(text: str, label: str) -> Any:
+    """load_yaml(text), memoised by the text alone (a --set value: one of a few dozen distinct
+    texts across a plan's thousands of points); a container comes back as a fresh copy."""
+    hit = _TEXTS.get(text)
+    if hit is None:
+        hit = load_yaml(text, label)
+        if len(_TEXTS) < 4096:
+            _TEXTS[text] = hit
+    return copy.deepcopy(hit) if isinstance(hit, (dict, list)) else hit
+
+
+_TEXTS: dict[str, Any] = {}
 
 
 def load_yaml(text: str, label: str):

@@ -44,6 +44,8 @@ from sim.config.checks import (
     _section,
     _show,
     load_yaml,
+    parsed_once,
+    parsed_text,
     read_text,
 )
 from sim.config.disaggregation import DisaggregationConfig, parse_disaggregation
@@ -394,11 +396,15 @@ def _plain(value: Any) -> Any:
 
 def _read_yaml(path: Path) -> Any:
     """The scenario file, read safely (sim/config/checks.py: a regular file of at most 10 MiB, UTF-8, no
-    YAML aliases, duplicate keys or deep nesting)."""
-    raw = load_yaml(read_text(path, "scenario"), str(path))
+    YAML aliases, duplicate keys or deep nesting), once while it is unchanged (parsed_once)."""
+    raw = parsed_once(path, _parse_scenario_file)
     if raw is None:
         raise ScenarioError(f"{path}: empty file; expected a mapping with keys " + ", ".join(TOP_KEYS))
     return raw
+
+
+def _parse_scenario_file(path: Path) -> Any:
+    return load_yaml(read_text(path, "scenario"), str(path))
 
 
 def _apply_overrides(raw: dict, overrides: Iterable[str]) -> dict[str, str]:
@@ -411,7 +417,7 @@ def _apply_overrides(raw: dict, overrides: Iterable[str]) -> dict[str, str]:
             raise ScenarioError(f"--set {item}: expected KEY=VALUE with a dotted key, "
                                 "e.g. --set engine.max_num_seqs=128")
         try:
-            value = load_yaml(text, f"--set {key}") if text.strip() else None
+            value = parsed_text(text, f"--set {key}") if text.strip() else None
         except ScenarioError as e:
             raise ScenarioError(f"--set {key}: {_show(text)} is not a YAML value ({e})") from None
         node = raw

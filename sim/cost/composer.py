@@ -64,7 +64,8 @@ import yaml
 
 from sim.config.errors import ScenarioError
 from sim.cost.batch import BatchStats
-from sim.cost.measured import FORMAT, TableProfileCost, load_table_profile
+from sim.cost.measured import FORMAT, load_table_profile
+from sim.cost.table_cost import TableProfileCost
 from sim.presets.hardware import HardwareSpec
 from sim.presets.memory import kv_heads_per_rank
 from sim.presets.models import EXPERT_QUANT_BYTES, ModelSpec

@@ -154,6 +154,13 @@ class LinearAttentionCost(StepCost):
     def decode_line(self, stats: BatchStats) -> tuple[float, float, int, int, float] | None:
         return None  # (a + e/s would not round to step_times' floats: the runs take step_times)
 
+    def decode_times(self, stats: BatchStats, steps: int) -> list[float] | None:
+        times = self.inner.decode_times(stats, steps)
+        if times is None:
+            return None
+        extra = self.extra_s(stats)
+        return [t + extra for t in times]  # (step_times' array + extra, element by element)
+
 
 def describe(kernels, layers: int) -> str:
     """One line for notices: what priced the linear-attention layers."""

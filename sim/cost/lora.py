@@ -49,3 +49,6 @@ class LoRACost(StepCost):
 
     def decode_line(self, stats: BatchStats) -> tuple[float, float, int, int, float] | None:
         return None if stats.lora_adapters else self.inner.decode_line(stats)
+
+    def decode_times(self, stats: BatchStats, steps: int) -> list[float] | None:
+        return None if stats.lora_adapters else self.inner.decode_times(stats, steps)

@@ -22,7 +22,6 @@ profiles live in sim/profiles/<gpu>/<model>-tp<N>.yaml; `shipped_profile` finds 
 from __future__ import annotations
 
 import hashlib
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,9 +29,8 @@ from typing import Any
 import numpy as np
 
 from sim.config.errors import ScenarioError
-from sim.cost.batch import BatchStats
 from sim.cost.overheads import EngineOverheads, check_serving_error, overheads_from_mapping
-from sim.cost.step_cost import StepCost
+from sim.cost.table_cost import Curve, Grid
 
 FORMAT = "servesim-step-profile/v2"
 PROFILES = Path(__file__).resolve().parents[1] / "profiles"  # sim/profiles
@@ -65,60 +63,28 @@ def _mapping(value: Any, where: str, keys: tuple[str, ...]) -> dict:
     return value
 
 
-@dataclass(frozen=True)
-class Curve:
-    """y(x) piecewise-linear; past the last knot, y scales in proportion to x."""
-    x: np.ndarray
-    y: np.ndarray
-
-    @classmethod
-    def parse(cls, value: Any, where: str) -> Curve:
-        m = _mapping(value, where, ("knots", "seconds"))
-        x = _numbers(m["knots"], f"{where}.knots", increasing=True)
-        y = _numbers(m["seconds"], f"{where}.seconds")
-        if len(x) != len(y) or len(x) < 2:
-            raise _fail(where, "knots and seconds must have the same length, at least 2")
-        return cls(x, y)
-
-    def __call__(self, x):
-        last = self.x[-1]
-        if np.ndim(x) == 0:
-            return float(self.y[-1] * x / last) if x > last else float(np.interp(x, self.x, self.y))
-        return np.where(x > last, self.y[-1] * x / last, np.interp(x, self.x, self.y))
+def parse_curve(value: Any, where: str) -> Curve:
+    """A profile's {knots, seconds} mapping as a Curve (sim/cost/table_cost.py)."""
+    m = _mapping(value, where, ("knots", "seconds"))
+    x = _numbers(m["knots"], f"{where}.knots", increasing=True)
+    y = _numbers(m["seconds"], f"{where}.seconds")
+    if len(x) != len(y) or len(x) < 2:
+        raise _fail(where, "knots and seconds must have the same length, at least 2")
+    return Curve(x, y)
 
 
-@dataclass(frozen=True)
-class Grid:
-    """z(a, b) over a grid: linear in a between rows, each row a Curve in b; past the last row
-    (or before the first), the nearest row scaled by a / its a."""
-    a: np.ndarray
-    rows: tuple[Curve, ...]
-
-    @classmethod
-    def parse(cls, value: Any, where: str, a_name: str, b_name: str) -> Grid:
-        m = _mapping(value, where, (a_name, b_name, "seconds"))
-        a = _numbers(m[a_name], f"{where}.{a_name}", increasing=True)
-        b = _numbers(m[b_name], f"{where}.{b_name}", increasing=True)
-        table = m["seconds"]
-        if not isinstance(table, list) or len(table) != len(a):
-            raise _fail(f"{where}.seconds", f"must be {len(a)} rows (one per {a_name})")
-        rows = tuple(Curve(b, _numbers(r, f"{where}.seconds[{i}]")) for i, r in enumerate(table))
-        if any(len(r.y) != len(b) for r in rows):
-            raise _fail(f"{where}.seconds", f"every row must have {len(b)} values (one per {b_name})")
-        return cls(a, rows)
-
-    def __call__(self, va: float, vb):
-        a = self.a
-        if va >= a[-1]:
-            return self.rows[-1](vb) * (va / a[-1])
-        if va <= a[0]:
-            return self.rows[0](vb) * (va / a[0])
-        i = int(np.searchsorted(a, va, "right"))  # a[i - 1] < va < a[i] (or == a[i - 1])
-        lo, hi = a[i - 1], a[i]
-        zl = self.rows[i - 1](vb)
-        if va == lo:
-            return zl
-        return zl + (va - lo) / (hi - lo) * (self.rows[i](vb) - zl)
+def parse_grid(value: Any, where: str, a_name: str, b_name: str) -> Grid:
+    """A profile's {a_name, b_name, seconds} mapping as a Grid (sim/cost/table_cost.py)."""
+    m = _mapping(value, where, (a_name, b_name, "seconds"))
+    a = _numbers(m[a_name], f"{where}.{a_name}", increasing=True)
+    b = _numbers(m[b_name], f"{where}.{b_name}", increasing=True)
+    table = m["seconds"]
+    if not isinstance(table, list) or len(table) != len(a):
+        raise _fail(f"{where}.seconds", f"must be {len(a)} rows (one per {a_name})")
+    rows = tuple(Curve(b, _numbers(r, f"{where}.seconds[{i}]")) for i, r in enumerate(table))
+    if any(len(r.ys) != len(b) for r in rows):
+        raise _fail(f"{where}.seconds", f"every row must have {len(b)} values (one per {b_name})")
+    return Grid(a, rows)
 
 
 @dataclass(frozen=True)
@@ -173,97 +139,20 @@ def load_table_profile(path: Path, doc: dict, data: bytes) -> TableProfile:
     fp8 = None
     if "fp8_kv_cache" in m:
         f = _mapping(m["fp8_kv_cache"], f"{where}: model.fp8_kv_cache", ("decode_attention", "prefill_attention"))
-        fp8 = (Grid.parse(f["decode_attention"], f"{where}: model.fp8_kv_cache.decode_attention", "batch", "context"),
-               Grid.parse(f["prefill_attention"], f"{where}: model.fp8_kv_cache.prefill_attention", "chunks", "length"))
+        fp8 = (parse_grid(f["decode_attention"], f"{where}: model.fp8_kv_cache.decode_attention", "batch", "context"),
+               parse_grid(f["prefill_attention"], f"{where}: model.fp8_kv_cache.prefill_attention", "chunks", "length"))
     cpu = _mapping(m["cpu_overhead"], f"{where}: model.cpu_overhead", ("per_iteration", "per_sequence"))
     per_it, per_seq = (_numbers([cpu[k]], f"{where}: model.cpu_overhead.{k}")[0]
                        for k in ("per_iteration", "per_sequence"))
     return TableProfile(
-        tokens=Curve.parse(m["tokens"], f"{where}: model.tokens"),
-        sequences=Curve.parse(m["sequences"], f"{where}: model.sequences"),
-        decode_attention=Grid.parse(m["decode_attention"], f"{where}: model.decode_attention",
+        tokens=parse_curve(m["tokens"], f"{where}: model.tokens"),
+        sequences=parse_curve(m["sequences"], f"{where}: model.sequences"),
+        decode_attention=parse_grid(m["decode_attention"], f"{where}: model.decode_attention",
                                     "batch", "context"),
-        prefill_attention=Grid.parse(m["prefill_attention"], f"{where}: model.prefill_attention",
+        prefill_attention=parse_grid(m["prefill_attention"], f"{where}: model.prefill_attention",
                                      "chunks", "length"),
         cpu_per_iteration=float(per_it), cpu_per_sequence=float(per_seq), metadata=meta,
         source=path, sha256=hashlib.sha256(data).hexdigest(), fp8_kv_cache=fp8, overheads=overheads)
-
-
-def prefill_equivalent(lens: list[int], contexts: list[int]) -> tuple[int, float]:
-    """(chunks, length of a fresh prompt with the chunks' mean causal pairs): a chunk of c tokens
-    after p cached ones has c x p + c^2 / 2 (query, key) pairs, a fresh prompt of s tokens s^2 / 2."""
-    pairs = sum(c * p + c * c / 2 for c, p in zip(lens, contexts))
-    return len(lens), math.sqrt(2 * pairs / len(lens))
-
-
-class TableProfileCost(StepCost):
-    """The step-cost model of a v2 profile; `cpu_overhead_s` / `cpu_overhead_per_seq_s` replace the
-    profile's CPU term when given (a scenario's tuning); `kv_cache_dtype` (the engine's) picks the
-    attention grids; `overheads` (sim/cost/overheads.py) turns the kernel time g of an iteration into
-    max(g, host) + per-iteration adders, at `tensor_parallel_size`."""
-
-    def __init__(self, profile: TableProfile, cpu_overhead_s: float | None = None,
-                 cpu_overhead_per_seq_s: float | None = None, kv_cache_dtype: str = "auto",
-                 overheads: EngineOverheads | None = None, tensor_parallel_size: int = 1):
-        self.profile = p = profile
-        self._decode, self._prefill = p.attention(kv_cache_dtype)
-        self._cpu = p.cpu_per_iteration if cpu_overhead_s is None else cpu_overhead_s
-        self._cpu_seq = p.cpu_per_sequence if cpu_overhead_per_seq_s is None else cpu_overhead_per_seq_s
-        self._floor, self._adder = (0.0, 0.0) if overheads is None else \
-            overheads.step_floor_and_adder(tensor_parallel_size)
-        self._tokens: dict[int, float] = {}     # T -> tokens(T), cached: T repeats a lot
-        self._sequences: dict[int, float] = {}  # S -> sequences(S)
-
-    def _fixed(self, tokens: int, seqs: int) -> float:
-        t = self._tokens.get(tokens)
-        if t is None:
-            t = self._tokens[tokens] = self.profile.tokens(tokens)
-        s = self._sequences.get(seqs)
-        if s is None:
-            s = self._sequences[seqs] = self.profile.sequences(seqs)
-        return self._cpu + self._cpu_seq * seqs + t + s
-
-    def step_time(self, stats: BatchStats) -> float:
-        """step_times(stats, 1)[0] in Python floats: the same operations on the same doubles
-        (the grids answer a scalar as they do an array; tests/cost/test_sim_cost.py holds them equal)."""
-        t = self._without_decodes(stats)
-        n = stats.num_decodes
-        if n:
-            t = t + self._decode(n, stats.decode_context_sum / n)
-        t = float(t)
-        if self._floor:
-            t = max(t, self._floor)
-        return t + self._adder if self._adder else t
-
-    def step_times(self, stats: BatchStats, steps: int = 1) -> np.ndarray:
-        times = self._gpu_times(stats, steps)
-        if self._floor:
-            times = np.maximum(times, self._floor)
-        return times + self._adder if self._adder else times
-
-    def _without_decodes(self, stats: BatchStats) -> float:
-        """An iteration's kernel time but its decodes' attention: the per-token and per-sequence
-        terms, and the prefill chunks' attention."""
-        chunks = len(stats.prefill_lens)
-        t = self._fixed(stats.total_tokens, chunks + stats.num_decodes)
-        if chunks:
-            b, s = prefill_equivalent(stats.prefill_lens.tolist(), stats.prefill_contexts.tolist())
-            t += self._prefill(b, s)
-        return t
-
-    def _gpu_times(self, stats: BatchStats, steps: int) -> np.ndarray:
-        n = stats.num_decodes
-        t = self._without_decodes(stats)
-        if n == 0:
-            return np.full(steps, t)
-        mean = stats.decode_context_sum / n
-        if steps == 1:
-            return np.array([t + self._decode(n, mean)])
-        # iteration j: every decode one token further, so the mean context grows by j
-        growth = np.arange(steps, dtype=np.float64)
-        if stats.decode_context_growth is not None:  # (a sliding window's layer average)
-            growth *= stats.decode_context_growth / n
-        return t + self._decode(n, mean + growth)
 
 
 def shipped_profile(model: str, hardware: str, tensor_parallel_size: int) -> Path | None:

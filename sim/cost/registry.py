@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.config.checks import MAX_STEP_SECONDS, _num, _section, check_input_file, load_yaml
+from sim.config.checks import MAX_STEP_SECONDS, _num, _section, check_input_file, load_yaml, parsed_once
 from sim.config.errors import ScenarioError
 from sim.cost import linear_attention, measured
 from sim.cost.overheads import (
@@ -44,6 +44,7 @@ from sim.cost.step_cost import (
     WindowedCost,
     prefill_attention_work,
 )
+from sim.cost.table_cost import TableProfileCost
 from sim.presets.hardware import HARDWARE_PRESETS, HardwareSpec, is_preset
 from sim.presets.models import MODEL_PRESETS, ModelSpec
 
@@ -137,8 +138,12 @@ def _check_curve(curve: Any, where: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def load_profile(path: Path, where: str = ""):
-    """A StepProfile (v1, fitted by calibrate/fit.py) or a TableProfile (v2, sim/cost/measured.py)."""
-    return _load_profile(path, where)
+    """A StepProfile (v1, fitted by calibrate/fit.py) or a TableProfile (v2, sim/cost/measured.py),
+    read once while the file is unchanged (both are frozen: shared safely)."""
+    path = Path(path)
+    if not path.exists():
+        raise _fail(where, f"profile file {path} not found")
+    return parsed_once(path, _load_profile)
 
 
 def _load_profile(path: Path, where: str = ""):
@@ -260,7 +265,7 @@ def _measured_options(options: Any, where: str, hardware: HardwareSpec, tp: int,
 def _build_profile(kw, m, hw, tp):
     profile = kw["profile"]
     if isinstance(profile, measured.TableProfile):
-        return measured.TableProfileCost(profile, kw.get("cpu_overhead_s"),
+        return TableProfileCost(profile, kw.get("cpu_overhead_s"),
                                          kw.get("cpu_overhead_per_seq_s"), kw.get("kv_cache_dtype", "auto"),
                                          kw.get("overheads"), tp)
     overheads = kw.get("overheads")  # (a v1 profile's: no floor, WHOLE_ITERATION_KEYS)

@@ -43,6 +43,11 @@ class CostModel(Protocol):
         Python, up to the next arrival, instead of pricing 32 with numpy."""
         ...
 
+    def decode_times(self, stats: BatchStats, steps: int) -> list[float] | None:
+        """For a batch without prefill chunks where decode_line is None: step_times(stats, steps)
+        as a list of the very same floats, or None. The engine walks these the same way."""
+        ...
+
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # (compiled: setup.py; plug-ins subclass it)
 class StepCost:
@@ -59,6 +64,11 @@ class StepCost:
     def decode_line(self, stats: BatchStats) -> tuple[float, float, int, int, float] | None:
         return None
 
+    def decode_times(self, stats: BatchStats, steps: int) -> list[float] | None:
+        """step_times(stats, steps) as Python floats, priced without numpy where a model can (a
+        measured profile's table lookups); None: it cannot, and step_times prices the run."""
+        return None
+
 
 class _Plain(StepCost):
     """A cost model with step_times only (a plug-in), given the fast paths' defaults."""
@@ -72,7 +82,7 @@ class _Plain(StepCost):
 
 def as_cost_model(cost: Any) -> CostModel:
     """`cost` itself if it has both fast paths, else `cost` with their defaults."""
-    if isinstance(cost, StepCost) or (hasattr(cost, "step_time") and hasattr(cost, "decode_line")):
+    if isinstance(cost, StepCost) or all(hasattr(cost, k) for k in ("step_time", "decode_line", "decode_times")):
         return cost
     return _Plain(cost)
 
@@ -110,6 +120,9 @@ class WindowedCost(StepCost):
 
     def decode_line(self, stats: BatchStats) -> tuple[float, float, int, int, float] | None:
         return self.inner.decode_line(self.attended(stats))
+
+    def decode_times(self, stats: BatchStats, steps: int) -> list[float] | None:
+        return self.inner.decode_times(self.attended(stats), steps)
 
     def attended(self, stats: BatchStats) -> BatchStats:
         f, w = self.fraction, self.window
@@ -155,6 +168,13 @@ class ScaledCost(StepCost):
             return None
         a, b, c, n, _ = line
         return a, b, c, n, self.factor
+
+    def decode_times(self, stats: BatchStats, steps: int) -> list[float] | None:
+        times = self.inner.decode_times(stats, steps)
+        if times is None:
+            return None
+        f = self.factor
+        return [t * f for t in times]  # (step_times' array x factor, element by element)
 
 
 class UnitCost(StepCost):

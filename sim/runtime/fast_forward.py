@@ -132,6 +132,20 @@ class Runner:
             if cut or probe == steps:  # (else no arrival in the probe: the whole run, below)
                 # numpy sums fewer than 8 floats left to right, as acc; more pairwise (total)
                 return walked, acc if len(walked) < 8 else total(walked)
+        else:
+            priced = self.cost.decode_times(schedule.stats, probe)
+            if priced is not None:  # the same floats step_times gives, walked the same way
+                times: list[float] = priced
+                walked = []
+                acc, cut = 0.0, False
+                for d in times:
+                    walked.append(d)
+                    acc += d
+                    if start + acc >= arrival:
+                        cut = True
+                        break
+                if cut or probe == steps:
+                    return walked, acc if len(walked) < 8 else total(walked)
         durations = self.cost.step_times(schedule.stats, probe)
         ends = durations.cumsum()
         ends += start  # (in place: the same sums as start + cumsum, one array less)

@@ -24,7 +24,8 @@ from sim.cost.composer import (
     build_profile,
     heldout_shapes,
 )
-from sim.cost.measured import PROFILES, TableProfileCost, load_table_profile, shipped_index
+from sim.cost.measured import PROFILES, load_table_profile, shipped_index
+from sim.cost.table_cost import TableProfileCost
 from sim.presets.hardware import HARDWARE_PRESETS
 from sim.presets.models import MODEL_PRESETS
 from sim.simulate import simulate

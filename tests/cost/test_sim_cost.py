@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 from sim.build import cost_model
 from sim.config.errors import ScenarioError
 from sim.cost.batch import BatchStats
-from sim.cost.measured import TableProfileCost
 from sim.cost.registry import (
     COST_MODELS,
     ProfileCost,
@@ -22,6 +21,7 @@ from sim.cost.registry import (
     make_cost_model,
     prefill_attention_work,
 )
+from sim.cost.table_cost import TableProfileCost
 from sim.presets.hardware import HARDWARE_PRESETS
 from sim.presets.models import MODEL_PRESETS
 from simhelpers import make_scenario
