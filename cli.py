@@ -5,6 +5,7 @@ stays fast. Bad input (ScenarioError) is printed as one line `error: ...` with e
 """
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -265,9 +266,15 @@ class _Progress:
         self.start = time.monotonic()
         return self
 
+    LOG_EVERY_S = 30.0  # without a terminal: a line at each new phase, else at most this often,
+    LOG_AFTER_S = 2.0   # ... the first once the work has lasted this long (short commands print none)
+
     def __call__(self, done: int, total: int | None = None, phase: str | None = None) -> None:
-        """`phase` (e.g. "confirming the answer") is shown after the label when given."""
+        """`phase` (e.g. "sizing the cluster") is shown after the label when given."""
         if not self.enabled:
+            return
+        if not sys.stderr.isatty():  # (a log file, a pipe, CI: plain lines, done/total and ETA)
+            self._log(done, total, phase)
             return
         if self.bar is None:
             if time.monotonic() - self.start < self.after_s:
@@ -275,6 +282,20 @@ class _Progress:
             self.bar = self._start(done, total)
         label = f"{self.label}: {phase}" if phase else self.label
         self.bar.update(self.task, completed=done, total=total, description=label, refresh=True)
+
+    def _log(self, done: int, total: int | None, phase: str | None) -> None:
+        now = time.monotonic()
+        elapsed = now - self.start
+        if elapsed < max(self.after_s, self.LOG_AFTER_S) or (phase == getattr(self, "_phase", None)
+                                      and now - getattr(self, "_logged", 0.0) < self.LOG_EVERY_S):
+            return
+        self._phase, self._logged = phase, now
+        label = f"{self.label}: {phase}" if phase else self.label
+        line = f"{label}: {done:,}/{total:,} {self.unit}" if total else f"{label}: {done:,} {self.unit}"
+        line += f", {_clock(elapsed)} elapsed"
+        if total and 0 < done < total:
+            line += f", ETA {_clock(elapsed / done * (total - done))}"
+        print(line, file=sys.stderr, flush=True)
 
     def _start(self, done: int, total: int | None) -> Any:
         from rich.console import Console
@@ -301,6 +322,16 @@ class _Progress:
     def __exit__(self, *exc: object) -> None:
         if self.bar is not None:
             self.bar.stop()
+
+
+def _clock(seconds: float) -> str:
+    """12 s, 3 min 05 s, 1 h 02 min."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
 
 
 def _fmt(v: Any, digits: int = 2) -> str:
@@ -681,18 +712,19 @@ def plan(
         "--set", help="Override a scenario key, e.g. [bold]--set engine.scheduler=continuous[/]. Repeatable.",
         metavar="KEY=VALUE", show_default=False)] = None,
     seeds: Annotated[int, typer.Option(
-        help="Seeds per load point (more when they disagree; 1 when the workload has no random component, "
-             "e.g. a trace replay).", metavar="N")] = 3,
+        help="Seeds per load point near a target (2 first; up to twice as many while the 90% interval of the "
+             "mean percentile straddles a target; 1 when the workload has no random component, e.g. a trace "
+             "replay).", metavar="N")] = 4,
     resolution: Annotated[float, typer.Option(
         help="Relative step of the rate grid (a trace's time_scale grid): the answer is within this of the "
              "true boundary.", metavar="F")] = 0.02,
     horizon_s: Annotated[float | None, typer.Option(
-        help="Simulated seconds of arrivals per run (generated open loop) instead of the scenario's own "
-             "workload.num_requests (a trace's length fixes its own). \\[default: the scenario's length; "
-             "120 s when it sets none]", metavar="S", show_default=False)] = None,
+        help="Simulated seconds of arrivals per run (generated open loop), at least --min-requests and what the "
+             "SLO's percentile needs (a trace's length fixes its own). \\[default: 120]", metavar="S",
+        show_default=False)] = None,
     confidence: Annotated[float, typer.Option(
-        help="The answer meets the SLO with at least this probability on a fresh seed (one-sided 90% "
-             "Wilson lower bound).", metavar="P")] = 0.9,
+        help="A confirmed cluster: a fresh run of it meets the SLO with at least this probability (a one-sided "
+             "Student-t prediction bound over its seeds).", metavar="P")] = 0.9,
     headroom: Annotated[float, typer.Option(
         help="Plan for this share of the sustained load (0.8: replicas sized for target / 0.8).",
         metavar="F")] = 1.0,
@@ -780,10 +812,11 @@ def plan(
         prefix_caching=prefix_caching, kv_offloading_size=kv_offloading_size, max_gpus=max_gpus,
         budget_usd_per_hour=budget_usd_per_hour,
         min_requests=min_requests, workers=workers, cluster=cluster, window_s=window_s)
+    note = lambda text: typer.echo(f"note: {text}", err=True)  # noqa: E731
     try:
-        job = prepare(request, note=lambda text: typer.echo(f"note: {text}", err=True))
+        job = prepare(request, note=note)
         with _Progress(job.label, "simulations", enabled=not quiet) as progress:
-            result = job.run(progress)
+            result = job.run(progress, note=None if quiet else note)
         title, rows, written = job.write(result)
         emitted = job.emit(result)
     except ScenarioError as e:
@@ -791,7 +824,10 @@ def plan(
     except OSError as e:
         raise _fail(f"{e.filename or ''}: {e.strerror or e}".lstrip(": "), code=1) from None
     except KeyboardInterrupt:
-        raise _fail("interrupted; no plan written", code=130) from None
+        kept = job.out_dir / "simulations.jsonl" if "job" in locals() else None
+        raise _fail("interrupted; no plan written" + (f": the simulations done are kept in {kept}, and the same "
+                                                      "command resumes from them" if kept and kept.exists() else ""),
+                    code=130) from None
     if not quiet:
         # the vllm serve line printed whole, below the table: a table cell folds it over lines
         # that cannot be pasted back into a shell

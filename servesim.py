@@ -217,7 +217,7 @@ def plan(scenario: str | Path, *, slo: str | None = None, overrides: Iterable[st
         if wrong:
             raise ScenarioError(f"plan: search has no knob {wrong[0]!r}; knobs: {', '.join(sorted(allowed))}")
         job = replace(job, options=replace(job.options, **search))
-    result = job.run()
+    result = job.run(keep=out is not None)  # (with `out`, its journal too: the same call again resumes)
     if out is not None:
         job.write(result)
         job.emit(result)

@@ -56,10 +56,13 @@ class SimResult:
 
 def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = None, *,
              workload: Workload | None = None, fast_forward: bool = True,
-             cost: CostModel | None = None) -> SimResult:
+             cost: CostModel | None = None,
+             watch: Callable[[RequestTable], Callable[[], None] | None] | None = None) -> SimResult:
     """Run `scenario` to completion. `progress(completed, total)` is called a few times a second;
     `workload` replaces the scenario's (tests, planners); fast_forward=False steps every iteration;
-    `cost` replaces the scenario's cost model (validation's replay of measured iterations)."""
+    `cost` replaces the scenario's cost model (validation's replay of measured iterations);
+    `watch(requests)` gives a hook called after every iteration, which may end the run by raising
+    (the planner's early stop, sim/planning/slo.EarlyStop: the exception leaves simulate)."""
     own_workload = workload is None
     # the engine's overheads on request times (sim/cost/overheads.py), with the scenario's own cost model
     overheads = scenario.cost_model.overheads if cost is None else None
@@ -85,7 +88,7 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
     req = RequestTable.from_workload(workload)
     env = simpy.Environment()
     recorder = Recorder(e.block_size)
-    tick = _progress_ticker(req, progress)
+    tick = _hooks(_progress_ticker(req, progress), watch(req) if watch is not None else None)
     built = build_replicas(env, scenario, req, workload, cost, recorder, rng, tick, fast_forward)
     schedulers, transfers, loop = built.schedulers, built.transfers, built.loop
     env.run()
@@ -256,6 +259,18 @@ def run_record(scenario: Scenario) -> dict:
 
 def _where(scenario: Scenario) -> str:
     return f"{scenario.source}: " if scenario.source else ""
+
+
+def _hooks(*hooks):
+    """One per-iteration hook calling each given one (None: no hook at all)."""
+    given = [h for h in hooks if h is not None]
+    if len(given) <= 1:
+        return given[0] if given else None
+
+    def both() -> None:
+        for h in given:
+            h()
+    return both
 
 
 def _progress_ticker(req: RequestTable, progress):

@@ -31,6 +31,7 @@ tokens at the sustained load of one replica (TP x price / output tokens/s).
 """
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Iterable
@@ -44,8 +45,9 @@ from sim.config.scenario import ALL2ALL_BACKENDS, EngineConfig, SLOConfig, load_
 from sim.planning.engine_curve import SETTING_KEYS
 from sim.planning.evaluator import Evaluator, PlanOptions
 from sim.planning.load_search import Knob, check_target_unit, load_knob, max_load, replay_stats
-from sim.planning.planner import size_cluster
-from sim.planning.search_report import _knobs
+from sim.planning.parallel import LocalRunner
+from sim.planning.planner import Phases, concurrently, size_cluster
+from sim.planning.search_report import _knobs, candidate_point
 from sim.planning.search_report import tp_groups as _units
 from sim.planning.vllm_command import vllm_serve
 from sim.presets.hardware import HARDWARE_PRESETS
@@ -71,10 +73,11 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
                    max_gpus: int | None = None, budget_usd_per_hour: float | None = None,
                    prices: dict[str, float] | None = None, target_unit: str = "req/s",
                    headroom: float = 1.0, options: PlanOptions = PlanOptions(),
-                   progress: Callable[..., None] | None = None, runner: Any = None) -> dict:
-    """Every candidate's sustained load and cost; the cheapest meeting the SLO at `target`
-    (without a target: the lowest USD per million output tokens at the sustained load). `runner`:
-    where simulations run (a DaskRunner for a cluster; default local processes)."""
+                   progress: Callable[..., None] | None = None, runner: Any = None, journal: Any = None) -> dict:
+    """Every candidate's sustained load and cost; the cheapest whose confirmed cluster meets the SLO
+    at `target` (without a target: the lowest USD per million output tokens at the sustained
+    load). `runner`: where simulations run (a DaskRunner for a cluster; default local processes,
+    one pool for the search); `journal`: keeps every result (resume)."""
     start = time.perf_counter()
     overrides = tuple(overrides)
     base = load_scenario(path, overrides)
@@ -119,156 +122,236 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
     keys = [k for k in KNOBS if len({str(x[k]) for x in settings}) > 1 or k in SETTING_KEYS
             or any(x[k] != _current(e, k) for x in settings)]
     settings = [{k: x[k] for k in keys} for x in settings]  # only the knobs searched (and the two always shown)
-    count = {"done": 0}
     rows: list[dict[str, Any]] = []
     evaluators: dict[tuple[str, int], Evaluator] = {}
+    phases = Phases(progress, ["bounds", "coarse search"] + (["clusters"] if target is not None else ["refining"]))
+    own_runner = runner is None
+    runner = LocalRunner(options.workers).start() if own_runner else runner
+    try:
+        # 1-2. prune by rules and bounds (each GPU x TP's two runs at once)
+        pairs = [(g, tp) for g in gpus for tp in tps]
+        for gpu, tp in pairs:
+            given = (prices or {}).get(gpu)  # the user's price, else the preset's (a rounded estimate)
+            rows.append({"gpu": gpu, "tensor_parallel_size": tp,
+                         "usd_per_gpu_hour": HARDWARE_PRESETS[gpu].usd_per_hour if given is None else given,
+                         "price_source": "the hardware preset" if given is None else "--price"})
+        phases.start("bounds")
+        found = concurrently(*[functools.partial(_prune, row, path, slo, overrides, options, runner, settings, target,
+                                                 headroom, max_gpus, budget_usd_per_hour, unit, phases, journal)
+                               for row in rows])
+        evaluators = {(r["gpu"], r["tensor_parallel_size"]): ev for r, ev in zip(rows, found) if ev is not None}
 
-    def tick(ev: Evaluator, phase: str, estimate: int) -> Callable[[int], None]:
-        """ev's progress callback: its simulations from now on, added to the search's count."""
-        done_before, own_before = count["done"], ev.simulations
+        # 3. coarse search of every setting of every candidate left (the candidates at once)
+        phases.start("coarse search")
+        live = [r for r in rows if (r["gpu"], r["tensor_parallel_size"]) in evaluators]
+        concurrently(*[functools.partial(_coarse, row, evaluators[row["gpu"], row["tensor_parallel_size"]], settings,
+                                         keys, target, headroom) for row in live])
+        for row in live:
+            if row.get("pruned"):
+                del evaluators[row["gpu"], row["tensor_parallel_size"]]
 
-        def report(n: int) -> None:
-            count["done"] = done_before + n - own_before
-            if progress is not None:
-                progress(count["done"], max(estimate, count["done"] + 1), phase)
-        return report
-
-    # 1-2. prune by rules and bounds
-    pairs = [(g, tp) for g in gpus for tp in tps]
-    estimate = 2 * len(pairs) + 12 * len(pairs) * len(settings) + 40 * len(pairs) + 20
-    for gpu, tp in pairs:
-        given = (prices or {}).get(gpu)  # the user's price, else the preset's (a rounded estimate)
-        row: dict[str, Any] = {"gpu": gpu, "tensor_parallel_size": tp,
-                               "usd_per_gpu_hour": HARDWARE_PRESETS[gpu].usd_per_hour if given is None else given,
-                               "price_source": "the hardware preset" if given is None else "--price"}
-        rows.append(row)
-        extra: tuple[str, ...] = (f"hardware={gpu}", f"engine.tensor_parallel_size={tp}")
-        if max_gpus is not None and tp > max_gpus:
-            row["pruned"] = f"one replica needs {tp} GPUs > --max-gpus {max_gpus}"
-            continue
-        if budget_usd_per_hour is not None and tp * row["usd_per_gpu_hour"] > budget_usd_per_hour:
-            row["pruned"] = f"one replica costs {tp * row['usd_per_gpu_hour']:.2f} USD/h > --budget-usd-per-hour"
-            continue
-        try:
-            ev = _evaluator(path, slo, overrides + extra, options, runner, settings)
-        except ScenarioError as err:  # does not fit, TP does not divide the heads, no profile...
-            row["pruned"] = str(err).split(": ", 1)[-1] if str(err).startswith(str(path)) else str(err)
-            continue
-        knob = load_knob(ev.scenario, ev.options)
-        ev.progress = tick(ev, "bounds", estimate)
-        row["cost_model"] = ev.scenario.cost_model.provenance()["name"]
-        row.update(_bounds(ev, knob, slo))
-        if row.get("pruned"):
-            continue
+        # 4. with a target: every candidate that could be the cheapest, its cluster confirmed
+        chosen_row = None
         if target is not None:
-            best_case = SLACK * row["bound"]
-            need = math.ceil(target / headroom / best_case - 1e-9) * tp
-            if max_gpus is not None and need > max_gpus:
-                row["pruned"] = f"even at {best_case:.2f} {unit} per replica ({SLACK:g}x its saturated " \
-                                f"throughput) the target needs {need} GPUs > --max-gpus {max_gpus}"
-            elif budget_usd_per_hour is not None and need * row["usd_per_gpu_hour"] > budget_usd_per_hour:
-                row["pruned"] = f"even at {SLACK:g}x its saturated throughput the target needs {need} GPUs, " \
-                                f"{need * row['usd_per_gpu_hour']:.2f} USD/h > --budget-usd-per-hour"
-        if not row.get("pruned"):
-            evaluators[gpu, tp] = ev
+            phases.start("clusters")
+            chosen_row = _clusters(rows, evaluators, target, headroom, max_gpus, budget_usd_per_hour)
+        else:  # without one: the lowest $ per million output tokens, refined on the load search's grid
+            phases.start("refining")
+            chosen_row = _refine(rows, evaluators)
 
-    # 3. coarse search of every setting of every candidate left
-    for row in rows:
-        key = (row["gpu"], row["tensor_parallel_size"])
-        if key not in evaluators:
+        out: dict[str, Any] = {"scenario": base.name, "source": str(path), "slo_label": slo.label(),
+                               "slo_targets": slo.targets(),  # metric -> [limit ms, percentile]
+                               "model": base.model.name, "unit": unit, "target": target, "headroom": headroom,
+                               "max_gpus": max_gpus, "budget_usd_per_hour": budget_usd_per_hour,
+                               "settings": settings, "candidates": rows, "chosen": None,
+                               "options": {k: getattr(options, k) for k in PlanOptions.__dataclass_fields__
+                                           if k != "workers"}}
+        if base.workload.trace is not None:  # every load is the trace replayed at time_scale = load / native rate
+            out["workload"] = replay_stats(base.workload)
+        # 5. the answer: the chosen row's own confirmed numbers (one source for every file)
+        if chosen_row is not None:
+            ev = evaluators[chosen_row["gpu"], chosen_row["tensor_parallel_size"]]
+            chosen = {**{k: chosen_row[k] for k in keys}, "gpu": chosen_row["gpu"],
+                      "tensor_parallel_size": chosen_row["tensor_parallel_size"]}
+            if target is not None:
+                chosen.update(replicas=chosen_row["replicas"], gpus=chosen_row["gpus"],
+                              usd_per_hour=chosen_row["usd_per_hour"], cluster_point=chosen_row["cluster"]["point"])
+            chosen["vllm_serve"] = vllm_serve(ev.load(tuple(chosen_row["coarse_overrides"])))
+            out["chosen"] = chosen
+        out["pareto"] = pareto(rows, target is not None)
+        out["simulations"] = phases.done
+        out["read_back"] = journal.read_back if journal is not None else 0
+        out["wall_s"] = time.perf_counter() - start
+        return out
+    finally:
+        if own_runner:
+            runner.close()
+
+
+def _prune(row: dict, path, slo: SLOConfig, overrides: tuple[str, ...], options: PlanOptions, runner: Any,
+           settings: list[dict], target: float | None, headroom: float, max_gpus: int | None,
+           budget: float | None, unit: str, phases: Phases, journal: Any) -> Evaluator | None:
+    """Steps 1-2 for one GPU x TP: its evaluator, or None with row["pruned"] saying why."""
+    gpu, tp = row["gpu"], row["tensor_parallel_size"]
+    extra: tuple[str, ...] = (f"hardware={gpu}", f"engine.tensor_parallel_size={tp}")
+    if max_gpus is not None and tp > max_gpus:
+        row["pruned"] = f"one replica needs {tp} GPUs > --max-gpus {max_gpus}"
+        return None
+    if budget is not None and tp * row["usd_per_gpu_hour"] > budget:
+        row["pruned"] = f"one replica costs {tp * row['usd_per_gpu_hour']:.2f} USD/h > --budget-usd-per-hour"
+        return None
+    try:
+        ev = _evaluator(path, slo, overrides + extra, options, runner, settings, journal)
+    except ScenarioError as err:  # does not fit, TP does not divide the heads, no profile...
+        row["pruned"] = str(err).split(": ", 1)[-1] if str(err).startswith(str(path)) else str(err)
+        return None
+    ev.progress = phases.tick
+    knob = load_knob(ev.scenario, ev.options)
+    row["cost_model"] = ev.scenario.cost_model.provenance()["name"]
+    row.update(_bounds(ev, knob, slo))
+    if row.get("pruned"):
+        return None
+    if target is not None:
+        best_case = SLACK * row["bound"]
+        need = math.ceil(target / headroom / best_case - 1e-9) * tp
+        if max_gpus is not None and need > max_gpus:
+            row["pruned"] = f"even at {best_case:.2f} {unit} per replica ({SLACK:g}x its saturated " \
+                            f"throughput) the target needs {need} GPUs > --max-gpus {max_gpus}"
+        elif budget is not None and need * row["usd_per_gpu_hour"] > budget:
+            row["pruned"] = f"even at {SLACK:g}x its saturated throughput the target needs {need} GPUs, " \
+                            f"{need * row['usd_per_gpu_hour']:.2f} USD/h > --budget-usd-per-hour"
+    return None if row.get("pruned") else ev
+
+
+def _coarse(row: dict, ev: Evaluator, settings: list[dict], keys: list[str], target: float | None,
+            headroom: float) -> None:
+    """Step 3 for one GPU x TP: every setting's coarse sustained load (the engine curve's grid and
+    seeds, galloping from 85% of the saturated throughput); the best per GPU, its estimated cost."""
+    knob = load_knob(ev.scenario, ev.options)
+    grid = knob.anchored(row["bound"] * START, max(ev.options.curve_resolution, knob.resolution))
+    entries: list[dict[str, Any]] = []
+    at = 0
+    for setting in settings:
+        extra = tuple(f"engine.{k}={_yaml(v)}" for k, v in setting.items() if _current(ev.scenario.engine, k) != v)
+        try:
+            ev.load(extra)
+        except ScenarioError as err:
+            entries.append({**setting, "overrides": list(extra), "sustained": None, "refused": str(err)})
             continue
-        ev = evaluators[key]
-        ev.progress = tick(ev, "coarse search", estimate)
+        found = max_load(ev, grid, extra, start=at, gallop=True, seeds=ev.options.curve_ladder(), **setting)
+        entries.append({**setting, "overrides": list(extra), "sustained": found["answer"],
+                        "next": found["next"], "point": found["answer_point"],
+                        "cost_model": ev.load(extra).cost_model.name})
+        if found["answer"] is not None:
+            at = grid.index(found["answer"])
+    row["settings"] = [{k: v for k, v in s.items() if k != "point"} for s in entries]
+    bases = {s["cost_model"] for s in entries if "cost_model" in s}
+    if len(bases) > 1:  # e.g. DP/EP settings on the roofline beside measured TP ones: said, not hidden
+        row["mixed_cost_models"] = ", ".join(f"{_knobs_text(s)}: {s['cost_model']}" for s in entries
+                                             if "cost_model" in s)
+    best = _best_per_gpu([s for s in entries if "refused" not in s])
+    if best is None:  # (every setting refused, e.g. --pp past the model's layers: that is why)
+        refused = [s["refused"] for s in entries if "refused" in s]
+        row["pruned"] = ("every setting refused: " + "; ".join(dict.fromkeys(refused))
+                         if len(refused) == len(entries) else "no setting meets the SLO at any load")
+        return
+    row.update({k: best[k] for k in keys}, replicas_per_unit=_units(best), coarse_load=best["sustained"],
+               coarse_grid=grid.resolution, coarse_overrides=best["overrides"],
+               ties=[{k: x[k] for k in keys} for x in entries if x is not best and x["sustained"] is not None
+                     and x["sustained"] / _units(x) == best["sustained"] / _units(best)])
+    row.update(_costs(row, best["sustained"], best["point"], target, headroom))
+
+
+def _clusters(rows: list[dict], evaluators: dict, target: float, headroom: float, max_gpus: int | None,
+              budget: float | None) -> dict | None:
+    """Step 4 with a target: branch and bound over the candidates' clusters. In order of estimated
+    cost, each candidate that could still be the cheapest (its cost at SLACK x its saturated
+    throughput per replica below the cheapest confirmed) is simulated as its whole cluster at the
+    target: the fewest replicas that meet the SLO there, confirmed (size_cluster), and at most as
+    many as would cost less than the cheapest confirmed so far, so a dearer candidate costs the
+    few runs that show it. The cheapest confirmed cluster is the answer (ties: the smaller TP)."""
+    live = sorted((r for r in rows if (r["gpu"], r["tensor_parallel_size"]) in evaluators), key=_rank)
+    best: dict | None = None
+    for row in live:
+        ev = evaluators[row["gpu"], row["tensor_parallel_size"]]
         knob = load_knob(ev.scenario, ev.options)
-        grid = knob.anchored(row["bound"] * START, max(ev.options.curve_resolution, knob.resolution))
-        entries: list[dict[str, Any]] = []
-        at = 0
-        for setting in settings:
-            extra = tuple(f"engine.{k}={_yaml(v)}" for k, v in setting.items() if _current(ev.scenario.engine, k) != v)
-            try:
-                ev.load(extra)
-            except ScenarioError as err:
-                entries.append({**setting, "overrides": list(extra), "sustained": None, "refused": str(err)})
+        per_replica_gpus = row["tensor_parallel_size"] * row.get("replicas_per_unit", 1)
+        unit_usd = per_replica_gpus * row["usd_per_gpu_hour"]
+        fewest = max(1, math.ceil(target / headroom / (SLACK * row["bound"]) - 1e-9))  # (at SLACK x flat out)
+        row["replicas_lower_bound"] = fewest
+        most = None
+        if best is not None:  # cheaper than the best so far: fewer than this many replicas
+            most = math.ceil(best["usd_per_hour"] / unit_usd - 1e-9) - 1 if unit_usd > 0 else None
+            if most is not None and most < fewest:
+                row["status"] = (f"cannot be the cheapest: even at {SLACK:g}x its saturated throughput it needs "
+                                 f"{fewest} replicas, ${fewest * unit_usd:,.2f}/hour")
                 continue
-            found = max_load(ev, grid, extra, start=at, gallop=True, seeds=ev.options.curve_ladder(), **setting)
-            entries.append({**setting, "overrides": list(extra), "sustained": found["answer"],
-                            "next": found["next"], "point": found["answer_point"],
-                            "cost_model": ev.load(extra).cost_model.name})
-            if found["answer"] is not None:
-                at = grid.index(found["answer"])
-        row["settings"] = [{k: v for k, v in s.items() if k != "point"} for s in entries]
-        bases = {s["cost_model"] for s in entries if "cost_model" in s}
-        if len(bases) > 1:  # e.g. DP/EP settings on the roofline beside measured TP ones: said, not hidden
-            row["mixed_cost_models"] = ", ".join(f"{_knobs_text(s)}: {s['cost_model']}" for s in entries
-                                                 if "cost_model" in s)
-        best = _best_per_gpu([s for s in entries if "refused" not in s])
-        if best is None:  # (every setting refused, e.g. --pp past the model's layers: that is why)
-            refused = [s["refused"] for s in entries if "refused" in s]
-            row["pruned"] = ("every setting refused: " + "; ".join(dict.fromkeys(refused))
-                             if len(refused) == len(entries) else "no setting meets the SLO at any load")
-            del evaluators[key]
+        within = _most_within(max_gpus, budget, per_replica_gpus, unit_usd)
+        if within is not None and within < fewest:
+            row["status"] = (f"over the limits: even at {SLACK:g}x its saturated throughput it needs {fewest} "
+                             f"replicas, {fewest * per_replica_gpus} GPUs, ${fewest * unit_usd:,.2f}/hour")
             continue
-        row.update({k: best[k] for k in keys}, replicas_per_unit=_units(best), coarse_load=best["sustained"],
-                   coarse_grid=grid.resolution,
-                   coarse_overrides=best["overrides"],
-                   ties=[{k: x[k] for k in keys} for x in entries if x is not best and x["sustained"] is not None
-                         and x["sustained"] / _units(x) == best["sustained"] / _units(best)])
-        row.update(_costs(row, best["sustained"], best["point"], target, headroom))
-        over = _over_limits(row, max_gpus, budget_usd_per_hour)
-        if over:
-            row["status"] = over
-            del evaluators[key]
+        caps = [c for c in (most, within) if c is not None]
+        cl = size_cluster(ev, knob, target / headroom, row["coarse_load"], tuple(row["coarse_overrides"]),
+                          _scale(row.get("disaggregation")), most=min(caps) if caps else None)
+        row["cluster"] = _brief_cluster(cl)
+        if cl["replicas"] is None:
+            why = "the cheapest so far" if most is not None and min(caps) == most else "the limits"
+            row["status"] = (f"dearer: {cl['beyond']} replicas (${cl['beyond'] * unit_usd:,.2f}/hour, just under "
+                             f"{why}) miss the SLO at the target")
+            continue
+        n = cl["replicas"]
+        row.update(replicas=n, gpus=n * per_replica_gpus, usd_per_hour=n * unit_usd, status="confirmed",
+                   cluster_load_per_replica=target / headroom / n)
+        if best is None or _rank(row) < _rank(best):
+            best = row
+    return best
 
-    # 4. confirm in order of coarse cost while one could still be the cheapest
+
+def _most_within(max_gpus: int | None, budget: float | None, gpus_per_replica: int, unit_usd: float) -> int | None:
+    """The most replicas --max-gpus and --budget-usd-per-hour allow (None: no limit)."""
+    caps = []
+    if max_gpus is not None:
+        caps.append(max_gpus // gpus_per_replica)
+    if budget is not None and unit_usd > 0:
+        caps.append(math.floor(budget / unit_usd + 1e-9))
+    return min(caps) if caps else None
+
+
+def _brief_cluster(cl: dict) -> dict:
+    """A candidate's cluster, for the table: its count, the point that confirmed it, what was tried."""
+    keep = ("met", "seeds", "passes", "replicas", "overrides", "ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "bettable",
+            "steady",
+            "output_throughput", "total_token_throughput", "request_throughput", "stopped")
+    brief = lambda p: {k: p[k] for k in keep if k in p} if p else None  # noqa: E731
+    return {"replicas": cl["replicas"], "beyond": cl["beyond"], "requests_per_run": cl["requests_per_run"],
+            "point": brief(cl["point"]), "one_fewer": brief(cl["one_fewer"]),
+            "tried": [brief(p) for p in cl["tried"]]}
+
+
+def _refine(rows: list[dict], evaluators: dict) -> dict | None:
+    """Step 4 without a target: refine, in order of coarse $ per million output tokens, each
+    candidate's best setting on the load search's grid while its coarse cost could still be the
+    lowest (a refined answer is at most a grid step above the coarse one)."""
     live = sorted((r for r in rows if (r["gpu"], r["tensor_parallel_size"]) in evaluators), key=_rank)
     cheapest = None
     for row in live:
-        slack = 1 + row["coarse_grid"]  # a confirmed answer can sit up to one coarse step higher
+        slack = 1 + row["coarse_grid"]
         if cheapest is not None and _rank(row, slack) > _rank(cheapest):
             row["status"] = "coarse (cannot be the cheapest)"
             continue
         ev = evaluators[row["gpu"], row["tensor_parallel_size"]]
-        ev.progress = tick(ev, "confirming", estimate)
         knob = load_knob(ev.scenario, ev.options)
-        found = max_load(ev, knob, tuple(row["coarse_overrides"]), start=knob.index(row["coarse_load"]),
-                         gallop=True, confirm=True)
+        found = max_load(ev, knob, tuple(row["coarse_overrides"]), start=knob.index(row["coarse_load"]), gallop=True)
         if found["answer"] is None:
-            row.update(status="fails when confirmed", sustained_load=None)
+            row.update(status="fails when refined", sustained_load=None)
             continue
-        row.update(status="confirmed", sustained_load=found["answer"], confidence=found["confidence"])
-        row.update(_costs(row, found["answer"], found["answer_point"], target, headroom))
-        over = _over_limits(row, max_gpus, budget_usd_per_hour)
-        if over:
-            row["status"] = f"confirmed, but {over}"
-        elif cheapest is None or _rank(row) < _rank(cheapest):
+        row.update(status="refined", sustained_load=found["answer"], confidence=found["confidence"],
+                   estimate=found["estimate"])
+        row.update(_costs(row, found["answer"], found["answer_point"], None, 1.0))
+        if cheapest is None or _rank(row) < _rank(cheapest):
             cheapest = row
-
-    out: dict[str, Any] = {"scenario": base.name, "source": str(path), "slo_label": slo.label(),
-                           "slo_targets": slo.targets(),  # metric -> [limit ms, percentile]
-                           "model": base.model.name, "unit": unit, "target": target, "headroom": headroom,
-                           "max_gpus": max_gpus, "budget_usd_per_hour": budget_usd_per_hour,
-                           "settings": settings, "candidates": rows, "chosen": None}
-    if base.workload.trace is not None:  # every load is the trace replayed at time_scale = load / native rate
-        out["workload"] = replay_stats(base.workload)
-    # 5. the cluster of the cheapest, simulated
-    if cheapest is not None:
-        ev = evaluators[cheapest["gpu"], cheapest["tensor_parallel_size"]]
-        knob = load_knob(ev.scenario, ev.options)
-        chosen = {**{k: cheapest[k] for k in keys}, "gpu": cheapest["gpu"],
-                  "tensor_parallel_size": cheapest["tensor_parallel_size"]}
-        if target is not None:
-            ev.progress = tick(ev, "sizing the cluster", estimate)
-            cl = size_cluster(ev, knob, target / headroom, cheapest["sustained_load"],
-                              tuple(cheapest["coarse_overrides"]), _scale(cheapest.get("disaggregation")))
-            gpus_n = cl["replicas"] * cheapest["tensor_parallel_size"] * cheapest["replicas_per_unit"]
-            chosen.update(replicas=cl["replicas"], gpus=gpus_n, usd_per_hour=gpus_n * cheapest["usd_per_gpu_hour"],
-                          cluster_point=cl["point"])
-        chosen["vllm_serve"] = vllm_serve(ev.load(tuple(cheapest["coarse_overrides"])))
-        out["chosen"] = chosen
-    out["pareto"] = pareto([r for r in rows if r.get("status") in ("confirmed", "coarse (cannot be the cheapest)")])
-    out["simulations"] = count["done"]
-    out["wall_s"] = time.perf_counter() - start
-    return out
+    return cheapest
 
 
 def _best_per_gpu(entries: list[dict]) -> dict | None:
@@ -283,17 +366,17 @@ LAYOUT_KNOBS = ("pipeline_parallel_size", "data_parallel_size", "enable_expert_p
 
 
 def _evaluator(path, slo: SLOConfig, overrides: tuple[str, ...], options: PlanOptions, runner: Any,
-               settings: list[dict]) -> Evaluator:
+               settings: list[dict], journal: Any = None) -> Evaluator:
     """The candidate's evaluator on the scenario's own layout, else on the first searched layout
     that loads (a model too big for TP4 alone may fit as TP4 x PP2); the scenario's own error if none."""
     try:
-        return Evaluator(path, slo, overrides, options, runner=runner)
+        return Evaluator(path, slo, overrides, options, runner=runner, journal=journal)
     except ScenarioError as err:
         for setting in settings:
             layout = tuple(f"engine.{k}={_yaml(v)}" for k, v in setting.items() if k in LAYOUT_KNOBS)
             if layout:
                 try:
-                    return Evaluator(path, slo, overrides + layout, options, runner=runner)
+                    return Evaluator(path, slo, overrides + layout, options, runner=runner, journal=journal)
                 except ScenarioError:
                     continue
         raise err
@@ -330,11 +413,11 @@ def _current(engine, key: str):
 def _bounds(ev: Evaluator, knob: Knob, slo: SLOConfig) -> dict:
     """One replica's load flat out in the knob's unit (where to start searching; `bound`) and the
     latency floor (nearly idle): one seed each."""
-    saturated = ev.runs(knob.overrides(knob.value(0) * SATURATE, ev.options), range(1))[0]
+    saturated = ev.runs(knob.overrides(knob.value(0) * SATURATE, ev.options), range(1), whole=True)[0]
     flat_out = saturated["request_throughput"]  # requests/s completed under overload
     # nearly idle: one user of a closed loop, else 1/100 of the flat-out load
     idle_load = 1 if knob.integer else max(in_unit(knob, flat_out, 0.0) * IDLE, 1e-3)
-    idle = ev.runs(knob.overrides(idle_load, ev.options), range(1))[0]
+    idle = ev.runs(knob.overrides(idle_load, ev.options), range(1), whole=True)[0]
     out: dict[str, Any] = {"bound": in_unit(knob, flat_out, idle["request_throughput"]),
                            "bound_request_throughput": flat_out}
     if not idle["met"]:
@@ -367,46 +450,37 @@ def _costs(row: dict, sustained: float, point: dict, target: float | None, headr
     out = {"sustained_per_gpu": sustained / tp,
            "usd_per_million_output_tokens": tp * price / (out_tps * 3600) * 1e6 if out_tps > 0 else None,
            "ttft_p99_ms_at_sustained": point["ttft_ms"]["p99"] if point else None}
-    if target is not None:
+    if target is not None:  # (estimated from one replica; a candidate's cluster replaces these: _clusters)
         replicas = math.ceil(target / (headroom * sustained) - 1e-9)
-        out.update(replicas_estimate=replicas, gpus=replicas * tp, usd_per_hour=replicas * tp * price)
+        out.update(replicas_estimate=replicas, gpus_estimate=replicas * tp, usd_per_hour_estimate=replicas * tp * price)
     return out
 
 
-def _over_limits(row: dict, max_gpus: int | None, budget: float | None) -> str | None:
-    """Why the target's replicas break --max-gpus or --budget-usd-per-hour (None: they do not)."""
-    if "gpus" not in row:
-        return None
-    if max_gpus is not None and row["gpus"] > max_gpus:
-        return f"needs {row['gpus']} GPUs > --max-gpus {max_gpus}"
-    if budget is not None and row["usd_per_hour"] > budget:
-        return f"costs {row['usd_per_hour']:.2f} USD/h > --budget-usd-per-hour {budget:g}"
-    return None
-
-
 def _rank(row: dict, slack: float = 1.0) -> tuple:
-    """Cheapest first: USD/hour for the target (with a target), else USD per million output
-    tokens; `slack` > 1 is the most the cost can fall when the coarse answer is confirmed."""
+    """Cheapest first: USD/hour for the target (a confirmed cluster's, else the estimate from one
+    replica's coarse load), else USD per million output tokens; `slack` > 1 is the most the cost
+    can fall when the coarse answer is refined."""
     if "usd_per_hour" in row:
-        replicas = math.ceil(row["replicas_estimate"] / slack - 1e-9)
-        gpus = replicas * row["tensor_parallel_size"] * row.get("replicas_per_unit", 1)
-        return (gpus * row["usd_per_gpu_hour"], row["tensor_parallel_size"])
+        return (row["usd_per_hour"], row["tensor_parallel_size"])
+    if "usd_per_hour_estimate" in row:
+        return (row["usd_per_hour_estimate"], row["tensor_parallel_size"])
     per_m = row.get("usd_per_million_output_tokens")
     return ((per_m or math.inf) / slack, row["tensor_parallel_size"])
 
 
-def pareto(rows: list[dict]) -> list[dict]:
-    """The candidates (confirmed, or coarse) no other beats on both cost and p99 TTFT at the
-    sustained load."""
-    key = "usd_per_hour" if rows and "usd_per_hour" in rows[0] else "usd_per_million_output_tokens"
-    front = []
+def pareto(rows: list[dict], with_target: bool) -> list[dict]:
+    """The candidates no other beats on both cost and p99 TTFT, each where pareto.png puts it
+    (search_report.candidate_point: a confirmed cluster's numbers, else the estimate)."""
+    kinds = ("confirmed",) if with_target else ("refined", "coarse")  # (a bound is no point to trade off)
+    points: list[tuple[dict, tuple[float, float, str]]] = []
     for r in rows:
-        c, t = r.get(key), r.get("ttft_p99_ms_at_sustained")
-        if c is None or t is None:
-            continue
-        if not any(o is not r and o.get(key) is not None and o.get("ttft_p99_ms_at_sustained") is not None
-                   and o[key] <= c and o["ttft_p99_ms_at_sustained"] <= t
-                   and (o[key] < c or o["ttft_p99_ms_at_sustained"] < t) for o in rows):
+        p = candidate_point(r, with_target)
+        if p is not None and p[2] in kinds and "limits" not in r.get("status", ""):
+            points.append((r, p))
+    key = "usd_per_hour" if with_target else "usd_per_million_output_tokens"
+    front = []
+    for r, (c, t, kind) in points:
+        if not any(o is not r and oc <= c and ot <= t and (oc < c or ot < t) for o, (oc, ot, _) in points):
             front.append({"gpu": r["gpu"], "tensor_parallel_size": r["tensor_parallel_size"], key: c,
-                          "ttft_p99_ms_at_sustained": t, "status": r["status"]})
+                          "ttft_p99_ms_at_sustained": t, "kind": kind, "status": r.get("status")})
     return sorted(front, key=lambda f: f[key])

@@ -11,10 +11,10 @@ the best max_num_seqs. A small 2-D design, not the full product, unless the user
 for both knobs: then every pair.
 
 Each setting's search is coarser than the load search: a grid of `curve_resolution` steps anchored at
-the scenario setting's answer, `curve_seeds` seeds per point (`curve_max_seeds` when they disagree),
-started at the neighbouring setting's answer and galloping from there. The winner (highest sustained
-load; a tie on the grid goes to the simpler setting) is then searched again on the load search's own
-grid, confirmed like it: that answer sizes the cluster.
+the scenario setting's answer, `curve_seeds` seeds per point (`curve_max_seeds` when they are near a
+target), started at the neighbouring setting's answer and galloping from there. The winner (highest
+sustained load; a tie on the grid goes to the simpler setting) is then searched again on the load
+search's own grid and seeds: that answer sizes the cluster.
 """
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def engine_curve(ev, knob: Knob, search: dict, *, seqs_grid: tuple[int, ...] | N
         if on_refine is not None:
             on_refine()
         chosen_search = max_load(ev, knob, engine_overrides(e, chosen), start=knob.index(best["sustained"]),
-                                 gallop=True, confirm=True)
+                                 gallop=True)
     return {"grid": {"base": search["answer"], "resolution": grid.resolution, "unit": grid.unit,
                      "seeds": list(o.curve_ladder()[::2])},
             "kv_seq_cap": cap, "max_num_seqs": seq_entries, "max_num_batched_tokens": token_entries,

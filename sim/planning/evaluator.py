@@ -1,15 +1,24 @@
 """The evaluator: scenario copies simulated once per (overrides, seed), judged on adaptive seeds.
 
     ev = Evaluator("scenarios/chat-llama3-8b-h100.yaml", slo, options=PlanOptions())
-    point = ev.judge(("workload.arrival.rate=9.3", "workload.num_requests=1116"), load=9.3)
+    point = ev.judge(("workload.arrival.rate=9.3", "workload.num_requests=1116"), load=9.3)   # steady
+    point = ev.confirm(cluster_overrides, replicas=5)                                        # bettable
 
-Every point is the scenario file plus `--set`-style overrides, validated by `load_scenario` and
-simulated in a worker process (sim/planning/parallel.py) that returns a small dict (sim/slo.simulate_point).
-Seeds use common random numbers: seed s, s+1, ... at every point. A workload with no random
-component (e.g. a trace replay) simulates the same run for every seed: one seed per point then.
+Every point is the scenario file plus `--set`-style overrides, validated by `load_scenario` (the
+file parsed once: sim/config/checks.parsed_once) and simulated in a worker process of one pool
+kept for the whole plan (sim/planning/parallel.py) that returns a small dict
+(sim/planning/slo.simulate_point). Seeds use common random numbers: seed s, s+1, ... at every
+point. A workload with no random component (e.g. a trace replay) simulates the same run for
+every seed: one seed per point then. How seeds are read: sim/planning/estimator.py.
+
+Searches of different candidates may run in threads of one plan, each with its own evaluator or
+sharing one: the cache and the count are guarded, and a simulation asked for twice at once runs
+once. A `journal` (sim/planning/journal.py) keeps every result on disk as it comes, so that an
+interrupted plan resumes where it stopped.
 """
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -19,46 +28,51 @@ import numpy as np
 
 from sim.config.errors import ScenarioError
 from sim.config.scenario import SLOConfig, load_scenario
+from sim.planning import estimator
 from sim.planning.parallel import LocalRunner
-from sim.planning.slo import Z_ONE_SIDED_90, seeds_to_confirm, simulate_point, summarize_point, wilson, worst_ratio
+from sim.planning.slo import EarlyStop, simulate_point, summarize_point, targets
 from sim.workload.generators import Workload, build_workload
 
 
 @dataclass(frozen=True)
 class PlanOptions:
     first_seeds: int = 2          # seeds per point at first: enough when all are clearly in or out
-    seeds: int = 3                # seeds per point when the first ones are near a target
-    max_seeds: int = 7            # seeds per point when those disagree
+    seeds: int = 4                # seeds per point when the first ones are near a target
+    max_seeds: int = 8            # seeds per point when those leave the 90% interval across a target
     clear_pass: float = 0.75      # "clearly in": every observed/target ratio <= this
-    clear_fail: float = 1.5       # "clearly out": some observed/target ratio >= this
-    pass_fraction: float = 2 / 3  # a point meets the SLO when this fraction of its seeds do
+    clear_fail: float = 1.5       # "clearly out": some observed/target ratio >= this (also the early stop's)
+    pass_fraction: float = 2 / 3  # (reported: the share of seeds meeting the SLO; no longer a verdict)
     resolution: float = 0.02      # relative step of the rate grid
-    confidence: float = 0.9       # the answer: P(a fresh seed meets the SLO) >= this, by a one-sided
-    confirm_seeds: int = 30       # ... 90% Wilson lower bound over at most this many seeds per load
-    # requests per run: the scenario's own workload.num_requests (what a user re-simulates), or,
-    # when horizon_s is set or the scenario has none, horizon_s of arrivals within the bounds
-    horizon_s: float | None = None
-    min_requests: int = 1000      # requests per run, at least (a stable p99 needs ~1000)
-    max_requests: int = 20000     # requests per run, at most
+    confidence: float = 0.9       # a confirmed cluster: P(a fresh run meets the SLO) >= this
+    confirm_seeds: int = 12       # ... predicted from at most this many seeds (estimator.bettable)
+    confirm_first: int = 4        # ... and at least this many (a spread needs several)
+    # seconds of arrivals per run: runs are as long as this at the load (or the scenario's own
+    # workload.num_requests where longer), within the bounds and at least what the SLO's
+    # percentile needs (tail_requests judged beyond it); a trace keeps its own length
+    horizon_s: float | None = None  # None: DEFAULT_HORIZON_S (sim/planning/load_search.py)
+    min_requests: int = 1000      # requests per run, at least
+    max_requests: int = 20000     # requests per run, at most (one replica; a cluster: per replica)
+    tail_requests: int = 20       # judged requests beyond the SLO percentile per run, at least
     requests_per_user: int = 10   # closed loop: requests per run = users x this (within the bounds)
     warmup_fraction: float = 0.1  # first requests (by arrival) left out of the SLO check
     curve_resolution: float = 0.05  # relative step of the engine curve's load grid
     curve_seeds: int = 2          # engine curve: seeds per point, and
-    curve_max_seeds: int = 3      # ... this many when those disagree (a majority decides)
+    curve_max_seeds: int = 4      # ... this many when those are near a target
+    early_stop: bool = True       # end a run once it clearly misses the SLO (slo.EarlyStop)
     workers: int | None = None    # processes; None = all cores
 
     def seed_ladder(self) -> tuple[int, int, int]:
-        """(first, near a target, on disagreement): the load search's seeds per point."""
-        return self.first_seeds, max(self.seeds, self.first_seeds), self.max_seeds
+        """(first, near a target, across it): the load search's seeds per point."""
+        return self.first_seeds, max(self.seeds, self.first_seeds), max(self.max_seeds, self.seeds)
 
     def curve_ladder(self) -> tuple[int, int, int]:
-        """The engine curve's: every point is near a target there, so no middle rung."""
-        return self.curve_seeds, self.curve_seeds, self.curve_max_seeds
+        """The engine curve's and the coarse search's: fewer seeds (their answers are refined)."""
+        return self.curve_seeds, self.curve_max_seeds, self.curve_max_seeds
 
     def one_seed(self) -> PlanOptions:
         """One seed per point everywhere (a deterministic workload)."""
         return replace(self, first_seeds=1, seeds=1, max_seeds=1, curve_seeds=1, curve_max_seeds=1,
-                       confirm_seeds=1)
+                       confirm_seeds=1, confirm_first=1)
 
 
 def deterministic(scenario) -> bool:
@@ -85,15 +99,16 @@ def _arrays(w: Workload) -> list:
 class Evaluator:
     """Runs (overrides, seed) points in parallel, once each; counts simulations for progress.
     `deterministic`: the scenario's workload has no random component; `options` then has one seed
-    per point."""
+    per point. `journal`: where results are kept as they come (resume)."""
 
     def __init__(self, path: str | Path, slo: SLOConfig, overrides: Iterable[str] = (),
                  options: PlanOptions = PlanOptions(),
                  progress: Callable[[int], None] | None = None, cost_scale: float = 1.0,
-                 runner: Any = None):
+                 runner: Any = None, journal: Any = None):
         self.path, self.slo, self.options, self.progress = Path(path), slo, options, progress
         # where batches of simulations run: local processes (options.workers), or a DaskRunner
         self.runner = runner if runner is not None else LocalRunner(options.workers)
+        self.journal = journal
         self.cost_scale = cost_scale  # every step costs this much more (the cost model's error band)
         self.base = tuple(overrides)
         scenario = load_scenario(self.path, self.base)
@@ -107,7 +122,12 @@ class Evaluator:
         self.deterministic = deterministic(self.scenario)
         if self.deterministic:  # every seed simulates the same run: more seeds only repeat it
             self.options = options.one_seed()
+        self.targets = targets(slo)
+        self.stop = EarlyStop(slo, self.options.warmup_fraction, self.options.clear_fail) \
+            if self.options.early_stop else None
         self.cache: dict[tuple, dict] = {}  # (overrides, seed[, band scale]) -> its point
+        self._lock = threading.Lock()
+        self._running: dict[tuple, threading.Event] = {}  # jobs under way in another thread
 
     @property
     def simulations(self) -> int:
@@ -116,7 +136,7 @@ class Evaluator:
     @property
     def sim_seconds(self) -> float:
         """Wall seconds of all simulations, summed (as if run one after another)."""
-        return sum(r["wall_s"] for r in self.cache.values())
+        return sum(r["wall_s"] for r in list(self.cache.values()))
 
     def load(self, overrides: Iterable[str] = (), seed: int | None = None):
         sc = replace(load_scenario(self.path, self.base + tuple(overrides), seed=seed), slo=self.slo)
@@ -126,55 +146,103 @@ class Evaluator:
 
     def scaled(self, cost_scale: float) -> Evaluator:
         """The same plan with every step `cost_scale` times as long (its own simulations)."""
-        return Evaluator(self.path, self.slo, self.base, self.options, self.progress, cost_scale, self.runner)
+        return Evaluator(self.path, self.slo, self.base, self.options, self.progress, cost_scale, self.runner,
+                         self.journal)
 
-    def runs(self, overrides: tuple[str, ...], seeds: range) -> list[dict]:
-        jobs = [(overrides, self.scenario.seed + k) for k in seeds]
+    def runs(self, overrides: tuple[str, ...], seeds: range, whole: bool = False) -> list[dict]:
+        """The points of these seeds; `whole`: run to the end, never stopped early (a measurement
+        such as the flat-out throughput, not a verdict)."""
+        jobs = [(overrides, self.scenario.seed + k, *(("whole",) if whole else ())) for k in seeds]
         self.run(jobs)
         return [self.cache[j] for j in jobs]
 
-    def run(self, jobs: list[tuple[tuple[str, ...], int]]) -> None:
-        """Simulate the (overrides, seed) jobs not yet cached, in parallel."""
-        todo = [j for j in dict.fromkeys(jobs) if j not in self.cache]
-        args = [(self.load(o, s), self.slo, self.options.warmup_fraction) for o, s in todo]
-        for i, result in self.runner.map(simulate_point, args):
-            self.cache[todo[i]] = result
-            if self.progress is not None:
+    def run(self, jobs: list[tuple]) -> None:
+        """Simulate the (overrides, seed) jobs not yet cached, in parallel (a job another thread is
+        running is waited for, not run twice; one the journal holds is read back)."""
+        mine: list[tuple] = []
+        theirs: list[threading.Event] = []
+        read = 0
+        with self._lock:
+            for j in dict.fromkeys(jobs):
+                if j in self.cache:
+                    continue
+                kept = self.journal.get(self._key(j)) if self.journal is not None else None
+                if kept is not None:
+                    self.cache[j] = kept
+                    read += 1
+                elif j in self._running:
+                    theirs.append(self._running[j])
+                else:
+                    self._running[j] = threading.Event()
+                    mine.append(j)
+        if self.progress is not None:
+            for _ in range(read):  # (read back from an earlier run: counted as done)
                 self.progress(self.simulations)
+        try:
+            if mine:
+                args = [(self.load(j[0], j[1]), self.slo, self.options.warmup_fraction,
+                         None if len(j) > 2 else self.stop) for j in mine]
+                for i, result in self.runner.map(simulate_point, args):
+                    job = mine[i]
+                    if self.journal is not None:
+                        self.journal.put(self._key(job), result)
+                    with self._lock:
+                        self.cache[job] = result
+                        self._running.pop(job).set()
+                    if self.progress is not None:
+                        self.progress(self.simulations)
+        finally:  # (an error or an interrupt: whoever waits on what did not finish stops waiting)
+            with self._lock:
+                for job in mine:
+                    if job in self._running:
+                        self._running.pop(job).set()
+        for done in theirs:
+            done.wait()
+        missing = [j for j in jobs if j not in self.cache]
+        if missing:  # (another thread's batch failed: its error is raised there; run them here)
+            self.run(missing)
+
+    def _key(self, job: tuple) -> str:
+        overrides, seed, *whole = job
+        return "\x1f".join((*self.base, *overrides, f"seed={seed}", f"cost_scale={self.cost_scale!r}", *whole))
 
     def judge(self, overrides: Iterable[str], seeds: tuple[int, int, int] | None = None, **info: Any) -> dict:
-        """`seeds` = (first, near, most), default options.seed_ladder(): `first` seeds; `near` unless
-        all are clearly in or out; `most` when those disagree. `met` when at least pass_fraction of
-        them meet the SLO. `info` is copied into the point (e.g. load=9.3)."""
+        """Does the load meet the SLO in steady state: is the mean of each target's percentile over
+        the seeds within it, at 90% confidence (estimator.steady)? `seeds` = (first, near, most),
+        default options.seed_ladder(): `first` seeds, then `near`, then `most` while an interval
+        straddles a target; at `most` the mean decides (`within_noise`).
+        `info` is copied into the point (e.g. load=9.3)."""
         o = self.options
         first, near, most = seeds or o.seed_ladder()
         overrides = tuple(overrides)
         runs = self.runs(overrides, range(first))
-        ratios = [worst_ratio(r, self.slo) for r in runs]
-        if not (max(ratios) <= o.clear_pass or min(ratios) >= o.clear_fail):
-            runs = self.runs(overrides, range(max(near, first)))
-            if 0 < sum(r["met"] for r in runs) < len(runs):
-                runs = self.runs(overrides, range(max(most, len(runs))))
-        return summarize_point(runs, o.pass_fraction, overrides=list(overrides), **info)
+        verdict = estimator.steady(runs, self.targets)
+        n = first
+        while verdict.verdict == "undecided" and n < most:
+            n = max(near, first) if n < near else most
+            runs = self.runs(overrides, range(n))
+            verdict = estimator.steady(runs, self.targets)
+        noise = verdict.verdict == "undecided"
+        met = verdict.verdict == "met" or (noise and verdict.mean[verdict.binding] <= 1
+                                           and not any(r.get("stopped") for r in runs))
+        return summarize_point(runs, o.pass_fraction, met=met, overrides=list(overrides),
+                               steady={**verdict.as_dict(), "within_noise": noise},
+                               bettable=estimator.bettable(runs, self.targets, o.confidence), **info)
 
     def confirm(self, overrides: Iterable[str], seeds=None, **info: Any) -> dict:
-        """Met when the one-sided 90% Wilson lower bound of P(a seed meets the SLO) reaches
-        options.confidence; not met as soon as the upper bound falls below it, or when
-        options.confirm_seeds seeds leave it undecided (not shown to hold). Seeds are added in
-        batches: as many as would confirm it if all of them pass. `seeds` is ignored (the ladder of
-        `judge`); a deterministic workload has one seed, which decides."""
+        """Met when a fresh run of this point meets the SLO with probability >= options.confidence,
+        predicted from the seeds' worst ratios (estimator.bettable: a one-sided Student-t prediction
+        bound); `confirm_first` seeds, more (doubling, up to confirm_seeds) while undecided.
+        `seeds` is ignored (the ladder of `judge`); a deterministic workload has one seed, which
+        decides."""
         o, overrides = self.options, tuple(overrides)
-        n = o.first_seeds
+        n = max(o.confirm_first, 1)
         while True:
             runs = self.runs(overrides, range(n))
-            passes = sum(r["met"] for r in runs)
-            if self.deterministic:
-                met, bounds = bool(passes), [float(passes), float(passes)]
+            bet = estimator.bettable(runs, self.targets, o.confidence)
+            if bet["verdict"] != "undecided" or n >= o.confirm_seeds:
                 break
-            bounds = wilson(passes, n, Z_ONE_SIDED_90)
-            met = bounds[0] >= o.confidence
-            if met or bounds[1] < o.confidence or n >= o.confirm_seeds:
-                break
-            n = seeds_to_confirm(passes, n, o.confidence, o.confirm_seeds)
-        return summarize_point(runs, o.pass_fraction, met=met, overrides=list(overrides),
-                               wilson_90=bounds, **info)
+            n = min(2 * n, o.confirm_seeds)
+        return summarize_point(runs, o.pass_fraction, met=bet["verdict"] == "met", overrides=list(overrides),
+                               bettable={**bet, "confidence": o.confidence},
+                               steady=estimator.steady(runs, self.targets).as_dict(), **info)

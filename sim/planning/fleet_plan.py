@@ -4,26 +4,30 @@ the static fleet sized for that day's peak (`servesim plan` on a scenario with e
 Every candidate is the scenario's whole run (its day of arrivals), judged window by window: the
 SLO must hold in every `window_s` of arrivals (an hour by default), not only over the day, so that
 a policy cannot hide a morning ramp it misses inside a daily p99. A random workload is run on two
-seeds (the scenario's and the next) and a candidate meets the SLO only when both runs do; its cost
-is the first run's.
+seeds (the scenario's and the next): the search judges each candidate on the first, and each answer
+is confirmed on both (one that misses on the second counts as missing, and the search goes on). A
+run stops at the first window it is certain to miss (sim/planning/slo.EarlyStop): a candidate that
+fails costs the hours of the day up to there, one that meets the whole day; its cost is the first
+seed's run. Every run is kept in the plan's journal as it finishes: an interrupted plan resumes.
 
 1. **The static fleet for the peak**: the fewest fixed replicas (no autoscaling) that meet the SLO
-   in every window. The search starts at the replicas the scenario's own policy held at most, and
-   steps down while they meet (up while they do not).
+   in every window. Searched two at a time from below the replicas the scenario's own policy held
+   at most (start - 1 and start - 2; down while the fewer meet, else up): a fleet too small stops
+   early, so the search costs about one whole day.
 2. **The policy**: max_replicas = that static fleet (the autoscaler never needs more than what
    serves the peak), min_replicas the scenario's, and target_in_flight searched: a larger target
    holds fewer replicas (cheaper) and queues more (slower), so the answer is the largest target on
-   a grid of 2^(k/4) x the scenario's (k in -16..16: 1/16x to 16x, steps of 19%) that meets the SLO.
-   Probed at k = -16, -8, 0, 8, 16, then narrowed between the last that met and the first that
-   failed. When none meets (a cold start too slow for the ramp), min_replicas rises by one and the
-   search repeats, up to the static fleet itself (min = max: the static fleet, which meets it).
+   a grid of 2^(k/4) x the scenario's (k in -16..16: 1/16x to 16x, steps of 19%) that meets the SLO,
+   by bisection (several points at a time with more workers). When none meets (a cold start too
+   slow for the ramp), min_replicas rises by one and the search repeats, up to the static fleet
+   itself (min = max: the static fleet, which meets it).
 3. **A scheduled floor** (a workload whose rate follows a profile: its times are known ahead): the
    static fleet scaled to each segment's rate, ceil(static x rate / peak) replicas as a cron floor
    (engine.autoscaling.min_replicas_schedule, KEDA's cron scaler), each rise starting one cold start
    before its segment so the replicas serve when the load comes, each fall at its segment's start;
-   the policy above it searched as in 2 (the largest target meeting the SLO). The floor lets the
-   target rise (fewer replicas off the ramp) without missing a predictable ramp; it is reported
-   beside the policy, with the cheaper of the two.
+   the policy above it searched as in 2 (the largest target meeting the SLO), at the same time as 2
+   (the two searches share the workers). The floor lets the target rise (fewer replicas off the
+   ramp) without missing a predictable ramp; it is reported beside the policy, with the cheaper.
 
 The cost of each is its GPU-hours over its own run (replica-seconds held x tensor_parallel_size)
 at the hardware's price per GPU-hour; the saving is 1 - policy / static.
@@ -33,6 +37,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -42,12 +47,12 @@ import numpy as np
 from sim.config.errors import ScenarioError
 from sim.config.scenario import SLO_METRICS, SLOConfig, load_scenario
 from sim.planning.parallel import LocalRunner, default_workers
+from sim.planning.planner import concurrently
 from sim.runtime.metrics import judge
 
 WINDOW_S = 3600.0                     # s of arrivals the SLO is judged in, by default (--window-s)
 MOST_WINDOWS = 10_000               # windows one run is judged in, at most (--window-s)
 GRID = range(-16, 17)                 # k: target_in_flight = scenario's x 2^(k/4)
-FIRST_PROBES = (-16, -8, 0, 8, 16)
 MOST_STATIC = 256                     # the most replicas the static search tries
 
 
@@ -108,12 +113,26 @@ def _worst(g: dict, slo: SLOConfig, classes: tuple[str, ...]) -> float:
     return max([*ratios(g, itl), *per_class])
 
 
-def evaluate(path: str, overrides: tuple[str, ...], slo: SLOConfig, window_s: float) -> dict:
-    """One candidate, on a worker: its run judged (small numbers: this crosses processes)."""
+def evaluate(path: str, overrides: tuple[str, ...], slo: SLOConfig, window_s: float, stop: bool = True) -> dict:
+    """One candidate, on a worker: its run judged (small numbers: this crosses processes). `stop`:
+    end the run at the first window it is certain to miss (slo.EarlyStop): a candidate must meet
+    every window, so that decides it, and the rest of the day is not simulated."""
+    import time
+
+    from sim.planning.slo import EarlyStop, Stopped
     from sim.simulate import simulate
 
+    start = time.perf_counter()
     sc = load_scenario(path, overrides)
-    result = simulate(sc)
+    watch = EarlyStop(slo, 0.0, 1.0, window_s).watch if stop else None
+    try:
+        result = simulate(sc, watch=watch)
+    except Stopped as s:
+        return {"met": False, "stopped": {"metric": s.metric, "at_s": s.at_s, "window": s.window},
+                "windows_missed": None, "gpu_hours": None, "mean_replicas": None, "peak_replicas": None,
+                "end_s": s.at_s, "fraction": None, "completed": None, "requests": sc.workload.num_requests,
+                "day": {}, "windows": [], "spans": [], "overrides": list(overrides),
+                "wall_s": time.perf_counter() - start}
     out = judge_day(result, slo, window_s, tuple(c.name for c in sc.workload.classes or ()))
     tp = sc.engine.gpus_per_replica  # (GPUs per replica: TP x PP)
     fleet = result.summary.get("autoscaling")
@@ -125,37 +144,101 @@ def evaluate(path: str, overrides: tuple[str, ...], slo: SLOConfig, window_s: fl
         out.update(gpu_hours=fleet["gpu_hours"], mean_replicas=fleet["mean_replicas"],
                    peak_replicas=fleet["peak_replicas"], spans=fleet["spans"])
     out["overrides"] = list(overrides)
+    out["wall_s"] = time.perf_counter() - start
     return out
 
 
 class _Probe:
-    """Runs candidates (a batch at a time on the runner) and remembers each."""
+    """Runs candidates (a batch at a time on the runner) and remembers each. A candidate is judged
+    on its first seed while the search locates the answer (a miss there decides it, usually early:
+    EarlyStop); the answer is then confirmed on every seed (`confirm`). Every run goes to the
+    journal as it finishes (resume)."""
 
     def __init__(self, path: Path, base: tuple[str, ...], slo: SLOConfig, window_s: float, seeds: list[int],
-                 runner: Any, progress: Callable[..., None] | None):
+                 runner: Any, progress: Callable[..., None] | None, journal: Any = None):
         self.path, self.base, self.slo, self.window_s, self.seeds = str(path), base, slo, window_s, seeds
-        self.runner, self.progress = runner, progress
+        self.runner, self.progress, self.journal = runner, progress, journal
         self.done: dict[tuple[str, ...], dict] = {}  # a run (candidate + seed) -> its judgement
-        self.phase = "the scenario's own policy"  # what the runs under way are for (the progress line)
+        # the progress line: what the runs under way are for, how many that step takes as a rule,
+        # and the steps after it (re-estimated as each step starts: the total converges)
+        self.phase, self.expected, self.later, self.since = "the scenario's own policy", 1, 0, 0
+        self._lock = threading.Lock()
         # candidates worth running at once while narrowing (a local runner's workers; else 2)
-        workers = max(1, min(4, getattr(runner, "workers", None) or default_workers()))
-        self.width = max(1, workers // len(seeds))
+        self.width = max(1, min(4, getattr(runner, "workers", None) or default_workers()))
 
-    def __call__(self, candidates: Iterable[tuple[str, ...]]) -> list[dict]:
-        """Each candidate's run on the first seed, `met` only when it met the SLO on every seed."""
-        wanted = list(dict.fromkeys(tuple(c) for c in candidates))
-        runs = [c + (f"seed={seed}",) for c in wanted for seed in self.seeds]
-        todo = [r for r in runs if r not in self.done]
+    def _key(self, run: tuple[str, ...]) -> str:
+        return "\x1f".join((*self.base, *run, f"window_s={self.window_s!r}"))
+
+    def _runs(self, runs: list[tuple[str, ...]]) -> None:
+        """Run what is not done (two searches may ask at once, from two threads: each its own runs)."""
+        todo = []
+        for r in dict.fromkeys(runs):
+            if r in self.done:
+                continue
+            kept = self.journal.get(self._key(r)) if self.journal is not None else None
+            if kept is not None:
+                with self._lock:
+                    self.done[r] = kept
+                self._tick()
+            else:
+                todo.append(r)
         args = [(self.path, self.base + r, self.slo, self.window_s) for r in todo]
         for i, result in self.runner.map(evaluate, args):
-            self.done[todo[i]] = result
-            if self.progress is not None:  # an adaptive search: a count, no total
-                self.progress(len(self.done), None, self.phase)
-        out = []
-        for c in wanted:
-            each = [self.done[c + (f"seed={seed}",)] for seed in self.seeds]
-            out.append({**each[0], "met": all(e["met"] for e in each), "met_each": [e["met"] for e in each]})
-        return out
+            with self._lock:
+                self.done[todo[i]] = result
+            if self.journal is not None:
+                self.journal.put(self._key(todo[i]), result)
+            self._tick()
+
+    def start(self, phase: str, expected: int, later: int) -> None:
+        self.phase, self.expected, self.later, self.since = phase, expected, later, len(self.done)
+
+    def _tick(self) -> None:
+        if self.progress is not None:
+            n = len(self.done)
+            self.progress(n, self.since + max(self.expected, n - self.since + 1) + self.later, self.phase)
+
+    def __call__(self, candidates: Iterable[tuple[str, ...]]) -> list[dict]:
+        """Each candidate's run on the first seed; `met` there."""
+        wanted = list(dict.fromkeys(tuple(c) for c in candidates))
+        self._runs([c + (f"seed={self.seeds[0]}",) for c in wanted])
+        return [self._merged(c) for c in wanted]
+
+    def confirm(self, candidate: tuple[str, ...]) -> dict:
+        """The candidate on every seed: `met` when every seed meets the SLO in every window."""
+        self._runs([tuple(candidate) + (f"seed={seed}",) for seed in self.seeds])
+        return self._merged(tuple(candidate))
+
+    def seen(self, candidate: tuple[str, ...]) -> dict:
+        """The candidate as its runs so far judge it (every seed it was run on)."""
+        return self._merged(tuple(candidate))
+
+    def _merged(self, c: tuple[str, ...]) -> dict:
+        each = [self.done[c + (f"seed={seed}",)] for seed in self.seeds if c + (f"seed={seed}",) in self.done]
+        return {**each[0], "met": all(e["met"] for e in each), "met_each": [e["met"] for e in each]}
+
+
+def flat_out(path: str, overrides: tuple[str, ...]) -> float:
+    """One replica's requests/s served flat out (on a worker): its run past saturation."""
+    from sim.simulate import simulate
+
+    return float(simulate(load_scenario(path, overrides)).summary["request_throughput"])
+
+
+def _fewest_flat_out(sc, path: Path, base: tuple[str, ...], runner: Any) -> int | None:
+    """ceil(peak rate / one replica's flat-out throughput): fewer static replicas cannot carry the
+    peak (a bound, from 2,000 requests at 3x the peak on one replica); None without a peak rate."""
+    from sim.workload.generators import Profile
+
+    w = sc.workload
+    rate = max(w.arrival.rates) if isinstance(w.arrival, Profile) else getattr(w.arrival, "rate", None)
+    if not rate:
+        return None
+    peak = rate * w.time_scale
+    overrides = base + ("engine.autoscaling=null", "engine.replicas=1", "workload.time_scale=1",
+                        f"workload.arrival={{process: poisson, rate: {3 * peak!r}}}", "workload.num_requests=2000")
+    served = next(iter(runner.map(flat_out, [(str(path), overrides)])))[1]
+    return max(1, math.ceil(peak / served - 1e-9)) if served > 0 else None
 
 
 def _static(n: int) -> tuple[str, ...]:
@@ -196,7 +279,7 @@ def _scheduled(low: int, high: int, target: float, schedule: list, period: float
 
 def plan_fleet(path: str | Path, slo: SLOConfig, *, overrides: Iterable[str] = (), window_s: float = WINDOW_S,
                seeds: int = 2, gpu_hour_usd: float | None = None, workers: int | None = None,
-               runner: Any = None, progress: Callable[..., None] | None = None) -> dict:
+               runner: Any = None, progress: Callable[..., None] | None = None, journal: Any = None) -> dict:
     """The cheapest autoscaling policy meeting `slo` in every window, and the static fleet for the
     peak (module docstring). `seeds` >= 2: a random workload is judged on seed and seed + 1. The
     options and the scenario are checked by sim/planning/plan_request.prepare."""
@@ -208,13 +291,28 @@ def plan_fleet(path: str | Path, slo: SLOConfig, *, overrides: Iterable[str] = (
     assert a is not None  # (PlanJob.fleet)
     # judged on two seeds (a random workload; --seeds 1: one): met only when both meet the SLO
     judged = [sc.seed] if seeds < 2 or deterministic(sc) else [sc.seed, sc.seed + 1]
-    probe = _Probe(path, base, slo, window_s, judged, runner if runner is not None else LocalRunner(workers),
-                   progress)
-    price = gpu_hour_usd if gpu_hour_usd is not None else sc.hardware.usd_per_hour
-    own = probe([()])[0]  # the scenario's own policy, as written
+    own_runner = runner is None
+    runner = LocalRunner(workers).start() if own_runner else runner
+    try:
+        return _plan_fleet(path, base, sc, slo, window_s, judged, gpu_hour_usd, runner, progress, journal)
+    finally:
+        if own_runner:
+            runner.close()
 
-    # 1. the static fleet for the peak: the fewest fixed replicas meeting the SLO in every window
-    probe.phase = "the static fleet for the peak"
+
+# runs each step takes, as a rule (the progress line's total until a step's own count is known)
+STEP_RUNS = {"static": 5, "policy": 9, "scheduled": 9}
+
+
+def _plan_fleet(path: Path, base: tuple[str, ...], sc, slo: SLOConfig, window_s: float, judged: list[int],
+                gpu_hour_usd: float | None, runner: Any, progress: Callable[..., None] | None, journal: Any) -> dict:
+    a = sc.engine.autoscaling
+    probe = _Probe(path, base, slo, window_s, judged, runner, progress, journal)
+    price = gpu_hour_usd if gpu_hour_usd is not None else sc.hardware.usd_per_hour
+    # 1. the static fleet for the peak (the fewest fixed replicas meeting the SLO in every window),
+    # searched while the scenario's own policy, as written, runs on the first seed beside it
+    probe.start("the scenario's own policy and the static fleet for the peak", 1 + STEP_RUNS["static"],
+                STEP_RUNS["policy"] + STEP_RUNS["scheduled"])
     statics: dict[int, dict] = {}
 
     def static_runs(ns: list[int]) -> list[dict]:
@@ -222,26 +320,46 @@ def plan_fleet(path: str | Path, slo: SLOConfig, *, overrides: Iterable[str] = (
         statics.update(zip(ns, found))
         return found
 
-    static_n = _fewest_static(static_runs, max(1, int(own["peak_replicas"])), slo)
-    static = statics[static_n]
+    def static_search() -> int:
+        # from the fewest replicas that could carry the peak flat out (one saturated replica's
+        # throughput, a short run): that count and one more first
+        fewest = _fewest_flat_out(sc, path, base, runner)
+        return _fewest_static(static_runs, max(1, a.max_replicas), slo, fewest)
+
+    own, static_n = concurrently(lambda: probe([()])[0], static_search)
+    while not (confirmed := probe.confirm(_static(static_n)))["met"]:  # every seed, or one replica more
+        statics[static_n] = confirmed
+        if static_n >= MOST_STATIC:
+            raise ScenarioError(f"plan: {MOST_STATIC} static replicas do not meet the SLO in every window "
+                                f"({slo.label()}) on every seed; check the SLO and the load")
+        static_n += 1
+    statics[static_n] = confirmed
+    static = confirmed
 
     # 2. the policy: the largest target_in_flight meeting the SLO, max_replicas = the static fleet
-    tried: list[dict] = []
+    tried: list[tuple[int, int]] = []  # (min_replicas, k) probed, in order
 
     def policy_runs(low: int, ks: list[int]) -> dict[int, dict]:
-        found = probe([_policy(low, static_n, target_at(a.target_in_flight, k)) for k in ks])
-        for k, f in zip(ks, found):
-            tried.append({"min_replicas": low, "target_in_flight": target_at(a.target_in_flight, k),
-                          "met_each": f["met_each"], **_brief(f, price)})
-        return dict(zip(ks, found))
+        tried.extend((low, k) for k in ks)
+        return dict(zip(ks, probe([_policy(low, static_n, target_at(a.target_in_flight, k)) for k in ks])))
 
-    probe.phase = "the autoscaling policy"
-    chosen: tuple[int, int] | None = None  # (min_replicas, k)
-    for low in range(min(a.min_replicas, static_n), static_n + 1):  # at static_n: the static fleet itself
-        k = _largest_meeting(functools.partial(policy_runs, low), probe.width)
-        if k is not None:
-            chosen = (low, k)
-            break
+    def confirm(low: int, k: int) -> dict:
+        return probe.confirm(_policy(low, static_n, target_at(a.target_in_flight, k)))
+
+    def policy() -> tuple[int, int] | None:  # (min_replicas, k)
+        for low in range(min(a.min_replicas, static_n), static_n + 1):  # at static_n: the static fleet itself
+            k = _largest_meeting(functools.partial(policy_runs, low), width, functools.partial(confirm, low))
+            if k is not None:
+                return low, k
+        return None
+
+    # 2 and 3 at once (each has half the workers; they share the pool): a search narrows a few
+    # candidates at a time, so one alone leaves workers idle while its batch's last run finishes
+    scheduled = _has_profile(sc)
+    width = max(1, probe.width // 2) if scheduled else probe.width
+    probe.start("the autoscaling policy" + (" and the scheduled floor" if scheduled else ""),
+                STEP_RUNS["policy"] + (STEP_RUNS["scheduled"] if scheduled else 0), 0)
+    chosen, floor_plan = concurrently(policy, lambda: _search_schedule(sc, probe, static_n, width))
 
     result: dict[str, Any] = {
         "scenario": str(path), "name": sc.name, "slo": slo.label(), "window_s": window_s,
@@ -249,17 +367,20 @@ def plan_fleet(path: str | Path, slo: SLOConfig, *, overrides: Iterable[str] = (
         "hardware": sc.hardware.name, "model": sc.model.name,
         "autoscaling": a.as_yaml(), "own_policy": _brief(own, price),
         "static": {"replicas": static_n, **_brief(static, price), "windows": static["windows"]},
-        "seeds": judged, "probes": tried,
-        "static_probes": [{"replicas": n, "met_each": statics[n]["met_each"], **_brief(statics[n], price)}
-                          for n in sorted(statics)], "simulations": len(probe.done)}
-    result["scheduled"] = _plan_schedule(sc, probe, static_n, price, base, result)
+        "seeds": judged,  # (each probe as it ended: its first seed, and every seed where it was confirmed)
+        "probes": [{"min_replicas": low, "target_in_flight": target_at(a.target_in_flight, k),
+                    **_row(probe.seen(_policy(low, static_n, target_at(a.target_in_flight, k))), price)}
+                   for low, k in dict.fromkeys(tried)],
+        "static_probes": [{"replicas": n, **_row(probe.seen(_static(n)), price)} for n in sorted(statics)],
+        "simulations": len(probe.done)}
+    result["scheduled"] = _plan_schedule(sc, probe, static_n, price, base, result, floor_plan)
     result["simulations"] = len(probe.done)
     if chosen is None:
         result["policy"] = None
         return result
     low, k = chosen
     target = target_at(a.target_in_flight, k)
-    best = probe([_policy(low, static_n, target)])[0]
+    best = probe.confirm(_policy(low, static_n, target))
     result["policy"] = {"min_replicas": low, "max_replicas": static_n,
                         "target_in_flight": target, "interval_s": a.interval_s, "cold_start_s": a.cold_start_s,
                         "scale_down_delay_s": a.scale_down_delay_s, "tolerance": a.tolerance,
@@ -272,34 +393,53 @@ def plan_fleet(path: str | Path, slo: SLOConfig, *, overrides: Iterable[str] = (
     return result
 
 
-def _plan_schedule(sc, probe: _Probe, static_n: int, price: float, base: tuple[str, ...], result: dict) -> dict | None:
-    """Step 3: the scheduled floor and the largest target above it that meets the SLO (None: the
-    workload has no profile, or nothing meets below the static fleet)."""
+def _has_profile(sc) -> bool:
     from sim.workload.generators import Profile  # (the workload layer: only for its arrival process)
 
-    profile, a = sc.workload.arrival, sc.engine.autoscaling
-    if not isinstance(profile, Profile):
+    return isinstance(sc.workload.arrival, Profile)
+
+
+def _search_schedule(sc, probe: _Probe, static_n: int, width: int) -> tuple | None:
+    """Step 3's search: (the floor schedule, its k or None, the ks probed); None: no profile."""
+    if not _has_profile(sc):
         return None
+    profile, a = sc.workload.arrival, sc.engine.autoscaling
     low = a.min_replicas
     schedule = floor_schedule(profile, static_n, low, a.cold_start_s)
-    probe.phase = "the scheduled floor"
-    tried: list[dict] = []
+    tried: list[int] = []
+
+    def floor(k: int) -> tuple[str, ...]:
+        return _scheduled(low, static_n, target_at(a.target_in_flight, k), schedule, profile.period_s)
 
     def runs(ks: list[int]) -> dict[int, dict]:
-        found = probe([_scheduled(low, static_n, target_at(a.target_in_flight, k), schedule, profile.period_s)
-                       for k in ks])
-        for k, f in zip(ks, found):
-            tried.append({"target_in_flight": target_at(a.target_in_flight, k), "met_each": f["met_each"],
-                          **_brief(f, price)})
-        return dict(zip(ks, found))
+        tried.extend(ks)
+        return dict(zip(ks, probe([floor(k) for k in ks])))
 
-    k = _largest_meeting(runs, probe.width)
-    out: dict[str, Any] = {"schedule": schedule, "period_s": profile.period_s, "probes": tried, "policy": None}
+    k = _largest_meeting(runs, width, lambda k: probe.confirm(floor(k)))
+    return schedule, k, tried
+
+
+def _plan_schedule(sc, probe: _Probe, static_n: int, price: float, base: tuple[str, ...], result: dict,
+                   found: tuple | None) -> dict | None:
+    """Step 3: the scheduled floor and the largest target above it that meets the SLO (None: the
+    workload has no profile, or nothing meets below the static fleet)."""
+    if found is None:
+        return None
+    schedule, k, tried = found
+    profile, a = sc.workload.arrival, sc.engine.autoscaling
+    low = a.min_replicas
+
+    def floor(j: int) -> tuple[str, ...]:
+        return _scheduled(low, static_n, target_at(a.target_in_flight, j), schedule, profile.period_s)
+
+    out: dict[str, Any] = {"schedule": schedule, "period_s": profile.period_s, "policy": None,
+                           "probes": [{"target_in_flight": target_at(a.target_in_flight, j),
+                                       **_row(probe.seen(floor(j)), price)} for j in dict.fromkeys(tried)]}
     if k is None:
         return out
     target = target_at(a.target_in_flight, k)
-    overrides = _scheduled(low, static_n, target, schedule, profile.period_s)
-    best = probe([overrides])[0]
+    overrides = floor(k)
+    best = probe.confirm(overrides)
     out["policy"] = {"min_replicas": low, "max_replicas": static_n, "target_in_flight": target,
                      "interval_s": a.interval_s, "cold_start_s": a.cold_start_s,
                      "scale_down_delay_s": a.scale_down_delay_s, "tolerance": a.tolerance, **_brief(best, price),
@@ -311,21 +451,35 @@ def _plan_schedule(sc, probe: _Probe, static_n: int, price: float, base: tuple[s
     return out
 
 
-def _fewest_static(runs: Callable[[list[int]], list[dict]], start: int, slo: SLOConfig) -> int:
-    """The fewest static replicas meeting the SLO in every window, from `start`: down while the
-    next fewer still meet, else up (two at a time: a batch runs them in parallel). `runs(ns)`:
-    the judgements of static fleets of each n replicas."""
-    n = start
-    if runs([n])[0]["met"]:
-        while n > 1:
-            fewer = [m for m in (n - 1, n - 2) if m >= 1]
-            met = [f["met"] for f in runs(fewer)]
-            if not met[0]:
-                break
-            n -= 2 if len(met) > 1 and met[1] else 1
-            if len(met) > 1 and not met[1]:
-                break
-        return n
+def _fewest_static(runs: Callable[[list[int]], list[dict]], start: int, slo: SLOConfig,
+                   fewest: int | None = None) -> int:
+    """The fewest static replicas meeting the SLO in every window. From `fewest` (a count below
+    which none can, e.g. the peak over one replica's flat-out throughput): it alone, then up two at
+    a time (a batch runs them in parallel). Without one, from `start` (a count that likely meets):
+    start - 1 and start - 2, down while the fewer still meets, else up from start. Searching from
+    below is cheap: a fleet too small stops at the first window it misses (EarlyStop), one that
+    meets runs the whole day. `runs(ns)`: the judgements of static fleets of each n replicas."""
+    if fewest is not None:
+        if runs([fewest])[0]["met"]:
+            return fewest
+        start = fewest + 1
+    below = [m for m in (start - 1, start - 2) if m >= 1 and (fewest is None or m > fewest)]
+    if below:
+        met = [f["met"] for f in runs(below)]
+        if met[-1]:  # start - 2 meets: further down
+            n = below[-1]
+            while n > 1:
+                fewer = [m for m in (n - 1, n - 2) if m >= 1]
+                got = [f["met"] for f in runs(fewer)]
+                if not got[0]:
+                    return n
+                n = fewer[1] if len(got) > 1 and got[1] else fewer[0]
+                if len(got) > 1 and not got[1]:
+                    return n
+            return n
+        if met[0]:
+            return below[0]
+    n = start - 1
     while n < MOST_STATIC:
         more = [m for m in (n + 1, n + 2) if m <= MOST_STATIC]
         met = [f["met"] for f in runs(more)]
@@ -336,24 +490,42 @@ def _fewest_static(runs: Callable[[list[int]], list[dict]], start: int, slo: SLO
                         "check the SLO and the load")
 
 
-def _largest_meeting(runs: Callable[[list[int]], dict[int, dict]], width: int) -> int | None:
+def _largest_meeting(runs: Callable[[list[int]], dict[int, dict]], width: int,
+                     confirm: Callable[[int], dict] | None = None) -> int | None:
     """The largest k of GRID whose policy meets the SLO (None: none does), taking the policies as
-    monotone in k: FIRST_PROBES, then `width` points at a time between the last that met and the
-    first that failed."""
-    seen = runs(list(FIRST_PROBES))
+    monotone in k: `width` points at a time (1: bisection), evenly inside the interval between the
+    largest that met and the smallest that failed (at first the whole grid); `runs` judges each on
+    the first seed. The k found is then `confirm`ed on
+    every seed; one that fails there counts as failing and the search goes on below it."""
+    seen: dict[int, dict] = {}
     while True:
         hi = min([k for k, f in seen.items() if not f["met"]], default=max(GRID) + 1)
         lo = max([k for k, f in seen.items() if f["met"] and k < hi], default=min(GRID) - 1)
         inside = [k for k in GRID if lo < k < hi]
         if not inside:
-            return lo if lo >= min(GRID) else None
+            if lo < min(GRID):
+                return None
+            if confirm is None or (checked := confirm(lo))["met"]:
+                return lo
+            seen[lo] = checked  # (missed on another seed: a failing k)
+            continue
         picks = sorted({inside[int(len(inside) * (j + 1) / (width + 1))] for j in range(width)})
         seen.update(runs(picks))
 
 
+def _row(f: dict, price: float) -> dict:
+    """A probe's row: its seeds' verdicts and _brief of its first seed."""
+    return {"met_each": f["met_each"], **_brief(f, price)}
+
+
 def _brief(f: dict, price: float) -> dict:
-    """A candidate's row: met, cost, replicas, the day's observed percentiles, missed windows."""
-    return {"met": f["met"], "gpu_hours": f["gpu_hours"], "usd": f["gpu_hours"] * price,
-            "mean_replicas": f["mean_replicas"], "peak_replicas": f["peak_replicas"], "end_s": f["end_s"],
-            "windows_missed": f["windows_missed"], "fraction": f["fraction"], "completed": f["completed"],
-            "requests": f["requests"], "observed": {k: v["observed"] for k, v in f["day"].items()}}
+    """A candidate's row: met, cost, replicas, the day's observed percentiles, missed windows (a run
+    stopped early at a window it missed: `stopped`, no cost measured)."""
+    out = {"met": f["met"], "gpu_hours": f["gpu_hours"],
+           "usd": f["gpu_hours"] * price if f["gpu_hours"] is not None else None,
+           "mean_replicas": f["mean_replicas"], "peak_replicas": f["peak_replicas"], "end_s": f["end_s"],
+           "windows_missed": f["windows_missed"], "fraction": f["fraction"], "completed": f["completed"],
+           "requests": f["requests"], "observed": {k: v["observed"] for k, v in f["day"].items()}}
+    if f.get("stopped"):
+        out["stopped"] = f["stopped"]
+    return out

@@ -54,7 +54,7 @@ def fleet_headline(r: dict) -> list[tuple[str, str]]:
                                           f"{s['gpu_hours']:,.1f} GPU-hours (${s['usd']:,.2f})")]
     if p is None:
         return rows + [("autoscaled policy", "none meets the SLO in every window below the static fleet")] \
-            + _scheduled_rows(r) + [("simulations", f"{r['simulations']} whole runs")]
+            + _scheduled_rows(r) + [("simulations", f"{r['simulations']} runs")]
     sv = r["saving"]
     return rows + [("autoscaled policy", _policy_text(p)),
                    ("its cost", f"{p['gpu_hours']:,.1f} GPU-hours (${p['usd']:,.2f}); {p['mean_replicas']:.2f} "
@@ -62,7 +62,7 @@ def fleet_headline(r: dict) -> list[tuple[str, str]]:
                    ("saving", f"{sv['fraction']:.1%}: {sv['gpu_hours']:,.1f} GPU-hours (${sv['usd']:,.2f}) over "
                               f"{_clock(p['end_s'])}"),
                    *_scheduled_rows(r),
-                   ("simulations", f"{r['simulations']} whole runs")]
+                   ("simulations", f"{r['simulations']} runs")]
 
 
 def _observed(row: dict) -> str:
@@ -103,7 +103,24 @@ def _command(r: dict, policy: dict) -> str:
 
 
 def _each(row: dict) -> str:
+    """Each seed run: yes / no; a first seed that missed is not run on the others."""
     return " / ".join("yes" if m else "no" for m in row["met_each"])
+
+
+def _missed(row: dict) -> str:
+    """Windows missed on the first seed, or where a run stopped at the first window it missed."""
+    st = row.get("stopped")
+    if st:
+        return f"stopped at {_clock(st['at_s'])}: window {st['window'] + 1} missed ({st['metric'][:-3].upper()})"
+    return str(row["windows_missed"])
+
+
+def _hours(row: dict) -> str:
+    return "-" if row.get("gpu_hours") is None else f"{row['gpu_hours']:,.2f}"
+
+
+def _held(row: dict) -> str:
+    return "-" if row.get("mean_replicas") is None else f"{row['mean_replicas']:.2f} / {row['peak_replicas']}"
 
 
 def markdown(r: dict, figure: str | None) -> str:
@@ -145,7 +162,7 @@ def markdown(r: dict, figure: str | None) -> str:
     a = r["autoscaling"]
     lines += [f"The scenario's own policy ({a['min_replicas']}-{a['max_replicas']} replicas, target_in_flight "
               f"{a['target_in_flight']:g}): {'meets' if own['met'] else 'misses'} the SLO "
-              f"({own['windows_missed']} windows missed), {own['gpu_hours']:,.2f} GPU-hours.", ""]
+              f"(on the first seed; windows missed: {_missed(own)}), {_hours(own)} GPU-hours.", ""]
     if figure:
         lines += [f"![the policy against the static fleet]({figure})", ""]
     sch = r.get("scheduled")
@@ -168,7 +185,7 @@ def markdown(r: dict, figure: str | None) -> str:
                       "", f"or: `{_command(r, q)}`", ""]
         lines += ["| target_in_flight | meets (each seed) | windows missed (first seed) | GPU-hours |",
                   "| --- | --- | --- | --- |"]
-        lines += [f"| {t['target_in_flight']:.3g} | {_each(t)} | {t['windows_missed']} | {t['gpu_hours']:,.2f} |"
+        lines += [f"| {t['target_in_flight']:.3g} | {_each(t)} | {_missed(t)} | {_hours(t)} |"
                   for t in sch["probes"]]
         lines.append("")
     lines += _window_table(r) + ["## How it was found", "",
@@ -179,15 +196,17 @@ def markdown(r: dict, figure: str | None) -> str:
               "does, min_replicas one higher.",
               "", "| static replicas | meets (each seed) | windows missed (first seed) | GPU-hours |",
               "| --- | --- | --- | --- |"]
-    lines += [f"| {t['replicas']} | {_each(t)} | {t['windows_missed']} | {t['gpu_hours']:,.2f} |"
+    lines += [f"| {t['replicas']} | {_each(t)} | {_missed(t)} | {_hours(t)} |"
               for t in r["static_probes"]]
     lines += ["", "| min_replicas | target_in_flight | meets (each seed) | windows missed (first seed) | GPU-hours "
               "| mean / peak replicas |", "| --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {t['min_replicas']} | {t['target_in_flight']:.3g} | {_each(t)} | "
-              f"{t['windows_missed']} | {t['gpu_hours']:,.2f} | {t['mean_replicas']:.2f} / {t['peak_replicas']} |"
-              for t in r["probes"]]
-    lines += ["", f"{r['simulations']} whole runs simulated. GPU-hours: replica-seconds held (starting, serving, "
-              "draining) x tensor_parallel_size / 3600, each over its own run (to its last request's finish).", ""]
+              f"{_missed(t)} | {_hours(t)} | {_held(t)} |" for t in r["probes"]]
+    lines += ["", f"{r['simulations']} runs simulated; a candidate is judged on the first seed while the search "
+              "locates the answer, and a run stops at the first window it is certain to miss (it then has no cost: "
+              "it meets no SLO); each answer is confirmed on every seed. GPU-hours: replica-seconds held "
+              "(starting, serving, draining) x tensor_parallel_size / 3600, each over its own run (to its last "
+              "request's finish).", ""]
     return "\n".join(lines)
 
 

@@ -16,13 +16,12 @@ differ (one meets).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from sim.config.errors import ScenarioError
-from sim.planning.slo import Z_ONE_SIDED_90, wilson
+from sim.planning.estimator import boundary
 from sim.workload.generators import Agents, ClosedLoop, Profile, build_workload
 from sim.workload.traces import shown
 
@@ -40,11 +39,13 @@ class Knob:
     integer: bool
     factor: float = 1.0   # load per unit of the setting: time_scale (generator), native req/s (trace)
     replay: bool = False  # a trace: its length fixes num_requests (no horizon)
-    own_length: bool = False  # every load keeps the scenario's workload.num_requests
     # what a run's length is set through, and requests per unit of it: workload.num_requests (1), or
     # an agents workload's sessions (their mean steps)
     count_key: str = "workload.num_requests"
     per_count: float = 1.0
+    # requests a run needs for the SLO's percentile (options.tail_requests judged beyond it, after
+    # the warm-up): p99 ~2,223, p90 ~223
+    percentile_requests: int = 0
 
     @property
     def unit_steps(self) -> bool:  # users one at a time (resolution 0): base + i
@@ -87,20 +88,41 @@ class Knob:
             return i + v if direction > 0 else i - (v - v // 2)
         return i + direction * max(1, round(math.log(2) / math.log1p(self.resolution)))
 
-    def overrides(self, value: float, o) -> tuple[str, ...]:
-        """The overrides for a load `value` (o: PlanOptions: horizon, requests per user, bounds).
-        A trace keeps its own requests: only its time_scale changes."""
+    def overrides(self, value: float, o, replicas: int = 1) -> tuple[str, ...]:
+        """The overrides for a load `value` (o: PlanOptions) on `replicas` replicas: a run covers
+        o.horizon_s of arrivals at the load (users: requests_per_user each), at least what the SLO's
+        percentile needs and o.min_requests, at most o.max_requests per replica. A trace keeps its
+        own requests: only its time_scale changes."""
         setting = f"{self.key}={self.setting(value)}"
-        if self.replay or self.own_length:
+        if self.replay:
             return (setting,)
-        n = value * (o.requests_per_user if self.integer else o.horizon_s or DEFAULT_HORIZON_S)
-        lo, hi = o.min_requests / self.per_count, o.max_requests / self.per_count  # (the bounds are on
-        n = int(min(math.floor(hi), math.ceil(max(lo, min(n, hi)))))  # requests: per session for agents)
-        return (setting, f"{self.count_key}={max(n, 1)}")
+        return (setting, f"{self.count_key}={self.run_count(value, o, replicas)}")
+
+    def run_count(self, value: float, o, replicas: int = 1) -> int:
+        """The run length at a load, in the count key's unit (requests; sessions for agents)."""
+        # requests over the horizon (a load in sessions/s brings per_count requests a session)
+        n = value * (o.requests_per_user if self.integer else o.horizon_s or DEFAULT_HORIZON_S) * self.per_count
+        n = max(n, self.percentile_requests, o.min_requests)
+        most = math.floor(o.max_requests * replicas / self.per_count + 1e-9)  # (at most the bound)
+        return max(1, min(math.ceil(n / self.per_count - 1e-9), most))
+
+
+def percentile_requests(slo, options) -> int:
+    """Requests per run for options.tail_requests judged beyond the SLO's highest per-request
+    percentile (after the warm-up)."""
+    if slo is None:
+        return 0
+    pct = max(p for _, p in slo.targets().values())
+    return math.ceil(options.tail_requests / (1 - pct / 100) / (1 - options.warmup_fraction) - 1e-9)
 
 
 def load_knob(scenario, options) -> Knob:
     """The scenario's load knob on the load search's grid (options.resolution)."""
+    knob = _knob(scenario, options)
+    return knob if knob.replay else replace(knob, percentile_requests=percentile_requests(scenario.slo, options))
+
+
+def _knob(scenario, options) -> Knob:
     w = scenario.workload
     if w.trace is not None:  # the same trace replayed faster or slower
         native = replay_stats(w)["native_rate"]
@@ -122,9 +144,7 @@ def load_knob(scenario, options) -> Knob:
         raise ScenarioError(f"plan: workload.arrival {type(w.arrival).__name__.lower()} sends every request "
                             "at one instant: there is no rate to vary; use poisson, gamma or constant, "
                             "closed_loop, or a trace")
-    own = options.horizon_s is None and w.num_requests is not None
-    return Knob("workload.arrival.rate", "req/s", w.arrival.rate, options.resolution, False, w.time_scale,
-                own_length=own)
+    return Knob("workload.arrival.rate", "req/s", w.arrival.rate, options.resolution, False, w.time_scale)
 
 
 TARGET_FLAGS = {"req/s": "--target-rate", "users": "--target-users", "sessions/s": "--target-rate"}
@@ -160,34 +180,25 @@ def replay_stats(w) -> dict:
 
 
 def max_load(ev, knob: Knob, extra: tuple[str, ...] = (), *, start: int = 0, gallop: bool = False,
-             seeds: tuple[int, int, int] | None = None, confirm: bool = False,
-             on_confirm: Callable[[], None] | None = None, **info) -> dict:
+             seeds: tuple[int, int, int] | None = None, **info) -> dict:
     """Largest grid load that meets the SLO, such that the next grid point up does not.
 
-    ev: an Evaluator; extra: overrides for every point (an engine setting); start: the first index;
-    gallop: bracket with 1, 2, 4, ... grid steps instead of doubling the load; seeds: the judge's
-    seed ladder; info: copied into every point. on_confirm: called when confirming starts. confirm: after locating
-    the boundary with the
-    cheap majority judge, search again from there with Evaluator.confirm (the answer then meets
-    the SLO with probability >= options.confidence, by a one-sided 90% Wilson bound); a
-    deterministic workload needs no second pass (its one seed is the whole truth)."""
+    ev: an Evaluator (its `judge`: the mean SLO percentile over seeds within every target, at 90%
+    confidence, seeds added while that is undecided: sim/planning/estimator.py); extra: overrides
+    for every point (an engine setting); start: the first index; gallop: bracket with 1, 2, 4, ...
+    grid steps instead of doubling the load; seeds: the judge's seed ladder; info: copied into
+    every point. `estimate`: where between the answer and the next point the binding target's
+    percentile crosses it, with a 90% interval from the seeds (estimator.boundary)."""
     points, lo, hi = _bracket(ev, ev.judge, knob, extra, start, gallop, seeds, info)
-    located = None
-    if confirm and lo is not None and not ev.deterministic:
-        located = {"answer": knob.value(lo), "next": knob.value(hi), "simulations": ev.simulations}
-        if on_confirm is not None:
-            on_confirm()
-        first = points
-        points, lo, hi = _bracket(ev, ev.confirm, knob, extra, lo, True, None, info)
-        points = {**{k: {**p, "located_only": True} for k, p in first.items()}, **points}
     curve = [points[k] for k in sorted(points)]
     out = {"knob": knob.key, "unit": knob.unit, "resolution": knob.resolution, "factor": knob.factor,
            "next": knob.value(hi), "next_setting": knob.setting(knob.value(hi)), "next_point": points[hi],
-           "curve": curve, "answer": None, "answer_setting": None, "answer_point": None,
-           "judge": "confirm" if located else "majority", "located": located}
+           "curve": curve, "answer": None, "answer_setting": None, "answer_point": None, "judge": "steady",
+           "estimate": None}
     if lo is not None:
         out.update(answer=knob.value(lo), answer_setting=knob.setting(knob.value(lo)), answer_point=points[lo],
-                   confidence=confidence(points[lo], points[hi], ev.deterministic, ev.options, bool(located)))
+                   confidence=confidence(points[lo], points[hi], ev.deterministic),
+                   estimate=None if ev.deterministic else boundary(points[lo], points[hi]))
     return out
 
 
@@ -235,24 +246,20 @@ def _bracket(ev, judge, knob: Knob, extra: tuple[str, ...], start: int, gallop: 
     return points, lo, hi
 
 
-def confidence(answer: dict, above: dict, deterministic: bool, options=None, confirmed: bool = False) -> dict:
+def confidence(answer: dict, above: dict, deterministic: bool) -> dict:
     """How sure the answer is: "deterministic" (every seed simulates the same run, so one seed per
-    point is the whole truth); "wilson" (confirmed: P(a seed meets the SLO) >= options.confidence at
-    the answer by a one-sided 90% Wilson lower bound, and below it one step up by the upper bound);
-    or "seeds" (a majority of seeds, with 90% two-sided Wilson intervals)."""
+    point is the whole truth) or "steady" (the mean SLO percentile over the seeds at the answer is
+    within every target, and one grid step up it is not, each at 90% confidence or, where the
+    seeds could not tell at the most allowed, by the mean: `within_noise`), with the share of
+    seeds meeting the SLO at each and the chance that a fresh run at the answer meets it."""
     if deterministic:
         return {"method": "deterministic", "answer_met": answer["met"], "next_met": above["met"]}
-    out = {"method": "wilson" if confirmed else "seeds",
-           "answer_pass_fraction": answer["passes"] / answer["seeds"],
-           "next_pass_fraction": above["passes"] / above["seeds"],
-           "answer_seeds": answer["seeds"], "next_seeds": above["seeds"],
-           "answer_pass_interval_90": wilson(answer["passes"], answer["seeds"]),
-           "next_pass_interval_90": wilson(above["passes"], above["seeds"])}
-    if confirmed:
-        out.update(target_probability=options.confidence,
-                   answer_lower_bound=wilson(answer["passes"], answer["seeds"], Z_ONE_SIDED_90)[0],
-                   next_upper_bound=wilson(above["passes"], above["seeds"], Z_ONE_SIDED_90)[1],
-                   basis=f"one-sided 90% Wilson bounds on the probability that a fresh seed meets the "
-                         f"SLO: at the answer the lower bound is >= {options.confidence:g}; one grid "
-                         f"step up it is not ({options.confirm_seeds} seeds at most per load)")
-    return out
+    sa, sn = answer.get("steady") or {}, above.get("steady") or {}
+    return {"method": "steady",
+            "answer_seeds": answer["seeds"], "next_seeds": above["seeds"],
+            "answer_pass_fraction": answer["passes"] / answer["seeds"],
+            "next_pass_fraction": above["passes"] / above["seeds"],
+            "answer_within_noise": bool(sa.get("within_noise")), "next_within_noise": bool(sn.get("within_noise")),
+            "fresh_run_probability": (answer.get("bettable") or {}).get("probability"),
+            "basis": "the mean over seeds of each target's percentile (after the warm-up) against the target, "
+                     "90% Student-t intervals over the seeds: within at the answer, past it one grid step up"}

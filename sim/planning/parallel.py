@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Any
@@ -110,13 +111,60 @@ def _run_on_cluster(fn: Callable[..., Any], args: Sequence[tuple], address: str
 
 
 class LocalRunner:
-    """Batches of calls on local processes (run_parallel with `workers`)."""
+    """Batches of calls on local processes: one pool for the runner's whole life (a plan's hundreds
+    of batches of a few seeds each: a pool per batch left a core idle while it started and threw
+    away the workers' warm caches), started at the first batch of more than one call, shut down by
+    `close` (or leaving a `with`). Several threads may map at once (the plan's searches of
+    different candidates): their calls share the workers. workers=1 runs in the calling thread."""
 
     def __init__(self, workers: int | None = None):
         self.workers = workers
+        self._pool: ProcessPoolExecutor | None = None
+        self._lock = threading.Lock()
 
     def map(self, fn: Callable[..., Any], args: Sequence[tuple]) -> Iterator[tuple[int, Any]]:
-        return run_parallel(fn, args, workers=self.workers)
+        """Yield (index into args, fn(*args[index])) as each call finishes."""
+        if (self.workers or default_workers()) == 1 or not args:
+            for i, a in enumerate(args):
+                yield i, fn(*a)
+            return
+        pool = self._started()
+        pending = {pool.submit(fn, *a): i for i, a in enumerate(args)}
+        try:
+            while pending:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    yield pending.pop(fut), fut.result()
+        finally:  # an error or an early stop: drop this batch's queued calls
+            for fut in pending:
+                fut.cancel()
+
+    def start(self) -> LocalRunner:
+        """Start the workers now, from this thread. A worker dies with the thread that started it
+        (Linux's parent-death signal follows the creating thread, not the process), so a plan
+        whose searches run in threads starts its pool here, in the thread that outlives them."""
+        if (self.workers or default_workers()) > 1:
+            self._started().submit(os.getpid).result()  # (fork starts every worker at the first call)
+        return self
+
+    def _started(self) -> ProcessPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ProcessPoolExecutor(max_workers=self.workers or default_workers(),
+                                                 initializer=_worker_init, initargs=(os.getpid(),))
+            return self._pool
+
+    def close(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:  # (queued calls dropped; running ones finish, or exit on Ctrl-C)
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> LocalRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class DaskRunner:

@@ -76,24 +76,25 @@ def headline(r: dict) -> list[tuple[str, str]]:
         return rows
     c = s["confidence"]
     nxt = s.get("next_point") or {}
-    # "fails" only where no seed met the SLO there; else how many did (29/30 is not confirmed, not failed)
-    verdict = ("fails" if not nxt.get("passes") else
-               f"not confirmed: {nxt['passes']} of {nxt['seeds']} seeds meet the SLO") if nxt else "not confirmed"
+    noise = " (within the seeds' noise: the mean decides)" if c.get("next_within_noise") else ""
     rows += [("sustained load per replica, scenario's setting", load(s["answer"])),
-             (f"next step up ({verdict})", load(s["next"]))]
+             (f"next step up (fails{noise})", load(s["next"]) + (f", {_seeds(nxt)} seeds meet the SLO" if nxt else ""))]
+    e = s.get("estimate")
+    if e is not None:
+        lo, hi = e["interval_90"]
+        rows.append(("estimate from the seeds", f"{load(e['load'])}, 90% interval {load(lo)} - {load(hi)} "
+                                                f"(where the mean p{_pct(r, e['binding'])} {_short(e['binding'])} "
+                                                "crosses its target between the two grid loads)"))
     if c["method"] == "deterministic":
         rows.append(("confidence", "deterministic: the workload has no random component, so every seed "
                                    "simulates the same run; 1 seed per load"))
-    elif c["method"] == "wilson":
-        rows += [("confidence", f"P(a fresh seed meets the SLO) >= {c['answer_lower_bound']:.2f} at the answer "
-                                f"({_seeds(s['answer_point'])} seeds meet; one-sided 90% Wilson lower bound, "
-                                f"target {c['target_probability']:g}); <= {c['next_upper_bound']:.2f} one step "
-                                f"up ({_seeds(s['next_point'])} seeds)")]
     else:
-        rows += [("seeds meeting the SLO", f"{c['answer_pass_fraction']:.0%} at the answer, "
-                                           f"{c['next_pass_fraction']:.0%} one step up"),
-                 ("90% interval of P(a seed meets)", "{:.0%}-{:.0%} at the answer, {:.0%}-{:.0%} one step up"
-                  .format(*c["answer_pass_interval_90"], *c["next_pass_interval_90"]))]
+        fresh = c.get("fresh_run_probability")
+        rows.append(("confidence", f"the mean percentile over {c['answer_seeds']} seeds is within every target "
+                                   f"at 90% confidence ({_seeds(s['answer_point'])} seeds meet it one by one"
+                                   + (f"; a fresh run of {r['run_length']['requests_at_answer']:,} requests "
+                                      f"meets it with P ~ {fresh:.2f}" if fresh is not None and
+                                      r.get("run_length", {}).get("requests_at_answer") else "") + ")"))
     rec, t = r["recommendation"], r["tradeoff"]
     tie = f"; ties on the grid: {', '.join(_setting(r, x) for x in t['ties'])}" if t.get("ties") else ""
     rows.append(("best engine setting (highest sustained load)", _setting(r, rec) + tie))
@@ -106,9 +107,10 @@ def headline(r: dict) -> list[tuple[str, str]]:
         cl = r["cluster"]
         fewer = cl["one_fewer"]
         check = f"; {rec['replicas'] - 1} miss it ({_seeds(fewer)} seeds meet)" if fewer else ""
-        rule = "confirmed as the load is" if cl["point"].get("wilson_90") is not None else "judged"
+        bet = cl["point"].get("bettable") or {}
         rows.append((f"replicas for {load(cl['target'])}",
-                     f"{rec['replicas']} ({rule}: {_seeds(cl['point'])} seeds meet the SLO){check}"))
+                     f"{rec['replicas']}, confirmed as a whole cluster: a fresh run of it meets the SLO with "
+                     f"P ~ {bet.get('probability', 0):.2f} ({_seeds(cl['point'])} seeds meet){check}"))
     if "band" in r:
         b = r["band"]
         if "steps_slower" not in b:
@@ -150,6 +152,26 @@ def headline(r: dict) -> list[tuple[str, str]]:
     return rows
 
 
+def _nan(v: Any) -> float:
+    return float("nan") if v is None else float(v)
+
+
+def _kind(p: dict) -> str:
+    """A judged point's marker: met, failed, or stopped (every seed stopped early: a clear miss)."""
+    if p.get("met"):
+        return "met"
+    return "stopped" if p.get("stopped") and p["stopped"] == p["seeds"] else "failed"
+
+
+def _short(metric: str) -> str:
+    return metric[:-3].upper()
+
+
+def _pct(r: dict, metric: str) -> str:
+    """The percentile a target is judged at (its own, else the SLO's)."""
+    return f"{dict(r.get('slo_percentiles') or {}).get(metric, r['slo']['percentile']):g}"
+
+
 def _slo_label(slo: dict) -> str:
     """An older plan.json without slo_label: its TTFT/TPOT targets at the one percentile."""
     return ", ".join(f"p{slo['percentile']:g} {k[:-3].upper()} <= {slo[k]:g} ms"
@@ -179,6 +201,8 @@ def _point_row(p: dict, first: list[str], metrics: list[str]) -> str:
     for k in metrics:
         cells += [_f(p[k]["p50"]), _f(p[k]["slo"])]
     cells += [_f(p["goodput_rps"], 2), _f(p["output_throughput"], 0)]
+    if p.get("stopped"):  # (the runs stopped early measured only their stopping target: a lower bound)
+        cells[-1] += f" ({p['stopped']} of {p['seeds']} stopped early: a clear miss)"
     return "| " + " | ".join(cells) + " |"
 
 
@@ -199,14 +223,15 @@ def markdown(r: dict, plots: list[str]) -> str:
         grid = f"workload.time_scale values {1 + o['resolution']:g}x apart (so are the rates)"
         runs = (f"- Each simulation replays the trace's {trace['requests']} requests (its length fixes the "
                 "run: the trace is not repeated), with its arrival times divided by time_scale.")
-    elif r.get("requests_per_run"):
-        runs = (f"- Each simulation has the scenario's own {r['requests_per_run']} requests "
-                "(workload.num_requests: what re-simulating the scenario at the answer runs); "
-                "`--horizon-s` sets a length in seconds instead.")
     else:
-        runs = (f"- Each simulation covers ~{o['horizon_s'] or 120:g} s of arrivals ({o['min_requests']} to "
-                f"{o['max_requests']} requests)" + (f"; closed loop: {o['requests_per_user']} requests "
-                                                    "per user" if unit == "users" else "") + ".")
+        rl = r.get("run_length") or {}
+        runs = (f"- Each simulation covers {rl.get('horizon_s', 120):g} s of arrivals at its load, at least "
+                f"{max(rl.get('percentile_requests', 0), o['min_requests']):,} requests (the SLO's percentile "
+                f"needs {o['tail_requests']} judged requests beyond it per run: {rl.get('percentile_requests', 0):,}"
+                f"), at most {o['max_requests']:,}" + (f"; closed loop: {o['requests_per_user']} requests per user"
+                                                      if unit == "users" else "") + ".")
+        if rl.get("note"):
+            runs += f" At the answer: {rl['requests_at_answer']:,} requests ({rl['note'].split(': ', 1)[-1]})."
         if unit == "req/s" and trace.get("time_scale", 1.0) != 1.0:
             runs += (f" Loads are offered rates: workload.arrival.rate x workload.time_scale "
                      f"({trace['time_scale']:g}).")
@@ -214,12 +239,18 @@ def markdown(r: dict, plots: list[str]) -> str:
         seeds = ("One seed per load: the workload has no random component, so every seed simulates the same "
                  "run (confidence: deterministic). A run")
     else:
-        seeds = (f"Locating the boundary, a load meets the SLO when at least {o['pass_fraction']:.0%} of its "
-                 f"seeds do ({o['seeds']} seeds, {o['max_seeds']} when they disagree). Then the search is "
-                 f"repeated from there with a stricter judge: a load meets the SLO when the one-sided 90% "
-                 f"Wilson lower bound of P(a fresh seed meets it) is >= {o.get('confidence', 0.9):g}, and fails "
-                 f"as soon as the upper bound is below it (up to {o.get('confirm_seeds', 30)} seeds; undecided "
-                 "counts as failing). A seed")
+        seeds = (f"A load meets the SLO when the mean over seeds of each target's percentile is within the "
+                 f"target at 90% confidence (Student's t over the seeds: {o['first_seeds']} seeds, "
+                 f"{o['seeds']} when the interval straddles a target, then {o['max_seeds']}; if it still does, "
+                 "the mean decides and the point says so), and fails when some target's lower bound is past "
+                 f"it. A run that clearly misses (a TTFT or E2EL percentile certain to exceed "
+                 f"{o['clear_fail']:g}x its target) is stopped early. A seed")
+    cluster_rule = (f"- The replicas for the target are the fewest whose whole cluster (the scenario's router) "
+                    f"meets the SLO there, confirmed: a fresh run of that cluster meets it with probability >= "
+                    f"{o.get('confidence', 0.9):g}, predicted from {o.get('confirm_first', 4)}-"
+                    f"{o.get('confirm_seeds', 12)} seeds (a one-sided Student-t prediction bound on each run's "
+                    "worst observed / target); a count the first judge found is confirmed, one replica more at "
+                    "a time until one is.")
     lines = [f"# Capacity plan: {r['scenario']}", "",
              f"{r['model']} on {r['hardware']}, scheduler `{r['engine']['scheduler']}`, scenario "
              f"`{r['source']}`" + (f" with `{' '.join(r['overrides'])}`" if r["overrides"] else "") + ".",
@@ -233,9 +264,7 @@ def markdown(r: dict, plots: list[str]) -> str:
               f"the requests after the first {o['warmup_fraction']:.0%} (warm-up: they arrive at an empty "
               "engine); ITL over the inter-token gaps after the first of them arrives.",
               runs,
-              "- One rule accepts every answer: the sustained load, the chosen engine setting's load and the "
-              "replicas for the target are each kept only when the stricter judge above confirms them (a "
-              "replica count found on the first judge is confirmed, one replica more at a time until one is).",
+              cluster_rule,
               "- Latencies are means over seeds; pSLO is the SLO percentile. Goodput: requests/s "
               "meeting every target.", ""]
     if r.get("warnings"):
@@ -257,7 +286,7 @@ def _curve_section(r: dict) -> list[str]:
     g, c = t["grid"], t["chosen_search"]
     step = f"{g['resolution']:.0%} steps" + (" (rounded to whole users)" if unit == "users" else "")
     seeds = "1 seed per point (deterministic)" if r.get("deterministic") else \
-        f"{g['seeds'][0]} seeds per point ({g['seeds'][1]} when they disagree)"
+        f"{g['seeds'][0]} seeds per point ({g['seeds'][1]} while the interval straddles a target)"
     lines = ["", "## Engine curve: each setting's sustained load", "",
              f"Each setting's own highest load meeting the SLO, on a grid of {step} from "
              f"{load(g['base'])} (the scenario setting's answer), {seeds}, each search started at its "
@@ -266,7 +295,7 @@ def _curve_section(r: dict) -> list[str]:
              "Goodput: requests/s meeting every target at that load. The scenario's own setting shows "
              "its load search (finer grid). Chosen: the highest sustained load (a tie on the grid goes to the "
              "simpler setting), then searched again on the "
-             f"load search's grid, confirmed: **{_setting(r, t['chosen'])}: {load(c['answer'])}** "
+             f"load search's grid and seeds: **{_setting(r, t['chosen'])}: {load(c['answer'])}** "
              f"({load(c['next'])} fails).", ""]
     cols = ["max_num_seqs", "max_num_batched_tokens", f"sustained ({unit})", f"next up, fails ({unit})",
             "seeds met", "goodput (req/s)", "TTFT pSLO (ms)", "TPOT pSLO (ms)", "output tokens/s", "loads judged"]
@@ -335,21 +364,24 @@ def _plots(r: dict, out: Path) -> list[Path]:
         for p_key, style in (("p50", "o-"), ("p90", "s-")):
             if p_key == f"p{_f(pct, 0)}":
                 continue  # drawn below as the SLO's percentile
-            ax.plot(x, [p[key][p_key] for p in pts], style, ms=3, lw=1, alpha=0.6, label=f"{label} {p_key}")
+            ax.plot(x, [_nan(p[key][p_key]) for p in pts], style, ms=3, lw=1, alpha=0.6, label=f"{label} {p_key}")
         # the SLO's percentile: mean over seeds, a bar from the lowest to the highest seed, and
-        # each point's verdict (met: the SLO held by the plan's rule over its seeds), never the mean's
-        ys = [p[key]["slo"] for p in pts]
-        lo = [y - min(p[key].get("slo_range", [y, y])) for y, p in zip(ys, pts)]
-        hi = [max(p[key].get("slo_range", [y, y])) - y for y, p in zip(ys, pts)]
+        # each point's verdict (met: the plan's rule over its seeds), never the mean's; a point
+        # whose runs were stopped early (a clear miss) shows the lower bound they were stopped at
+        ys = [_nan(p[key]["slo"]) for p in pts]
+        spans = [p[key].get("slo_range") or [y, y] for y, p in zip(ys, pts)]
+        lo = [max(0.0, y - min(r)) if y == y else 0.0 for y, r in zip(ys, spans)]
+        hi = [max(0.0, max(r) - y) if y == y else 0.0 for y, r in zip(ys, spans)]
         ax.errorbar(x, ys, yerr=[lo, hi], fmt="-", color="#555555", lw=1, elinewidth=0.8, capsize=2,
                     label=f"{label} p{_f(pct, 0)} (bar: range over seeds)")
-        for met, colour, marker, text in ((True, "#2ca25f", "o", "met the SLO"), (False, "#de2d26", "X", "failed")):
-            for located, face, how in ((False, colour, ""), (True, "none", ", 1 seed while locating")):
-                sel = [i for i, p in enumerate(pts)
-                       if bool(p.get("met")) is met and bool(p.get("located_only")) is located]
-                if sel:
-                    ax.scatter([x[i] for i in sel], [ys[i] for i in sel], s=34, facecolors=face, edgecolors=colour,
-                               marker="o" if located else marker, zorder=3, label=f"{text}{how} ({len(sel)})")
+        for kind, colour, marker, face, text in (("met", "#2ca25f", "o", None, "met the SLO"),
+                                                 ("failed", "#de2d26", "X", None, "failed"),
+                                                 ("stopped", "#de2d26", "^", "none", "failed, stopped early "
+                                                  "(at least this)")):
+            sel = [i for i, p in enumerate(pts) if _kind(p) == kind and ys[i] == ys[i]]
+            if sel:
+                ax.scatter([x[i] for i in sel], [ys[i] for i in sel], s=34, facecolors=face or colour,
+                           edgecolors=colour, marker=marker, zorder=3, label=f"{text} ({len(sel)})")
         if slo.get(key):
             ax.axhline(slo[key], color="red", ls="--", lw=1, label=f"SLO p{_f(pct, 0)} <= {_f(slo[key], 0)} ms")
         if s["answer"] is not None:

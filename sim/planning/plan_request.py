@@ -38,7 +38,7 @@ class PlanRequest:
     out: Path | None = None                # None: runs/<scenario name>-plan
     emit: Path | None = None               # write vllm_serve.sh, engine_args.yaml, k8s.yaml here
     overrides: tuple[str, ...] = ()        # --set KEY=VALUE
-    seeds: int = 3
+    seeds: int = 4                         # seeds per load near a target (2 first, up to 2x across it)
     resolution: float = 0.02
     horizon_s: float | None = None
     confidence: float = 0.9
@@ -104,16 +104,46 @@ class PlanJob:
     def label(self) -> str:
         return "planning a fleet" if self.fleet else "searching" if self.request.searches else "planning"
 
-    def run(self, progress: Callable[..., None] | None = None) -> dict:
-        """The plan or search; on request.cluster's Dask workers when given (one connection)."""
-        if self.request.cluster is None:
-            return self._run(progress, None)
-        from sim.planning.parallel import DaskRunner
+    def run(self, progress: Callable[..., None] | None = None,
+            note: Callable[[str], None] | None = None, keep: bool = True) -> dict:
+        """The plan or search; on request.cluster's Dask workers when given (one connection). With
+        `keep`, every simulation is kept in out_dir's journal as it finishes
+        (sim/planning/journal.py): the same command again resumes an interrupted plan, simulating
+        only what was missing; `note` hears what the journal held. Without, nothing is written."""
+        from contextlib import nullcontext
 
-        with DaskRunner(self.request.cluster) as runner:
-            return self._run(progress, runner)
+        from sim.planning.journal import Journal
 
-    def _run(self, progress: Callable[..., None] | None, runner: Any) -> dict:
+        kept = Journal.open(self.out_dir, self.fingerprint(), note=note) if keep else nullcontext(None)
+        with kept as journal:
+            if note is not None and journal is not None and journal.kept:
+                note(f"resuming: {journal.kept} simulations kept in {journal.path} are read back, not simulated again")
+            if self.request.cluster is None:
+                return self._run(progress, None, journal)
+            from sim.planning.parallel import DaskRunner
+
+            with DaskRunner(self.request.cluster) as runner:
+                return self._run(progress, runner, journal)
+
+    def fingerprint(self) -> dict:
+        """What every simulation of this plan depends on beyond its own overrides and seed: the
+        scenario file and the files it names (their bytes), the SLO and the rules that judge and
+        stop runs, servesim's version and sources."""
+        from sim.planning.journal import file_digest, source_digest
+        from sim.version import __version__
+
+        sc, o = self.scenario, self.options
+        files = {"scenario": file_digest(self.request.scenario)}
+        profile = sc.cost_model.provenance().get("profile")
+        if profile:
+            files["profile"] = file_digest(profile)
+        if sc.workload.trace is not None:
+            files["trace"] = file_digest(sc.workload.trace)
+        return {"servesim": __version__, "sources": source_digest(), "files": files,
+                "overrides": list(self.request.overrides), "slo": self.slo.label(),
+                "warmup_fraction": o.warmup_fraction, "early_stop": o.early_stop, "clear_fail": o.clear_fail}
+
+    def _run(self, progress: Callable[..., None] | None, runner: Any, journal: Any = None) -> dict:
         r = self.request
         target = r.target_rate if r.target_users is None else r.target_users
         seqs = parse_int_list("--max-num-seqs", r.max_num_seqs)
@@ -123,7 +153,7 @@ class PlanJob:
 
             return plan_fleet(r.scenario, self.slo, overrides=r.overrides, window_s=r.window_s or WINDOW_S,
                               seeds=r.seeds, gpu_hour_usd=self.prices.get(self.scenario.hardware.name),
-                              workers=r.workers, runner=runner, progress=progress)
+                              workers=r.workers, runner=runner, progress=progress, journal=journal)
         if r.searches:
             from sim.planning.config_search import search_configs
 
@@ -140,14 +170,14 @@ class PlanJob:
                 all2all=parse_backends(r.all2all_backend),
                 speculative=parse_spec_list(r.speculative), disaggregation=parse_split_list(r.disaggregation),
                 max_gpus=r.max_gpus, budget_usd_per_hour=r.budget_usd_per_hour, headroom=r.headroom,
-                options=self.options, progress=progress, runner=runner)
+                options=self.options, progress=progress, runner=runner, journal=journal)
         from sim.planning.planner import plan
 
         return plan(r.scenario, self.slo, overrides=r.overrides, options=self.options, progress=progress,
                     target=target, target_unit="users" if r.target_users is not None else "req/s",
                     gpu_hour_usd=self.prices.get(self.scenario.hardware.name), headroom=r.headroom, band=r.band,
                     seqs_grid=seqs,
-                    tokens_grid=tokens, runner=runner)
+                    tokens_grid=tokens, runner=runner, journal=journal)
 
     def unmet(self, result: dict) -> list[str]:
         """Why nothing meets the SLO, one line each (empty when an answer was found): the plan's
@@ -280,9 +310,9 @@ def prepare(r: PlanRequest, note: Callable[[str], None] | None = None) -> PlanJo
         parse_offload_list(r.kv_offloading_size)
         parse_spec_list(r.speculative)
         parse_split_list(r.disaggregation)
-    seeds = r.seeds
-    options = PlanOptions(first_seeds=min(2, seeds), seeds=seeds, max_seeds=max(seeds, 7),
-                          curve_seeds=min(2, seeds), curve_max_seeds=min(3, seeds), resolution=r.resolution,
+    seeds = r.seeds  # near a target; 2 first (1 with --seeds 1), up to twice as many across it
+    options = PlanOptions(first_seeds=min(2, seeds), seeds=seeds, max_seeds=max(2 * seeds, PlanOptions.max_seeds),
+                          curve_seeds=min(2, seeds), curve_max_seeds=seeds, resolution=r.resolution,
                           horizon_s=r.horizon_s, min_requests=r.min_requests, confidence=r.confidence,
                           max_requests=max(r.min_requests, PlanOptions.max_requests), workers=r.workers)
     return PlanJob(r, sc, slo, options, out_dir)

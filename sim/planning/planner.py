@@ -17,51 +17,63 @@ lengthen it: a short one gets a warning instead.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from sim.config.checks import MAX_REQUESTS
 from sim.config.errors import ScenarioError
 from sim.config.scenario import SLOConfig
 from sim.planning.engine_curve import engine_curve, engine_overrides
 from sim.planning.evaluator import Evaluator, PlanOptions
 from sim.planning.load_search import DEFAULT_HORIZON_S, Knob, check_target_unit, load_knob, max_load, replay_stats
+from sim.planning.parallel import LocalRunner
 from sim.planning.slo import SLO_KEYS
 
 MAX_REPLICAS = 10_000  # the most replicas size_cluster starts at (a cluster that big takes minutes per run)
 
 
 def size_cluster(ev: Evaluator, knob: Knob, target: float, per_replica: float,
-                 engine: tuple[str, ...], scale: Callable[[int], tuple[str, ...]] | None = None) -> dict:
+                 engine: tuple[str, ...], scale: Callable[[int], tuple[str, ...]] | None = None,
+                 most: int | None = None) -> dict:
     """Fewest replicas whose simulated cluster (with the scenario's router) meets the SLO at
-    `target`, by the answer's own rule (Evaluator.confirm: the one-sided 90% Wilson lower bound of
-    P(a fresh seed meets the SLO) reaches options.confidence), so that a count is never accepted on
-    fewer passing seeds than the load it serves. Starts at ceil(target / per_replica), gallops down
-    or up (1, 2, 4, ... replicas) to a bracket, then bisects, judging each count as the load search
-    does (Evaluator.judge); the count found is then confirmed, one more replica at a time until one
-    is. The start can be far off: round-robin smooths each replica's arrivals. `scale(n)`: the
-    overrides for n replicas (default engine.replicas=n; a disaggregated unit: n times each pool)."""
+    `target`, confirmed: a fresh run of that cluster meets it with probability >=
+    options.confidence (Evaluator.confirm). Located first with the load search's judge (the
+    mean percentile over seeds within every target): from ceil(target / per_replica), galloping
+    down or up (1, 2, 4, ... replicas) to a bracket, then bisecting; the count found is then
+    confirmed, one more replica at a time until one is. The start can be far off: round-robin
+    smooths each replica's arrivals, and a cluster's run is longer than one replica's (its
+    percentile steadier). `scale(n)`: the overrides for n replicas (default engine.replicas=n; a
+    disaggregated unit: n times each pool). `most`: the most replicas worth confirming (a
+    configuration search's bound: more would cost as much as the cheapest found so far); above it
+    the answer is `replicas: None` with `beyond: most`, after as few runs as show it."""
     scale = scale or (lambda n: (f"engine.replicas={n}",))
-    at = engine + knob.overrides(target, ev.options)
     tried: dict[int, dict] = {}
-    length = ev.scenario.workload.num_requests if knob.own_length else None
 
-    def cluster(n: int) -> tuple[str, ...]:  # the scenario's own length per replica: n replicas, n times the requests
-        more = (f"workload.num_requests={min(length * n, MAX_REQUESTS)}",) if length else ()
-        return at + more + scale(n)
+    def cluster(n: int) -> tuple[str, ...]:  # a run of horizon_s at the target over n replicas
+        return engine + knob.overrides(target, ev.options, replicas=n) + scale(n)
 
     def meets(n: int) -> bool:
         if n not in tried:
             tried[n] = ev.judge(cluster(n), replicas=n)
         return tried[n]["met"]
 
+    def result(n: int | None, point: dict | None) -> dict:
+        return {"target": target, "setting": knob.setting(target), "replicas": n, "point": point,
+                "one_fewer": tried.get(n - 1) if n is not None else None, "beyond": most if n is None else None,
+                "requests_per_run": knob.run_count(target, ev.options, n or most or 1) * knob.per_count,
+                "tried": [tried[k] for k in sorted(tried)]}
+
     n = max(1, math.ceil(target / per_replica - 1e-9))
     if n > MAX_REPLICAS:
         raise ScenarioError(f"plan: {target:g} {knob.unit} needs about {n:,} replicas of {per_replica:g} "
                             f"{knob.unit}; more than {MAX_REPLICAS:,} are not simulated")
-    limit = 4 * n + 8
+    limit = 4 * n + 8 if most is None else most
+    if most is not None:
+        n = min(n, most)
+        if n < most and not meets(most):  # (one run shows a candidate cannot beat the bound)
+            return result(None, None)
     step = 1
     if meets(n):  # hi meets; lo misses (0 replicas never meets)
         hi = n
@@ -72,6 +84,8 @@ def size_cluster(ev: Evaluator, knob: Knob, target: float, per_replica: float,
         lo = n
         while not meets(min(lo + step, limit)):
             if lo + step >= limit:
+                if most is not None:
+                    return result(None, None)
                 raise ScenarioError(f"plan: {limit} replicas still miss the SLO at {target} {knob.unit}")
             lo, step = lo + step, 2 * step
         hi = min(lo + step, limit)
@@ -82,11 +96,25 @@ def size_cluster(ev: Evaluator, knob: Knob, target: float, per_replica: float,
     while not (point := ev.confirm(cluster(n), replicas=n))["met"]:  # (its first seeds are cached)
         tried[n] = point
         if n + 1 > limit:
+            if most is not None:
+                return result(None, None)
             raise ScenarioError(f"plan: {limit} replicas are not confirmed to meet the SLO at {target} {knob.unit}")
         n += 1
     tried[n] = point
-    return {"target": target, "setting": knob.setting(target), "replicas": n, "point": tried[n],
-            "one_fewer": tried.get(n - 1), "tried": [tried[k] for k in sorted(tried)]}
+    return result(n, point)
+
+
+def concurrently(*calls: Callable[[], Any]) -> list[Any]:
+    """Each call's result, in order, the calls run in threads at once: independent searches whose
+    simulations then share the plan's worker processes (a search alone leaves a core idle between
+    its batches of a few seeds). An error in one is raised here once all have stopped."""
+    if len(calls) <= 1:
+        return [c() for c in calls]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=len(calls)) as pool:
+        futures = [pool.submit(c) for c in calls]
+        return [f.result() for f in futures]
 
 
 def replay_warnings(trace: dict, search: dict, slo: SLOConfig, options: PlanOptions) -> list[str]:
@@ -117,32 +145,42 @@ def cost(gpus: int, usd_per_gpu_hour: float, output_tps: float, total_tps: float
 
 
 class Phases:
-    """Progress in phases: progress(done, estimated total, phase) for the CLI's bar. Each phase's
-    simulations are estimated up front (PHASE_ESTIMATES) and the total is re-estimated as phases
-    end, so the ETA converges."""
+    """Progress in phases: progress(done, estimated total, phase) for the CLI's bar and log lines.
+    Every simulation finished (or read back from the journal) counts one, whichever evaluator ran
+    it; each phase's simulations are estimated up front (PHASE_ESTIMATES) and the total
+    re-estimated as phases end, so the ETA converges."""
 
-    def __init__(self, ev: Evaluator, progress: Callable[..., None] | None, phases: list[str]):
+    def __init__(self, progress: Callable[..., None] | None, phases: list[str]):
         self.progress, self.left, self.phase, self.base = progress, list(phases), phases[0], 0
-        ev.progress = self.tick
-        self.ev = ev
+        self.done = 0
+        self._lock = threading.Lock()
 
     def start(self, phase: str) -> None:
-        self.base = self.ev.simulations
-        self.phase = phase
-        if phase in self.left:
-            self.left.remove(phase)
-        self.tick(self.base)
+        with self._lock:
+            self.base, self.phase = self.done, phase
+            for p in phase.split(" and "):
+                if p in self.left:
+                    self.left.remove(p)
+        self._show()
 
-    def tick(self, done: int) -> None:
+    def tick(self, _n: int = 0) -> None:
+        """An evaluator's progress callback: one more simulation."""
+        with self._lock:
+            self.done += 1
+        self._show()
+
+    def _show(self) -> None:
         if self.progress is None:
             return
-        guess = max(PHASE_ESTIMATES.get(self.phase, 20), done - self.base + 5)
-        later = sum(PHASE_ESTIMATES.get(p, 20) for p in self.left if p != self.phase)
-        self.progress(done, self.base + guess + later, self.phase)
+        now = sum(PHASE_ESTIMATES.get(p, 20) for p in self.phase.split(" and "))
+        guess = max(now, self.done - self.base + 5)
+        later = sum(PHASE_ESTIMATES.get(p, 20) for p in self.left if p not in self.phase)
+        self.progress(self.done, self.base + guess + later, self.phase)
 
 
-PHASE_ESTIMATES = {"locating the boundary": 20, "confirming the answer": 50, "engine settings": 90,
-                   "confirming the chosen setting": 40, "cost-error band": 80, "sizing the cluster": 18}
+PHASE_NAMES = {"band": "cost-error band", "cluster": "sizing the cluster"}
+PHASE_ESTIMATES = {"load search": 30, "engine settings": 90, "refining the chosen setting": 20,
+                   "cost-error band": 40, "sizing the cluster": 30}
 
 
 def vllm_line(sc, chosen: dict) -> str | None:
@@ -155,15 +193,29 @@ def plan(path: str | Path, slo: SLOConfig, *, overrides: Iterable[str] = (), tar
          band: bool = True, seqs_grid: tuple[int, ...] | None = None,
          tokens_grid: tuple[int, ...] | None = None,
          options: PlanOptions = PlanOptions(), progress: Callable[..., None] | None = None,
-         runner: Any = None) -> dict:
-    """Sustained load per replica (confirmed: met with probability >= options.confidence), the engine
-    curve, replicas for `target` (in `target_unit`: req/s, or users for a closed-loop scenario) at
-    `headroom` x the sustained load with the chosen setting, the cost, and, when the cost model
-    carries a held-out error, the sustained load with steps that much slower and faster (`band`).
-    progress(done, estimated total, phase). `runner`: where simulations run (sim/planning/parallel.py:
-    a DaskRunner for a cluster; default local processes)."""
+         runner: Any = None, journal: Any = None) -> dict:
+    """Sustained load per replica (the mean SLO percentile over seeds within every target, with a
+    90% interval), the engine curve, replicas for `target` (in `target_unit`: req/s, or users for
+    a closed-loop scenario) at `headroom` x the sustained load with the chosen setting, confirmed
+    (a fresh run of the cluster meets the SLO with probability >= options.confidence), the cost,
+    and, when the cost model carries a held-out error, the sustained load with steps that much
+    slower and faster (`band`). progress(done, estimated total, phase). `runner`: where
+    simulations run (sim/planning/parallel.py: a DaskRunner for a cluster; default local
+    processes, one pool for the plan). `journal`: keeps every result (resume)."""
     start = time.perf_counter()
-    ev = Evaluator(path, slo, overrides, options, runner=runner)
+    own_runner = runner is None
+    runner = LocalRunner(options.workers).start() if own_runner else runner
+    try:
+        return _plan(path, slo, overrides, target, target_unit, gpu_hour_usd, headroom, band, seqs_grid, tokens_grid,
+                     options, progress, runner, journal, start)
+    finally:
+        if own_runner:
+            runner.close()
+
+
+def _plan(path, slo, overrides, target, target_unit, gpu_hour_usd, headroom, band, seqs_grid, tokens_grid,
+          options, progress, runner, journal, start) -> dict:
+    ev = Evaluator(path, slo, overrides, options, runner=runner, journal=journal)
     sc, options = ev.scenario, ev.options  # one seed per point when the workload is deterministic
     knob = load_knob(sc, options)
     target_unit = check_target_unit(knob, target, target_unit, path)
@@ -173,11 +225,12 @@ def plan(path: str | Path, slo: SLOConfig, *, overrides: Iterable[str] = (), tar
     # a band that cannot move the answer a grid step is not simulated
     banded = (error_band is not None
               and max(error_band["slower"] - 1, 1 - error_band["faster"]) >= options.resolution / 2)
-    phases = Phases(ev, progress, ["locating the boundary"] + ([] if ev.deterministic else ["confirming the answer"])
-                    + ["engine settings", "confirming the chosen setting"] + (["cost-error band"] if banded else [])
-                    + (["sizing the cluster"] if target is not None else []))
+    phases = Phases(progress, ["load search", "engine settings", "refining the chosen setting"]
+                    + (["cost-error band"] if banded else []) + (["sizing the cluster"] if target is not None else []))
+    ev.progress = phases.tick
     workload = replay_stats(sc.workload) if knob.replay else {"time_scale": sc.workload.time_scale}
-    search = max_load(ev, knob, confirm=True, on_confirm=lambda: phases.start("confirming the answer"))
+    phases.start("load search")
+    search = max_load(ev, knob)
     steps = {"load_search": ev.simulations}
     out: dict[str, Any] = {
         "scenario": sc.name, "source": str(path), "overrides": list(ev.base),
@@ -188,32 +241,33 @@ def plan(path: str | Path, slo: SLOConfig, *, overrides: Iterable[str] = (), tar
         "engine": {k: getattr(sc.engine, k) for k in ("scheduler", "max_num_seqs", "max_num_batched_tokens",
                                                         "tensor_parallel_size", "router")},
         "workload": workload, "deterministic": ev.deterministic,
-        "requests_per_run": sc.workload.num_requests if knob.own_length else None,
+        "run_length": run_length(sc, knob, search, options),
         "warnings": replay_warnings(workload, search, slo, options) if knob.replay else [],
         "options": {k: getattr(options, k) for k in PlanOptions.__dataclass_fields__ if k != "workers"},
         "headroom": headroom,
         "load_search": search,
     }
+    out["warnings"] += out["run_length"].pop("warnings")
     if search["answer"] is not None:
         phases.start("engine settings")
         curve = out["tradeoff"] = engine_curve(ev, knob, search, seqs_grid=seqs_grid, tokens_grid=tokens_grid,
-                                               on_refine=lambda: phases.start("confirming the chosen setting"))
+                                               on_refine=lambda: phases.start("refining the chosen setting"))
         steps["engine_curve"] = ev.simulations - sum(steps.values())
         chosen, best = curve["chosen"], curve["chosen_search"]
         if best["answer"] is None or best["answer"] < search["answer"]:
-            # confirmed, the coarse winner sustains less than the scenario's own setting: keep that
+            # refined, the coarse winner sustains less than the scenario's own setting: keep that
             if best is not search:
                 out["warnings"].append(
                     f"the engine curve's best setting ({', '.join(f'{k} {v}' for k, v in chosen.items())}) "
-                    f"sustains {best['answer'] or 0:g} {knob.unit} when confirmed, less than the scenario's "
-                    f"own {search['answer']:g}: the scenario's setting is kept")
+                    f"sustains {best['answer'] or 0:g} {knob.unit} on the load search's grid, less than the "
+                    f"scenario's own {search['answer']:g}: the scenario's setting is kept")
             curve["coarse_winner"] = chosen
             chosen, best = {k: getattr(sc.engine, k) for k in chosen}, search
             curve["chosen"], curve["chosen_search"] = chosen, search  # what the report marks chosen
-        tp = sc.engine.tensor_parallel_size
         gpus_per_replica = sc.engine.gpus_per_replica  # (TP x PP)
         price = sc.hardware.usd_per_hour if gpu_hour_usd is None else gpu_hour_usd
         extra = engine_overrides(sc.engine, chosen)
+        later = []  # the band and the cluster: independent, run at once
         if band and error_band is None:
             out["band"] = {"note": f"none: {describe_unchecked(sc.cost_model)}"}
         elif error_band is not None and not banded:  # cannot move the answer a grid step
@@ -222,31 +276,68 @@ def plan(path: str | Path, slo: SLOConfig, *, overrides: Iterable[str] = (), tar
                            "note": f"under half the grid step ({options.resolution:.0%}): the same answer "
                                    "either way, not simulated"}
         elif error_band is not None:
-            phases.start("cost-error band")
-            out["band"] = cost_band(ev, knob, extra, best, error_band)
-            steps["band"] = ev.simulations - sum(steps.values())
+            later.append(lambda: ("band", cost_band(ev, knob, extra, best, error_band)))
+        if target is not None:
+            later.append(lambda: ("cluster", size_cluster(ev, knob, target / headroom, best["answer"], extra)))
+        if later:
+            names = [name for name, on in (("band", banded), ("cluster", target is not None)) if on]
+            phases.start(" and ".join(PHASE_NAMES[k] for k in names))
+            before = ev.simulations
+            out.update(dict(concurrently(*later)))
+            steps["_and_".join(names)] = ev.simulations - before
         planned = best["answer"] * headroom
         if target is not None:
-            phases.start("sizing the cluster")
-            out["cluster"] = size_cluster(ev, knob, target / headroom, best["answer"], extra)
             point, replicas = out["cluster"]["point"], out["cluster"]["replicas"]
-            steps["cluster"] = ev.simulations - sum(steps.values())
         else:
             point, replicas = best["answer_point"], 1
+        tp = sc.engine.tensor_parallel_size
         out["recommendation"] = {**chosen, "replicas": replicas, "tensor_parallel_size": tp,
                                  "pipeline_parallel_size": sc.engine.pipeline_parallel_size,
                                  "data_parallel_size": sc.engine.data_parallel_size,
                                  "per_replica_load": best["answer"], "planned_per_replica_load": planned,
+                                 "estimate": best.get("estimate"),
                                  "unit": knob.unit, "vllm_serve": vllm_line(sc, chosen)}
         out["utilisation"] = utilisation(best, headroom, target, replicas, knob)
-        out["cost"] = cost(replicas * gpus_per_replica, price, point["output_throughput"],
-                           point["total_token_throughput"])
+        out["cost"] = cost(replicas * gpus_per_replica, price, point["output_throughput"] or 0.0,
+                           point["total_token_throughput"] or 0.0)
         # whose price: said beside it (a preset's is a rounded on-demand estimate, not a quote)
         out["cost"]["price_source"] = "the hardware preset" if gpu_hour_usd is None else "--gpu-hour-usd / --price"
     out["simulations"] = ev.simulations
     out["simulations_by_step"] = steps
     out["simulated_wall_s"] = ev.sim_seconds
+    out["read_back"] = journal.read_back if journal is not None else 0
     out["wall_s"] = time.perf_counter() - start
+    return out
+
+
+def run_length(sc, knob: Knob, search: dict, options: PlanOptions) -> dict:
+    """How long each run is, and why (plan.json's run_length): at the answer, the requests of
+    options.horizon_s of arrivals, at least what the SLO's percentile needs and min_requests, at
+    most max_requests; said when that is longer than the scenario's own num_requests (shorter runs
+    flatter capacity: the queue has no time to build), and warned when the cap cut it."""
+    horizon = options.horizon_s or DEFAULT_HORIZON_S
+    out: dict[str, Any] = {"horizon_s": horizon, "percentile_requests": knob.percentile_requests,
+                           "min_requests": options.min_requests, "max_requests": options.max_requests,
+                           "scenario_requests": sc.workload.num_requests, "warnings": []}
+    if knob.replay:
+        out.update(rule="the trace's own requests (a trace is never repeated)", requests_at_answer=None)
+        return out
+    load = search["answer"] if search["answer"] is not None else search["next"]
+    n = knob.run_count(load, options) * knob.per_count
+    least = max(knob.percentile_requests, options.min_requests)
+    out.update(rule=f"{horizon:g} s of arrivals at the load, at least {least:,} requests (the SLO's percentile "
+                    f"needs {knob.percentile_requests:,}), at most {options.max_requests:,}",
+               requests_at_answer=int(n))
+    own = sc.workload.num_requests
+    if own is not None and own < n:
+        out["note"] = (f"runs are {int(n):,} requests at the answer, longer than the scenario's own {own:,}: "
+                       "shorter runs flatter capacity (the queue has no time to build)")
+    wanted = max(load * (horizon if not knob.integer else options.requests_per_user), knob.percentile_requests)
+    if not knob.integer and wanted > options.max_requests:
+        seconds = options.max_requests / load
+        out["warnings"].append(f"runs are capped at {options.max_requests:,} requests ({seconds:.0f} s of arrivals "
+                               f"at {load:g} {knob.unit}); {horizon:g} s would need {wanted:,.0f}: the answer may "
+                               "flatter capacity a little")
     return out
 
 
@@ -256,19 +347,13 @@ def cost_band(ev: Evaluator, knob: Knob, extra: tuple[str, ...], best: dict, err
     answer. Each side is its own confirmed search, started from the answer scaled by the same
     factor."""
     out = dict(error_band)
-    progress = ev.progress
-
-    def counted(n: int) -> None:
-        assert progress is not None
-        progress(ev.simulations + n)  # (the plan's count goes on across both sides)
     for side, scale in (("steps_slower", error_band["slower"]), ("steps_faster", error_band["faster"])):
-        scaled = ev.scaled(scale)
-        if progress is not None:
-            scaled.progress = counted
-        found = max_load(scaled, knob, extra, start=knob.index(best["answer"] / scale), gallop=True, confirm=True)
+        scaled = ev.scaled(scale)  # (its progress is the plan's: one tick a simulation)
+        found = max_load(scaled, knob, extra, start=knob.index(best["answer"] / scale), gallop=True)
         out[side] = {"cost_scale": scale, "answer": found["answer"], "next": found["next"],
                      "simulations": scaled.simulations}
-        ev.cache.update({("band", scale, *k): v for k, v in scaled.cache.items()})  # counted as the plan's
+        with ev._lock:
+            ev.cache.update({("band", scale, *k): v for k, v in scaled.cache.items()})  # counted as the plan's
     return out
 
 

@@ -71,35 +71,54 @@ def _per_gpu(setting: dict, tp: int) -> float | None:
     return setting["sustained"] / (tp * tp_groups(setting))
 
 
+def candidate_point(row: dict, with_target: bool) -> tuple[float, float, str] | None:
+    """A candidate on the cost-latency plane, as search.json's pareto and pareto.png read it:
+    (cost, p99 TTFT ms, kind). With a target: a confirmed cluster's $/hour and its p99 TTFT at
+    the target (kind "confirmed"); a candidate shown dearer, the least it can cost ("at least":
+    one replica more than the count that missed the SLO, or its bound at SLACK x flat out) and one
+    replica's p99 TTFT at its sustained load. Without a target: $ per million output tokens at one
+    replica's sustained load ("refined", else "coarse"). None: no such numbers (pruned)."""
+    if row.get("pruned"):
+        return None
+    ttft = row.get("ttft_p99_ms_at_sustained")
+    if not with_target:
+        cost = row.get("usd_per_million_output_tokens")
+        if cost is None or ttft is None:
+            return None
+        return cost, ttft, "refined" if row.get("status") == "refined" else "coarse"
+    if row.get("status") == "confirmed":
+        return row["usd_per_hour"], row["cluster"]["point"]["ttft_ms"]["p99"], "confirmed"
+    unit_usd = row["tensor_parallel_size"] * row.get("replicas_per_unit", 1) * row["usd_per_gpu_hour"]
+    beyond = (row.get("cluster") or {}).get("beyond")
+    least = (beyond + 1) if beyond else row.get("replicas_lower_bound")
+    if least is None or ttft is None:
+        return None
+    return least * unit_usd, ttft, "at least"
+
+
 def _why(r: dict, c: dict) -> str | None:
-    """One line on why the chosen configuration wins: its load per GPU against the best other
-    setting of its GPU x TP (coarse loads, the engine curve's) and against the next candidate by cost."""
+    """One line on why the chosen configuration wins: its confirmed cluster (or refined load), and
+    what became of the next cheapest candidate."""
     row = next((x for x in r["candidates"] if x["gpu"] == c["gpu"]
                 and x["tensor_parallel_size"] == c["tensor_parallel_size"]), None)
     if row is None or not row.get("settings"):
         return None
-    tp = row["tensor_parallel_size"]
-    keys = [k for k in r["settings"][0]] if r.get("settings") else []
-    mine = next((s for s in row["settings"] if all(s.get(k) == c.get(k) for k in keys)), None)
-    if mine is None or _per_gpu(mine, tp) is None:
-        return None
     unit = _unit(r)
-    if row.get("sustained_per_gpu") is not None:
-        parts = [f"{row['sustained_per_gpu']:.2f} {unit} per GPU ({row.get('status', 'coarse')}) with {_knobs(mine)}"]
+    if "replicas" in c:
+        bet = (row["cluster"]["point"] or {}).get("bettable") or {}
+        parts = [f"{c['replicas']} replicas meet the SLO at {r['target']:g} {unit} as a simulated cluster "
+                 f"({row['cluster']['point']['seeds']} seeds; a fresh run meets it with P ~ "
+                 f"{bet.get('probability', 0):.2f}), {row['cluster_load_per_replica']:.2f} {unit} per replica "
+                 f"against one replica's {row['coarse_load']:.2f} alone"]
     else:
-        parts = [f"{_per_gpu(mine, tp):.2f} {unit} per GPU (coarse) with {_knobs(mine)}"]
-    others = [s for s in row["settings"] if s is not mine and _per_gpu(s, tp) is not None]
-    if others:
-        best = max(others, key=lambda s: _per_gpu(s, tp) or 0.0)
-        parts.append(f"on {_name(row)} it had the most coarse load per GPU, {_per_gpu(mine, tp):.2f} against "
-                     f"{_per_gpu(best, tp):.2f} for {_knobs(best)}")
-    rivals = [x for x in r["candidates"] if x is not row and x.get("status") and "usd_per_hour" in x]
-    if rivals and "usd_per_hour" in row:
-        nxt = min(rivals, key=lambda x: x["usd_per_hour"])
-        tie = " (the same cost: the smaller TP wins the tie)" \
-            if nxt["usd_per_hour"] == c.get("usd_per_hour", row["usd_per_hour"]) else ""
-        parts.append(f"the next candidate, {_name(nxt)} ({_knobs(nxt)}): {nxt['sustained_per_gpu']:.2f} per GPU, "
-                     f"{nxt['gpus']} GPUs, ${nxt['usd_per_hour']:.2f}/hour ({nxt['status']}){tie}")
+        parts = [f"{row['sustained_per_gpu']:.2f} {unit} per GPU ({row.get('status', 'coarse')}) with {_knobs(row)}"]
+    rivals = [x for x in r["candidates"] if x is not row and not x.get("pruned") and x.get("status")]
+    if rivals:
+        nxt = min(rivals, key=lambda x: x.get("usd_per_hour", x.get("usd_per_hour_estimate"))
+                  or x.get("usd_per_million_output_tokens") or 0.0)
+        what = (f"{nxt['replicas']} replicas, ${nxt['usd_per_hour']:,.2f}/hour (confirmed)" if "usd_per_hour" in nxt
+                else nxt["status"])
+        parts.append(f"the next, {_name(nxt)} ({_knobs(nxt)}): {what}")
     return "; ".join(parts)
 
 
@@ -126,7 +145,7 @@ def search_headline(r: dict) -> list[tuple[str, str]]:
                  ("vllm serve", c["vllm_serve"] or "none (static scheduler)")]
     counts: dict[str, int] = {}
     for row in r["candidates"]:
-        key = "pruned" if row.get("pruned") else row.get("status", "?").split(" (")[0]
+        key = "pruned" if row.get("pruned") else row.get("status", "?").split(":")[0].split(" (")[0]
         counts[key] = counts.get(key, 0) + 1
     prices = {row["gpu"]: (row["usd_per_gpu_hour"], row.get("price_source", "the hardware preset"))
               for row in r["candidates"]}
@@ -160,17 +179,24 @@ def markdown(r: dict, plot: Path | None) -> str:
                   "workload.time_scale = load / native rate, its requests and their lengths as recorded.", ""]
     with_target = r["target"] is not None
     cols = ["GPU", "TP", "setting (max_num_seqs / max_num_batched_tokens)",
-            f"sustained per replica or P+D unit ({unit})", f"per GPU ({unit})", "p99 TTFT at it (ms)",
+            f"one replica sustains ({unit}; per P+D unit)", f"per GPU ({unit})", "p99 TTFT at it (ms)",
             "$/M output tokens"]
-    cols += ["replicas", "GPUs", "$/hour"] if with_target else []
+    cols += ["replicas", "GPUs", "$/hour", "from"] if with_target else []
     cols += ["status"]
-    lines += ["## Every candidate", "",
-              "Sustained load: *confirmed* (P(a fresh seed meets the SLO) >= the plan's confidence, one-sided "
-              "90% Wilson bound) or *coarse* (the engine curve's 5% grid and majority of 2-3 seeds; left "
-              "coarse when even one grid step more could not make it the cheapest). Replicas are "
-              "target / (headroom x sustained), rounded up; the chosen one's cluster is simulated.", "",
+    rule = ("*One replica sustains*: the highest load one replica meets the SLO at on the coarse grid (5%, "
+            "2-4 seeds: the mean percentile over seeds within every target at 90% confidence). ")
+    rule += ("*Replicas*: a *confirmed cluster* is the fewest replicas whose whole cluster (the scenario's "
+             "router) meets the SLO at the target, a fresh run of it with probability >= the plan's "
+             "confidence; every candidate that could be the cheapest is simulated so, in order of estimated "
+             "cost, each only up to as many replicas as would still cost less than the cheapest confirmed. "
+             "An *estimate* is target / (headroom x one replica's load), rounded up: a cluster often needs "
+             "fewer (round-robin smooths each replica's arrivals)." if with_target else
+             "*Refined*: searched again on the load search's grid while it could still be the cheapest.")
+    lines += ["## Every candidate", "", rule, "",
               "| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
-    for row in sorted(r["candidates"], key=lambda x: (bool(x.get("pruned")), x.get("usd_per_hour") or 0)):
+    order = lambda x: (bool(x.get("pruned")), x.get("usd_per_hour", x.get("usd_per_hour_estimate"))  # noqa: E731
+                       or x.get("usd_per_million_output_tokens") or 0)
+    for row in sorted(r["candidates"], key=order):
         if row.get("pruned"):
             cells = [row["gpu"], str(row["tensor_parallel_size"])] + ["-"] * (len(cols) - 3) + \
                     [f"pruned: {row['pruned']}"]
@@ -180,8 +206,10 @@ def markdown(r: dict, plot: Path | None) -> str:
                      _f(row.get("sustained_per_gpu")),
                      _f(row.get("ttft_p99_ms_at_sustained"), 0), _f(row.get("usd_per_million_output_tokens"), 3)]
             if with_target:
-                cells += [str(row.get("replicas_estimate", "-")), str(row.get("gpus", "-")),
-                          _f(row.get("usd_per_hour"))]
+                confirmed = row.get("status") == "confirmed"
+                cells += ([str(row["replicas"]), str(row["gpus"]), _f(row["usd_per_hour"]), "confirmed cluster"]
+                          if confirmed else [str(row.get("replicas_estimate", "-")), str(row.get("gpus_estimate", "-")),
+                                             _f(row.get("usd_per_hour_estimate")), "estimate"])
             tie = f"; ties: {'; '.join(_knobs(t) for t in row['ties'])}" if row.get("ties") else ""
             cells.append(row.get("status", "") + tie)
         lines.append("| " + " | ".join(cells) + " |")
@@ -204,11 +232,22 @@ def markdown(r: dict, plot: Path | None) -> str:
         lines += ["", "## Chosen", "", "```", c["vllm_serve"] or "(static scheduler: no vllm serve)", "```"]
         if "replicas" in c:
             p = c["cluster_point"]
+            bet = p.get("bettable") or {}
             unit = "replicas" if c.get("disaggregation") is None else "units (each the pools above)"
-            rule = (" (confirmed as a sustained load is: P(a fresh seed meets the SLO) >= the plan's confidence, "
-                    "one-sided 90% Wilson bound)" if p.get("wilson_90") is not None else "")
-            lines += ["", f"{c['replicas']} {unit} behind the scenario's router, simulated at the target "
-                          f"/ headroom: {p['passes']}/{p['seeds']} seeds meet the SLO{rule}."]
+            lines += ["", f"{c['replicas']} {unit} behind the scenario's router, simulated as a whole cluster at the "
+                          f"target / headroom: {p['passes']}/{p['seeds']} seeds meet the SLO; a fresh run meets it "
+                          f"with probability ~{bet.get('probability', 0):.2f} (the seeds' worst ratio: mean "
+                          f"{bet.get('worst_mean', 0):.3f}, sd {bet.get('worst_sd', 0):.3f}; one-sided "
+                          f"{bet.get('confidence', 0.9):.0%} prediction bound {bet.get('bound', 0):.3f} <= 1)."]
+            row = next(x for x in r["candidates"] if x["gpu"] == c["gpu"]
+                       and x["tensor_parallel_size"] == c["tensor_parallel_size"])
+            tried = row["cluster"]["tried"]
+            if tried:
+                lines += ["", "| replicas | seeds meeting the SLO | p99 TTFT (ms) | p99 TPOT (ms) | verdict |",
+                          "| --- | --- | --- | --- | --- |"]
+                for q in tried:
+                    lines.append(f"| {q['replicas']} | {q['passes']}/{q['seeds']} | {_f(q['ttft_ms']['p99'], 0)} | "
+                                 f"{_f(q['tpot_ms']['p99'], 1)} | {'meets' if q['met'] else 'misses'} |")
     if plot:
         lines += ["", f"![{plot.name}]({plot.name})"]
     return "\n".join(lines) + "\n"
@@ -219,8 +258,13 @@ def pareto_plot(r: dict, path: Path) -> Path | None:
     """Cost vs p99 TTFT at the sustained load, one point per candidate within the limits that meets
     the SLO (filled: confirmed, hollow: coarse; bigger: more GPUs per replica), the frontier of
     those no other is both cheaper and faster than, the chosen one starred."""
-    rows = [x for x in r["candidates"] if not x.get("pruned") and x.get("ttft_p99_ms_at_sustained") is not None
-            and "GPUs >" not in x.get("status", "") and "USD/h >" not in x.get("status", "")]
+    with_target = r["target"] is not None
+    points: dict[int, tuple[float, float, str]] = {}
+    for x in r["candidates"]:
+        p = candidate_point(x, with_target)
+        if p is not None and "limits" not in x.get("status", ""):
+            points[id(x)] = p
+    rows = [x for x in r["candidates"] if id(x) in points]
     if not rows:
         return None
     import matplotlib
@@ -228,40 +272,49 @@ def pareto_plot(r: dict, path: Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    key = "usd_per_hour" if r["target"] is not None else "usd_per_million_output_tokens"
-    xlabel = (f"USD per hour for {r['target']:g} {_unit(r)} (replicas x TP x GPU price)" if key == "usd_per_hour"
+    key = "usd_per_hour" if with_target else "usd_per_million_output_tokens"
+    xlabel = (f"USD per hour for {r['target']:g} {_unit(r)} (replicas x GPUs x price)" if with_target
               else "USD per million output tokens at one replica's sustained load")
     fig, ax = plt.subplots(figsize=(8.5, 5.2))
     colours = {g: f"C{i}" for i, g in enumerate(dict.fromkeys(x["gpu"] for x in rows))}
     for x in rows:
-        confirmed = x.get("status") == "confirmed"
-        ax.scatter(x[key], x["ttft_p99_ms_at_sustained"], s=40 + 25 * x["tensor_parallel_size"],
-                   color=colours[x["gpu"]], facecolors=colours[x["gpu"]] if confirmed else "none",
+        cost, ttft, kind = points[id(x)]
+        filled = kind in ("confirmed", "refined")
+        ax.scatter(cost, ttft, s=40 + 25 * x["tensor_parallel_size"], marker=">" if kind == "at least" else "o",
+                   color=colours[x["gpu"]], facecolors=colours[x["gpu"]] if filled else "none",
                    linewidths=1.5, zorder=3)
-        ax.annotate(f"TP{x['tensor_parallel_size']}", (x[key], x["ttft_p99_ms_at_sustained"]),
-                    textcoords="offset points", xytext=(6, 4), fontsize=7)
+        ax.annotate(f"TP{x['tensor_parallel_size']}", (cost, ttft), textcoords="offset points", xytext=(6, 4),
+                    fontsize=7)
     front = sorted(r["pareto"], key=lambda f: f[key])
     if len(front) > 1:
         ax.plot([f[key] for f in front], [f["ttft_p99_ms_at_sustained"] for f in front], "k--", lw=1,
-                label="Pareto frontier: cheaper or faster than every other")
+                label="Pareto frontier of the confirmed: cheaper or faster than every other")
     c = r["chosen"]
     if c is not None:
         row = next(x for x in rows if x["gpu"] == c["gpu"] and x["tensor_parallel_size"] == c["tensor_parallel_size"])
-        ax.scatter(row[key], row["ttft_p99_ms_at_sustained"], marker="*", s=400, color="gold",
-                   edgecolors="black", zorder=4, label=f"chosen: {_name(row)}")
+        cost, ttft, _ = points[id(row)]
+        ax.scatter(cost, ttft, marker="*", s=400, color="gold", edgecolors="black", zorder=4,
+                   label=f"chosen: {_name(row)}")
     for g, col in colours.items():
         ax.scatter([], [], color=col, label=g)
-    ax.scatter([], [], facecolors="none", edgecolors="grey", label="coarse (not confirmed)")
+    if with_target:
+        ax.scatter([], [], marker=">", facecolors="none", edgecolors="grey",
+                   label="dearer: at least this cost (fewer replicas miss the SLO); latency of one replica")
+    else:
+        ax.scatter([], [], facecolors="none", edgecolors="grey", label="coarse (not refined)")
+    costs = [points[id(x)][0] for x in rows]
+    if min(costs) > 0 and max(costs) / min(costs) > 8:  # far-off candidates would squeeze the rest
+        ax.set_xscale("log")
     target = (r.get("slo_targets") or {}).get("ttft_ms")
     if target is not None:  # the TTFT target, where the plot's axis is its percentile
         limit, pct = target
         if pct == 99:
-            ax.axhline(limit, color="red", ls="--", lw=1,
-                       label=f"SLO p99 TTFT <= {limit:g} ms (judged seed by seed: a mean over seeds may lie above)")
+            ax.axhline(limit, color="red", ls="--", lw=1, label=f"SLO p99 TTFT <= {limit:g} ms")
         else:
             ax.plot([], [], " ", label=f"SLO: p{pct:g} TTFT <= {limit:g} ms (another percentile than this axis)")
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("p99 TTFT at the sustained load (ms, mean over seeds)")
+    ax.set_ylabel("p99 TTFT (ms, mean over seeds)\nconfirmed: the cluster's at the target" if with_target
+                  else "p99 TTFT at the sustained load (ms, mean over seeds)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     ax.set_title(f"{r['scenario']} ({r['model']}): cost vs latency, {r['slo_label']}", fontsize=10)

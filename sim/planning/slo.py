@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -100,13 +101,93 @@ def class_names(scenario) -> tuple[str, ...]:
     return tuple(c.name for c in scenario.workload.classes or ())
 
 
-def simulate_point(scenario, slo: SLOConfig, warmup_fraction: float) -> dict:
+class Stopped(Exception):
+    """An early stop: the run's verdict is certain (EarlyStop)."""
+
+    def __init__(self, metric: str, bound_ms: float, at_s: float, window: int = 0):
+        super().__init__(metric, bound_ms, at_s, window)
+        self.metric, self.bound_ms, self.at_s, self.window = metric, bound_ms, at_s, window
+
+
+class EarlyStop:
+    """Stops a simulation once its SLO verdict is certain to be a miss: more of the judged requests
+    (in some window of `window_s` s of arrivals, or all of them) already took longer than `factor`
+    x a TTFT or E2EL target (their first token or finish past it, or still waiting past it) than
+    that target's percentile allows there, so the percentile is past `factor` x target whatever
+    the rest do (the engine's request overheads, added after the run, only lengthen these). The
+    planner stops at clear misses (factor 1.5: the judge's "clearly out"); a fleet plan at any
+    miss of one window (factor 1: a candidate must meet every window). Checked every CHECK_EVERY
+    iterations on the requests in flight only (those before them are counted once, as they
+    settle): ~1% of a run. A run past saturation then costs the seconds it takes its queue to
+    show it, not its whole horizon. Off where the arrivals are not known in order (a closed
+    loop's) or workload classes hold their own targets."""
+
+    CHECK_EVERY = 128  # iterations between checks (a power of two)
+    SCAN = 4096        # requests looked at past the first unsettled one, per check
+
+    def __init__(self, slo: SLOConfig, warmup_fraction: float, factor: float, window_s: float | None = None):
+        self.targets = {} if slo.classes else {
+            k: (t * factor / 1e3, p) for k, (t, p) in slo.targets().items() if k in ("ttft_ms", "e2el_ms")}
+        self.warmup_fraction, self.factor, self.window_s = warmup_fraction, factor, window_s
+
+    def watch(self, req) -> Callable[[], None] | None:
+        """The per-iteration hook over the run's request table (raises Stopped), or None."""
+        first = int(len(req.arrival) * self.warmup_fraction)
+        arrival = req.arrival[first:]
+        if not self.targets or not len(arrival) or not np.isfinite(arrival).all() or (np.diff(arrival) < 0).any():
+            return None
+        window = (arrival // self.window_s).astype(np.int64) if self.window_s else np.zeros(len(arrival), np.int64)
+        judged = np.bincount(window)
+        # more than this many past the limit in a window put its percentile past it (numpy's linear
+        # percentile at position (J - 1) p / 100 reads the order statistics around it)
+        allowed = {k: judged - np.floor((judged - 1) * p / 100).astype(np.int64) for k, (_, p) in self.targets.items()}
+        late = {k: np.zeros(len(judged), np.int64) for k in self.targets}  # settled requests past the limit
+        settled = dict.fromkeys(self.targets, 0)  # every request before this index has its time
+        n, count, clock = len(arrival), 0, 0.0
+
+        def tick() -> None:
+            nonlocal count, clock
+            count += 1
+            if count & (self.CHECK_EVERY - 1):
+                return
+            for key, (limit, _) in self.targets.items():
+                times = (req.first_token if key == "ttft_ms" else req.finish)[first:]
+                lo = settled[key]
+                view = times[lo:lo + self.SCAN]
+                seen = view[np.isfinite(view)]
+                if len(seen):
+                    clock = max(clock, float(seen.max()))  # (the clock is at least this far)
+                unsettled = np.flatnonzero(np.isnan(view))
+                hi = lo + (int(unsettled[0]) if len(unsettled) else len(view))
+                if hi > lo:  # newly settled: counted once
+                    over = np.flatnonzero(times[lo:hi] - arrival[lo:hi] > limit) + lo
+                    late[key] += np.bincount(window[over], minlength=len(judged))
+                    settled[key] = hi
+                # in flight: still waiting past the limit, or settled out of order past it
+                end = min(int(np.searchsorted(arrival, clock - limit, "left")), n)
+                extra = np.zeros(len(judged), np.int64)
+                if end > hi:
+                    wait = times[hi:end]
+                    past = np.flatnonzero(np.isnan(wait) | (wait - arrival[hi:end] > limit)) + hi
+                    extra = np.bincount(window[past], minlength=len(judged))
+                missed = np.flatnonzero(late[key] + extra >= allowed[key])
+                if len(missed):
+                    raise Stopped(key, limit * 1e3, clock, int(missed[0]))
+        return tick
+
+
+def simulate_point(scenario, slo: SLOConfig, warmup_fraction: float, stop: EarlyStop | None = None) -> dict:
     """Simulate and judge one scenario; returns only small numbers (this crosses processes).
     Judged: the requests after the first `warmup_fraction` (by arrival), and the inter-token gaps
     that end after the first of them arrives; `busy_fraction`: the share of the run's span in
-    which an iteration ran (one replica; a cluster: the mean over replicas)."""
+    which an iteration ran (one replica; a cluster: the mean over replicas). `stop`: end the run
+    early once it clearly misses the SLO (EarlyStop); the point then has `stopped` and its
+    stopping target's percentile as a lower bound, nothing else measured."""
     start = time.perf_counter()
-    result = simulate(scenario)
+    try:
+        result = simulate(scenario, watch=stop.watch if stop is not None else None)
+    except Stopped as stop_:
+        return _stopped_point(scenario, stop_, start)
     rq = result.requests.iloc[int(len(result.requests) * warmup_fraction):]
     done = rq[~rq["finish_s"].isna()]
     since = float(rq["arrival_s"].min()) if len(rq) else 0.0
@@ -133,6 +214,19 @@ def simulate_point(scenario, slo: SLOConfig, warmup_fraction: float) -> dict:
     return out
 
 
+def _stopped_point(scenario, s: Stopped, start: float) -> dict:
+    """A run stopped early: only its stopping target's percentile, as the lower bound it passed."""
+    empty = {"p50": None, "p90": None, "p99": None, "slo": None}
+    out: dict[str, Any] = {"met": False, "stopped": {"metric": s.metric, "at_s": s.at_s, "bound_ms": s.bound_ms},
+                           "preemptions": None, "requests": scenario.workload.num_requests,
+                           **{k: None for k in THROUGHPUTS}, **{k: None for k in OPTIONAL}}
+    for key in SLO_METRICS:
+        out[key] = dict(empty)
+    out[s.metric]["slo"] = s.bound_ms
+    out["wall_s"] = time.perf_counter() - start
+    return out
+
+
 def _budget_share(scenario, steps) -> float | None:
     """Tokens computed per iteration over max_num_batched_tokens, all iterations together (a
     steps.csv row counts `count` alike iterations); None for a scheduler without a token budget."""
@@ -153,11 +247,12 @@ def summarize_point(runs: list[dict], pass_fraction: float, met: bool | None = N
     passes = sum(r["met"] for r in runs)
     out = {**info, "seeds": len(runs), "passes": passes,
            "met": passes >= pass_fraction * len(runs) - 1e-9 if met is None else met}
-    for key in THROUGHPUTS:
-        out[key] = float(np.mean([r[key] for r in runs]))
-    for key in OPTIONAL:
+    for key in THROUGHPUTS + OPTIONAL:  # (a stopped run measured none of them)
         given = [r[key] for r in runs if r.get(key) is not None]
         out[key] = float(np.mean(given)) if given else None
+    stopped = sum(1 for r in runs if r.get("stopped"))
+    if stopped:
+        out["stopped"] = stopped
     out["goodput_rps_by_seed"] = [r["goodput_rps"] for r in runs]  # seeds compare across points (CRN)
     for metric in SLO_METRICS:
         out[metric] = {}
@@ -167,23 +262,3 @@ def summarize_point(runs: list[dict], pass_fraction: float, met: bool | None = N
         vals = [r[metric]["slo"] for r in runs if r[metric]["slo"] is not None]
         out[metric]["slo_range"] = [min(vals), max(vals)] if vals else None
     return out
-
-
-Z_ONE_SIDED_90 = 1.2816  # standard normal quantile 0.9: a one-sided 90% bound
-
-
-def wilson(passes: int, n: int, z: float = 1.645) -> list[float]:
-    """Wilson score interval for the probability that a seed meets the SLO: two-sided 90% with the
-    default z; with Z_ONE_SIDED_90 each end is a one-sided 90% bound."""
-    center = (passes + z * z / 2) / (n + z * z)
-    half = z * math.sqrt(passes * (n - passes) / n + z * z / 4) / (n + z * z)
-    return [max(0.0, center - half), min(1.0, center + half)]
-
-
-def seeds_to_confirm(passes: int, n: int, probability: float, most: int, z: float = Z_ONE_SIDED_90) -> int:
-    """The fewest seeds N > n whose Wilson lower bound reaches `probability` if every seed after the
-    first n meets the SLO (at most `most`): how many to run next, all at once."""
-    for total in range(n + 1, most + 1):
-        if wilson(passes + total - n, total, z)[0] >= probability:
-            return total
-    return most

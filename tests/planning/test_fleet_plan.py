@@ -15,7 +15,7 @@ import servesim
 from cli import app
 from sim.config.errors import ScenarioError
 from sim.config.scenario import SLOConfig, load_scenario
-from sim.planning.fleet_plan import FIRST_PROBES, GRID, _fewest_static, _largest_meeting, floor_schedule, judge_day
+from sim.planning.fleet_plan import GRID, _fewest_static, _largest_meeting, floor_schedule, judge_day
 from sim.simulate import simulate
 from simhelpers import assert_one_line_error
 
@@ -46,7 +46,8 @@ def test_the_slo_is_judged_in_every_window_by_hand():
 
 
 def test_the_largest_meeting_target_is_found_with_few_probes():
-    """Policies meet up to k = 5 (monotone): probed at -16, -8, 0, 8, 16, then narrowed in (0, 8)."""
+    """Policies meet up to k = 5 (monotone): bisection over the 33 grid points (width 1) takes at
+    most ceil(log2(34)) = 6 probes; with width 2, at most 2 per third of the interval left."""
     calls: list[list[int]] = []
 
     def runs(threshold):
@@ -55,8 +56,15 @@ def test_the_largest_meeting_target_is_found_with_few_probes():
             return {k: {"met": k <= threshold} for k in ks}
         return run
 
+    assert _largest_meeting(runs(5), 1) == 5
+    assert all(len(c) == 1 for c in calls) and len(calls) <= 6
+    calls.clear()
     assert _largest_meeting(runs(5), 2) == 5
-    assert calls[0] == list(FIRST_PROBES) and sum(map(len, calls)) <= 5 + 2 * 3
+    assert all(len(c) == 2 for c in calls[:-1]) and sum(map(len, calls)) <= 2 * 4
+    confirmed: list[int] = []
+    # an answer missed on another seed counts as missing: the search goes on below it
+    assert _largest_meeting(runs(5), 1, lambda k: confirmed.append(k) or {"met": k <= 3}) == 3
+    assert confirmed[0] == 5 and confirmed[-1] == 3
     assert _largest_meeting(runs(99), 2) == max(GRID)       # every target meets: the largest
     assert _largest_meeting(runs(-99), 1) is None           # none meets
     assert _largest_meeting(runs(-16), 1) == -16
@@ -69,6 +77,19 @@ def test_the_fewest_static_replicas_from_any_start(start):
         return [{"met": n >= 3} for n in ns]
 
     assert _fewest_static(runs, start, SLOConfig(ttft_ms=1.0)) == 3
+
+
+@pytest.mark.parametrize("fewest, probes", [(3, [[3]]), (2, [[2], [3, 4]]), (1, [[1], [2, 3]])])
+def test_the_fewest_static_replicas_from_a_lower_bound(fewest, probes):
+    """From a count below which none can meet (the peak over one replica's flat-out throughput):
+    that count alone first (it meets: nothing else to run), then up two at a time."""
+    calls: list[list[int]] = []
+
+    def runs(ns):
+        calls.append(ns)
+        return [{"met": n >= 3} for n in ns]
+
+    assert _fewest_static(runs, 9, SLOConfig(ttft_ms=1.0), fewest) == 3 and calls == probes
 
 
 DAY = {"name": "mini-day", "seed": 0, "model": "llama-3-70b", "hardware": "h100-sxm", "cost_model": "roofline",

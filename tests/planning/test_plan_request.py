@@ -44,7 +44,7 @@ def test_prepare_checks_everything_before_a_simulation(tmp_path):
     ok = PlanRequest(QUICKSTART, slo="ttft_ms=500", out=tmp_path / "p")
     job = prepare(ok)
     assert job.label == "planning" and job.out_dir == tmp_path / "p" and job.slo.ttft_ms == 500
-    assert job.options.seeds == 3 and job.options.first_seeds == 2 and job.options.max_seeds == 7
+    assert job.options.seeds == 4 and job.options.first_seeds == 2 and job.options.max_seeds == 8
     search = prepare(PlanRequest(QUICKSTART, slo="ttft_ms=500", out=tmp_path / "s", tp="1,2"))
     assert search.label == "searching"
     notes: list[str] = []

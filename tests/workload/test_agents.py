@@ -95,6 +95,11 @@ def test_the_load_search_over_agents_varies_the_session_rate_and_scales_the_sess
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
     knob = load_knob(load_scenario(tmp_path / "s.yaml"), PlanOptions(min_requests=200, max_requests=20_000))
     assert (knob.key, knob.unit, knob.base, knob.per_count) == ("workload.arrival.rate", "sessions/s", 1.0, 3.0)
+    # a p99 needs 2,223 requests per run (20 judged past it): 741 sessions of 3 calls, more than 120 s
+    # at 2 sessions/s (240 sessions)
+    assert knob.percentile_requests == 2223 and knob.overrides(2.0, PlanOptions(min_requests=200))[1] == \
+        "workload.arrival.sessions=741"
+    knob = load_knob(load_scenario(tmp_path / "s.yaml"), PlanOptions(tail_requests=0))  # (the bounds alone below)
     o = PlanOptions(min_requests=200, max_requests=20_000)
     assert knob.overrides(2.0, o) == ("workload.arrival.rate=2.0", "workload.arrival.sessions=240")
     assert knob.overrides(0.1, o) == ("workload.arrival.rate=0.1", "workload.arrival.sessions=67")
