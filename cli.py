@@ -256,8 +256,11 @@ class _Progress:
     jobs print nothing extra. The bar is redrawn on each update with no refresh thread, so nothing
     else runs while worker processes fork or while a timed step runs."""
 
-    def __init__(self, label: str, unit: str, *, enabled: bool = True, after_s: float = 0.0):
+    def __init__(self, label: str, unit: str, *, enabled: bool = True, after_s: float = 0.0,
+                 terminal: bool | None = None):
         self.label, self.unit, self.enabled, self.after_s = label, unit, enabled, after_s
+        # a bar on a terminal; plain lines in a log or a pipe (None: stderr says which)
+        self.terminal = sys.stderr.isatty() if terminal is None else terminal
         self.start = time.monotonic()
         self.bar: Any = None   # a rich Progress, once drawn
         self.task: Any = None
@@ -273,7 +276,7 @@ class _Progress:
         """`phase` (e.g. "sizing the cluster") is shown after the label when given."""
         if not self.enabled:
             return
-        if not sys.stderr.isatty():  # (a log file, a pipe, CI: plain lines, done/total and ETA)
+        if not self.terminal:  # (a log file, a pipe, CI: plain lines, done/total and ETA)
             self._log(done, total, phase)
             return
         if self.bar is None:

@@ -153,11 +153,11 @@ def test_seed_and_set_reach_the_simulation(tmp_path):
 
 
 def test_progress_bar_waits_for_its_delay_then_counts():
-    late = cli._Progress("simulating", "requests", after_s=3600.0)
+    late = cli._Progress("simulating", "requests", after_s=3600.0, terminal=True)
     with late:
         late(3, 10)
         assert late.bar is None  # a short job prints nothing
-    with cli._Progress("simulating", "requests") as progress:
+    with cli._Progress("simulating", "requests", terminal=True) as progress:
         progress(3, 10)
         assert progress.bar is not None
         assert progress.bar.tasks[0].completed == 3 and progress.bar.tasks[0].total == 10
@@ -167,10 +167,28 @@ def test_progress_bar_waits_for_its_delay_then_counts():
 
 
 def test_progress_without_a_total_counts_and_times():
-    with cli._Progress("planning", "simulations") as progress:
+    with cli._Progress("planning", "simulations", terminal=True) as progress:
         progress(5)
         task = progress.bar.tasks[0]
         assert task.completed == 5 and task.total is None
+
+
+def test_progress_without_a_terminal_is_lines_with_done_total_and_eta(capsys):
+    """In a log or a pipe: nothing for the first 2 s, then a line at each new phase and at most every
+    30 s within one, with done/total, the elapsed time and the ETA at the pace so far."""
+    p = cli._Progress("planning", "simulations", terminal=False)
+    with p:
+        p(1, 10, "load search")
+        assert capsys.readouterr().err == ""  # (a short command says nothing)
+        p.start -= 40.0  # 40 s in
+        p(4, 10, "load search")
+        p(5, 10, "load search")  # the same phase within 30 s: no line
+        p(6, 12, "engine settings")
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "planning: load search: 4/10 simulations, 40 s elapsed, ETA 1 min 00 s"
+    assert lines[1].startswith("planning: engine settings: 6/12 simulations, 40 s elapsed, ETA 40 s")
+    assert len(lines) == 2
+    assert cli._clock(3725) == "1 h 02 min" and cli._clock(59.6) == "1 min 00 s"
 
 
 # ---------------------------------------------------------------- errors: one line, exit 2, no output

@@ -102,9 +102,9 @@ class Knob:
         """The run length at a load, in the count key's unit (requests; sessions for agents)."""
         # requests over the horizon (a load in sessions/s brings per_count requests a session)
         n = value * (o.requests_per_user if self.integer else o.horizon_s or DEFAULT_HORIZON_S) * self.per_count
-        n = max(n, self.percentile_requests, o.min_requests)
         most = math.floor(o.max_requests * replicas / self.per_count + 1e-9)  # (at most the bound)
-        return max(1, min(math.ceil(n / self.per_count - 1e-9), most))
+        n = min(max(n, self.percentile_requests, o.min_requests) / self.per_count, most)  # (no inf past here)
+        return max(1, math.ceil(n - 1e-9))
 
 
 def percentile_requests(slo, options) -> int:
