@@ -44,7 +44,10 @@ def children_cpu() -> float:
 
 
 def run(tree: Path, args: list[str], out: Path, timeout: float) -> dict:
-    """One plan in `tree`: wall and CPU seconds, exit status, and its answer from the files written."""
+    """One plan in `tree`: wall and CPU seconds, exit status, and its answer from the files written.
+    The scenario is this checkout's file for both (a base revision may not have it: the 70B one is
+    new), and what it names (traces) beside it."""
+    args = [str(ROOT / args[0]), *args[1:]]
     cpu0, t0 = children_cpu(), time.perf_counter()
     cmd = [sys.executable, "-c", CLI.format(root=str(tree)), "plan", *args, "--out", str(out), "-q"]
     try:

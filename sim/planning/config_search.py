@@ -19,11 +19,17 @@ Simulation is spent where it can change the answer:
    One that could not carry the target within the GPU or dollar limits even at SLACK x its
    saturated throughput is out.
 3. **Coarse search** of every engine setting left (the engine curve's grid and seeds, galloping
-   from 85% of the saturated throughput).
-4. **Confirmed search** (the plan's: P(a fresh seed meets the SLO) >= confidence), in order of
-   coarse cost, of each (GPU, TP)'s best setting while its coarse cost could still beat the
-   cheapest confirmed one (a confirmed answer is at most a grid step above the coarse one).
-5. **The cluster** of the cheapest confirmed candidate is simulated at target / headroom.
+   from 85% of the saturated throughput); each (GPU, TP)'s best setting by load per GPU, and its
+   estimated replicas: target / (headroom x that load). Steps 2-3 run every candidate at once.
+4. **With a target, every candidate that could be the cheapest confirmed as its whole cluster**
+   (`_clusters`: branch and bound, in order of estimated cost): the fewest replicas whose cluster a
+   fresh run meets the SLO in (planner.size_cluster), each candidate after the first only up to
+   as many replicas as would still cost less than the cheapest confirmed so far (one run of that
+   cluster usually shows it dearer). A candidate whose cost at SLACK x its saturated throughput
+   per replica is no lower cannot be the cheapest and is not simulated again. Without a target:
+   the lowest $ per million output tokens, refined on the load search's grid while a candidate
+   could still win (`_refine`).
+5. **The answer** is the cheapest confirmed cluster, its numbers the candidate row's own.
 
 Costs: GPUs = replicas x TP; USD/hour = GPUs x the GPU's price (--price or --gpu-hour-usd, else the
 preset's usd_per_hour, said per candidate as price_source); USD per million output

@@ -39,22 +39,8 @@ def run_parallel(fn: Callable[..., Any], args: Sequence[tuple], *, workers: int 
     if cluster is not None:
         yield from _run_on_cluster(fn, args, cluster)
         return
-    workers = min(workers or default_workers(), max(1, len(args)))
-    if workers == 1:
-        for i, a in enumerate(args):
-            yield i, fn(*a)
-        return
-    with ProcessPoolExecutor(max_workers=workers, initializer=_worker_init,
-                             initargs=(os.getpid(),)) as pool:
-        pending = {pool.submit(fn, *a): i for i, a in enumerate(args)}
-        try:
-            while pending:
-                done, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for fut in done:
-                    yield pending.pop(fut), fut.result()
-        finally:  # Ctrl-C, an error or an early stop: drop queued calls, wait only for running ones
-            for fut in pending:
-                fut.cancel()
+    with LocalRunner(min(workers or default_workers(), max(1, len(args)))) as runner:  # (a pool for this batch)
+        yield from runner.map(fn, args)
 
 
 def _worker_init(parent: int) -> None:
