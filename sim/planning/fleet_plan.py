@@ -375,6 +375,7 @@ def _plan_fleet(path: Path, base: tuple[str, ...], sc, slo: SLOConfig, window_s:
         "simulations": len(probe.done)}
     result["scheduled"] = _plan_schedule(sc, probe, static_n, price, base, result, floor_plan)
     result["simulations"] = len(probe.done)
+    result["read_back"] = journal.read_back if journal is not None else 0
     if chosen is None:
         result["policy"] = None
         return result

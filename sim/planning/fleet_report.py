@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.files import plain_text, save_figure, write_file
+from sim.planning.plan_report import simulations_text
 from sim.runtime.autoscaler import held_steps
 
 FLEET_PNG = "fleet_plan.png"
@@ -54,7 +55,7 @@ def fleet_headline(r: dict) -> list[tuple[str, str]]:
                                           f"{s['gpu_hours']:,.1f} GPU-hours (${s['usd']:,.2f})")]
     if p is None:
         return rows + [("autoscaled policy", "none meets the SLO in every window below the static fleet")] \
-            + _scheduled_rows(r) + [("simulations", f"{r['simulations']} runs")]
+            + _scheduled_rows(r) + [("simulations", simulations_text(r, " runs"))]
     sv = r["saving"]
     return rows + [("autoscaled policy", _policy_text(p)),
                    ("its cost", f"{p['gpu_hours']:,.1f} GPU-hours (${p['usd']:,.2f}); {p['mean_replicas']:.2f} "
@@ -62,7 +63,7 @@ def fleet_headline(r: dict) -> list[tuple[str, str]]:
                    ("saving", f"{sv['fraction']:.1%}: {sv['gpu_hours']:,.1f} GPU-hours (${sv['usd']:,.2f}) over "
                               f"{_clock(p['end_s'])}"),
                    *_scheduled_rows(r),
-                   ("simulations", f"{r['simulations']} runs")]
+                   ("simulations", simulations_text(r, " runs"))]
 
 
 def _observed(row: dict) -> str:

@@ -148,8 +148,15 @@ def headline(r: dict) -> list[tuple[str, str]]:
              ("cost per million tokens (prompt + output)", f"${_f(cost['usd_per_million_total_tokens'], 3)}"),
              ("vllm serve", rec.get("vllm_serve") or "none: the static scheduler is Hugging Face generate, "
                                                           "not vLLM"),
-             ("simulations", f"{r['simulations']} in {r['wall_s']:.1f} s")]
+             ("simulations", simulations_text(r))]
     return rows
+
+
+def simulations_text(r: dict, unit: str = "") -> str:
+    """'182 in 6.6 s', and how many of them an earlier, interrupted run left in the journal."""
+    kept = f" ({r['read_back']} read back from simulations.jsonl)" if r.get("read_back") else ""
+    took = f" in {r['wall_s']:.1f} s" if "wall_s" in r else ""
+    return f"{r['simulations']}{unit}{kept}{took}"
 
 
 def _nan(v: Any) -> float:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.files import plain_text, save_figure, write_file
+from sim.planning.plan_report import simulations_text
 
 PARETO_PNG = "pareto.png"
 
@@ -152,7 +153,7 @@ def search_headline(r: dict) -> list[tuple[str, str]]:
     rows.append(("GPU prices (USD per GPU-hour)", ", ".join(f"{g} {usd:.2f} ({source})"
                                                              for g, (usd, source) in prices.items())))
     rows += [("candidates", ", ".join(f"{n} {k}" for k, n in counts.items())),
-             ("simulations", f"{r['simulations']} in {r['wall_s']:.1f} s")]
+             ("simulations", simulations_text(r))]
     return rows
 
 
