@@ -191,10 +191,12 @@ def markdown(r: dict, figure: str | None) -> str:
         lines.append("")
     lines += _window_table(r) + ["## How it was found", "",
               "1. The static fleet: the fewest fixed replicas (engine.autoscaling off) that meet the SLO in every "
-              "window, searched from the most replicas the scenario's own policy held.",
+              "window, searched up from the fewest that could carry the peak flat out (the peak rate over one "
+              "replica's saturated throughput).",
               "2. The policy: max_replicas = that fleet, target_in_flight on a grid of 2^(k/4) x the scenario's "
-              "(1/16x to 16x), the largest that meets the SLO (a larger target holds fewer replicas); when none "
-              "does, min_replicas one higher.",
+              "(1/16x to 16x), the largest that meets the SLO (a larger target holds fewer replicas), by "
+              "bisection; when none does, min_replicas one higher. The scheduled floor's target is searched "
+              "the same way, at the same time.",
               "", "| static replicas | meets (each seed) | windows missed (first seed) | GPU-hours |",
               "| --- | --- | --- | --- |"]
     lines += [f"| {t['replicas']} | {_each(t)} | {_missed(t)} | {_hours(t)} |"
