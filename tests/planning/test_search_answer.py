@@ -69,3 +69,14 @@ def test_the_search_chooses_the_cheapest_confirmed_cluster_and_every_file_agrees
     assert [f for f in saved["pareto"] if (f["gpu"], f["tensor_parallel_size"]) == (c["gpu"], c["tensor_parallel_size"])][0][
         "usd_per_hour"] == best
     assert math.isclose(c["cluster_point"]["bettable"]["confidence"], 0.9)
+    # --emit deploys the same count (PlanJob.emit, from search.json's chosen)
+    import yaml
+
+    from sim.planning.plan_request import PlanRequest, prepare
+
+    job = prepare(PlanRequest(QUICKSTART, slo="ttft_ms=500,tpot_ms=50", gpus="h100-sxm,a100-80gb", tp="1,2",
+                              target_rate=TARGET, out=tmp_path / "s", emit=tmp_path / "deploy"))
+    files = {p.name: p for p in job.emit(saved)}  # vllm_serve.sh, engine_args.yaml, k8s.yaml
+    deployment = next(d for d in yaml.safe_load_all(files["k8s.yaml"].read_text()) if d["kind"] == "Deployment")
+    assert deployment["spec"]["replicas"] == c["replicas"]
+    assert f"--tensor-parallel-size {c['tensor_parallel_size']}" in files["vllm_serve.sh"].read_text()
