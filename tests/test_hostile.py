@@ -630,9 +630,17 @@ cli.main_entry()
 """
 
 
+def _default_signals() -> None:
+    """In the child: SIGINT and SIGTERM handled as a terminal's Ctrl-C and a kill would be. A job
+    started with `&` by a non-interactive shell (`nohup pytest &`) ignores SIGINT, and its children
+    inherit that: Python then never raises KeyboardInterrupt, and these tests would test nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def _signalled_run(sig: int, at: str, args: list[str]) -> tuple[int, str]:
     p = subprocess.run([sys.executable, "-c", _SELF_SIGNAL, str(int(sig)), at, *args], cwd=ROOT,
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=120, preexec_fn=_default_signals)
     return p.returncode, p.stderr
 
 
