@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from sim.config.errors import ScenarioError
-from sim.config.scenario import SLOConfig, load_scenario
+from sim.config.scenario import SLO_METRICS, SLOConfig, load_scenario
 from sim.planning import estimator
 from sim.planning.parallel import LocalRunner
 from sim.planning.slo import EarlyStop, simulate_point, summarize_point, targets
@@ -94,6 +94,13 @@ def _arrays(w: Workload) -> list:
         if w.users.script is not None:  # (recorded agent sessions: their arrays)
             values += [getattr(w.users.script, f.name) for f in fields(w.users.script)]
     return [np.ascontiguousarray(v).tobytes() if isinstance(v, np.ndarray) else v for v in values]
+
+
+def _usable(result: dict) -> bool:
+    """A point as simulate_point returns it (read back from a journal: the keys the plan reads)."""
+    return isinstance(result.get("met"), bool) and all(
+        isinstance(result.get(k), dict) and "slo" in result[k] and "p99" in result[k] for k in SLO_METRICS) and all(
+        k in result for k in ("goodput_rps", "request_throughput", "output_throughput", "wall_s"))
 
 
 class Evaluator:
@@ -166,7 +173,7 @@ class Evaluator:
             for j in dict.fromkeys(jobs):
                 if j in self.cache:
                     continue
-                kept = self.journal.get(self._key(j)) if self.journal is not None else None
+                kept = self.journal.get(self._key(j), _usable) if self.journal is not None else None
                 if kept is not None:
                     self.cache[j] = kept
                     read += 1

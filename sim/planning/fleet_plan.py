@@ -148,6 +148,13 @@ def evaluate(path: str, overrides: tuple[str, ...], slo: SLOConfig, window_s: fl
     return out
 
 
+def _usable(result: dict) -> bool:
+    """A candidate's run as evaluate returns it (read back from a journal: the keys the plan reads)."""
+    return isinstance(result.get("met"), bool) and isinstance(result.get("windows"), list) and all(
+        k in result for k in ("gpu_hours", "mean_replicas", "peak_replicas", "end_s", "windows_missed", "fraction",
+                              "completed", "requests", "day", "spans", "overrides"))
+
+
 class _Probe:
     """Runs candidates (a batch at a time on the runner) and remembers each. A candidate is judged
     on its first seed while the search locates the answer (a miss there decides it, usually early:
@@ -175,7 +182,7 @@ class _Probe:
         for r in dict.fromkeys(runs):
             if r in self.done:
                 continue
-            kept = self.journal.get(self._key(r)) if self.journal is not None else None
+            kept = self.journal.get(self._key(r), _usable) if self.journal is not None else None
             if kept is not None:
                 with self._lock:
                     self.done[r] = kept

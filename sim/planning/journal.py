@@ -62,6 +62,9 @@ class Journal:
         self.read_back = 0          # results served from the journal in this run
         self._kept: dict[str, dict] = {}
         self.restarted = False      # an earlier journal of other inputs is replaced at the first write
+        if self.path.is_symlink() or (self.path.exists() and not self.path.is_file()):
+            raise ScenarioError(f"--out {self.folder}: {FILE} there is not a regular file (a link, a folder, a "
+                                "device); remove it or use another --out")
         try:
             with open(self.path, "rb") as f:  # (read only: nothing is changed before a result comes)
                 data = f.read()
@@ -79,8 +82,12 @@ class Journal:
         """Results an earlier run left here (read back as the plan asks for them)."""
         return len(self._kept)
 
-    def get(self, key: str) -> dict | None:
+    def get(self, key: str, usable: Any = None) -> dict | None:
+        """The result kept for `key`, if `usable(result)` (a hand-edited or damaged one is simulated
+        again, never read back half)."""
         hit = self._kept.get(key)
+        if hit is not None and usable is not None and not usable(hit):
+            return None
         if hit is not None:
             self.read_back += 1
         return hit

@@ -96,3 +96,21 @@ def test_a_plan_refused_for_bad_input_writes_nothing(tmp_path):
     with pytest.raises(ScenarioError, match="--target-users"):
         job.run()
     assert not out.exists()
+
+
+def test_a_hand_edited_result_is_simulated_again_and_a_journal_that_is_no_file_is_refused(tmp_path):
+    request = PlanRequest(QUICKSTART, target_rate=30.0, out=tmp_path / "p", **SMALL)
+    first = prepare(request).run()
+    path = tmp_path / "p" / FILE
+    lines = path.read_text().splitlines()
+    row = json.loads(lines[1])
+    del row["result"]["ttft_ms"]  # (a hand edit: a key the plan reads is gone)
+    path.write_text("\n".join([lines[0], json.dumps(row), *lines[2:]]) + "\n")
+    again = prepare(request).run()
+    assert again["read_back"] == first["simulations"] - 1 and _timeless(again) == _timeless(first)
+    folder = tmp_path / "q"
+    (folder / FILE).mkdir(parents=True)
+    from sim.config.errors import ScenarioError
+
+    with pytest.raises(ScenarioError, match=f"{FILE} there is not a regular file"):
+        prepare(replace(request, out=folder)).run()
