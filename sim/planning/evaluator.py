@@ -36,19 +36,16 @@ from sim.workload.generators import Workload, build_workload
 
 @dataclass(frozen=True)
 class PlanOptions:
-    first_seeds: int = 2          # seeds per point at first: enough when all are clearly in or out
-    seeds: int = 4                # seeds per point when the first ones are near a target
-    max_seeds: int = 8            # seeds per point when those leave the 90% interval across a target
-    clear_pass: float = 0.75      # "clearly in": every observed/target ratio <= this
-    clear_fail: float = 1.5       # "clearly out": some observed/target ratio >= this (also the early stop's)
-    pass_fraction: float = 2 / 3  # (reported: the share of seeds meeting the SLO; no longer a verdict)
+    first_seeds: int = 2          # seeds per point at first: enough when their 90% interval decides
+    seeds: int = 4                # seeds per point when that interval straddles a target
+    max_seeds: int = 8            # ... and when it still does (then the mean decides)
+    clear_fail: float = 1.5       # a run stops early once a percentile is certain to pass this x its target
     resolution: float = 0.02      # relative step of the rate grid
     confidence: float = 0.9       # a confirmed cluster: P(a fresh run meets the SLO) >= this
     confirm_seeds: int = 12       # ... predicted from at most this many seeds (estimator.bettable)
     confirm_first: int = 4        # ... and at least this many (a spread needs several)
-    # seconds of arrivals per run: runs are as long as this at the load (or the scenario's own
-    # workload.num_requests where longer), within the bounds and at least what the SLO's
-    # percentile needs (tail_requests judged beyond it); a trace keeps its own length
+    # seconds of arrivals per run: runs are as long as this at the load, within the bounds and at
+    # least what the SLO's percentile needs (tail_requests judged beyond it); a trace keeps its own
     horizon_s: float | None = None  # None: DEFAULT_HORIZON_S (sim/planning/load_search.py)
     min_requests: int = 1000      # requests per run, at least
     max_requests: int = 20000     # requests per run, at most (one replica; a cluster: per replica)
@@ -232,7 +229,7 @@ class Evaluator:
         noise = verdict.verdict == "undecided"
         met = verdict.verdict == "met" or (noise and verdict.mean[verdict.binding] <= 1
                                            and not any(r.get("stopped") for r in runs))
-        return summarize_point(runs, o.pass_fraction, met=met, overrides=list(overrides),
+        return summarize_point(runs, met=met, overrides=list(overrides),
                                steady={**verdict.as_dict(), "within_noise": noise},
                                bettable=estimator.bettable(runs, self.targets, o.confidence), **info)
 
@@ -250,6 +247,6 @@ class Evaluator:
             if bet["verdict"] != "undecided" or n >= o.confirm_seeds:
                 break
             n = min(2 * n, o.confirm_seeds)
-        return summarize_point(runs, o.pass_fraction, met=bet["verdict"] == "met", overrides=list(overrides),
+        return summarize_point(runs, met=bet["verdict"] == "met", overrides=list(overrides),
                                bettable={**bet, "confidence": o.confidence},
                                steady=estimator.steady(runs, self.targets).as_dict(), **info)

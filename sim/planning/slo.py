@@ -2,14 +2,14 @@
 
     slo = parse_slo("ttft_ms=500,tpot_ms=50,itl_ms=100@p95")     # -> SLOConfig
     run = simulate_point(scenario, slo, warmup_fraction=0.1)      # one seed: small numbers only
-    point = summarize_point([run, ...], pass_fraction=2 / 3)     # several seeds: means, min/max, met
+    point = summarize_point([run, ...], met=True)                # several seeds: means, min/max
 
 A run meets the SLO when every target's percentile (TTFT, TPOT, E2EL over the requests after the
 first `warmup_fraction` by arrival, which meet an empty engine and would flatter it; ITL over the
-inter-token gaps after the first of them arrives) is within target. A point meets it when at least
-`pass_fraction` of its seeds do (locating the boundary), or, confirming an answer, when the
-one-sided 90% Wilson lower bound of the probability that a seed meets it reaches the plan's
-`confidence` (sim/planning/evaluator.py: Evaluator.confirm).
+inter-token gaps after the first of them arrives) is within target. Whether a point of several
+seeds meets it is the evaluator's verdict (sim/planning/estimator.py read by
+sim/planning/evaluator.py), given to summarize_point. A run may be stopped early once its miss is
+certain (EarlyStop).
 """
 from __future__ import annotations
 
@@ -77,11 +77,6 @@ def _positive(key: str, value, percentile: bool, allowed: str) -> float:
 def targets(slo: SLOConfig) -> dict[str, float]:
     """{"ttft_ms": 500.0, ...}: the latency targets the SLO sets."""
     return {k: t for k, (t, _) in slo.targets().items()}
-
-
-def worst_ratio(run: dict, slo: SLOConfig) -> float:
-    """Largest observed / target over the SLO metrics of a run or point (no latency observed: 0)."""
-    return max((run[k]["slo"] if run[k]["slo"] is not None else 0.0) / t for k, t in targets(slo).items())
 
 
 # ---------------------------------------------------------------- one run (worker side)
@@ -242,11 +237,11 @@ def _budget_share(scenario, steps) -> float | None:
 
 # ---------------------------------------------------------------- several seeds
 
-def summarize_point(runs: list[dict], pass_fraction: float, met: bool | None = None, **info: Any) -> dict:
-    """Mean (and min, max) over seeds of what the report shows; `met` by the pass fraction unless given."""
+def summarize_point(runs: list[dict], met: bool, **info: Any) -> dict:
+    """Mean (and min, max) over seeds of what the report shows; `met`: the evaluator's verdict;
+    `passes`: how many seeds met the SLO one by one (for reading)."""
     passes = sum(r["met"] for r in runs)
-    out = {**info, "seeds": len(runs), "passes": passes,
-           "met": passes >= pass_fraction * len(runs) - 1e-9 if met is None else met}
+    out = {**info, "seeds": len(runs), "passes": passes, "met": met}
     for key in THROUGHPUTS + OPTIONAL:  # (a stopped run measured none of them)
         given = [r[key] for r in runs if r.get(key) is not None]
         out[key] = float(np.mean(given)) if given else None
