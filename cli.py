@@ -206,8 +206,11 @@ def run(
             result = simulate(sc, progress=progress)
         # Results live in memory until here; write_outputs writes the three files atomically, so
         # a run that fails or is interrupted leaves nothing that looks like a finished run.
+        replaced = (out_dir / "summary.json").is_file()
         write_outputs(result, out_dir)
         written = True
+        if replaced:  # (a user who meant to keep it hears it at once)
+            typer.echo(f"note: replaced the earlier run in {out_dir}", err=True)
         if trace:
             from sim.reporting.analysis import Run
             from sim.reporting.export import chrome_trace
@@ -216,6 +219,8 @@ def run(
             trace_unwritten = False
         if sc.cost_model.notice:  # the default fell back to an estimate: say so, once
             typer.echo(f"note: {sc.cost_model.notice}", err=True)
+        for slip in sc.slips:  # (likely unit slips: the run went on as written)
+            typer.echo(f"warning: {slip}", err=True)
         if not quiet:
             from rich.console import Console
 
@@ -223,6 +228,13 @@ def run(
             from sim.cost.registry import describe
 
             typer.echo(f"step costs: {describe(result.summary['run']['cost_model'])}")
+            from sim.cost.error_band import one_line
+
+            typer.echo(one_line(result.summary.get("error_band")))
+            from sim.energy.power import one_line as energy_line
+
+            if result.summary.get("energy"):
+                typer.echo(energy_line(result.summary["energy"]))
     except ScenarioError as e:
         raise _fail(str(e)) from None
     except OSError as e:  # e.g. the output directory is not writable
@@ -780,6 +792,10 @@ def plan(
     budget_usd_per_hour: Annotated[float | None, typer.Option(
         help="Configuration search: at most this many USD per hour in all.", metavar="USD",
         show_default=False)] = None,
+    power_cap_kw: Annotated[float | None, typer.Option(
+        help="At most this many kW for the whole facility (modelled power, docs/energy.md): the search "
+             "leaves out clusters over it; a plan says when its answer is over it.", metavar="KW",
+        show_default=False)] = None,
     min_requests: Annotated[int, typer.Option(
         help="Requests per run, at least (a stable p99 needs ~1000); a shorter trace gets a warning, "
              "it is not repeated.", metavar="N")] = 1000,
@@ -813,7 +829,7 @@ def plan(
         gpus=gpus, tp=tp, pp=pp, dp=dp, all2all_backend=all2all_backend, schedulers=schedulers,
         speculative=speculative, disaggregation=disaggregation,
         prefix_caching=prefix_caching, kv_offloading_size=kv_offloading_size, max_gpus=max_gpus,
-        budget_usd_per_hour=budget_usd_per_hour,
+        budget_usd_per_hour=budget_usd_per_hour, power_cap_kw=power_cap_kw,
         min_requests=min_requests, workers=workers, cluster=cluster, window_s=window_s)
     note = lambda text: typer.echo(f"note: {text}", err=True)  # noqa: E731
     try:

@@ -49,8 +49,11 @@ from calibrate.overheads import (  # noqa: E402
     FRONTEND_GRID,
     GRID,
     SATURATED_TTFT_S,
+    SPREAD_GRID,
     Result,
+    fit_spread,
     grid_points,
+    request_times,
     sim_metrics,
     simulate_grid,
     step_time_error,
@@ -63,6 +66,10 @@ QUANTILE_P = {"min": 0.0, "p0.1": 0.001, "p1": 0.01, "p5": 0.05, "p10": 0.10, "p
               "max": 1.0}
 METRICS = (("ttft_p50_ms", "TTFT p50 ms", 1), ("tpot_mean_ms", "TPOT mean ms", 2),
            ("tpot_p50_ms", "TPOT p50 ms", 2), ("e2e_p50_s", "E2E p50 s", 2), ("e2e_p90_s", "E2E p90 s", 2))
+# every statistic the error band covers (sim/cost/error_band.py): metric -> label
+ALL_METRICS = {"ttft_mean_ms": "TTFT mean", "ttft_p50_ms": "TTFT p50", "ttft_p90_ms": "TTFT p90",
+               "ttft_p99_ms": "TTFT p99", "tpot_mean_ms": "TPOT mean", "tpot_p50_ms": "TPOT p50",
+               "e2e_mean_s": "E2E mean", "e2e_p50_s": "E2E p50", "e2e_p90_s": "E2E p90", "e2e_p99_s": "E2E p99"}
 # the summary's three figures (issue 33's gate): metric -> label
 HEADLINE = {"tpot_mean_ms": "TPOT mean", "e2e_p50_s": "E2E p50", "ttft_p50_ms": "TTFT p50"}
 
@@ -123,14 +130,16 @@ def real_metrics(stage: dict) -> dict:
     ttft, e2e = stage["ttft_s"], stage["e2e_s"]
     return {"ttft_p50_ms": 1e3 * ttft["median"], "tpot_mean_ms": 1e3 * (e2e["mean"] - ttft["mean"]) / (n - 1),
             "tpot_p50_ms": 1e3 * (e2e["median"] - ttft["median"]) / (n - 1),
-            "e2e_p50_s": e2e["median"], "e2e_p90_s": e2e["p90"]}
+            "e2e_p50_s": e2e["median"], "e2e_p90_s": e2e["p90"],
+            "ttft_mean_ms": 1e3 * ttft["mean"], "ttft_p90_ms": 1e3 * ttft["p90"], "ttft_p99_ms": 1e3 * ttft["p99"],
+            "e2e_mean_s": e2e["mean"], "e2e_p99_s": e2e["p99"]}
 
 
 def real_overloaded(stage: dict) -> bool:
     return stage["ttft_s"]["median"] >= SATURATED_TTFT_S or stage["failures"] > 0.01 * stage["requests"]
 
 
-def simulate_stage(runs: dict, stage: dict, measured: dict, folder: Path) -> Result:
+def simulate_stage(runs: dict, stage: dict, measured: dict, folder: Path, keep_times: bool = False) -> Result:
     """One stage simulated with `measured` as the cost model's options (None: the default)."""
     from sim.config.scenario import scenario_from_dict
     from sim.simulate import simulate
@@ -144,18 +153,19 @@ def simulate_stage(runs: dict, stage: dict, measured: dict, folder: Path) -> Res
     result = simulate(sc)
     sim = sim_metrics(result.requests)
     return Result(stage, real_metrics(stage), sim, real_overloaded(stage),
-                  sim["ttft_p50_ms"] >= 1e3 * SATURATED_TTFT_S, time.perf_counter() - t0)
+                  sim["ttft_p50_ms"] >= 1e3 * SATURATED_TTFT_S, time.perf_counter() - t0,
+                  times=request_times(result.requests) if keep_times else None)
 
 
 def _one(args):
-    runs, stage, measured, folder = args
-    return simulate_stage(runs, stage, measured, Path(folder))
+    runs, stage, measured, folder, keep = args
+    return simulate_stage(runs, stage, measured, Path(folder), keep)
 
 
 def simulate_stages(runs: dict, stages: list[dict], measured: dict | None, folder: Path,
-                    jobs: int = 1, pool=None) -> list[Result]:
+                    jobs: int = 1, pool=None, keep_times: bool = False) -> list[Result]:
     """Every stage's Result, in the order given (on `pool`, or across `jobs` processes)."""
-    work = [(runs, s, measured, str(folder)) for s in stages]
+    work = [(runs, s, measured, str(folder), keep_times) for s in stages]
     if pool is None and jobs <= 1:
         return [_one(w) for w in work]
     if pool is not None:
@@ -171,6 +181,62 @@ def summarise(results: list[Result]) -> dict:
     wrong = [r.info["stage"] for r in results if r.sim_overloaded != r.real_overloaded]
     return {"median_abs_error": med, "misclassified": wrong, "stages": len(results),
             "sustained": len(sustained)}
+
+
+def signed(results: list[Result]) -> dict:
+    """Per metric over the sustained stages: the signed and the absolute median error (signed < 0:
+    the simulation is fast), overall and per model."""
+    sustained = [r for r in results if not r.real_overloaded]
+    groups = {"all": sustained}
+    for r in sustained:
+        groups.setdefault(r.info["model"], []).append(r)
+    return {g: {k: {"signed": float(np.median([r.error[k] for r in rs])),
+                    "abs": float(np.median([abs(r.error[k]) for r in rs]))}
+                for k in ALL_METRICS if all(k in r.error for r in rs)}
+            for g, rs in groups.items() if rs}
+
+
+def signed_table(results: list[Result]) -> str:
+    """signed() as a table: rows the models (and all), columns each metric's signed / |median|."""
+    s = signed(results)
+    keys = list(ALL_METRICS)
+    w = max(len(g) for g in s)
+    lines = [f"{'median error':<{w}} " + " ".join(f"{ALL_METRICS[k]:>13}" for k in keys),
+             f"{'(signed |abs|)':<{w}} " + " ".join(f"{'':>13}" for _ in keys)]
+    for g, m in s.items():
+        lines.append(f"{g:<{w}} " + " ".join(
+            f"{pct(m[k]['signed']):>6} {100 * m[k]['abs']:>5.0f}%" if k in m else f"{'':>13}" for k in keys))
+    return "\n".join(lines)
+
+
+def band_coverage(heldout: list[Result]) -> dict:
+    """How often the error band (sim/cost/error_band.py) holds on a model it never saw: per metric,
+    each model's sustained stages judged against the band built from the other models' held-out
+    errors (leave one model out twice over). Returns per metric: coverage (fraction of stages whose
+    real value falls inside) and the median half-width of the band (relative to the simulated
+    value)."""
+    from sim.cost.error_band import interval
+    sustained = [r for r in heldout if not r.real_overloaded]
+    models = sorted({r.info["model"] for r in sustained})
+    out = {}
+    for k in ALL_METRICS:
+        inside, widths = [], []
+        for g in models:
+            others = np.array([r.error[k] for r in sustained if r.info["model"] != g])
+            lo, hi = interval(others)  # log(real / sim)
+            for r in sustained:
+                if r.info["model"] == g:
+                    ratio = r.real[k] / r.sim[k]
+                    inside.append(math.exp(lo) <= ratio <= math.exp(hi))
+                    widths.append((math.exp(hi) - math.exp(lo)) / 2)
+        out[k] = {"coverage": round(float(np.mean(inside)), 3), "median_half_width": round(float(np.median(widths)), 4),
+                  "stages": len(inside)}
+    return out
+
+
+def coverage_line(c: dict) -> str:
+    return ", ".join(f"{ALL_METRICS[k]} {100 * v['coverage']:.0f}% (+-{100 * v['median_half_width']:.0f}%)"
+                     for k, v in c.items())
 
 
 def pct(x: float) -> str:
@@ -219,8 +285,9 @@ def run_fit(runs: dict, stages: list[dict], folder: Path, jobs: int, progress=pr
     sustained = [s for s in stages if not real_overloaded(s)]
     t0 = time.time()
     with concurrent.futures.ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
-        fit = simulate_grid(lambda measured: simulate_stages(runs, sustained, measured, folder, pool=pool),
-                            progress)
+        fit = simulate_grid(lambda measured: simulate_stages(runs, sustained, measured, folder, pool=pool,
+                                                             keep_times=True),
+                            progress, spread=True)
     params, value = fit.best()
     heldout, per_model = [], {}
     for model, p, results in fit.held_out(lambda r: r.info["model"]):
@@ -228,6 +295,50 @@ def run_fit(runs: dict, stages: list[dict], folder: Path, jobs: int, progress=pr
         heldout += results
     return {"params": params, "loss": value, "fit": fit.results(params), "heldout": heldout,
             "per_model": per_model, "grid_points": len(fit.per_point), "wall_s": time.time() - t0}
+
+
+def run_spread_fit(runs: dict, stages: list[dict], folder: Path, jobs: int, progress=print) -> dict:
+    """The spread alone (calibrate/overheads.fit_spread) on the deterministic fit already written
+    (the defaults file's overheads, and each leave-one-model-out fold's): each distinct point
+    simulated once with its runs' times kept, the spread fitted on all stages and on each fold's
+    training models, the held-out model predicted with its fold's. As run_fit returns."""
+    from calibrate.overheads import point_key, with_spread
+    from sim.cost.overheads import DEFAULTS_FILE
+    doc = yaml.safe_load(DEFAULTS_FILE.read_text())
+    det = lambda p: {k: v for k, v in p.items() if k not in ("frontend_cv", "stall_rate_per_s", "stall_s")}  # noqa: E731
+    whole = det(doc["overheads"])
+    folds = {m: det(p) for m, p in doc["leave_one_model_out"]["fitted_without"].items()}
+    sustained = [s for s in stages if not real_overloaded(s)]
+    t0 = time.time()
+    simulated: dict[str, list[Result]] = {}
+    with concurrently_pool(jobs) as pool:
+        for p in [whole, *folds.values()]:
+            key = point_key(p)
+            if key not in simulated:
+                measured = {**{k: p[k] for k in ("async_scheduling", "host_per_iteration_s", "per_iteration_s",
+                                                 "tp_sync_per_iteration_s")},
+                            "frontend_s": 0.0, "frontend_per_prompt_token_s": 0.0, "frontend_cv": 0.0,
+                            "stall_rate_per_s": 0.0, "stall_s": 0.0}
+                simulated[key] = simulate_stages(runs, sustained, measured, folder, pool=pool, keep_times=True)
+                progress(f"  simulated {json.dumps({k: p[k] for k in measured if k in p})}: {time.time() - t0:.0f} s")
+    params = fit_spread(simulated[point_key(whole)], whole)
+    heldout, per_model = [], {}
+    for model, p in folds.items():
+        mine = simulated[point_key(p)]
+        fold = fit_spread([r for r in mine if r.info["model"] != model], p)
+        per_model[model] = fold
+        heldout += [Result(r.info, r.real, with_spread(r, fold), r.real_overloaded, r.sim_overloaded, r.wall_s)
+                    for r in mine if r.info["model"] == model]
+    fit = [Result(r.info, r.real, with_spread(r, params), r.real_overloaded, r.sim_overloaded, r.wall_s)
+           for r in simulated[point_key(whole)]]
+    order = {s["stage"]: i for i, s in enumerate(sustained)}
+    heldout.sort(key=lambda r: order[r.info["stage"]])
+    return {"params": params, "loss": None, "fit": fit, "heldout": heldout, "per_model": per_model,
+            "grid_points": len(simulated), "wall_s": time.time() - t0}
+
+
+def concurrently_pool(jobs: int):
+    return concurrent.futures.ProcessPoolExecutor(max_workers=max(1, jobs))
 
 
 def write_defaults(fitted: dict, runs: dict, path: Path) -> None:
@@ -245,9 +356,18 @@ def write_defaults(fitted: dict, runs: dict, path: Path) -> None:
         "overheads": {k: fitted["params"][k] for k in OVERHEAD_KEYS},
         "fit": {"stages": fit_s["sustained"], "median_abs_error": rnd(fit_s["median_abs_error"]),
                 "grid": {k: list(v) for k, v in GRID.items()},
-                "frontend_grid_s": [float(FRONTEND_GRID[0]), float(FRONTEND_GRID[-1]), 1e-4]},
+                "frontend_grid_s": [float(FRONTEND_GRID[0]), float(FRONTEND_GRID[-1]), 1e-4],
+                "spread_grid": {"frontend_cv": list(SPREAD_GRID["frontend_cv"]),
+                                "stalls_rate_per_s_and_s": [list(x) for x in SPREAD_GRID["stalls"]]}},
         "leave_one_model_out": {"median_abs_error": rnd(held_s["median_abs_error"]),
                                 "step_time_error": step_time_error(fitted["heldout"]),
+                                # each sustained stage's held-out signed error per statistic: the
+                                # error band's basis (sim/cost/error_band.py)
+                                "signed_error": {k: {r.info["stage"]: round(r.error[k], 4) for r in fitted["heldout"]
+                                                     if not r.real_overloaded} for k in ALL_METRICS},
+                                "signed_median": {k: round(v["signed"], 4) for k, v in
+                                                  signed(fitted["heldout"])["all"].items()},
+                                "band_coverage": band_coverage(fitted["heldout"]),
                                 "fitted_without": fitted["per_model"]},
     }
     write_file(path, yaml.safe_dump(doc, sort_keys=False, width=100))
@@ -259,13 +379,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a cost_model.measured option (repeatable), e.g. host_per_iteration_s=0.002")
     ap.add_argument("--fit", action="store_true", help="fit the engine overheads (leave-one-model-out too)")
+    ap.add_argument("--fit-spread", action="store_true",
+                    help="refit only the request-time spread (frontend_cv, stalls) on the overheads already "
+                         "fitted (their points simulated once; minutes, not the grid's 20)")
     ap.add_argument("--write", action="store_true", help="with --fit: write them as the defaults "
                     "(sim/profiles/vllm_v1_overheads.yaml)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--json", type=Path, help="also write the per-stage results here")
     args = ap.parse_args(argv)
-    if args.write and not args.fit:
-        print("error: --write needs --fit", file=sys.stderr)
+    if args.write and not (args.fit or args.fit_spread):
+        print("error: --write needs --fit or --fit-spread", file=sys.stderr)
         return 2
     runs = load_runs()
     stages = [s for s in runs["stages"] if args.only in s["stage"]]
@@ -276,10 +399,14 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     source = f"real vLLM on H100 SXM ({runs['repository']}@{runs['commit'][:7]})"
     with tempfile.TemporaryDirectory(prefix="servesim-fidelity-") as tmp:
-        if args.fit:
-            print(f"fitting the engine overheads to {source}: {len(grid_points())} grid points x "
-                  f"{sum(not real_overloaded(s) for s in stages)} sustained stages", flush=True)
-            fitted = run_fit(runs, stages, Path(tmp), args.jobs, progress=lambda m: print(m, flush=True))
+        if args.fit or args.fit_spread:
+            if args.fit:
+                print(f"fitting the engine overheads to {source}: {len(grid_points())} grid points x "
+                      f"{sum(not real_overloaded(s) for s in stages)} sustained stages", flush=True)
+                fitted = run_fit(runs, stages, Path(tmp), args.jobs, progress=lambda m: print(m, flush=True))
+            else:
+                print(f"fitting the request-time spread to {source} on the fitted overheads", flush=True)
+                fitted = run_spread_fit(runs, stages, Path(tmp), args.jobs, progress=lambda m: print(m, flush=True))
             print(f"fitted: {json.dumps(fitted['params'])}")
             print("fit (all models):\n" + table(fitted["fit"]))
             print("fit: " + summary_line(summarise(fitted["fit"])))
@@ -288,6 +415,10 @@ def main(argv: list[str] | None = None) -> int:
             for model, p in fitted["per_model"].items():
                 print(f"  without {model}: {json.dumps(p)}")
             print("held out: " + summary_line(summarise(fitted["heldout"])))
+            print("held out, signed (< 0: fast) and absolute median error per metric:\n"
+                  + signed_table(fitted["heldout"]))
+            print("error band on a model it never saw (coverage, median half-width): "
+                  + coverage_line(band_coverage(fitted["heldout"])))
             if args.write:
                 from sim.cost.overheads import DEFAULTS_FILE
                 write_defaults(fitted, runs, DEFAULTS_FILE)
@@ -299,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(results))
     s = summarise(results)
     print(summary_line(s) + f"; {time.time() - t0:.0f} s")
+    print("signed (< 0: fast) and absolute median error per metric:\n" + signed_table(results))
     if args.json:
         args.json.write_text(json.dumps({"summary": s, "stages": [
             {"stage": r.info["stage"], "real": r.real, "sim": r.sim, "error": r.error,

@@ -53,6 +53,9 @@ class Result:
     real_overloaded: bool
     sim_overloaded: bool
     wall_s: float = 0.0
+    # the simulated requests' times without frontend or spread (arrival_s, first_token_s, finish_s,
+    # replica, prompt_tokens, output_tokens): what fit_spread draws the spread on; None: not kept
+    times: dict | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:
@@ -64,19 +67,90 @@ class Result:
 
 
 def sim_metrics(requests) -> dict:
-    """The five metrics from a run's requests frame (requests.csv)."""
+    """The metrics from a run's requests frame (requests.csv): the five fitted on, and the
+    tails and means that the error band covers (TTFT mean/p90/p99, E2E mean/p99)."""
     tpot = requests["tpot_s"].dropna()
-    return {"ttft_p50_ms": 1e3 * float(requests["ttft_s"].median()), "tpot_mean_ms": 1e3 * float(tpot.mean()),
-            "tpot_p50_ms": 1e3 * float(tpot.median()), "e2e_p50_s": float(requests["e2e_s"].median()),
-            "e2e_p90_s": float(requests["e2e_s"].quantile(0.9))}
+    ttft, e2e = requests["ttft_s"].dropna(), requests["e2e_s"].dropna()
+    return {"ttft_p50_ms": 1e3 * float(ttft.median()), "tpot_mean_ms": 1e3 * float(tpot.mean()),
+            "tpot_p50_ms": 1e3 * float(tpot.median()), "e2e_p50_s": float(e2e.median()),
+            "e2e_p90_s": float(e2e.quantile(0.9)),
+            "ttft_mean_ms": 1e3 * float(ttft.mean()), "ttft_p90_ms": 1e3 * float(ttft.quantile(0.9)),
+            "ttft_p99_ms": 1e3 * float(ttft.quantile(0.99)), "e2e_mean_s": float(e2e.mean()),
+            "e2e_p99_s": float(e2e.quantile(0.99))}
+
+
+TIME_COLUMNS = ("arrival_s", "first_token_s", "finish_s", "replica", "prompt_tokens", "output_tokens")
+
+
+def request_times(requests) -> dict:
+    """The columns of requests.csv fit_spread needs, as arrays."""
+    return {c: requests[c].to_numpy() for c in TIME_COLUMNS}
+
+
+# The spread searched after the deterministic fit (sim/cost/overheads.py): frontend_cv, and stalls
+# (rate per s, mean length s); each run drawn with the same generator at every point (common random
+# numbers: the loss changes with the parameters, not with the draws)
+SPREAD_GRID = {"frontend_cv": (0.0, 0.25, 0.5, 0.75, 1.0, 1.5),
+               "stalls": ((0.0, 0.0),) + tuple((rate, mean) for rate in (0.01, 0.02, 0.05, 0.1, 0.2)
+                                                for mean in (0.05, 0.1, 0.2, 0.4, 0.8))}
+# the statistics the spread is fitted on: every TTFT and E2E statistic the error band covers
+SPREAD_METRICS = ("ttft_p50_ms", "ttft_mean_ms", "ttft_p90_ms", "ttft_p99_ms",
+                  "e2e_p50_s", "e2e_mean_s", "e2e_p90_s", "e2e_p99_s", "tpot_mean_ms")
+
+
+def with_spread(r: Result, params: dict, seed: int = 0) -> dict:
+    """The run's simulated metrics with `params`' frontend and spread drawn on its kept times (as
+    simulate() would, with generator `seed`)."""
+    from sim.cost.overheads import EngineOverheads
+    t = r.times
+    assert t is not None, "with_spread needs the run's request times"
+    o = EngineOverheads(frontend_s=params["frontend_s"], frontend_cv=params.get("frontend_cv", 0.0),
+                        stall_rate_per_s=params.get("stall_rate_per_s", 0.0), stall_s=params.get("stall_s", 0.0))
+    first, finish = t["first_token_s"].astype(float), t["finish_s"].astype(float)
+    on_first, on_finish = o.shifts(t["arrival_s"], t["prompt_tokens"], first, finish, t["replica"],
+                                   np.random.default_rng(seed))
+    ttft = first + on_first - t["arrival_s"]
+    e2e = finish + on_finish - t["arrival_s"]
+    n = t["output_tokens"]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(n > 1, (e2e - ttft) / (n - 1), np.nan)
+    import pandas as pd
+    return sim_metrics(pd.DataFrame({"ttft_s": ttft, "e2e_s": e2e, "tpot_s": tpot}))
+
+
+def spread_loss(results: list[Result], params: dict) -> float:
+    errs = []
+    for r in results:
+        if r.real_overloaded:
+            continue
+        sim = with_spread(r, params)
+        errs += [abs(sim[k] - r.real[k]) / r.real[k] for k in SPREAD_METRICS if k in r.real]
+    return float(np.mean(errs)) if errs else 0.0
+
+
+def fit_spread(results: list[Result], params: dict) -> dict:
+    """`params` (a fitted point and frontend) with the SPREAD_GRID point that minimises the mean
+    |error| of SPREAD_METRICS over `results` (simulated at that point, their times kept; ties: the
+    first, the least spread)."""
+    best = None
+    for cv in SPREAD_GRID["frontend_cv"]:
+        for rate, mean in SPREAD_GRID["stalls"]:
+            p = {**params, "frontend_cv": cv, "stall_rate_per_s": rate, "stall_s": mean}
+            value = spread_loss(results, p)
+            if best is None or value < best[1] - 1e-12:
+                best = (p, value)
+    assert best is not None
+    return best[0]
 
 
 def with_frontend(r: Result, f: float) -> dict:
     """The run's simulated metrics with `f` seconds more request handling (TTFT and E2E)."""
     sim = dict(r.sim)
-    sim["ttft_p50_ms"] += 1e3 * f
-    sim["e2e_p50_s"] += f
-    sim["e2e_p90_s"] += f
+    for k in sim:  # a constant shift moves every TTFT and E2E statistic alike (TPOT not at all)
+        if k.startswith("ttft_"):
+            sim[k] += 1e3 * f
+        elif k.startswith("e2e_"):
+            sim[k] += f
     return sim
 
 
@@ -111,13 +185,20 @@ def point_key(params: dict) -> str:
 class Fit:
     per_point: list[tuple[dict, list[Result]]] = field(default_factory=list)
 
+    spread: bool = False  # fit the spread too (the runs' times kept): fit_spread
+
     def best(self, keep: Callable[[Result], bool] = lambda r: True) -> tuple[dict, float]:
-        """The grid point and frontend minimising the loss over the results `keep` selects."""
+        """The grid point and frontend minimising the loss over the results `keep` selects (and,
+        with `spread`, the spread fitted on them at that point)."""
         best = None
         for point, results in self.per_point:
             f, value = best_frontend([r for r in results if keep(r)])
             if best is None or value < best[1] - 1e-12:
                 best = ({**point, "frontend_s": f, "frontend_per_prompt_token_s": 0.0}, value)
+        assert best is not None
+        if self.spread:
+            index = {point_key(p): res for p, res in self.per_point}
+            return fit_spread([r for r in index[point_key(best[0])] if keep(r)], best[0]), best[1]
         return best
 
     def held_out(self, group: Callable[[Result], Any]) -> list[tuple[Any, dict, list[Result]]]:
@@ -135,22 +216,26 @@ class Fit:
         """Every run as simulated with `params` (its grid point; its frontend added)."""
         index = {point_key(p): res for p, res in self.per_point}
         f = params["frontend_s"]
+        if self.spread:
+            return [Result(r.info, r.real, with_spread(r, params), r.real_overloaded, r.sim_overloaded, r.wall_s)
+                    for r in index[point_key(params)]]
         return [Result(r.info, r.real, with_frontend(r, f), r.real_overloaded, r.sim_overloaded, r.wall_s)
                 for r in index[point_key(params)]]
 
 
 def simulate_grid(simulate_point: Callable[[dict], list[Result]],
                   progress: Callable[[str], None] | None = None, grid: dict | None = None,
-                  tick: Callable[[int, int], None] | None = None) -> Fit:
+                  tick: Callable[[int, int], None] | None = None, spread: bool = False) -> Fit:
     """simulate_point(measured options) -> every run's Result, at each point of `grid` (default
     GRID; its keys a subset of GRID's) with frontend 0. After each point: progress(a line with
     the ETA) and tick(points done, points)."""
-    fit = Fit()
+    fit = Fit(spread=spread)
     points = grid_points(grid)
     t0 = time.time()
     for i, point in enumerate(points):
-        fit.per_point.append((point, simulate_point({**point, "frontend_s": 0.0,
-                                                     "frontend_per_prompt_token_s": 0.0})))
+        fit.per_point.append((point, simulate_point({**point, "frontend_s": 0.0, "frontend_per_prompt_token_s": 0.0,
+                                                     "frontend_cv": 0.0, "stall_rate_per_s": 0.0,
+                                                     "stall_s": 0.0})))
         if tick is not None:
             tick(i + 1, len(points))
         if progress is not None:
@@ -162,7 +247,7 @@ def simulate_grid(simulate_point: Callable[[dict], list[Result]],
 
 def step_time_error(results: list[Result]) -> dict:
     """The 10th and 90th percentile of the signed mean-TPOT error over the sustained runs: the
-    planner's error band (sim/cost/overheads.serving_error_band)."""
+    planner's error band (the --from-bench profile's serving_error)."""
     errs = [r.error["tpot_mean_ms"] for r in results if not r.real_overloaded]
     return {"p10": round(float(np.percentile(errs, 10)), 4), "p90": round(float(np.percentile(errs, 90)), 4),
             "stages": len(errs)}

@@ -23,6 +23,7 @@ import numpy as np
 from sim.config.errors import ScenarioError
 from sim.config.scenario import EngineConfig, Scenario
 from sim.cost import registry as cost
+from sim.cost.eager import EagerCost, launch_floor_s
 from sim.cost.expert_parallel import ExpertParallelCost
 from sim.cost.lora import LoRACost
 from sim.cost.pipeline import PipelineCost, hop_link
@@ -59,6 +60,8 @@ def cost_model(scenario: Scenario):
     tp = e.tensor_parallel_size
     target = scenario.cost_model.build(scenario.stage_model, scenario.hardware, tp, e.kv_cache_dtype,
                                        e.data_parallel_size)
+    if e.enforce_eager:  # no CUDA graphs: no iteration shorter than the host's launches (sim/cost/eager.py)
+        target = EagerCost(target, launch_floor_s(scenario.stage_model, tp))
     if e.data_parallel_size > 1:  # DP attention in front of one expert-parallel group: its all-to-all
         return ExpertParallelCost(target, scenario.model, scenario.hardware, tp, e.data_parallel_size,
                                   e.all2all_backend)

@@ -22,7 +22,9 @@ from sim.build import build_replicas, check_servable, cost_model
 from sim.config.checks import MAX_SECONDS
 from sim.config.errors import ScenarioError
 from sim.config.scenario import Scenario, resolved_yaml
+from sim.cost import error_band
 from sim.cost.step_cost import CostModel
+from sim.energy.power import run_energy, shortest_iterations
 from sim.files import give_mode, writing
 from sim.kv.prefix_cache import PrefixKVCache
 from sim.presets import memory
@@ -102,16 +104,19 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
     caches = [s.kv for s in schedulers if isinstance(s.kv, PrefixKVCache) and s.kv.reports]
     steps = steps_frame(recorder, cached=bool(caches))  # prefix caching: cached blocks over time
     gate = built.gate  # a concurrency limit at the gateway: when each request passed it (NaN: turned away)
+    spread = None  # each request's own frontend time and pauses in its decode, where they vary
     if overheads is not None and overheads.on_requests:  # request handling, scheduling lag
         # (the lag reads when a request reached its replica: past a concurrency gate, when it passed)
         reached = req.arrival if gate is None else np.where(np.isnan(gate.released), req.arrival, gate.released)
-        overheads.apply(reached, req.prompt, req.first_scheduled, req.first_token, req.finish,
+        _, spread = overheads.apply(reached, req.prompt, req.first_scheduled, req.first_token, req.finish,
                         req.replica, (steps["replica"].to_numpy(), steps["start_s"].to_numpy(),
                                       steps["duration_s"].to_numpy(), steps["count"].to_numpy()),
-                        np.frombuffer(recorder.durations, dtype=np.float64))
+                        np.frombuffer(recorder.durations, dtype=np.float64), rng)
     if admitted_at is not None:  # latencies from each request's own arrival: the gateway's wait is the client's
         req.arrival = offered.arrival_s[np.isfinite(admitted_at)]
     requests = requests_frame(req)
+    if spread is not None:  # (sim/cost/overheads.py: frontend_cv, stalls; the export's ITLs read them)
+        requests["frontend_s"], requests["stall_s"] = spread
     if loop is not None:  # (closed-loop users)
         requests["user"] = loop.user  # who sent each request (closed loop only)
         if loop.sessions is not None:  # multi-turn: which conversation, which turn of it
@@ -134,6 +139,8 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
     if offered.classes is not None:  # workload.classes: each request's class by name (rows: every offered request)
         requests["class"] = np.asarray(offered.class_names, dtype=object)[offered.classes]
     m, hw = scenario.model, scenario.hardware
+    # (each row's shortest iteration, for the energy's peak power: before the gaps take the durations)
+    shortest = shortest_iterations(steps["count"].to_numpy(), np.frombuffer(recorder.durations, dtype=np.float64))
     itl = inter_token_latencies(steps, recorder, req)  # (takes the recorder's durations)
     # engines (data-parallel ranks are engines of their own) and the GPUs they hold
     replicas, gpus = e.replicas * e.data_parallel_size, e.replicas * e.gpus_per_replica
@@ -148,7 +155,7 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
     summary = summarize(req, requests, steps, recorder, itl=itl, max_num_seqs=e.max_num_seqs, replicas=replicas,
                         gpus=gpus, flops_per_token=m.flops_per_token,
                         weight_bytes=m.weight_bytes, kv_bytes_per_token=m.kv_bytes_per_token,
-                        experts=None if m.moe is None else (m.routed_expert_params * m.expert_bytes_per_weight,
+                        experts=None if m.moe is None else (m.routed_expert_bytes,
                                                             1 - m.moe.experts_per_token / m.moe.num_experts),
                         # a hybrid's linear-attention states, read and written by every decode
                         state_bytes_per_decode=0.0 if m.linear_attention is None else
@@ -198,6 +205,15 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
         summary["kv_transfer_ms"] = distribution(transfers.transfer_s)
         summary["pool_utilization"] = pool_utilization(steps, summary["duration_s"], d.prefill_replicas,
                                                        d.decode_replicas)
+    if summary.get("duration_s"):  # what the GPUs, hosts and facility drew (sim/energy/power.py)
+        summary["energy"] = run_energy(steps, summary["duration_s"], replicas, gpus, m.flops_per_token,
+                                       m.weight_bytes, hw.bf16_flops, hw.hbm_bandwidth, hw, scenario.energy,
+                                       float(summary["output_throughput"] * summary["duration_s"]),
+                                       summary["completed"], shortest)
+    if "ttft_ms" in summary:  # where the real server's latencies are expected (sim/cost/error_band.py)
+        summary["error_band"] = error_band.band(error_band.path_of(scenario), summary,
+                                                error_band.queued_share(requests["queue_s"].to_numpy(dtype=float),
+                                                                        requests["ttft_s"].to_numpy(dtype=float)))
     summary = {"scenario": scenario.name, **summary, "run": run_record(scenario)}
     return SimResult(requests=requests, steps=steps, summary=summary,
                      scenario=scenario if own_workload else None, itl=itl)

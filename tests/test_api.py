@@ -130,7 +130,7 @@ def test_presets_by_name_and_a_wrong_name_lists_them():
     # layouts: the busiest pipeline stage's GPU, a data-parallel rank's with the experts spread
     # (the scenario's budget for the same engine keys: tests/cost/test_pipeline.py, test_expert_parallel.py)
     assert servesim.kv_budget("llama-3-8b", "h100-sxm", pp=2).weight_bytes_per_gpu == 9_080_938_496
-    assert servesim.kv_budget("deepseek-v3", "h200", dp=8, ep=True).weight_bytes_per_gpu == 100_710_594_560
+    assert servesim.kv_budget("deepseek-v3", "h200", dp=8, ep=True).weight_bytes_per_gpu == 100_840_687_968
 
 
 def test_a_cost_model_prices_a_batch_as_the_simulator_does():

@@ -113,7 +113,9 @@ def test_run_quickstart_writes_the_three_files(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == sorted(OUTPUTS)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["completed"] == 300
-    assert list(pd.read_csv(out / "requests.csv").columns) == REQUEST_COLUMNS
+    # (+ each request's own frontend time and engine pauses: the default overheads spread them,
+    # sim/cost/overheads.py)
+    assert list(pd.read_csv(out / "requests.csv").columns) == REQUEST_COLUMNS + ["frontend_s", "stall_s"]
     assert list(pd.read_csv(out / "steps.csv").columns) == STEP_COLUMNS
     assert len(pd.read_csv(out / "requests.csv")) == 300
     for text in ("completed requests", "TTFT", "TPOT", "ITL", "E2E", "slot utilisation",

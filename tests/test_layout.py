@@ -28,7 +28,7 @@ LAYERS = (
     "sim.workload",
     "sim.kv",
     "sim.config.speculative | sim.config.disaggregation | sim.config.autoscaling | sim.config.admission"
-    " | sim.config.routing | sim.config.lora",
+    " | sim.config.routing | sim.config.lora | sim.energy",
     "sim.presets",
     "sim.files",
     "sim.config.checks",

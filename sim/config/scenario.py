@@ -55,7 +55,9 @@ from sim.config.routing import RoutingConfig, parse_routing
 from sim.config.speculative import SpeculativeConfig, parse_speculative
 from sim.cost import registry as cost
 from sim.cost.registry import CostModelSpec
+from sim.energy.power import EnergyConfig, parse_energy
 from sim.presets import hardware, memory, models
+from sim.presets import names as preset_names
 from sim.presets.hardware import HardwareSpec
 from sim.presets.memory import MemoryBudget
 from sim.presets.models import ModelSpec
@@ -101,6 +103,8 @@ class EngineConfig:
     # joins only if its whole sequence (prompt + tokens generated so far) fits in the free KV blocks,
     # not just its first chunk; off: the first chunk's blocks suffice (older vLLM V1)
     scheduler_reserve_full_isl: bool = True
+    # vLLM's --enforce-eager: no CUDA graphs, every kernel launched from the host (sim/cost/eager.py)
+    enforce_eager: bool = False
     # speculative decoding (sim/config/speculative.py): None = off
     speculative: SpeculativeConfig | None = None
     # disaggregated prefill/decode pools (sim/config/disaggregation.py): None = every replica does both
@@ -188,6 +192,26 @@ class Scenario:
     base_dir: Path = Path(".")  # relative paths (traces, profiles, hf_config) resolve against it
     overrides: tuple[str, ...] = ()  # the --set KEY=VALUE strings applied, in order
     raw: Mapping[str, Any] | None = None  # the mapping as written, overrides applied
+    energy: EnergyConfig = EnergyConfig()  # the power model's figures, electricity, carbon (sim/energy/power.py)
+
+    @cached_property
+    def slips(self) -> tuple[str, ...]:
+        """Likely unit slips, each one line with the value probably meant (the run goes on as
+        written: `run` and `plan` print them as warnings): an SLO target under 1 ms (seconds
+        written as ms), an arrival rate no GPU fleet of this size serves."""
+        out = []
+        if self.slo is not None:
+            for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"):
+                v = getattr(self.slo, key)
+                if v is not None and v < 1.0:
+                    out.append(f"slo.{key}: {v:g} ms is under a millisecond; if seconds were meant, write "
+                               f"{v * 1e3:g}")
+        rate = getattr(self.workload.arrival, "rate", None)
+        gpus = self.engine.replicas * self.engine.gpus_per_replica
+        if isinstance(rate, (int, float)) and rate > 1e4 * gpus:
+            out.append(f"workload.arrival.rate: {rate:g} requests/s is over 10,000 per GPU ({gpus} here); "
+                       f"if a per-minute or per-hour figure was meant, divide it by 60 or 3,600")
+        return tuple(out)
 
     @cached_property
     def stage_model(self) -> ModelSpec:
@@ -212,7 +236,7 @@ class Scenario:
                                 reserved_bytes=memory.lora_slot_bytes(self.model, e.lora, e.tensor_parallel_size))
 
 
-TOP_KEYS = ("name", "seed", "model", "hardware", "cost_model", "engine", "workload", "slo")
+TOP_KEYS = ("name", "seed", "model", "hardware", "cost_model", "engine", "workload", "slo", "energy")
 MAX_BLOCK_SIZE = 1024  # tokens; bigger "pages" make paging pointless and usually mean a typo
 # (a hybrid model's blocks are raised past it, to multiples of 16: vLLM's, sim/presets/memory.hybrid_block_size)
 MAX_HYBRID_BLOCK_SIZE = 8192
@@ -301,6 +325,7 @@ def _scenario_from_dict(raw: Mapping[str, Any], source: str | Path | None, base_
     work = _delegate(overridden, "workload", lambda: workload.parse_workload(
         raw["workload"], label, base_dir))  # its messages read "<label>: workload.<key>: ..."
     slo = _parse_slo(raw.get("slo"), w)
+    energy = parse_energy(raw.get("energy"), w("energy"))
     if work.adapters is not None and engine.lora is None:
         raise ScenarioError(f"{w('workload.adapters')}: the requests name LoRA adapters but the engine serves "
                             "none; set engine.lora (e.g. {max_loras: 4, max_lora_rank: 16})")
@@ -315,7 +340,7 @@ def _scenario_from_dict(raw: Mapping[str, Any], source: str | Path | None, base_
     scenario = Scenario(name=name, seed=seed, model=model, hardware=hw, cost_model=cost_model,
                         engine=engine, workload=work, slo=slo,
                         source=Path(source) if source is not None else None, base_dir=base_dir,
-                        overrides=tuple(overrides), raw=raw)
+                        overrides=tuple(overrides), raw=raw, energy=energy)
     scenario.__dict__["budget"] = budget  # resolved once: what cached_property would compute
     scenario.__dict__["stage_model"] = stage
     return scenario
@@ -353,6 +378,8 @@ def resolved_mapping(scenario: Scenario) -> dict:
                                        scenario.base_dir)}
     if scenario.slo is not None:
         out["slo"] = scenario.slo.as_yaml()
+    if scenario.energy != EnergyConfig():
+        out["energy"] = {k: v for k, v in dataclasses.asdict(scenario.energy).items() if v is not None}
     return out
 
 
@@ -465,11 +492,8 @@ _HINTS = {
 
 
 def _parse_model(v: Any, w: Where, base_dir: Path) -> ModelSpec:
-    if isinstance(v, str):
-        if v not in models.MODEL_PRESETS:
-            raise ScenarioError(f"{w('model')}: unknown preset {v!r}; presets: "
-                                + ", ".join(sorted(models.MODEL_PRESETS)))
-        return models.MODEL_PRESETS[v]
+    if isinstance(v, str):  # a preset, an alias or a checkpoint's repository id (sim/presets/names.py)
+        return models.MODEL_PRESETS[preset_names.model_preset(v, models.MODEL_PRESETS, w("model"))]
     if not isinstance(v, dict):
         raise ScenarioError(f"{w('model')}: {_show(v)} is not {_HINTS['model']()}")
     if "hf_config" not in v:
@@ -488,10 +512,7 @@ def _parse_model(v: Any, w: Where, base_dir: Path) -> ModelSpec:
 
 def _parse_hardware(v: Any, w: Where) -> HardwareSpec:
     if isinstance(v, str):
-        if v not in hardware.HARDWARE_PRESETS:
-            raise ScenarioError(f"{w('hardware')}: unknown preset {v!r}; presets: "
-                                + ", ".join(sorted(hardware.HARDWARE_PRESETS)))
-        return hardware.HARDWARE_PRESETS[v]
+        return hardware.HARDWARE_PRESETS[preset_names.hardware_preset(v, hardware.HARDWARE_PRESETS, w("hardware"))]
     if not isinstance(v, dict):
         raise ScenarioError(f"{w('hardware')}: {_show(v)} is not {_HINTS['hardware']()}")
     return hardware.hardware_from_fields(v, w("hardware"))
@@ -534,6 +555,7 @@ def _parse_engine(v: Any, w: Where) -> EngineConfig:
         enable_prefix_caching=None if m.get("enable_prefix_caching") is None else _bool(
             m["enable_prefix_caching"], at("enable_prefix_caching")),
         scheduler_reserve_full_isl=_bool(get("scheduler_reserve_full_isl"), at("scheduler_reserve_full_isl")),
+        enforce_eager=_bool(get("enforce_eager"), at("enforce_eager")),
         kv_offloading_size=None if m.get("kv_offloading_size") is None else _num(
             m["kv_offloading_size"], at("kv_offloading_size"), 0, cap=MAX_OFFLOAD_GIB, open_lo=True),
         kv_offloading_backend=_choice(get("kv_offloading_backend"), at("kv_offloading_backend"),

@@ -20,8 +20,21 @@ request's client-side times carry
                   iteration it arrived during: the one scheduled without it is of that make-up,
                   while its own first iteration also holds its prefill chunk)
 
-The frontend and the scheduling lag shift a request's first and last token alike, so TPOT and ITL
-are unchanged; they are applied to the request times after the engine simulation (the engine
+and two sources of spread real servers show and a deterministic engine does not (fitted on the
+same runs: their TTFT p99 ran up to 1.4x the simulated one, E2E p90 ~10% past its median where
+the simulation had none):
+
+    frontend   the request handling above is not the same for every request (the API server's
+               event loop is shared by every stream): each request's frontend_s is drawn from a
+               lognormal of mean frontend_s and coefficient of variation `frontend_cv`
+    stalls     the engine pauses now and then (Python garbage collection, the API server's loop
+               blocked by a burst of streams): pauses arrive as a Poisson process of
+               `stall_rate_per_s` per engine, each of exponential length with mean `stall_s`,
+               and delay every token of the requests in flight across it
+
+The frontend, the scheduling lag and the stalls shift a request's tokens, so ITL is unchanged
+(a stall lengthens one gap of the requests it crosses: their TPOT, as the client measures it);
+they are applied to the request times after the engine simulation (the engine
 itself is not delayed: for an open-loop workload that is the same as delaying every arrival; a
 closed-loop user's think time starts from the engine's finish, not the client's).
 
@@ -49,6 +62,9 @@ class EngineOverheads:
     frontend_s: float = 0.0                  # per request, on TTFT and E2E
     frontend_per_prompt_token_s: float = 0.0  # per prompt token, on TTFT and E2E
     async_scheduling: bool = False           # a request arriving mid-iteration joins one later
+    frontend_cv: float = 0.0                 # spread of the per-request frontend time (lognormal; 0: fixed)
+    stall_rate_per_s: float = 0.0            # engine pauses per second per engine (Poisson)
+    stall_s: float = 0.0                     # their mean length, s (exponential)
 
     def step_floor_and_adder(self, tensor_parallel_size: int) -> tuple[float, float]:
         """(floor, adder): an iteration of GPU time g lasts max(g, floor) + adder."""
@@ -58,7 +74,8 @@ class EngineOverheads:
     @property
     def on_requests(self) -> bool:
         """Does it change request times after the engine simulation?"""
-        return bool(self.frontend_s or self.frontend_per_prompt_token_s or self.async_scheduling)
+        return bool(self.frontend_s or self.frontend_per_prompt_token_s or self.async_scheduling
+                    or (self.stall_rate_per_s and self.stall_s))
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -66,17 +83,83 @@ class EngineOverheads:
     def apply(self, arrival: np.ndarray, prompt: np.ndarray, first_scheduled: np.ndarray,
               first_token: np.ndarray, finish: np.ndarray, replica: np.ndarray,
               steps: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
-              durations: np.ndarray) -> np.ndarray:
-        """Shift `first_token` and `finish` (in place) by each request's frontend time and
-        scheduling lag; returns the shift (s). `steps` = (replica, start, total, count) per row of
-        steps.csv, `durations` every iteration's length in row order (the recorder's)."""
-        shift = self.frontend_s + self.frontend_per_prompt_token_s * prompt.astype(np.float64)
-        shift = np.broadcast_to(shift, arrival.shape).astype(np.float64)
-        if self.async_scheduling and len(durations):
-            shift = shift + scheduling_lag(arrival, first_scheduled, replica, steps, durations)
-        first_token += shift
-        finish += shift
-        return shift
+              durations: np.ndarray, rng: np.random.Generator | None = None
+              ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
+        """Shift `first_token` and `finish` (in place) by each request's frontend time, scheduling
+        lag and stalls; returns the first token's shift (s) and, where the times spread
+        (`spreads`), each request's frontend time and the pauses during its decode (s). `steps` =
+        (replica, start, total, count) per row of steps.csv, `durations` every iteration's length in
+        row order (the recorder's); `rng` draws the spread (needed when it is set)."""
+        lag = (scheduling_lag(arrival, first_scheduled, replica, steps, durations)
+               if self.async_scheduling and len(durations) else 0.0)
+        front, on_first, on_finish = self.parts(arrival, prompt, first_token + lag, finish + lag, replica, rng)
+        first_token += front + on_first + lag
+        finish += front + on_finish + lag
+        return front + on_first + lag, ((front, on_finish - on_first) if self.spreads else None)
+
+    @property
+    def spreads(self) -> bool:
+        """Does it draw per-request times (frontend_cv, stalls)? Then requests.csv records each
+        request's frontend time and the pauses during its decode (frontend_s, stall_s)."""
+        return self.frontend_cv > 0 or (self.stall_rate_per_s > 0 and self.stall_s > 0)
+
+    def shifts(self, arrival: np.ndarray, prompt: np.ndarray, first_token: np.ndarray, finish: np.ndarray,
+               replica: np.ndarray, rng: np.random.Generator | None) -> tuple[np.ndarray, np.ndarray]:
+        """Per request, what the frontend and the stalls add to its first token and to its last,
+        given the engine's times for them (the lag in)."""
+        front, on_first, on_finish = self.parts(arrival, prompt, first_token, finish, replica, rng)
+        return front + on_first, front + on_finish
+
+    def parts(self, arrival: np.ndarray, prompt: np.ndarray, first_token: np.ndarray, finish: np.ndarray,
+              replica: np.ndarray, rng: np.random.Generator | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(frontend time, pauses before the first token, pauses before the last) per request.
+        Draws, in this order: one frontend factor per request, then per engine its stalls."""
+        n = len(arrival)
+        front = self.frontend_s + self.frontend_per_prompt_token_s * prompt.astype(np.float64)
+        front = np.broadcast_to(front, arrival.shape).astype(np.float64)
+        if self.frontend_cv > 0 and n:
+            assert rng is not None, "frontend_cv needs the run's generator"
+            front = front * mean_one_lognormal(rng, self.frontend_cv, n)
+        if not (self.stall_rate_per_s > 0 and self.stall_s > 0 and n):
+            return front, np.zeros(n), np.zeros(n)
+        assert rng is not None, "stalls need the run's generator"
+        on_first, on_finish = stall_delays(rng, self.stall_rate_per_s, self.stall_s, arrival, first_token,
+                                           finish, replica)
+        return front, on_first, on_finish
+
+
+def mean_one_lognormal(rng: np.random.Generator, cv: float, n: int) -> np.ndarray:
+    """n draws of a lognormal with mean 1 and coefficient of variation `cv`."""
+    sigma = float(np.sqrt(np.log1p(cv * cv)))
+    return rng.lognormal(-0.5 * sigma * sigma, sigma, n)
+
+
+def stall_delays(rng: np.random.Generator, rate_per_s: float, mean_s: float, arrival: np.ndarray,
+                 first_token: np.ndarray, finish: np.ndarray, replica: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per request, what the engine's pauses add to its first token and to its last (each engine's
+    pauses: Poisson at `rate_per_s` over the span its requests cover, exponential lengths of mean
+    `mean_s`). A pause starting at s of length d holds everything the engine would do after s until
+    s + d: a request in flight across it waits all of it, one arriving during it the rest of it
+    (s + d - arrival). Unserved requests (NaN times): 0."""
+    to_first, to_finish = np.zeros(len(arrival)), np.zeros(len(arrival))
+    served = np.isfinite(finish) & np.isfinite(first_token)
+    for r in np.unique(replica[served]):
+        mine = np.flatnonzero(served & (replica == r))
+        lo, hi = float(arrival[mine].min()), float(finish[mine].max())
+        k = int(rng.poisson(rate_per_s * (hi - lo)))
+        at = np.sort(rng.uniform(lo, hi, k))
+        length = rng.exponential(mean_s, k)
+        cum = np.concatenate(([0.0], np.cumsum(length)))
+        a = arrival[mine]
+        after = np.searchsorted(at, a, side="right")  # the pauses starting after each arrival
+        start = cum[after]
+        # the pause under way when the request arrived (the last one starting before it), its rest
+        last = after - 1
+        rest = np.where(last >= 0, np.maximum(0.0, at[np.maximum(last, 0)] + length[np.maximum(last, 0)] - a), 0.0) \
+            if k else np.zeros(len(mine))
+        to_first[mine] = cum[np.searchsorted(at, first_token[mine], side="right")] - start + rest
+        to_finish[mine] = cum[np.searchsorted(at, finish[mine], side="right")] - start + rest
+    return to_first, to_finish
 
 
 def scheduling_lag(arrival: np.ndarray, first_scheduled: np.ndarray, replica: np.ndarray,
@@ -123,7 +206,8 @@ def parse_overheads(options: dict, defaults: EngineOverheads, where: str) -> Eng
 
 OVERHEAD_KEYS = tuple(f.name for f in fields(EngineOverheads))
 # the terms on request times only (the others change an iteration's length)
-REQUEST_KEYS = ("frontend_s", "frontend_per_prompt_token_s", "async_scheduling")
+REQUEST_KEYS = ("frontend_s", "frontend_per_prompt_token_s", "async_scheduling", "frontend_cv",
+                "stall_rate_per_s", "stall_s")
 # what a profile of whole timed engine iterations (v1: their host work in them) can carry: the request
 # terms, and what a server adds to each iteration beyond the engine timed (e.g. sending each step's
 # tokens to a separate API-server process); not the host floor, which the iterations already hold
@@ -159,20 +243,6 @@ def overheads_from_mapping(values, where: str, allowed: tuple[str, ...] = OVERHE
             raise ScenarioError(f"{where}: overheads.{k}: must be seconds in [0, 10), got {v!r}")
         out[k] = v if k == "async_scheduling" else float(v)
     return EngineOverheads(**out)
-
-
-def serving_error_band() -> dict | None:
-    """The error band of kernel-table step costs with the default overheads, from the fit's
-    held-out (leave-one-model-out) step-time error against real vLLM: the factors that make the
-    simulated step the real one at the 10th and 90th percentile of that error
-    (real = simulated / (1 + error))."""
-    err = (_defaults_doc().get("leave_one_model_out") or {}).get("step_time_error")
-    if not err:
-        return None
-    return {"slower": 1 / (1 + err["p10"]), "faster": 1 / (1 + err["p90"]),
-            "basis": f"held-out (leave-one-model-out) TPOT error against real vLLM on H100, "
-                     f"{err['p10']:+.1%} to {err['p90']:+.1%} (10th-90th percentile, {err['stages']} stages; "
-                     f"docs/validation.md)"}
 
 
 def check_serving_error(band: Any, where: str) -> dict:

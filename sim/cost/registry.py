@@ -22,6 +22,7 @@ import numpy as np
 from sim.config.checks import MAX_STEP_SECONDS, _num, _section, check_input_file, load_yaml, parsed_once
 from sim.config.errors import ScenarioError
 from sim.cost import linear_attention, measured
+from sim.cost.error_band import serving_error_band
 from sim.cost.overheads import (
     OVERHEAD_KEYS,
     WHOLE_ITERATION_KEYS,
@@ -30,7 +31,6 @@ from sim.cost.overheads import (
     default_overheads,
     overheads_from_mapping,
     parse_overheads,
-    serving_error_band,
 )
 
 # the per-iteration models, importable from here as before (the contract above names them)

@@ -57,6 +57,7 @@ from sim.planning.search_report import _knobs, candidate_point
 from sim.planning.search_report import tp_groups as _units
 from sim.planning.vllm_command import vllm_serve
 from sim.presets.hardware import HARDWARE_PRESETS
+from sim.presets.names import hardware_preset
 
 # knobs the search can vary; a disaggregated setting's "replica" is a unit of P + D replicas
 KNOBS = ("pipeline_parallel_size", "data_parallel_size", "enable_expert_parallel", "all2all_backend", "disaggregation",
@@ -77,6 +78,7 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
                    speculative: Iterable[dict | None] = (),
                    disaggregation: Iterable[tuple[int, int] | None] = (),
                    max_gpus: int | None = None, budget_usd_per_hour: float | None = None,
+                   power_cap_kw: float | None = None,
                    prices: dict[str, float] | None = None, target_unit: str = "req/s",
                    headroom: float = 1.0, options: PlanOptions = PlanOptions(),
                    progress: Callable[..., None] | None = None, runner: Any = None, journal: Any = None) -> dict:
@@ -87,9 +89,8 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
     start = time.perf_counter()
     overrides = tuple(overrides)
     base = load_scenario(path, overrides)
-    unknown = [g for g in gpus if g not in HARDWARE_PRESETS]
-    if unknown:
-        raise ScenarioError(f"--gpus: unknown GPU {unknown[0]!r}; allowed: {', '.join(HARDWARE_PRESETS)}")
+    # (aliases such as h100 or "H100 80GB HBM3" name their preset; a name unknown: the closest ones)
+    gpus = [hardware_preset(g, HARDWARE_PRESETS, "--gpus", "GPU") for g in gpus]
     # the load's unit: req/s (a generated rate, or a trace replayed at time_scale), users (a closed
     # loop) or sessions/s (agent sessions); the target is read in it
     own_knob = load_knob(base, options)
@@ -160,7 +161,7 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
         chosen_row = None
         if target is not None:
             phases.start("clusters")
-            chosen_row = _clusters(rows, evaluators, target, headroom, max_gpus, budget_usd_per_hour)
+            chosen_row = _clusters(rows, evaluators, target, headroom, max_gpus, budget_usd_per_hour, power_cap_kw)
         else:  # without one: the lowest $ per million output tokens, refined on the load search's grid
             phases.start("refining")
             chosen_row = _refine(rows, evaluators)
@@ -169,6 +170,7 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
                                "slo_targets": slo.targets(),  # metric -> [limit ms, percentile]
                                "model": base.model.name, "unit": unit, "target": target, "headroom": headroom,
                                "max_gpus": max_gpus, "budget_usd_per_hour": budget_usd_per_hour,
+                               "power_cap_kw": power_cap_kw,
                                "settings": settings, "candidates": rows, "chosen": None,
                                "options": {k: getattr(options, k) for k in PlanOptions.__dataclass_fields__
                                            if k != "workers"}}
@@ -269,7 +271,7 @@ def _coarse(row: dict, ev: Evaluator, settings: list[dict], keys: list[str], tar
 
 
 def _clusters(rows: list[dict], evaluators: dict, target: float, headroom: float, max_gpus: int | None,
-              budget: float | None) -> dict | None:
+              budget: float | None, power_cap_kw: float | None = None) -> dict | None:
     """Step 4 with a target: branch and bound over the candidates' clusters. In order of estimated
     cost, each candidate that could still be the cheapest (its cost at SLACK x its saturated
     throughput per replica below the cheapest confirmed) is simulated as its whole cluster at the
@@ -307,6 +309,12 @@ def _clusters(rows: list[dict], evaluators: dict, target: float, headroom: float
                              f"{why}) miss the SLO at the target")
             continue
         n = cl["replicas"]
+        watts = (cl.get("point") or {}).get("facility_w")  # the confirmed cluster's modelled facility power
+        row["facility_kw"] = None if watts is None else watts / 1e3
+        if power_cap_kw is not None and watts is not None and watts / 1e3 > power_cap_kw:
+            row["status"] = (f"over the power cap: {n} replicas meet the SLO but draw {watts / 1e3:,.1f} kW "
+                             f"(modelled), over {power_cap_kw:g} kW")
+            continue
         row.update(replicas=n, gpus=n * per_replica_gpus, usd_per_hour=n * unit_usd, status="confirmed",
                    cluster_load_per_replica=target / headroom / n)
         if best is None or _rank(row) < _rank(best):

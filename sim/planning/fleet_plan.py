@@ -143,6 +143,9 @@ def evaluate(path: str, overrides: tuple[str, ...], slo: SLOConfig, window_s: fl
     else:
         out.update(gpu_hours=fleet["gpu_hours"], mean_replicas=fleet["mean_replicas"],
                    peak_replicas=fleet["peak_replicas"], spans=fleet["spans"])
+    energy = result.summary.get("energy") or {}
+    if "kwh" in energy:  # what the candidate's day draws (sim/energy/power.py): kWh, and with prices, USD and CO2
+        out["energy"] = {k: energy[k] for k in ("kwh", "usd", "kgco2") if k in energy}
     out["overrides"] = list(overrides)
     out["wall_s"] = time.perf_counter() - start
     return out
@@ -536,4 +539,6 @@ def _brief(f: dict, price: float) -> dict:
            "requests": f["requests"], "observed": {k: v["observed"] for k, v in f["day"].items()}}
     if f.get("stopped"):
         out["stopped"] = f["stopped"]
+    if f.get("energy"):
+        out["energy"] = f["energy"]
     return out

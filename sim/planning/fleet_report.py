@@ -66,6 +66,19 @@ def fleet_headline(r: dict) -> list[tuple[str, str]]:
                    ("simulations", simulations_text(r, " runs"))]
 
 
+def _energy_cells(s: dict, p: dict | None) -> list[tuple[str, str, str]]:
+    """kWh, electricity cost and CO2 of each (modelled, facility: sim/energy/power.py), where known."""
+    def cell(row: dict | None, key: str, fmt: str) -> str:
+        v = (row or {}).get("energy", {}).get(key)
+        return "-" if v is None else fmt.format(v)
+    rows = []
+    for key, label, fmt in (("kwh", "energy (kWh, modelled)", "{:,.1f}"), ("usd", "electricity (USD)", "{:,.2f}"),
+                            ("kgco2", "CO2 (kg)", "{:,.1f}")):
+        if cell(s, key, fmt) != "-" or cell(p, key, fmt) != "-":
+            rows.append((label, cell(s, key, fmt), cell(p, key, fmt)))
+    return rows
+
+
 def _observed(row: dict) -> str:
     return ", ".join(f"{k[:-3].upper()} {v:,.0f} ms" for k, v in row["observed"].items()
                      if v is not None and np.isfinite(v))
@@ -144,7 +157,8 @@ def markdown(r: dict, figure: str | None) -> str:
              ("over the run (its percentile)", _observed(s), "-" if p is None else _observed(p)),
              ("windows meeting the SLO", f"{windows - s['windows_missed']} of {windows}",
               "-" if p is None else f"{len(p['windows']) - p['windows_missed']} of {len(p['windows'])}"),
-             ("requests meeting every target", f"{s['fraction']:.2%}", "-" if p is None else f"{p['fraction']:.2%}")]
+             ("requests meeting every target", f"{s['fraction']:.2%}", "-" if p is None else f"{p['fraction']:.2%}"),
+             *_energy_cells(s, p)]
     lines += [f"| {a} | {b} | {c} |" for a, b, c in cells]
     lines.append("")
     if p is None:

@@ -146,10 +146,23 @@ def headline(r: dict) -> list[tuple[str, str]]:
              ("cost per million output tokens", f"${_f(cost['usd_per_million_output_tokens'], 3)} "
                                                 f"({_f(cost['output_tokens_per_s'], 0)} output tokens/s)"),
              ("cost per million tokens (prompt + output)", f"${_f(cost['usd_per_million_total_tokens'], 3)}"),
+             *_power_rows(cost),
              ("vllm serve", rec.get("vllm_serve") or "none: the static scheduler is Hugging Face generate, "
                                                           "not vLLM"),
              ("simulations", simulations_text(r))]
     return rows
+
+
+def _power_rows(cost: dict) -> list[tuple[str, str]]:
+    """The facility's power and electricity at the planned load (modelled: docs/energy.md)."""
+    if cost.get("facility_kw") is None:
+        return []
+    text = (f"{cost['facility_kw']:.2f} kW (modelled, facility), "
+            f"{_f(cost['kwh_per_million_output_tokens'], 3)} kWh per million output tokens")
+    if cost.get("electricity_usd_per_hour") is not None:
+        text += (f"; electricity ${cost['electricity_usd_per_hour']:.2f}/hour beside the GPUs' "
+                 f"${cost['usd_per_hour']:.2f}")
+    return [("power", text)]
 
 
 def simulations_text(r: dict, unit: str = "") -> str:

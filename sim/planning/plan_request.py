@@ -23,6 +23,7 @@ from sim.files import write_file, writing
 from sim.planning.evaluator import PlanOptions
 from sim.planning.slo import parse_slo
 from sim.presets.hardware import HARDWARE_PRESETS
+from sim.presets.names import hardware_preset
 from sim.schedulers import SCHEDULERS
 
 
@@ -58,6 +59,7 @@ class PlanRequest:
     kv_offloading_size: str | None = None  # "0,16,64": GiB of CPU KV tier per replica (0: none)
     max_gpus: int | None = None
     budget_usd_per_hour: float | None = None
+    power_cap_kw: float | None = None      # the facility's modelled power, at most (docs/energy.md)
     min_requests: int = 1000
     workers: int | None = None
     cluster: str | None = None             # a Dask scheduler's address: the simulations run there
@@ -170,13 +172,13 @@ class PlanJob:
                 all2all=parse_backends(r.all2all_backend),
                 speculative=parse_spec_list(r.speculative), disaggregation=parse_split_list(r.disaggregation),
                 max_gpus=r.max_gpus, budget_usd_per_hour=r.budget_usd_per_hour, headroom=r.headroom,
-                options=self.options, progress=progress, runner=runner, journal=journal)
+                power_cap_kw=r.power_cap_kw, options=self.options, progress=progress, runner=runner, journal=journal)
         from sim.planning.planner import plan
 
         return plan(r.scenario, self.slo, overrides=r.overrides, options=self.options, progress=progress,
                     target=target, target_unit="users" if r.target_users is not None else "req/s",
                     gpu_hour_usd=self.prices.get(self.scenario.hardware.name), headroom=r.headroom, band=r.band,
-                    seqs_grid=seqs,
+                    seqs_grid=seqs, power_cap_kw=r.power_cap_kw,
                     tokens_grid=tokens, runner=runner, journal=journal)
 
     def unmet(self, result: dict) -> list[str]:
@@ -248,7 +250,8 @@ def prepare(r: PlanRequest, note: Callable[[str], None] | None = None) -> PlanJo
     whole = ("--target-users", "--seeds", "--workers", "--min-requests")  # (the rest: any number > 0)
     for flag, v in (("--target-rate", r.target_rate), ("--target-users", r.target_users),
                     ("--seeds", r.seeds), ("--resolution", r.resolution), ("--workers", r.workers),
-                    ("--horizon-s", r.horizon_s), ("--min-requests", r.min_requests)):
+                    ("--horizon-s", r.horizon_s), ("--min-requests", r.min_requests),
+                    ("--power-cap-kw", r.power_cap_kw)):
         if v is not None and not 0 < v < math.inf:
             rule = "an integer >= 1" if flag in whole else "a finite number > 0"
             raise ScenarioError(f"{flag}: {v} is not {rule}")
@@ -332,7 +335,8 @@ def _check_fleet(r: PlanRequest, sc: Scenario) -> None:
         ("--prefix-caching", r.prefix_caching), ("--kv-offloading-size", r.kv_offloading_size),
         ("--max-num-seqs", r.max_num_seqs),
         ("--max-num-batched-tokens", r.max_num_batched_tokens), ("--horizon-s", r.horizon_s), ("--emit", r.emit),
-        ("--max-gpus", r.max_gpus), ("--budget-usd-per-hour", r.budget_usd_per_hour)) if v is not None]
+        ("--max-gpus", r.max_gpus), ("--budget-usd-per-hour", r.budget_usd_per_hour),
+        ("--power-cap-kw", r.power_cap_kw)) if v is not None]
     if sc.engine.admission is not None:
         raise ScenarioError("plan: engine.admission is set; a fleet plan sizes a fleet that serves every request "
                             "(remove it with --set engine.admission=null; docs/fleet.md)")
@@ -355,9 +359,7 @@ def parse_prices(text: str | None) -> dict[str, float]:
     out: dict[str, float] = {}
     for item in (x.strip() for x in (text or "").split(",") if x.strip()):
         name, sep, value = item.partition("=")
-        name = name.strip()
-        if name not in HARDWARE_PRESETS:
-            raise ScenarioError(f"--price {item!r}: unknown GPU {name!r}; allowed: {', '.join(HARDWARE_PRESETS)}")
+        name = hardware_preset(name.strip(), HARDWARE_PRESETS, f"--price {item!r}", "GPU")
         try:
             usd = float(value) if sep else math.nan
         except ValueError:

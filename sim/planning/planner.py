@@ -25,6 +25,7 @@ from typing import Any
 
 from sim.config.errors import ScenarioError
 from sim.config.scenario import SLOConfig
+from sim.cost.error_band import step_factors
 from sim.planning.engine_curve import engine_curve, engine_overrides
 from sim.planning.evaluator import Evaluator, PlanOptions
 from sim.planning.load_search import DEFAULT_HORIZON_S, Knob, check_target_unit, load_knob, max_load, replay_stats
@@ -136,6 +137,23 @@ def replay_warnings(trace: dict, search: dict, slo: SLOConfig, options: PlanOpti
             "larger workload.num_requests if it cuts this one)"]
 
 
+def electricity(point: dict, energy) -> dict:
+    """The facility's power at the recommended cluster's load (its simulated run's mean, modelled:
+    sim/energy/power.py), kWh per hour and per million output tokens, and with the scenario's
+    energy.usd_per_kwh (an hourly list: its mean) the electricity per hour beside the GPU-hours."""
+    w = point.get("facility_w")
+    if w is None:
+        return {}
+    out: dict = {"facility_kw": w / 1e3, "kwh_per_hour": w / 1e3}
+    tps = point.get("output_throughput") or 0.0
+    out["kwh_per_million_output_tokens"] = w / 1e3 / (tps * 3600) * 1e6 if tps > 0 else None
+    rate = energy.usd_per_kwh
+    if rate is not None:
+        mean = float(sum(rate) / len(rate)) if isinstance(rate, tuple) else float(rate)
+        out["electricity_usd_per_hour"] = w / 1e3 * mean
+    return out
+
+
 def cost(gpus: int, usd_per_gpu_hour: float, output_tps: float, total_tps: float) -> dict:
     usd_h = gpus * usd_per_gpu_hour
     per_m = lambda tps: usd_h / (tps * 3600) * 1e6 if tps > 0 else None
@@ -191,7 +209,7 @@ def vllm_line(sc, chosen: dict) -> str | None:
 def plan(path: str | Path, slo: SLOConfig, *, overrides: Iterable[str] = (), target: float | None = None,
          target_unit: str = "req/s", gpu_hour_usd: float | None = None, headroom: float = 1.0,
          band: bool = True, seqs_grid: tuple[int, ...] | None = None,
-         tokens_grid: tuple[int, ...] | None = None,
+         tokens_grid: tuple[int, ...] | None = None, power_cap_kw: float | None = None,
          options: PlanOptions = PlanOptions(), progress: Callable[..., None] | None = None,
          runner: Any = None, journal: Any = None) -> dict:
     """Sustained load per replica (the mean SLO percentile over seeds within every target, with a
@@ -207,21 +225,21 @@ def plan(path: str | Path, slo: SLOConfig, *, overrides: Iterable[str] = (), tar
     runner = LocalRunner(options.workers).start() if own_runner else runner
     try:
         return _plan(path, slo, overrides, target, target_unit, gpu_hour_usd, headroom, band, seqs_grid, tokens_grid,
-                     options, progress, runner, journal, start)
+                     options, progress, runner, journal, start, power_cap_kw)
     finally:
         if own_runner:
             runner.close()
 
 
 def _plan(path, slo, overrides, target, target_unit, gpu_hour_usd, headroom, band, seqs_grid, tokens_grid,
-          options, progress, runner, journal, start) -> dict:
+          options, progress, runner, journal, start, power_cap_kw=None) -> dict:
     ev = Evaluator(path, slo, overrides, options, runner=runner, journal=journal)
     sc, options = ev.scenario, ev.options  # one seed per point when the workload is deterministic
     knob = load_knob(sc, options)
     target_unit = check_target_unit(knob, target, target_unit, path)
     if not 0 < headroom <= 1:
         raise ScenarioError(f"--headroom: {headroom:g} is not in (0, 1] (0.8: plan for 80% of the sustained load)")
-    error_band = sc.cost_model.error_band() if band else None
+    error_band = step_factors(sc) if band else None  # (per path: sim/cost/error_band.py)
     # a band that cannot move the answer a grid step is not simulated
     banded = (error_band is not None
               and max(error_band["slower"] - 1, 1 - error_band["faster"]) >= options.resolution / 2)
@@ -300,6 +318,13 @@ def _plan(path, slo, overrides, target, target_unit, gpu_hour_usd, headroom, ban
         out["utilisation"] = utilisation(best, headroom, target, replicas, knob)
         out["cost"] = cost(replicas * gpus_per_replica, price, point["output_throughput"] or 0.0,
                            point["total_token_throughput"] or 0.0)
+        out["cost"].update(electricity(point, sc.energy))
+        kw = out["cost"].get("facility_kw")
+        if power_cap_kw is not None and kw is not None and kw > power_cap_kw:
+            out["warnings"].append(f"over the power cap: the recommended {replicas} replica(s) draw {kw:,.1f} kW "
+                                   f"(modelled, facility), over --power-cap-kw {power_cap_kw:g}; a smaller or "
+                                   f"more efficient GPU (plan --gpus ...) may fit it")
+        out["power_cap_kw"] = power_cap_kw
         # whose price: said beside it (a preset's is a rounded on-demand estimate, not a quote)
         out["cost"]["price_source"] = "the hardware preset" if gpu_hour_usd is None else "--gpu-hour-usd / --price"
     out["simulations"] = ev.simulations

@@ -30,7 +30,9 @@ SLO_KEYS = (*SLO_METRICS, "percentile")
 THROUGHPUTS = ("goodput_rps", "fraction", "request_throughput", "output_throughput", "total_token_throughput",
                "busy_fraction", "kv_utilization")
 # how full each iteration's token budget was (None where the scheduler has none: static batching)
-OPTIONAL = ("token_budget_utilization",)
+OPTIONAL = ("token_budget_utilization",
+            # the facility's mean power over the run, W (sim/energy/power.py; None: no board power known)
+            "facility_w")
 EXAMPLE = "e.g. --slo ttft_ms=500,tpot_ms=50 or --slo ttft_ms=500@p99,itl_ms=100@p95"
 
 
@@ -202,6 +204,7 @@ def simulate_point(scenario, slo: SLOConfig, warmup_fraction: float, stop: Early
            # the KV cache's mean fill over time (summary.json's), and the tokens each iteration
            # computed as a share of max_num_batched_tokens, over all iterations
            "kv_utilization": float(s["kv_utilization"]), "token_budget_utilization": _budget_share(scenario, steps),
+           "facility_w": (s.get("energy") or {}).get("facility_avg_w"),
            "requests": len(result.requests), "wall_s": time.perf_counter() - start}
     for key, column in (("ttft_ms", "ttft_s"), ("tpot_ms", "tpot_s"), ("e2el_ms", "e2e_s")):
         out[key] = _percentiles(done[column].to_numpy() * 1e3, slo.pct(key))

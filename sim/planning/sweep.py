@@ -300,8 +300,27 @@ class ResultsTable:
         write_file(self.path, self._lines(self.rows, header=True))
 
 
+# a spreadsheet runs a cell that starts with one of these as a formula (CSV injection): such a text
+# cell (a trace named =2+5.csv) is written with a leading apostrophe, which spreadsheets show as
+# text (docs/sweep.md); numbers (-1.5) are written as they are
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
 def _cell(v: Any) -> str:
-    return "" if v is None else str(v)  # str(float) is repr: reads back to the same float
+    if v is None:
+        return ""
+    text = str(v)  # str(float) is repr: reads back to the same float
+    if isinstance(v, str) and text.startswith(FORMULA_STARTS + ("'",)) and not _is_number(text):
+        return "'" + text
+    return text
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _write_json(path: Path, obj: Any) -> None:

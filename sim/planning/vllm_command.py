@@ -12,27 +12,13 @@ import json
 import shlex
 from pathlib import Path
 
+from sim.presets import names
 from sim.schedulers import SCHEDULERS
 
-# servesim's model presets -> the Hugging Face repository vLLM would load (a config.json path is
-# passed as its folder: vLLM accepts a local model directory)
-HF_REPOS = {
-    "llama-2-7b": "meta-llama/Llama-2-7b-chat-hf",
-    "llama-2-13b": "meta-llama/Llama-2-13b-chat-hf",
-    "llama-2-70b": "meta-llama/Llama-2-70b-chat-hf",
-    "llama-3-8b": "meta-llama/Meta-Llama-3-8B-Instruct",
-    "llama-3-70b": "meta-llama/Meta-Llama-3-70B-Instruct",
-    "mistral-7b": "mistralai/Mistral-7B-Instruct-v0.1",
-    "qwen2.5-7b": "Qwen/Qwen2.5-7B-Instruct",
-    "qwen2.5-32b": "Qwen/Qwen2.5-32B-Instruct",
-    "mixtral-8x7b": "mistralai/Mixtral-8x7B-Instruct-v0.1",
-    "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
-    "llama-3.1-70b-fp8": "nvidia/Llama-3.1-70B-Instruct-FP8",
-    "deepseek-v3": "deepseek-ai/DeepSeek-V3",
-    "gpt-oss-20b": "openai/gpt-oss-20b",
-    "gpt-oss-120b": "openai/gpt-oss-120b",
-    "qwen3-next-80b-a3b": "Qwen/Qwen3-Next-80B-A3B-Instruct",
-}
+# servesim's model presets -> the Hugging Face repository vLLM would load (the first of its
+# checkpoints: sim/presets/names.py); a config.json path is passed as its folder (vLLM accepts a
+# local model directory)
+HF_REPOS = {preset: repos[0] for preset, repos in names.HF_REPOS.items()}
 
 
 def model_argument(scenario) -> str:
@@ -98,6 +84,8 @@ def vllm_serve(scenario, setting: dict | None = None) -> str | None:
         args += ["--kv-offloading-size", f"{knobs['kv_offloading_size']:g}", "--kv-offloading-backend", "native"]
     if not e.scheduler_reserve_full_isl:  # on is vLLM's default
         args.append("--no-scheduler-reserve-full-isl")
+    if e.enforce_eager:
+        args.append("--enforce-eager")
     spec = e.speculative
     if spec is not None:  # vLLM's --speculative-config (JSON); EAGLE needs its head's weights
         config = {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens}

@@ -16,7 +16,7 @@ Host links: the datasheets' PCIe figure, which is bidirectional, halved (Gen5 x1
 GB/s per direction; Gen4 x16: 64 -> 32): a peak; DMA copies of KV blocks reach less.
 Prices are rounded on-demand estimates per GPU-hour from GPU clouds (mid-2025), not quotes;
 override `usd_per_hour` in a scenario for your own contract. See docs/cost_models.md. A preset with
-no public rate servesim can cite (B300, GB200, GB300, RTX PRO 6000, MI355X) has usd_per_hour 0, "unknown": the
+no public rate servesim can cite (B300, GB200, GB300, RTX PRO 6000, MI325X, MI355X) has usd_per_hour 0, "unknown": the
 planner asks for a price (--price GPU=USD, or hardware.usd_per_hour) rather than rank it as free.
 NVLink domains: HGX/DGX boards join 8 GPUs; GB200/GB300 NVL72 racks join 72 over NVLink switches
 (`nvlink_domain`), so a replica of up to 72 GPUs there never crosses the slower network.
@@ -96,6 +96,13 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
     # No reference NIC (0) and no price.
     "rtx-pro-6000": HardwareSpec("rtx-pro-6000", 96e9, 1.792e12, 467.8e12, 64e9, 0.0, fp8_flops=935.6e12,
                                  host_bandwidth=64e9),
+    # AMD Instinct MI325X (CDNA 3, 256 GB HBM3E): 6 TB/s, 1.3074 PFLOP/s dense bf16 and 2.6149 fp8
+    # (AMD's datasheet, without sparsity), Infinity Fabric as MI300X's (448 GB/s a direction), PCIe
+    # Gen5. No kernel tables: the roofline's estimate with NVIDIA-derived efficiencies, said so,
+    # flagged "estimated, not validated" with the widest error band (sim/cost/error_band.py).
+    # Price unknown.
+    "mi325x": HardwareSpec("mi325x", 256e9, 6.0e12, 1.3074e15, 448e9, 0.0, fp8_flops=2.6149e15,
+                           host_bandwidth=64e9),
     # AMD Instinct MI355X (CDNA 4, 288 GB HBM3E): 8 TB/s, 5 PFLOP/s dense fp8 (AMD at ISSCC 2026, as
     # reported) and half that in bf16, Infinity Fabric 7 links x 153.6 GB/s both ways = 537.6 GB/s a
     # direction, PCIe Gen5. No kernel tables: the roofline's estimate, said so. Price unknown.

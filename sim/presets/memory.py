@@ -127,7 +127,7 @@ def weights_per_gpu(model: ModelSpec, tp: int, expert_parallel: bool = False, da
     them; everything else is still split by tp."""
     if not expert_parallel or model.moe is None:
         return model.weight_bytes / tp
-    routed = model.routed_expert_params * model.expert_bytes_per_weight
+    routed = model.routed_expert_bytes
     return (model.weight_bytes - routed) / tp + routed_expert_bytes_per_gpu(model, tp, True, data_parallel)
 
 
@@ -138,7 +138,7 @@ def routed_expert_bytes_per_gpu(model: ModelSpec, tp: int, expert_parallel: bool
     m = model.moe
     if m is None:
         return 0.0
-    routed = model.routed_expert_params * model.expert_bytes_per_weight
+    routed = model.routed_expert_bytes
     if not expert_parallel:
         return routed / tp
     return -(-m.num_experts // (tp * data_parallel)) * (routed / m.num_experts)

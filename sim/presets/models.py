@@ -19,7 +19,18 @@ from dataclasses import fields as dc_fields
 from pathlib import Path
 from typing import Any
 
-from sim.config.checks import MAX_COUNT, MAX_TOKENS, _bool, _int, _show, _text, check_fields, json_object, read_text
+from sim.config.checks import (
+    MAX_BYTES,
+    MAX_COUNT,
+    MAX_TOKENS,
+    _bool,
+    _int,
+    _show,
+    _text,
+    check_fields,
+    json_object,
+    read_text,
+)
 from sim.config.errors import ScenarioError, ServesimWarning
 
 
@@ -145,6 +156,14 @@ class ModelSpec:
     # quantization_config.weight_block_size; vLLM runs them on block-scaled GEMM and MoE kernels);
     # 0: one scale per tensor (or channel), or not FP8
     weight_block_size: int = 0
+    # a quantised checkpoint's bytes beyond its linear weights' values (linear_weight_bytes and
+    # expert_weight_bytes per weight): scales, zero points, and layers it keeps unquantised
+    # (sim/presets/quantization.py); with them weight_bytes is the checkpoint's byte count
+    quant_extra_bytes: float = 0.0
+    expert_quant_extra_bytes: float = 0.0  # the same for the routed experts (split with them under EP)
+    quant_scheme: str = ""    # the formats its linear weights are in (e.g. "fp8", "int4", "nvfp4+fp8")
+    # "fp8": the checkpoint carries FP8 KV-cache scales (engine.kv_cache_dtype: fp8 uses them)
+    kv_cache_scales: str = ""
     # Sliding-window attention (Mistral-7B-v0.1, Qwen2 with use_sliding_window, hybrid layouts
     # from `layer_types`): `sliding_layers` of the layers attend only the last `sliding_window`
     # tokens; the others attend everything. 0, 0: full attention everywhere.
@@ -156,6 +175,9 @@ class ModelSpec:
     # full-attention layers gate their output by a sigmoid of a second query-sized projection
     # (Qwen3-Next's attn_output_gate: q_proj twice as wide)
     attention_output_gate: bool = False
+    # per-head RMSNorm of queries and keys (Qwen3, Gemma-3: q_norm and k_norm, head_dim weights each
+    # per attention layer)
+    qk_norm: bool = False
 
     @property
     def attention_layers(self) -> int:
@@ -241,11 +263,12 @@ class ModelSpec:
         h = self.hidden_size
         bias = (self.q_dim + 2 * self.kv_dim) if self.attention_bias else 0
         norms = self.layer_norms * h + (self.mla.kv_lora_rank + self.mla.q_lora_rank if self.mla else 0)
+        qk = 2 * self.head_dim * self.attention_layers if self.qk_norm else 0
         embed = self.vocab_size * h
         lm_head = 0 if self.tie_word_embeddings else self.vocab_size * h
         lin = self.linear_attention
         small = lin.layers * lin.other_params() if lin is not None else 0
-        return embed + self.attention_layers * bias + self.num_layers * norms + small + h + lm_head  # + final norm
+        return embed + self.attention_layers * bias + self.num_layers * norms + qk + small + h + lm_head  # + final norm
 
     @property
     def num_params(self) -> int:
@@ -262,6 +285,11 @@ class ModelSpec:
         return self.linear_bytes_per_weight if self.expert_weight_bytes is None else self.expert_weight_bytes
 
     @property
+    def routed_expert_bytes(self) -> float:
+        """Bytes of every routed expert over all MoE layers: values, and their scales."""
+        return self.routed_expert_params * self.expert_bytes_per_weight + self.expert_quant_extra_bytes
+
+    @property
     def routed_expert_params(self) -> int:
         """Weights of every routed expert over all MoE layers (0 for a dense model)."""
         m = self.moe
@@ -273,7 +301,8 @@ class ModelSpec:
     def weight_bytes(self) -> float:
         routed = self.routed_expert_params
         total = ((self.linear_params_total - routed) * self.linear_bytes_per_weight
-                 + routed * self.expert_bytes_per_weight + self.other_params * self.dtype_bytes)
+                 + routed * self.expert_bytes_per_weight + self.other_params * self.dtype_bytes
+                 + self.quant_extra_bytes + self.expert_quant_extra_bytes)
         return int(total) if float(total).is_integer() else total
 
     @property
@@ -337,11 +366,14 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     "qwen2.5-32b": _llama("qwen2.5-32b", 64, 5120, 40, 8, 27648, 152064, attention_bias=True),
     # FP8 linear layers (NVIDIA's ModelOpt checkpoint; tests/fixtures/hf_configs/ with its
     # hf_quant_config.json): llama-3-70b's shape, embeddings and LM head kept in bf16
-    "llama-3.1-70b-fp8": _llama("llama-3.1-70b-fp8", 80, 8192, 64, 8, 28672, 128256, linear_weight_bytes=1),
+    # (its 80 x 7 linear modules' fp32 weight and input scales and 80 layers' FP8 KV-cache scales,
+    # k and v: 5,120 bytes)
+    "llama-3.1-70b-fp8": _llama("llama-3.1-70b-fp8", 80, 8192, 64, 8, 28672, 128256, linear_weight_bytes=1,
+                                quant_extra_bytes=5120.0, quant_scheme="fp8", kv_cache_scales="fp8"),
     # Mixture of experts (tests/fixtures/hf_configs/: equal to their published configs)
     "mixtral-8x7b": _llama("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000,
                            moe=MoESpec(num_experts=8, experts_per_token=2, expert_intermediate_size=14336)),
-    "qwen3-30b-a3b": ModelSpec("qwen3-30b-a3b", 48, 2048, 32, 4, 128, 6144, 151936,
+    "qwen3-30b-a3b": ModelSpec("qwen3-30b-a3b", 48, 2048, 32, 4, 128, 6144, 151936, qk_norm=True,
                                moe=MoESpec(num_experts=128, experts_per_token=8, expert_intermediate_size=768)),
     # DeepSeek-V3 as published: MLA, 256 routed experts + 1 shared, 3 leading dense layers, FP8
     # weights in 128 x 128 blocks (head_dim is config.json's hidden / heads: MLA does not use it)
@@ -350,7 +382,11 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
                                          shared_experts=1, dense_layers=3),
                              mla=MLASpec(kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128,
                                          v_head_dim=128, q_lora_rank=1536),
-                             linear_weight_bytes=1, weight_block_size=128),
+                             # (its fp32 block scales and its routers, kept in bf16: 110,137,696 bytes more,
+                             # and its routed experts' block scales, 159,645,696)
+                             linear_weight_bytes=1, weight_block_size=128, quant_extra_bytes=110137696.0,
+                             expert_quant_extra_bytes=159645696.0,
+                             quant_scheme="fp8_block"),
     # gpt-oss: MXFP4 experts, bf16 attention (64-wide heads, q/k/v biases), every other layer
     # windowed at 128 tokens
     **{name: ModelSpec(name, layers, 2880, 64, 8, 64, 2880, 201088, attention_bias=True,
@@ -364,9 +400,9 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     # Hybrid: Qwen3-Next-80B-A3B (Qwen/Qwen3-Next-80B-A3B-Instruct config.json): every fourth layer
     # full attention with an output gate (16 query, 2 KV heads of 256), the other 36 Gated
     # DeltaNet (16 key, 32 value heads of 128, conv 4); 512 experts of 512, 10 a token, plus one
-    # shared expert as wide. 79,674,286,848 weights counted: the published 79,674,391,296 less the
-    # shared experts' gates (48 x 2,048) and the q/k norms (12 x 2 x 256), not counted here.
-    "qwen3-next-80b-a3b": ModelSpec("qwen3-next-80b-a3b", 48, 2048, 16, 2, 256, 5120, 151936,
+    # shared expert as wide. 79,674,292,992 weights counted: the published 79,674,391,296 less the
+    # shared experts' gates (48 x 2,048), not counted here.
+    "qwen3-next-80b-a3b": ModelSpec("qwen3-next-80b-a3b", 48, 2048, 16, 2, 256, 5120, 151936, qk_norm=True,
                                     moe=MoESpec(num_experts=512, experts_per_token=10,
                                                 expert_intermediate_size=512, shared_experts=1),
                                     linear_attention=LinearAttentionSpec(36, 16, 32, 128, 128, 4),
@@ -416,6 +452,16 @@ def model_from_fields(fields: dict, where: str) -> ModelSpec:
             check_fields(fields[key], at(key), names, required)
             parts[key] = cls(**{k: _int(v, f"{at(key)}.{k}", lo=0, cap=MAX_TOKENS)
                                 for k, v in fields[key].items()})
+    moe = parts.get("moe")
+    if moe is not None:  # (fields that cannot be right together: issue 53)
+        if moe.num_experts < 1 or not 1 <= moe.experts_per_token <= moe.num_experts:
+            raise ScenarioError(f"{at('moe.experts_per_token')}: {moe.experts_per_token} routed experts a token of "
+                                f"{moe.num_experts} (num_experts): needs 1 <= experts_per_token <= num_experts")
+        if moe.expert_intermediate_size < 1:
+            raise ScenarioError(f"{at('moe.expert_intermediate_size')}: must be at least 1")
+        if moe.dense_layers > v["num_layers"]:
+            raise ScenarioError(f"{at('moe.dense_layers')}: {moe.dense_layers} dense layers of {v['num_layers']} "
+                                f"(num_layers)")
     window = _int(fields.get("sliding_window", 0), at("sliding_window"), lo=0, cap=MAX_TOKENS)
     sliding = _int(fields.get("sliding_layers", v["num_layers"] if window else 0), at("sliding_layers"),
                    lo=0, hi=v["num_layers"])
@@ -445,13 +491,25 @@ def model_from_fields(fields: dict, where: str) -> ModelSpec:
     if block and lwb != 1:
         raise ScenarioError(f"{at('weight_block_size')}: {block}: block scales are modelled for FP8 "
                             f"weights only (linear_weight_bytes: 1)")
+    extra = fields.get("quant_extra_bytes", 0.0)
+    expert_extra = fields.get("expert_quant_extra_bytes", 0.0)
+    for key, value in (("quant_extra_bytes", extra), ("expert_quant_extra_bytes", expert_extra)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_BYTES:
+            raise ScenarioError(f"{at(key)}: {_show(value)} is not bytes in [0, {MAX_BYTES:g}]")
+    kv_scales = fields.get("kv_cache_scales", "")
+    if kv_scales not in ("", "fp8"):
+        raise ScenarioError(f"{at('kv_cache_scales')}: {_show(kv_scales)} is not one of fp8 or empty")
     return ModelSpec(
         name=_text(fields.get("name", "custom"), at("name")), dtype_bytes=dtype_bytes,
+        quant_extra_bytes=float(extra), expert_quant_extra_bytes=float(expert_extra),
+        quant_scheme=_text(fields["quant_scheme"], at("quant_scheme")) if fields.get("quant_scheme") else "",
+        kv_cache_scales=kv_scales,
         linear_weight_bytes=lwb, expert_weight_bytes=ewb, weight_block_size=block, sliding_window=window,
         sliding_layers=sliding, **parts,
         tie_word_embeddings=_bool(fields.get("tie_word_embeddings", False), at("tie_word_embeddings")),
         attention_bias=_bool(fields.get("attention_bias", False), at("attention_bias")),
         attention_output_gate=_bool(fields.get("attention_output_gate", False), at("attention_output_gate")),
+        qk_norm=_bool(fields.get("qk_norm", False), at("qk_norm")),
         layer_norms=_int(fields.get("layer_norms", 2), at("layer_norms"), lo=0, cap=MAX_COUNT),
         **v,
     )
@@ -482,6 +540,8 @@ def _check_linear_attention(lin: LinearAttentionSpec, num_layers: int, where: st
 LLAMA_STYLE = ("llama", "mistral", "qwen2", "qwen3", "granite", "phi3", "gemma", "olmo2")
 # Gemma-2/3 text decoders: Llama-shaped (GeGLU has the same gate/up/down), 4 norms per layer
 GEMMA_TYPES = ("gemma2", "gemma3_text")
+# model types whose attention normalises each head's queries and keys (q_norm, k_norm)
+QK_NORM_TYPES = ("qwen3", "qwen3_moe", "gemma3_text", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 # Qwen2-MoE (Qwen1.5-MoE, Qwen2-57B-A14B): routed experts of moe_intermediate_size plus one shared
 # expert of shared_expert_intermediate_size (its sigmoid gate, hidden weights, not counted)
 MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "gpt_oss", "llama4_text", "qwen3_next",
@@ -491,10 +551,10 @@ QKV_BIAS_TYPES = ("qwen2", "qwen2_moe")
 # hybrids of attention and Gated DeltaNet layers (_linear_attention below): Qwen3-Next, Qwen3.5
 HYBRID_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 MODELLED_TYPES = tuple(dict.fromkeys(LLAMA_STYLE + GEMMA_TYPES + MOE_TYPES + HYBRID_TYPES))
-# quantization_config.quant_method -> bytes per linear-layer weight (weight-only for awq/gptq:
-# their `bits`); anything else is refused
-QUANT_BYTES = {"fp8": 1.0}
-QUANT_BITS = ("awq", "gptq")
+# quantization_config.quant_method values read module by module (sim/presets/quantization.py);
+# anything else but mxfp4 experts is refused
+# read module by module (sim/presets/quantization.py)
+QUANT_METHODS = ("fp8", "compressed-tensors", "fbgemm_fp8", "modelopt", "awq", "gptq")
 
 
 def _refuse_unmodelled(cfg: dict, path: Path) -> None:
@@ -581,33 +641,41 @@ def _sliding(cfg: dict, path: Path) -> dict:
     return {"sliding_window": window, "sliding_layers": sliding}
 
 
-def _quantised_bytes(cfg: dict, path: Path) -> dict:
-    """linear_weight_bytes / expert_weight_bytes from `quantization_config` ({}: unquantised)."""
+def _quantised_bytes(cfg: dict, path: Path, model: ModelSpec) -> dict:
+    """linear_weight_bytes / expert_weight_bytes and the exact extras from `quantization_config`
+    ({}: unquantised): sim/presets/quantization.py, but for gpt-oss's MXFP4 experts."""
     q: Any = cfg.get("quantization_config")
     if q in (None, {}):
         return {}
     method = q.get("quant_method") if isinstance(q, dict) else None
-    if method in QUANT_BYTES:
-        block = q.get("weight_block_size")
-        if block is None:
-            return {"linear_weight_bytes": QUANT_BYTES[method]}
-        if (not isinstance(block, list) or len(block) != 2 or block[0] != block[1]
-                or isinstance(block[0], bool) or not isinstance(block[0], int) or block[0] < 1):
-            raise ScenarioError(f"{path}: quantization_config.weight_block_size: {str(block)[:40]}: only "
-                                f"square blocks [N, N] are modelled")
-        return {"linear_weight_bytes": QUANT_BYTES[method], "weight_block_size": block[0]}
-    if method in QUANT_BITS and q.get("bits") in (4, 8):
-        return {"linear_weight_bytes": q["bits"] / 8}
+    if method in QUANT_METHODS:
+        from sim.presets.quantization import quantised_fields
+        return quantised_fields(model, cfg, q, str(path))
     if method in EXPERT_QUANT_BYTES and _moe(cfg) is not None:
         return {"expert_weight_bytes": EXPERT_QUANT_BYTES[method]}
     raise ScenarioError(f"{path}: quantization_config.quant_method: {_show(method)}: not modelled; "
-                        f"servesim sizes fp8, awq/gptq 4- or 8-bit weights and mxfp4 experts")
+                        f"servesim sizes {', '.join(QUANT_METHODS)} and mxfp4 experts")
 
 
 def _moe(cfg: dict) -> MoESpec | None:
+    keys = [k for k in ("num_local_experts", "num_experts", "n_routed_experts") if cfg.get(k) is not None]
     experts = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts")
     if not experts:
+        if keys and cfg.get("model_type") in MOE_TYPES:  # (an MoE model with 0 experts has no MLP)
+            raise ValueError(f"{keys[0]}: {_show(cfg[keys[0]])}: a {cfg['model_type']} model needs at least one expert")
         return None
+    layers = cfg["num_hidden_layers"]
+    for key in keys:
+        if isinstance(cfg[key], bool) or not isinstance(cfg[key], int) or cfg[key] < 1:
+            raise ValueError(f"{key}: {_show(cfg[key])} is not a positive whole number of experts")
+    k = cfg.get("num_experts_per_tok")
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= experts:
+        raise ValueError(f"num_experts_per_tok: {_show(k)} is not a whole number of experts in [1, {experts}] "
+                         f"(the routed experts)")
+    first = cfg.get("first_k_dense_replace")
+    if first is not None and (isinstance(first, bool) or not isinstance(first, int) or not 0 <= first <= layers):
+        raise ValueError(f"first_k_dense_replace: {_show(first)} is not a number of layers in [0, {layers}] "
+                         f"(num_hidden_layers)")
     width = cfg.get("moe_intermediate_size") or cfg["intermediate_size"]  # Mixtral: experts are full width
     # Llama 4: every MoE layer has one shared expert as wide as the routed ones
     shared = 1 if cfg.get("model_type") == "llama4_text" else cfg.get("n_shared_experts") or 0
@@ -708,8 +776,7 @@ def _read_json(path: Path, what: str) -> dict:
 
 
 # NVIDIA ModelOpt checkpoints keep their quantisation in hf_quant_config.json beside config.json
-# (vLLM reads it as quant_method "modelopt"): quantization.quant_algo -> quantization_config
-MODELOPT_ALGOS = {"FP8": {"quant_method": "fp8"}}
+# (vLLM reads it as quant_method "modelopt"); sim/presets/quantization.py reads its `quantization`
 
 
 def _modelopt_quantization(path: Path) -> dict | None:
@@ -718,11 +785,10 @@ def _modelopt_quantization(path: Path) -> dict | None:
     for sibling in (path.with_name("hf_quant_config.json"), path.with_name(f"{path.stem}_hf_quant_config.json")):
         if sibling.is_file():
             q = _read_json(sibling, "hf_quant_config.json").get("quantization")
-            algo = q.get("quant_algo") if isinstance(q, dict) else None
-            if algo not in MODELOPT_ALGOS:
-                raise ScenarioError(f"{sibling}: quantization.quant_algo: {_show(algo)}: not modelled; "
-                                    f"servesim sizes {', '.join(MODELOPT_ALGOS)}")
-            return MODELOPT_ALGOS[algo]
+            if not isinstance(q, dict) or "quant_algo" not in q:
+                raise ScenarioError(f"{sibling}: quantization.quant_algo: missing; a ModelOpt hf_quant_config.json "
+                                    f"names its algorithm (FP8, NVFP4, MIXED_PRECISION)")
+            return {"quant_method": "modelopt", "quantization": q}
     return None
 
 
@@ -737,10 +803,21 @@ def model_from_hf_config(path: Path, name: str | None = None) -> ModelSpec:
         path = path / "config.json"
     if not path.exists():
         raise ScenarioError(f"{path}: file not found")
-    cfg = _llama4_text(_read_json(path, "config.json"), path)
+    raw = _read_json(path, "config.json")
+    if not isinstance(raw.get("model_type", ""), str):
+        raise ScenarioError(f"{path}: model_type: {_show(raw['model_type'])} is not a name (e.g. \"llama\")")
+    cfg = _llama4_text(raw, path)
     modelopt = _modelopt_quantization(path)
+    own = cfg.get("quantization_config")
+    if isinstance(own, dict) and "quant_method" not in own and (own.get("producer") or {}).get("name") == "modelopt":
+        # ModelOpt writes its section into config.json too, without a quant_method (vLLM reads
+        # it as modelopt): the hf_quant_config.json beside it, where there is one, says the same
+        own = None if modelopt is not None else {"quant_method": "modelopt", "quantization": {
+            **own, "exclude_modules": own.get("exclude_modules", own.get("ignore")),
+            "kv_cache_quant_algo": own.get("kv_cache_quant_algo", own.get("kv_cache_scheme"))}}
+        cfg["quantization_config"] = own
     if modelopt is not None:
-        if cfg.get("quantization_config"):
+        if own:
             raise ScenarioError(f"{path}: quantization_config and an hf_quant_config.json beside it: "
                                 f"keep one")
         cfg["quantization_config"] = modelopt
@@ -772,11 +849,14 @@ def model_from_hf_config(path: Path, name: str | None = None) -> ModelSpec:
     fields["attention_bias"] = bool(cfg.get("attention_bias", biased))
     if cfg.get("model_type") in GEMMA_TYPES:  # input, post-attention, pre- and post-feedforward
         fields["layer_norms"] = 4
+    if cfg.get("model_type") in QK_NORM_TYPES:
+        fields["qk_norm"] = True
     fields.update(_sliding(cfg, path))
     fields["name"] = name or (path.stem if path.name != "config.json" else path.resolve().parent.name) or "custom"
     spec = model_from_fields(fields, str(path))
     try:
-        extra = {"moe": _moe(cfg), "mla": _mla(cfg), **_quantised_bytes(cfg, path), **_linear_attention(cfg, path)}
+        extra = {"moe": _moe(cfg), "mla": _mla(cfg), **_linear_attention(cfg, path)}
+        extra.update(_quantised_bytes(cfg, path, replace(spec, **extra)))
         for part in ("moe", "mla"):
             if extra[part] is not None:
                 for key, value in vars(extra[part]).items():

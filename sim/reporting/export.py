@@ -101,7 +101,12 @@ def request_itls(run: Run) -> list[list[float] | None]:
         ends_by_replica[int(rep)] = start + per * k
     out: list[list[float] | None] = []
     cols = ("replica", "first_token_s", "finish_s", "output_tokens", "prompt_tokens")
-    for rep, first, finish, n, prompt in zip(*(rq[c].tolist() for c in cols)):
+    # a run whose request times spread (frontend_cv, stalls: sim/cost/overheads.py) records each
+    # request's frontend time and the engine pauses in its decode; a pause is spread over the
+    # request's gaps (its summary's ITL, from the iterations, holds none either)
+    own_front = rq["frontend_s"].tolist() if "frontend_s" in rq else None
+    stalls = rq["stall_s"].tolist() if "stall_s" in rq else None
+    for i, (rep, first, finish, n, prompt) in enumerate(zip(*(rq[c].tolist() for c in cols))):
         ends = ends_by_replica.get(int(rep))
         gaps = int(n) - 1
         if ends is None or not (math.isfinite(first) and math.isfinite(finish)):
@@ -109,7 +114,10 @@ def request_itls(run: Run) -> list[list[float] | None]:
         elif gaps == 0:
             out.append([])
         else:
-            out.append(_itls(ends, first - frontend_s - per_prompt_token_s * prompt, finish - first, gaps))
+            front = own_front[i] if own_front is not None else frontend_s + per_prompt_token_s * prompt
+            stall = stalls[i] if stalls is not None and math.isfinite(stalls[i]) else 0.0
+            found = _itls(ends, first - front, finish - first - stall, gaps)
+            out.append(found if found is None or not stall else [g + stall / gaps for g in found])
     return out
 
 

@@ -81,6 +81,9 @@ class FleetRouter:
     def __init__(self, make_rule: Callable[[int], Router], fleet: Fleet):
         self.make_rule, self.fleet = make_rule, fleet
         self.signals: Signals | None = None
+        # one rule per serving set, kept: a rule's own state (an EWMA, what it routed since the last
+        # scrape) lives as long as the set it routes over, and comes back with it
+        self.rules: dict[tuple[int, ...], Router] = {}
 
     def attach(self, signals: Signals | SignalView) -> None:
         assert isinstance(signals, Signals)  # every built replica's
@@ -91,9 +94,12 @@ class FleetRouter:
 
     def choose(self, rid: int, loads: list[int]) -> int:
         serving = self.fleet.serving
-        rule = self.make_rule(len(serving))
-        if self.signals is not None:  # what the rule reads of the serving ones (prefix_aware, weighted)
-            rule.attach(self.signals.view(serving))
+        key = tuple(serving)
+        rule = self.rules.get(key)
+        if rule is None:
+            rule = self.rules[key] = self.make_rule(len(serving))
+            if self.signals is not None:  # what the rule reads of the serving ones (prefix_aware, weighted)
+                rule.attach(self.signals.view(list(serving)))
         return serving[rule.choose(rid, [loads[i] for i in serving])]
 
 

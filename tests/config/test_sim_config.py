@@ -80,7 +80,7 @@ def test_every_key_given(tmp_path):
                   gpu_memory_utilization=0.8, num_gpu_blocks=5000, tensor_parallel_size=2,
                   replicas=3, router="weighted", policy="sjf", batch_timeout_s=0.25,
                   kv_cache_dtype="fp8", enable_expert_parallel=True, enable_prefix_caching=False,
-                  scheduler_reserve_full_isl=False,
+                  scheduler_reserve_full_isl=False, enforce_eager=True,
                   speculative={"method": "eagle", "num_speculative_tokens": 2, "acceptance_rate": [0.8, 0.6]},
                   routing={"staleness_s": 0.05, "weights": {"prefix_affinity": 1.0, "queue_depth": 0.0,
                                                             "kv_utilization": 4.0}})
@@ -291,10 +291,12 @@ def test_bad_values(tmp_path, changes, expected):
     assert expected in error(with_(**changes), tmp_path)
 
 
-@pytest.mark.parametrize("model", ["gpt-5", "llama3-8b"])
-def test_unknown_model_preset_lists_the_presets(tmp_path, model):
+@pytest.mark.parametrize("model, close", [("gpt-5", None), ("llama3-9b", "'llama3-8b', 'llama3-70b', 'llama-3-8b'")])
+def test_unknown_model_preset_lists_the_presets(tmp_path, model, close):
+    """(llama3-8b itself is an alias of llama-3-8b: sim/presets/names.py)"""
     message = error(with_(model=model), tmp_path)
-    assert f"chat.yaml: model: unknown preset {model!r}; presets: " in message
+    hint = f" (did you mean {close}" if close else ""
+    assert f"chat.yaml: model: unknown preset {model!r}{hint}" in message
     assert all(name in message for name in MODEL_PRESETS)
 
 

@@ -31,17 +31,19 @@ def _scenario(cost="roofline", workload=_ONE, **engine):
 
 
 def test_deepseek_v3_memory_per_gpu_at_dp8_ep8_by_hand():
-    """DeepSeek-V3 (FP8): 672,880,769,024 weight bytes, 653,908,770,816 of them routed experts
-    (2,554,331,136 per expert index over the 58 MoE layers). DP8 x TP1 with EP: each GPU keeps the
-    18,971,998,208 bytes of everything else whole and 256 / 8 = 32 experts: 100,710,594,560 bytes.
-    TP8 (EP or not): everything split 8 ways: 84,110,096,128."""
+    """DeepSeek-V3 (FP8 in 128 x 128 blocks with fp32 scales, routers bf16): 673,150,552,416 weight
+    bytes, 654,068,416,512 of them routed experts (653,908,770,816 of values and 159,645,696 of their
+    scales: 2,554,954,752 per expert index over the 58 MoE layers). DP8 x TP1 with EP: each GPU keeps
+    the 19,082,135,904 bytes of everything else whole and 256 / 8 = 32 experts: 100,840,687,968
+    bytes. TP8 (EP or not): everything else split 8 ways."""
     dp = _scenario(data_parallel_size=8, enable_expert_parallel=True)
-    rest = 672_880_769_024 - 653_908_770_816
-    assert rest == 18_971_998_208 and 653_908_770_816 // 256 == 2_554_331_136
-    assert dp.budget.weight_bytes_per_gpu == rest + 32 * 2_554_331_136 == 100_710_594_560
+    experts = 653_908_770_816 + 159_645_696
+    rest = 672_880_769_024 + 110_137_696 + 159_645_696 - experts
+    assert rest == 19_082_135_904 and experts // 256 == 2_554_954_752
+    assert dp.budget.weight_bytes_per_gpu == rest + 32 * 2_554_954_752 == 100_840_687_968
     assert dp.engine.gpus_per_replica == 8
     tp = _scenario(tensor_parallel_size=8, enable_expert_parallel=True)
-    assert tp.budget.weight_bytes_per_gpu == rest / 8 + 32 * 2_554_331_136 == 84_110_096_128
+    assert tp.budget.weight_bytes_per_gpu == rest / 8 + 32 * 2_554_954_752
     # MLA keeps the whole latent on every TP rank: TP8's eight GPUs hold one cache's worth of
     # tokens; DP8's eight hold eight caches
     assert dp.budget.kv_bytes_per_token == tp.budget.kv_bytes_per_token

@@ -28,7 +28,8 @@ def scenario(measured=None, model="llama-3-8b", tp=1, **engine):
 
 
 NONE = {"host_per_iteration_s": 0.0, "per_iteration_s": 0.0, "tp_sync_per_iteration_s": 0.0,
-        "frontend_s": 0.0, "frontend_per_prompt_token_s": 0.0, "async_scheduling": False}
+        "frontend_s": 0.0, "frontend_per_prompt_token_s": 0.0, "async_scheduling": False,
+        "frontend_cv": 0.0, "stall_rate_per_s": 0.0, "stall_s": 0.0}
 
 
 def test_scheduling_lag_by_hand():

@@ -68,7 +68,8 @@ def test_qwen3_30b_a3b_by_hand():
     heads, kv, hd = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
     e, w = c["num_experts"], c["moe_intermediate_size"]
     attn = h * heads * hd + 2 * h * kv * hd + heads * hd * h
-    params = layers * (attn + e * 3 * h * w + h * e + 2 * h) + 2 * vocab * h + h
+    # (+ q_norm and k_norm: head_dim weights each per layer)
+    params = layers * (attn + e * 3 * h * w + h * e + 2 * h + 2 * hd) + 2 * vocab * h + h
     assert m.num_params == params and round(params / 1e9, 1) == 30.5
     assert m.kv_bytes_per_token == 2 * layers * kv * hd * 2
 
@@ -91,7 +92,15 @@ def test_deepseek_v3_by_hand():
     linear = layers * attn + mlp
     other = 2 * vocab * h + layers * (2 * h + r + qr) + h
     assert m.num_params == linear + other and round((linear + other) / 1e9) == 671
-    assert m.weight_bytes == linear * 1 + other * 2                    # fp8 linear weights
+    # fp8 linear weights with one fp32 scale per 128 x 128 block; the routers in bf16
+    tiles = lambda o, i: -(-o // 128) * -(-i // 128)  # noqa: E731
+    attn_tiles = (tiles(qr, h) + tiles(heads * (nope + rope), qr) + tiles(r + rope, h)
+                  + tiles(heads * (nope + v), r) + tiles(h, heads * v))
+    mlp_tiles = (dense * (2 * tiles(c["intermediate_size"], h) + tiles(h, c["intermediate_size"]))
+                 + (layers - dense) * (e + shared) * (2 * tiles(w, h) + tiles(h, w)))
+    routers = (layers - dense) * h * e
+    scales = 4 * (layers * attn_tiles + mlp_tiles)
+    assert m.weight_bytes == (linear - routers) * 1 + routers * 2 + other * 2 + scales
     assert c["quantization_config"]["quant_method"] == "fp8"
     assert c["quantization_config"]["weight_block_size"] == [128, 128] and m.weight_block_size == 128
     assert m.kv_bytes_per_token == layers * (r + rope) * 2
@@ -236,11 +245,13 @@ def test_modelopt_fp8_checkpoint_reads_its_hf_quant_config(tmp_path):
     layers, h, q, kv, inter, vocab = 80, 8192, 64 * 128, 8 * 128, 28672, 128256
     linear = layers * (h * q + 2 * h * kv + q * h + 3 * h * inter)
     other = 2 * vocab * h + layers * 2 * h + h
-    assert m.weight_bytes == linear * 1 + other * 2 == 72_656_371_712
+    # + each linear module's fp32 weight_scale and input_scale (ModelOpt FP8, static activations),
+    # and each layer's k_scale and v_scale (kv_cache_quant_algo FP8)
+    assert m.weight_bytes == linear * 1 + other * 2 + layers * 7 * 8 + layers * 8 == 72_656_376_832
     cfg = _cfg("nvidia--Llama-3.1-70B-Instruct-FP8")
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    (tmp_path / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "NVFP4"}}))
-    with pytest.raises(ScenarioError, match="hf_quant_config.json: quantization.quant_algo: 'NVFP4': not modelled"):
+    (tmp_path / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "W4A8_AWQ"}}))
+    with pytest.raises(ScenarioError, match="hf_quant_config.json quantization.quant_algo: 'W4A8_AWQ': not modelled"):
         model_from_hf_config(tmp_path)
     (tmp_path / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "FP8"}}))
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "quantization_config": {"quant_method": "fp8"}}))

@@ -40,7 +40,7 @@ def test_qwen3_next_weights_match_the_published_count():
     """79,674,391,296 published (Qwen3-Next-80B-A3B's safetensors), 3,874,929,408 active: counted here
     but for the shared experts' sigmoid gates (48 layers x 2,048) and the attention layers' q/k norms
     (12 x 2 x 256), which servesim does not count."""
-    uncounted = 48 * 2048 + 12 * 2 * 256
+    uncounted = 48 * 2048  # (the q/k norms, 12 x 2 x 256, are counted: ModelSpec.qk_norm)
     assert QN.num_params == 79_674_391_296 - uncounted
     assert QN.active_layer_params_total + QN.other_params == 3_874_929_408 - uncounted
     # one GDN layer: in_proj_qkvz 2048 x (2 x 2048 + 2 x 4096) + in_proj_ba 2048 x 64 + out_proj 4096 x 2048

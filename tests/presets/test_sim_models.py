@@ -153,7 +153,7 @@ def test_hardware_presets():
     assert HARDWARE_PRESETS["l40s"].interconnect_bandwidth == 32e9
     assert all(h.name == n for n, h in HARDWARE_PRESETS.items())
     # a price where one can be cited; the newest GPUs have none ("unknown": the planner asks for one)
-    unpriced = {"b300", "gb200", "gb300", "mi355x", "rtx-pro-6000"}
+    unpriced = {"b300", "gb200", "gb300", "mi325x", "mi355x", "rtx-pro-6000"}
     assert {n for n, h in HARDWARE_PRESETS.items() if h.usd_per_hour == 0} == unpriced
     assert all(h.usd_per_hour > 0 for n, h in HARDWARE_PRESETS.items() if n not in unpriced)
     # NVL72 racks: 72 GPUs on one NVLink domain; every other preset 8 (an HGX board)

@@ -1,0 +1,89 @@
+"""The energy model (sim/energy/power.py) against a run computed by hand."""
+from __future__ import annotations
+
+import pytest
+
+from sim.config.errors import ScenarioError
+from sim.config.scenario import scenario_from_dict
+from sim.presets.models import MODEL_PRESETS
+from sim.simulate import simulate
+
+TINY = MODEL_PRESETS["tiny"]
+
+
+def _scenario(energy):
+    # one request, 10 prompt tokens, 3 output tokens, every iteration 1 s (unit cost): a prefill
+    # iteration (its first token) and two decodes, 3 s in all. The GPU's figures are chosen so that
+    # the prefill's compute utilisation is 0.8 and every iteration's memory utilisation 0.5.
+    hw = {"name": "custom", "memory_bytes": 80e9, "hbm_bandwidth": 2 * TINY.weight_bytes,
+          "bf16_flops": 12.5 * TINY.flops_per_token}
+    return scenario_from_dict({
+        "name": "e", "model": "tiny", "hardware": hw, "cost_model": "unit",
+        "engine": {"scheduler": "chunked", "max_num_seqs": 4, "max_num_batched_tokens": 64, "num_gpu_blocks": 64},
+        "workload": {"num_requests": 1, "arrival": {"process": "constant", "rate": 1.0},
+                     "prompt_tokens": {"dist": "fixed", "value": 10}, "output_tokens": {"dist": "fixed", "value": 3}},
+        "energy": energy})
+
+
+def test_energy_of_a_run_by_hand():
+    run = simulate(_scenario({"tdp_w": 100, "idle_w": 20, "host_w_per_gpu": 10, "pue": 1.5,
+                              "usd_per_kwh": 0.2, "gco2_per_kwh": 400}))
+    assert run.summary["iterations"] == 3 and run.summary["duration_s"] == 3.0
+    e = run.summary["energy"]
+    gpu = 1 * (20 + 80 * 0.8) + 2 * (20 + 80 * 0.5)   # J: the prefill at u 0.8, two decodes at 0.5
+    host = 10 * 1 * 3.0                                 # W x GPUs x s
+    facility = (gpu + host) * 1.5
+    assert e["gpu_j"] == pytest.approx(gpu) and e["host_j"] == pytest.approx(host)
+    assert e["facility_j"] == pytest.approx(facility) and e["kwh"] == pytest.approx(facility / 3.6e6)
+    assert e["gpu_avg_w"] == pytest.approx(gpu / 3) and e["gpu_peak_w"] == pytest.approx(84.0)
+    assert e["j_per_output_token"] == pytest.approx(facility / 3) and e["j_per_request"] == pytest.approx(facility)
+    assert e["usd"] == pytest.approx(facility / 3.6e6 * 0.2) and e["kgco2"] == pytest.approx(facility / 3.6e6 * 0.4)
+
+
+def test_an_idle_engine_draws_idle_power():
+    """Two requests 10 s apart: between them the GPU idles (unit cost: 3 iterations each)."""
+    sc = _scenario({"tdp_w": 100, "idle_w": 20, "host_w_per_gpu": 0, "pue": 1.0})
+    from dataclasses import replace
+
+    from sim.workload.generators import Constant
+    sc = replace(sc, workload=replace(sc.workload, num_requests=2, arrival=Constant(0.1)))
+    run = simulate(sc)
+    e = run.summary["energy"]
+    busy = 2 * (1 * (20 + 80 * 0.8) + 2 * (20 + 80 * 0.5))
+    idle = (run.summary["duration_s"] - 6.0) * 20
+    assert run.summary["duration_s"] == 13.0 and e["gpu_j"] == pytest.approx(busy + idle)
+
+
+def test_bad_energy_settings_name_the_key():
+    with pytest.raises(ScenarioError, match=r"energy.pue: 0.5 is under 1"):
+        _scenario({"pue": 0.5})
+    with pytest.raises(ScenarioError, match=r"energy.idle_w: 200 W is above tdp_w \(100 W\)"):
+        _scenario({"idle_w": 200, "tdp_w": 100})
+    with pytest.raises(ScenarioError, match=r"energy.kw: unknown key; allowed: pue, host_w_per_gpu"):
+        _scenario({"kw": 1})
+
+
+def test_a_gpu_without_a_board_power_asks_for_one():
+    e = simulate(_scenario(None)).summary["energy"]
+    assert e == {"source": "not computed: the GPU 'custom' has no preset board power; give energy: {tdp_w: W} "
+                           "in the scenario"}
+
+
+def test_hourly_prices_and_carbon_by_hand():
+    """Two requests 3,700 s apart: the first's iterations in hour 0, the second's in hour 1."""
+    from dataclasses import replace
+
+    from sim.workload.generators import Constant
+    sc = _scenario({"tdp_w": 100, "idle_w": 20, "host_w_per_gpu": 0, "pue": 1.0,
+                    "usd_per_kwh": [0.1, 0.3], "gco2_per_kwh": [100, 500, 900]})
+    sc = replace(sc, workload=replace(sc.workload, num_requests=2, arrival=Constant(1 / 3700)))
+    run = simulate(sc)
+    assert run.summary["duration_s"] == pytest.approx(3703.0)
+    e = run.summary["energy"]
+    per_request = 1 * (20 + 80 * 0.8) + 2 * (20 + 80 * 0.5)
+    h0 = (per_request + (3600 - 3) * 20) / 3.6e6   # kWh: its iterations, then idle to the hour's end
+    h1 = (per_request + (103 - 3) * 20) / 3.6e6
+    assert e["kwh_by_hour"] == pytest.approx([h0, h1])
+    assert e["kwh"] == pytest.approx(h0 + h1)
+    assert e["usd"] == pytest.approx(0.1 * h0 + 0.3 * h1)
+    assert e["kgco2"] == pytest.approx((100 * h0 + 500 * h1) / 1e3)
