@@ -87,3 +87,21 @@ def test_hourly_prices_and_carbon_by_hand():
     assert e["kwh"] == pytest.approx(h0 + h1)
     assert e["usd"] == pytest.approx(0.1 * h0 + 0.3 * h1)
     assert e["kgco2"] == pytest.approx((100 * h0 + 500 * h1) / 1e3)
+
+
+def test_a_power_cap_that_excludes_the_cheapest_gpu_changes_the_answer():
+    """Llama-3-8B at 40 req/s under p99 TTFT 500 ms / TPOT 50 ms, H100 or A100 (priced at $0.50 so
+    that it is the cheapest): six A100s ($3/hour, ~2.9 kW modelled) without a cap; under a 1.35 kW cap
+    they are left out, said so, and two H100s (~1.3 kW, $6/hour) are the answer."""
+    import servesim
+    args = dict(slo="ttft_ms=500,tpot_ms=50", gpus=["h100-sxm", "a100-80gb"], tp=[1], target_rate=40, seeds=2,
+                price="a100-80gb=0.5")
+    free = servesim.plan("scenarios/quickstart.yaml", **args)
+    assert free["chosen"]["gpu"] == "a100-80gb"
+    a100 = next(r for r in free["candidates"] if r["gpu"] == "a100-80gb")
+    assert a100["facility_kw"] > 1.35
+    capped = servesim.plan("scenarios/quickstart.yaml", power_cap_kw=1.35, **args)
+    assert capped["chosen"]["gpu"] == "h100-sxm" and capped["power_cap_kw"] == 1.35
+    rows = {r["gpu"]: r for r in capped["candidates"]}
+    assert rows["a100-80gb"]["status"].startswith("over the power cap: ")
+    assert rows["h100-sxm"]["facility_kw"] <= 1.35
