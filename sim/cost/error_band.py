@@ -200,7 +200,7 @@ def path_of(scenario) -> BandPath:
         ("LoRA", e.lora is not None), ("KV offloading", bool(e.kv_offloading_size)),
         ("pipeline parallelism", e.pipeline_parallel_size > 1), ("data parallelism", e.data_parallel_size > 1),
         ("expert parallelism", bool(e.enable_expert_parallel)), ("autoscaling", e.autoscaling is not None),
-        ("eager mode (no CUDA graphs)", bool(getattr(e, "enforce_eager", False)))) if on)
+        ("eager mode (no CUDA graphs)", e.enforce_eager)) if on)
     return BandPath(cost, hw.name, classes, quantised, features, user)
 
 
