@@ -231,10 +231,12 @@ def run(
             from sim.cost.error_band import one_line
 
             typer.echo(one_line(result.summary.get("error_band")))
-            from sim.energy.power import one_line as energy_line
+            from sim.features.registry import FEATURES
 
-            if result.summary.get("energy"):
-                typer.echo(energy_line(result.summary["energy"]))
+            for key, feature in FEATURES.items():  # each feature's own line (sim/features/)
+                said = feature.line(result.summary[key]) if result.summary.get(key) else None
+                if said:
+                    typer.echo(said)
     except ScenarioError as e:
         raise _fail(str(e)) from None
     except OSError as e:  # e.g. the output directory is not writable

@@ -29,6 +29,8 @@ from sim.cost.lora import LoRACost
 from sim.cost.pipeline import PipelineCost, hop_link
 from sim.cost.registry import check_kv_cache_dtype, parse_cost_model
 from sim.cost.speculative import SpeculativeCost
+from sim.features import registry as features
+from sim.features.contract import Wiring
 from sim.kv.cache import PagedKVCache, StateKVCache, WindowedKVCache
 from sim.kv.offload import CpuOffload, OffloadSpec
 from sim.kv.prefix_cache import PrefixKVCache, request_chains
@@ -297,6 +299,7 @@ class Replicas:
     loop: ClosedLoopRouter | None        # closed-loop users: who sent what, their sessions
     autoscaler: Autoscaler | None = None  # engine.autoscaling: the fleet's changes, its GPU-hours
     gate: Gate | None = None              # engine.admission.max_in_flight: who passed the gateway, when
+    features: dict = dataclasses.field(default_factory=dict)  # each active feature's run state (sim/features/)
 
 
 def build_replicas(env, scenario: Scenario, req: RequestTable, workload: Workload, cost, recorder,
@@ -338,7 +341,11 @@ def build_replicas(env, scenario: Scenario, req: RequestTable, workload: Workloa
     inboxes: list
     gate = None
     adm = e.admission
-    if workload.users is None and adm is not None and adm.max_in_flight is not None:  # a concurrency limit: live
+    wiring = Wiring(env, scenario, req, workload, schedulers, rng)
+    states = {key: f.wire(scenario.features[key], wiring) for key, f in features.active(scenario)}
+    if wiring.inboxes is not None:  # a feature routes the arrivals (sim/features/faults)
+        inboxes = wiring.inboxes()
+    elif workload.users is None and adm is not None and adm.max_in_flight is not None:  # a concurrency limit: live
         gate = Gate(env, router, req.arrival, schedulers, req.replica, signals, adm.max_in_flight,
                     adm.max_queue_wait_s, req.priority if adm.queue_order == "priority" else None)
         inboxes = gate.inboxes
@@ -357,9 +364,11 @@ def build_replicas(env, scenario: Scenario, req: RequestTable, workload: Workloa
         if staleness > 0:
             Scraper(env, signals, staleness, loop, always_known=False)
     alone = len(schedulers) == 1 and workload.users is None  # (an open loop's inbox: planned)
-    for i, (sched, inbox) in enumerate(zip(schedulers, inboxes)):
-        Replica(env, i, sched, cost, recorder, inbox, fast_forward=fast_forward, on_iteration=on_iteration,
-                alone=alone)
+    make = wiring.replica_class or Replica
+    replicas = [make(env, i, sched, cost, recorder, inbox, fast_forward=fast_forward, on_iteration=on_iteration,
+                     alone=alone) for i, (sched, inbox) in enumerate(zip(schedulers, inboxes))]
+    for started in wiring.started:
+        started(replicas)
     scaler = None
     if a is not None and fleet is not None:
         from sim.runtime.autoscaler import Autoscaler
@@ -369,4 +378,4 @@ def build_replicas(env, scenario: Scenario, req: RequestTable, workload: Workloa
 
         scaler = Autoscaler(env, a, fleet, signals.exact_loads, done, req,  # (signals: bound to the inboxes)
                             on_start=lambda i: _restart(schedulers[i]))
-    return Replicas(schedulers, None, loop, scaler, gate)
+    return Replicas(schedulers, None, loop, scaler, gate, states)

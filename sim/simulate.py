@@ -24,7 +24,8 @@ from sim.config.errors import ScenarioError
 from sim.config.scenario import Scenario, resolved_yaml
 from sim.cost import error_band
 from sim.cost.step_cost import CostModel
-from sim.energy.power import run_energy, shortest_iterations
+from sim.features import registry as features
+from sim.features.contract import Ran, RunView
 from sim.files import give_mode, writing
 from sim.kv.prefix_cache import PrefixKVCache
 from sim.presets import memory
@@ -124,6 +125,14 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
             requests["turn"] = loop.sessions.turn
     if caches:  # prefix caching simulated: tokens each request found cached (vLLM: cached tokens)
         requests["cached_tokens"] = np.sum([c.cached_tokens for c in caches], axis=0)
+    active = list(features.active(scenario))
+    states = built.features
+    ran = Ran(steps, np.frombuffer(recorder.durations, dtype=np.float64))  # (before the gaps take the durations)
+    states = {key: f.observe(scenario.features[key], states.get(key), ran) for key, f in active}
+    del ran  # (its view of the recorder's durations: inter_token_latencies below takes and resizes them)
+    for key, f in active:
+        for column, values in f.columns(scenario.features[key], states[key]).items():
+            requests[column] = values
     if transfers is not None:  # (sized like req: before the shed rows join)
         requests["prefill_replica"] = transfers.prefill_replica
         requests["kv_transfer_s"] = transfers.transfer_s
@@ -139,8 +148,6 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
     if offered.classes is not None:  # workload.classes: each request's class by name (rows: every offered request)
         requests["class"] = np.asarray(offered.class_names, dtype=object)[offered.classes]
     m, hw = scenario.model, scenario.hardware
-    # (each row's shortest iteration, for the energy's peak power: before the gaps take the durations)
-    shortest = shortest_iterations(steps["count"].to_numpy(), np.frombuffer(recorder.durations, dtype=np.float64))
     itl = inter_token_latencies(steps, recorder, req)  # (takes the recorder's durations)
     # engines (data-parallel ranks are engines of their own) and the GPUs they hold
     replicas, gpus = e.replicas * e.data_parallel_size, e.replicas * e.gpus_per_replica
@@ -205,13 +212,13 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
         summary["kv_transfer_ms"] = distribution(transfers.transfer_s)
         summary["pool_utilization"] = pool_utilization(steps, summary["duration_s"], d.prefill_replicas,
                                                        d.decode_replicas)
-    if summary.get("duration_s"):  # what the GPUs, hosts and facility drew (sim/energy/power.py)
-        summary["energy"] = run_energy(steps, summary["duration_s"], replicas, gpus, m.flops_per_token,
-                                       m.weight_bytes, hw.bf16_flops, hw.hbm_bandwidth, hw, scenario.energy,
-                                       float(summary["output_throughput"] * summary["duration_s"]),
-                                       summary["completed"], shortest)
+    view = RunView(scenario, requests, steps, summary, replicas, gpus)
+    for key, f in active:  # each feature's own section (sim/features/: energy, faults, ...)
+        section = f.summarize(scenario.features[key], states[key], view)
+        if section is not None:
+            summary[key] = section
     if "ttft_ms" in summary:  # where the real server's latencies are expected (sim/cost/error_band.py)
-        summary["error_band"] = error_band.band(error_band.path_of(scenario), summary,
+        summary["error_band"] = error_band.band(error_band.path_of(scenario, features.unvalidated(scenario)), summary,
                                                 error_band.queued_share(requests["queue_s"].to_numpy(dtype=float),
                                                                         requests["ttft_s"].to_numpy(dtype=float)))
     summary = {"scenario": scenario.name, **summary, "run": run_record(scenario)}

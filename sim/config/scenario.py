@@ -55,7 +55,7 @@ from sim.config.routing import RoutingConfig, parse_routing
 from sim.config.speculative import SpeculativeConfig, parse_speculative
 from sim.cost import registry as cost
 from sim.cost.registry import CostModelSpec
-from sim.energy.power import EnergyConfig, parse_energy
+from sim.features import registry as features
 from sim.presets import hardware, memory, models
 from sim.presets import names as preset_names
 from sim.presets.hardware import HardwareSpec
@@ -192,7 +192,8 @@ class Scenario:
     base_dir: Path = Path(".")  # relative paths (traces, profiles, hf_config) resolve against it
     overrides: tuple[str, ...] = ()  # the --set KEY=VALUE strings applied, in order
     raw: Mapping[str, Any] | None = None  # the mapping as written, overrides applied
-    energy: EnergyConfig = EnergyConfig()  # the power model's figures, electricity, carbon (sim/energy/power.py)
+    # each registered feature's config from its own section (sim/features/registry.py: energy, faults, ...)
+    features: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @cached_property
     def slips(self) -> tuple[str, ...]:
@@ -236,7 +237,7 @@ class Scenario:
                                 reserved_bytes=memory.lora_slot_bytes(self.model, e.lora, e.tensor_parallel_size))
 
 
-TOP_KEYS = ("name", "seed", "model", "hardware", "cost_model", "engine", "workload", "slo", "energy")
+TOP_KEYS = ("name", "seed", "model", "hardware", "cost_model", "engine", "workload", "slo", *features.FEATURES)
 MAX_BLOCK_SIZE = 1024  # tokens; bigger "pages" make paging pointless and usually mean a typo
 # (a hybrid model's blocks are raised past it, to multiples of 16: vLLM's, sim/presets/memory.hybrid_block_size)
 MAX_HYBRID_BLOCK_SIZE = 8192
@@ -325,7 +326,7 @@ def _scenario_from_dict(raw: Mapping[str, Any], source: str | Path | None, base_
     work = _delegate(overridden, "workload", lambda: workload.parse_workload(
         raw["workload"], label, base_dir))  # its messages read "<label>: workload.<key>: ..."
     slo = _parse_slo(raw.get("slo"), w)
-    energy = parse_energy(raw.get("energy"), w("energy"))
+    sections = features.parse_sections(raw, w)
     if work.adapters is not None and engine.lora is None:
         raise ScenarioError(f"{w('workload.adapters')}: the requests name LoRA adapters but the engine serves "
                             "none; set engine.lora (e.g. {max_loras: 4, max_lora_rank: 16})")
@@ -340,9 +341,10 @@ def _scenario_from_dict(raw: Mapping[str, Any], source: str | Path | None, base_
     scenario = Scenario(name=name, seed=seed, model=model, hardware=hw, cost_model=cost_model,
                         engine=engine, workload=work, slo=slo,
                         source=Path(source) if source is not None else None, base_dir=base_dir,
-                        overrides=tuple(overrides), raw=raw, energy=energy)
+                        overrides=tuple(overrides), raw=raw, features=sections)
     scenario.__dict__["budget"] = budget  # resolved once: what cached_property would compute
     scenario.__dict__["stage_model"] = stage
+    features.check_rules(scenario, w)
     return scenario
 
 
@@ -378,8 +380,10 @@ def resolved_mapping(scenario: Scenario) -> dict:
                                        scenario.base_dir)}
     if scenario.slo is not None:
         out["slo"] = scenario.slo.as_yaml()
-    if scenario.energy != EnergyConfig():
-        out["energy"] = {k: v for k, v in dataclasses.asdict(scenario.energy).items() if v is not None}
+    for key, feature in features.FEATURES.items():
+        section = feature.as_yaml(scenario.features.get(key))
+        if section is not None:
+            out[key] = section
     return out
 
 

@@ -173,8 +173,10 @@ def widening(path: BandPath, metric: str, queued: float, overloaded: bool) -> tu
     return fast, slow, why
 
 
-def path_of(scenario) -> BandPath:
-    """The BandPath of a resolved Scenario (read, not imported: sim/config sits above)."""
+def path_of(scenario, unvalidated: tuple[str, ...] = ()) -> BandPath:
+    """The BandPath of a resolved Scenario (read, not imported: sim/config sits above);
+    `unvalidated`: the features on in it that were never compared with real serving, by name
+    (sim/features/: each feature's `unvalidated`)."""
     spec, hw, m, e = scenario.cost_model, scenario.hardware, scenario.model, scenario.engine
     profile = spec.profile
     user = profile.metadata.get("serving_error") if profile is not None else None
@@ -200,7 +202,7 @@ def path_of(scenario) -> BandPath:
         ("LoRA", e.lora is not None), ("KV offloading", bool(e.kv_offloading_size)),
         ("pipeline parallelism", e.pipeline_parallel_size > 1), ("data parallelism", e.data_parallel_size > 1),
         ("expert parallelism", bool(e.enable_expert_parallel)), ("autoscaling", e.autoscaling is not None),
-        ("eager mode (no CUDA graphs)", e.enforce_eager)) if on)
+        ("eager mode (no CUDA graphs)", e.enforce_eager)) if on) + unvalidated
     return BandPath(cost, hw.name, classes, quantised, features, user)
 
 

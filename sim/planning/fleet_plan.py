@@ -144,7 +144,7 @@ def evaluate(path: str, overrides: tuple[str, ...], slo: SLOConfig, window_s: fl
         out.update(gpu_hours=fleet["gpu_hours"], mean_replicas=fleet["mean_replicas"],
                    peak_replicas=fleet["peak_replicas"], spans=fleet["spans"])
     energy = result.summary.get("energy") or {}
-    if "kwh" in energy:  # what the candidate's day draws (sim/energy/power.py): kWh, and with prices, USD and CO2
+    if "kwh" in energy:  # the candidate's day draws (sim/features/energy/power.py): kWh; with prices, USD, CO2
         out["energy"] = {k: energy[k] for k in ("kwh", "usd", "kgco2") if k in energy}
     out["overrides"] = list(overrides)
     out["wall_s"] = time.perf_counter() - start

@@ -67,7 +67,7 @@ def fleet_headline(r: dict) -> list[tuple[str, str]]:
 
 
 def _energy_cells(s: dict, p: dict | None) -> list[tuple[str, str, str]]:
-    """kWh, electricity cost and CO2 of each (modelled, facility: sim/energy/power.py), where known."""
+    """kWh, electricity cost and CO2 of each (modelled, facility: sim/features/energy/power.py), where known."""
     def cell(row: dict | None, key: str, fmt: str) -> str:
         v = (row or {}).get("energy", {}).get(key)
         return "-" if v is None else fmt.format(v)

@@ -139,7 +139,7 @@ def replay_warnings(trace: dict, search: dict, slo: SLOConfig, options: PlanOpti
 
 def electricity(point: dict, energy) -> dict:
     """The facility's power at the recommended cluster's load (its simulated run's mean, modelled:
-    sim/energy/power.py), kWh per hour and per million output tokens, and with the scenario's
+    sim/features/energy/power.py), kWh per hour and per million output tokens, and with the scenario's
     energy.usd_per_kwh (an hourly list: its mean) the electricity per hour beside the GPU-hours."""
     w = point.get("facility_w")
     if w is None:
@@ -318,7 +318,7 @@ def _plan(path, slo, overrides, target, target_unit, gpu_hour_usd, headroom, ban
         out["utilisation"] = utilisation(best, headroom, target, replicas, knob)
         out["cost"] = cost(replicas * gpus_per_replica, price, point["output_throughput"] or 0.0,
                            point["total_token_throughput"] or 0.0)
-        out["cost"].update(electricity(point, sc.energy))
+        out["cost"].update(electricity(point, sc.features["energy"]))
         kw = out["cost"].get("facility_kw")
         if power_cap_kw is not None and kw is not None and kw > power_cap_kw:
             out["warnings"].append(f"over the power cap: the recommended {replicas} replica(s) draw {kw:,.1f} kW "

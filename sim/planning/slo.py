@@ -31,7 +31,7 @@ THROUGHPUTS = ("goodput_rps", "fraction", "request_throughput", "output_throughp
                "busy_fraction", "kv_utilization")
 # how full each iteration's token budget was (None where the scheduler has none: static batching)
 OPTIONAL = ("token_budget_utilization",
-            # the facility's mean power over the run, W (sim/energy/power.py; None: no board power known)
+            # the facility's mean power over the run, W (sim/features/energy/power.py; None: no board power known)
             "facility_w")
 EXAMPLE = "e.g. --slo ttft_ms=500,tpot_ms=50 or --slo ttft_ms=500@p99,itl_ms=100@p95"
 

@@ -370,6 +370,11 @@ def save_plots(run_dir: str | Path, compare: Sequence[str | Path] = (), out: str
                "latency_cdf": latency_cdfs([main])}
     if isinstance(main.summary.get("autoscaling"), dict):  # an autoscaled fleet: it over the run
         figures["fleet"] = fleet_plot(main)
+    from sim.features.registry import FEATURES
+
+    for key, feature in FEATURES.items():  # a feature's own figures (sim/features/), where its section is
+        if isinstance(main.summary.get(key), dict):
+            figures.update(feature.figures(main))
     if len(runs) > 1:
         figures["compare_bars"] = compare_bars(runs)
         figures["compare_cdf"] = latency_cdfs(runs)

@@ -1,4 +1,4 @@
-"""The energy model (sim/energy/power.py) against a run computed by hand."""
+"""The energy model (sim/features/energy/power.py) against a run computed by hand."""
 from __future__ import annotations
 
 import pytest

@@ -147,7 +147,7 @@ def run_energy(steps, duration_s: float, replicas: float, gpus: float, flops_per
     out: dict = {
         "source": f"modelled: idle + (TDP - idle) x max(compute, memory) utilisation per iteration; TDP "
                   f"{tdp:g} W ({source}), idle {idle:g} W, host {config.host_w_per_gpu:g} W a GPU, PUE "
-                  f"{config.pue:g} (sim/energy/power.py; not validated against a power meter)",
+                  f"{config.pue:g} (sim/features/energy/power.py; not validated against a power meter)",
         "gpu_j": gpu_j, "host_j": host_j, "facility_j": facility_j, "kwh": kwh,
         "gpu_avg_w": gpu_j / (gpus * duration_s) if gpus and duration_s > 0 else 0.0,
         "gpu_peak_w": float(peak_w.max()) if len(peak_w) else idle,

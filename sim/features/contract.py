@@ -1,0 +1,138 @@
+"""The one contract a feature meets (issue 49), like vLLM's KV connector or a scheduler plug-in:
+the central files call these hooks for every registered feature and branch on none.
+
+    parse(raw, where) -> config      its own top-level scenario section (None when absent), checked
+    unvalidated                      its name in the error band when on, if no real run checked it
+    rules                            what it cannot run with, as data: checked once the scenario is
+                                     parsed, printed by docs/features.md (`compatibility`)
+    as_yaml(config) -> dict | None   the section the resolved scenario.yaml writes (None: nothing)
+    check(config, scenario, where)   cross-checks against the rest of the scenario (a replica index)
+    on(config) -> bool               does it change the run (an absent section: no)
+    wire(config, wiring) -> state    at build time, before the replicas: may replace the routing of
+                                     open-loop arrivals and the replicas' class, and start processes
+    observe(config, state, ran)      after the run, before the metrics take the recorder's arrays
+    columns(config, state) -> dict   requests.csv columns of its own (name -> array, one per request)
+    summarize(config, state, view)   its summary.json section (None: none)
+    line(section) -> str | None      the line `servesim run` prints about it
+    figures(run) -> dict             its own figures for `servesim plot` (name -> matplotlib Figure)
+    vllm_flags(config) -> list[str]  what it adds to the `vllm serve` command (deploy files)
+
+`FeatureBase` gives every hook a do-nothing default, so a feature writes only what it needs.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
+
+    from sim.config.scenario import Scenario
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A feature cannot run with what `clashes(scenario)` finds (the scenario key path `other`
+    names it); `why` says so in the error and the docs' table."""
+    other: str
+    clashes: Callable[[Scenario], bool]
+    why: str
+
+
+@dataclass
+class Wiring:
+    """What a feature may hook at build time (sim/build.py fills the first fields and reads the
+    last ones back): `inboxes(router, signals)` replaces how open-loop arrivals reach the
+    replicas' inboxes; `replica_class` the replicas' class (sim/runtime/engine.Replica or a
+    subclass); `started(replicas)` is called with every replica once they are built."""
+    env: Any
+    scenario: Scenario
+    req: Any                 # sim/workload/request.RequestTable
+    workload: Any            # sim/workload/generators.Workload
+    schedulers: list
+    rng: np.random.Generator
+    inboxes: Callable[..., list] | None = None
+    replica_class: type | None = None
+    started: list[Callable[[list], None]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Ran:
+    """A finished run as the metrics are about to read it: steps.csv's frame and every
+    iteration's duration (s, in the recorder's order)."""
+    steps: pd.DataFrame
+    durations: np.ndarray
+
+
+@dataclass(frozen=True)
+class RunView:
+    """What a feature's summary reads: the scenario, requests.csv and steps.csv's frames, the
+    summary so far, the engines and GPUs the run held (an autoscaled fleet's mean)."""
+    scenario: Scenario
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    summary: dict
+    replicas: float
+    gpus: float
+
+
+class Feature(Protocol):
+    key: str                 # its top-level scenario key (and summary.json section)
+    title: str               # one line for the docs' table
+    rules: tuple[Rule, ...]
+    unvalidated: str         # what the error band names while it is on ("": it changes no latency)
+
+    def parse(self, raw: Any, where: str) -> Any: ...
+    def check(self, config: Any, scenario: Scenario, where: str) -> None: ...
+    def as_yaml(self, config: Any) -> dict | None: ...
+    def on(self, config: Any) -> bool: ...
+    def wire(self, config: Any, wiring: Wiring) -> Any: ...
+    def observe(self, config: Any, state: Any, ran: Ran) -> Any: ...
+    def columns(self, config: Any, state: Any) -> dict[str, np.ndarray]: ...
+    def summarize(self, config: Any, state: Any, view: RunView) -> dict | None: ...
+    def line(self, section: dict) -> str | None: ...
+    def figures(self, run: Any) -> dict: ...
+    def vllm_flags(self, config: Any) -> list[str]: ...
+
+
+class FeatureBase:
+    """Every hook's default: the feature does nothing there."""
+    key = ""
+    title = ""
+    rules: tuple[Rule, ...] = ()
+    unvalidated = ""
+
+    def parse(self, raw: Any, where: str) -> Any:
+        return raw
+
+    def check(self, config: Any, scenario: Scenario, where: str) -> None:
+        return None
+
+    def as_yaml(self, config: Any) -> dict | None:
+        return None
+
+    def on(self, config: Any) -> bool:
+        return config is not None
+
+    def wire(self, config: Any, wiring: Wiring) -> Any:
+        return None
+
+    def observe(self, config: Any, state: Any, ran: Ran) -> Any:
+        return state
+
+    def columns(self, config: Any, state: Any) -> dict[str, np.ndarray]:
+        return {}
+
+    def summarize(self, config: Any, state: Any, view: RunView) -> dict | None:
+        return None
+
+    def line(self, section: dict) -> str | None:
+        return None
+
+    def figures(self, run: Any) -> dict:
+        return {}
+
+    def vllm_flags(self, config: Any) -> list[str]:
+        return []
