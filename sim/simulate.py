@@ -13,6 +13,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -70,40 +71,76 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
     # the engine's overheads on request times (sim/cost/overheads.py), with the scenario's own cost model
     overheads = scenario.cost_model.overheads if cost is None else None
     rng = np.random.default_rng(scenario.seed)  # the run's one generator: the workload, then acceptances
-    if workload is None:
-        try:
-            workload = build_workload(scenario.workload, rng)
-        except ScenarioError as err:  # (a bound on the workload's own times: name the scenario file)
-            if not str(err).startswith("workload"):
-                raise
-            raise ScenarioError(f"{_where(scenario)}{err}") from None
+    run = _Run(scenario, rng, *_admitted(scenario, _workload(scenario, workload, rng)))
+    cost = cost if cost is not None else cost_model(scenario)
+    run.req = req = RequestTable.from_workload(run.workload)
+    env = simpy.Environment()
+    run.recorder = Recorder(scenario.engine.block_size)
+    tick = _hooks(_progress_ticker(req, progress), watch(req) if watch is not None else None)
+    run.built = build_replicas(env, scenario, req, run.workload, cost, run.recorder, rng, tick, fast_forward)
+    env.run()
+    if progress is not None:
+        progress(len(req), len(req))
+    if run.built.autoscaler is not None:  # the fleet is released when the last request finishes (engine time)
+        finished = req.finish[np.isfinite(req.finish)]
+        run.end_s = float(finished.max()) if len(finished) else env.now
+        run.built.autoscaler.close(run.end_s)
+    run.caches = [s.kv for s in run.built.schedulers if isinstance(s.kv, PrefixKVCache) and s.kv.reports]
+    run.steps = steps_frame(run.recorder, cached=bool(run.caches))  # prefix caching: cached blocks over time
+    run.requests = _requests(run, overheads)
+    itl = inter_token_latencies(run.steps, run.recorder, req)  # (takes the recorder's durations)
+    summary = _summary(run, itl)
+    return SimResult(requests=run.requests, steps=run.steps, summary=summary,
+                     scenario=scenario if own_workload else None, itl=itl)
+
+
+@dataclass
+class _Run:
+    """One simulation's parts as `simulate` assembles them, for the helpers below."""
+    scenario: Scenario
+    rng: np.random.Generator
+    offered: Workload                  # every request sent (a gateway may turn some away: engine.admission)
+    workload: Workload                 # the requests that reached the engine
+    admitted_at: np.ndarray | None     # each offered request's passing of the gateway (NaN: shed)
+    req: RequestTable = dataclasses.field(init=False)
+    recorder: Recorder = dataclasses.field(init=False)
+    built: Any = dataclasses.field(init=False)          # sim/build.Replicas
+    end_s: float = 0.0                 # an autoscaled fleet's release: the last finish
+    caches: list = dataclasses.field(default_factory=list)  # prefix caches with hit statistics
+    steps: pd.DataFrame = dataclasses.field(init=False)
+    requests: pd.DataFrame = dataclasses.field(init=False)
+    states: dict = dataclasses.field(default_factory=dict)  # each active feature's run state
+
+
+def _workload(scenario: Scenario, workload: Workload | None, rng: np.random.Generator) -> Workload:
+    if workload is not None:
+        return workload
+    try:
+        return build_workload(scenario.workload, rng)
+    except ScenarioError as err:  # (a bound on the workload's own times: name the scenario file)
+        if not str(err).startswith("workload"):
+            raise
+        raise ScenarioError(f"{_where(scenario)}{err}") from None
+
+
+def _admitted(scenario: Scenario, workload: Workload) -> tuple[Workload, Workload, np.ndarray | None]:
+    """(every request offered, those that reach the engine, when each passed the gateway): a
+    request that could never run is refused here."""
     e, where = scenario.engine, _where(scenario)
     if e.lora is None and workload.adapter is not None and bool((workload.adapter >= 0).any()):
         raise ScenarioError(f"{where}workload.trace: its requests name LoRA adapters (the adapter column) but the "
                             "engine serves none; set engine.lora (e.g. {max_loras: 4, max_lora_rank: 16})")
-    blocks, layout = scenario.budget.num_gpu_blocks, scenario.budget.layout
-    offered = workload  # every request sent (a gateway may turn some away: engine.admission)
-    admitted_at = None
+    offered, admitted_at = workload, None
     if e.admission is not None:
         workload, admitted_at = _through_gateway(e.admission, workload, where)
-    check_servable(workload, e, blocks, where, layout)
-    cost = cost if cost is not None else cost_model(scenario)
-    req = RequestTable.from_workload(workload)
-    env = simpy.Environment()
-    recorder = Recorder(e.block_size)
-    tick = _hooks(_progress_ticker(req, progress), watch(req) if watch is not None else None)
-    built = build_replicas(env, scenario, req, workload, cost, recorder, rng, tick, fast_forward)
-    schedulers, transfers, loop = built.schedulers, built.transfers, built.loop
-    env.run()
-    if progress is not None:
-        progress(len(req), len(req))
-    scaler = built.autoscaler
-    if scaler is not None:  # the fleet is released when the last request finishes (engine time)
-        finished = req.finish[np.isfinite(req.finish)]
-        end_s = float(finished.max()) if len(finished) else env.now
-        scaler.close(end_s)
-    caches = [s.kv for s in schedulers if isinstance(s.kv, PrefixKVCache) and s.kv.reports]
-    steps = steps_frame(recorder, cached=bool(caches))  # prefix caching: cached blocks over time
+    check_servable(workload, e, scenario.budget.num_gpu_blocks, where, scenario.budget.layout)
+    return offered, workload, admitted_at
+
+
+def _requests(run: _Run, overheads) -> pd.DataFrame:
+    """requests.csv's frame: the request table's columns, each feature's, and (behind a gateway)
+    a row per offered request."""
+    req, steps, built, sc = run.req, run.steps, run.built, run.scenario
     gate = built.gate  # a concurrency limit at the gateway: when each request passed it (NaN: turned away)
     spread = None  # each request's own frontend time and pauses in its decode, where they vary
     if overheads is not None and overheads.on_requests:  # request handling, scheduling lag
@@ -112,33 +149,34 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
         _, spread = overheads.apply(reached, req.prompt, req.first_scheduled, req.first_token, req.finish,
                         req.replica, (steps["replica"].to_numpy(), steps["start_s"].to_numpy(),
                                       steps["duration_s"].to_numpy(), steps["count"].to_numpy()),
-                        np.frombuffer(recorder.durations, dtype=np.float64), rng)
+                        np.frombuffer(run.recorder.durations, dtype=np.float64), run.rng)
+    offered, admitted_at = run.offered, run.admitted_at
     if admitted_at is not None:  # latencies from each request's own arrival: the gateway's wait is the client's
         req.arrival = offered.arrival_s[np.isfinite(admitted_at)]
     requests = requests_frame(req)
     if spread is not None:  # (sim/cost/overheads.py: frontend_cv, stalls; the export's ITLs read them)
         requests["frontend_s"], requests["stall_s"] = spread
+    loop = built.loop
     if loop is not None:  # (closed-loop users)
         requests["user"] = loop.user  # who sent each request (closed loop only)
         if loop.sessions is not None:  # multi-turn: which conversation, which turn of it
             requests["conversation"] = loop.sessions.conversation
             requests["turn"] = loop.sessions.turn
-    if caches:  # prefix caching simulated: tokens each request found cached (vLLM: cached tokens)
-        requests["cached_tokens"] = np.sum([c.cached_tokens for c in caches], axis=0)
-    active = list(features.active(scenario))
-    states = built.features
-    ran = Ran(steps, np.frombuffer(recorder.durations, dtype=np.float64))  # (before the gaps take the durations)
-    states = {key: f.observe(scenario.features[key], states.get(key), ran) for key, f in active}
-    del ran  # (its view of the recorder's durations: inter_token_latencies below takes and resizes them)
-    for key, f in active:
-        for column, values in f.columns(scenario.features[key], states[key]).items():
+    if run.caches:  # prefix caching simulated: tokens each request found cached (vLLM: cached tokens)
+        requests["cached_tokens"] = np.sum([c.cached_tokens for c in run.caches], axis=0)
+    ran = Ran(steps, np.frombuffer(run.recorder.durations, dtype=np.float64))  # (before the gaps take them)
+    run.states = {key: f.observe(sc.features[key], built.features.get(key), ran) for key, f in features.active(sc)}
+    del ran  # (its view of the recorder's durations: inter_token_latencies takes and resizes them)
+    for key, f in features.active(sc):
+        for column, values in f.columns(sc.features[key], run.states[key]).items():
             requests[column] = values
+    transfers = built.transfers
     if transfers is not None:  # (sized like req: before the shed rows join)
         requests["prefill_replica"] = transfers.prefill_replica
         requests["kv_transfer_s"] = transfers.transfer_s
     if gate is not None and admitted_at is not None:  # turned away at the concurrency gate: shed rows too
         passed = ~np.isnan(gate.released)
-        admitted_at = admitted_at.copy()
+        admitted_at = run.admitted_at = admitted_at.copy()
         admitted_at[np.flatnonzero(np.isfinite(admitted_at))] = gate.released
         requests = requests[passed].reset_index(drop=True)
     if admitted_at is not None:  # every offered request, the shed ones marked
@@ -147,48 +185,92 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
         requests["adapter"] = offered.adapter
     if offered.classes is not None:  # workload.classes: each request's class by name (rows: every offered request)
         requests["class"] = np.asarray(offered.class_names, dtype=object)[offered.classes]
-    m, hw = scenario.model, scenario.hardware
-    itl = inter_token_latencies(steps, recorder, req)  # (takes the recorder's durations)
-    # engines (data-parallel ranks are engines of their own) and the GPUs they hold
-    replicas, gpus = e.replicas * e.data_parallel_size, e.replicas * e.gpus_per_replica
-    fleet = None
-    if scaler is not None:  # replicas held over the run, on average: what utilisation is measured against
-        fleet = scaler.summary(end_s, e.gpus_per_replica, scenario.hardware.usd_per_hour)
-        replicas, gpus = fleet["mean_replicas"], fleet["mean_replicas"] * e.gpus_per_replica
-    if e.disaggregation is not None:
-        d = e.disaggregation
-        replicas = d.prefill_replicas + d.decode_replicas
-        gpus = d.prefill_replicas * d.prefill.tensor_parallel_size + d.decode_replicas * d.decode.tensor_parallel_size
-    summary = summarize(req, requests, steps, recorder, itl=itl, max_num_seqs=e.max_num_seqs, replicas=replicas,
-                        gpus=gpus, flops_per_token=m.flops_per_token,
+    return requests
+
+
+def _summary(run: _Run, itl: InterTokenGaps) -> dict:
+    """summary.json: the metrics, then each part of the run's own section (SECTIONS, then each
+    feature's), the error band and the run record."""
+    sc = run.scenario
+    e, m, hw = sc.engine, sc.model, sc.hardware
+    fleet, replicas, gpus = _engines(run)
+    offered = run.offered
+    summary = summarize(run.req, run.requests, run.steps, run.recorder, itl=itl, max_num_seqs=e.max_num_seqs,
+                        replicas=replicas, gpus=gpus, flops_per_token=m.flops_per_token,
                         weight_bytes=m.weight_bytes, kv_bytes_per_token=m.kv_bytes_per_token,
                         experts=None if m.moe is None else (m.routed_expert_bytes,
                                                             1 - m.moe.experts_per_token / m.moe.num_experts),
                         # a hybrid's linear-attention states, read and written by every decode
                         state_bytes_per_decode=0.0 if m.linear_attention is None else
                         2 * m.linear_attention.layers * memory.linear_state_bytes(m, 1),
-                        peak_flops=hw.bf16_flops, hbm_bandwidth=hw.hbm_bandwidth, slo=scenario.slo,
+                        peak_flops=hw.bf16_flops, hbm_bandwidth=hw.hbm_bandwidth, slo=sc.slo,
                         classes=offered.class_names if offered.classes is not None else ())
     if fleet is not None:
         summary["autoscaling"] = fleet
-    if admitted_at is not None:
-        shed = int(np.isnan(admitted_at).sum())
-        waited = (admitted_at - offered.arrival_s)[np.isfinite(admitted_at)]
-        summary["admission"] = {"offered": len(offered), "admitted": len(offered) - shed, "shed": shed,
-                                "shed_fraction": shed / len(offered) if len(offered) else 0.0,
-                                "gateway_wait_ms": distribution(waited)}
-        if "goodput" in summary:  # met the SLO, of every request offered (a shed one did not)
-            g = summary["goodput"]
-            g["fraction_of_offered"] = g["fraction"] * summary["completed"] / len(offered) if len(offered) else 0.0
-    if caches:
-        queried = sum(c.queried_tokens for c in caches)
-        summary["prefix_cache_hit_rate"] = sum(c.hit_tokens for c in caches) / queried if queried else 0.0
-    slots = [s.lora for s in schedulers if getattr(s, "lora", None) is not None]
-    if slots and e.lora is not None:  # multi-LoRA serving: adapters loaded into GPU slots over the run
-        summary["lora"] = {"max_loras": e.lora.max_loras, "max_lora_rank": e.lora.max_lora_rank,
-                           "adapters_used": int(len(np.unique(offered.adapter[offered.adapter >= 0])))
-                           if offered.adapter is not None else 0,
+    for section in SECTIONS:
+        section(run, summary)
+    view = RunView(sc, run.requests, run.steps, summary, replicas, gpus)
+    for key, f in features.active(sc):  # each feature's own section (sim/features/: energy, faults, ...)
+        part = f.summarize(sc.features[key], run.states[key], view)
+        if part is not None:
+            summary[key] = part
+    if "ttft_ms" in summary:  # where the real server's latencies are expected (sim/cost/error_band.py)
+        queued = error_band.queued_share(run.requests["queue_s"].to_numpy(dtype=float),
+                                         run.requests["ttft_s"].to_numpy(dtype=float))
+        summary["error_band"] = error_band.band(error_band.path_of(sc, features.unvalidated(sc)), summary, queued)
+    return {"scenario": sc.name, **summary, "run": run_record(sc)}
+
+
+def _engines(run: _Run) -> tuple[dict | None, float, float]:
+    """(an autoscaled fleet's summary or None, the engines and the GPUs the run held): data-parallel
+    ranks are engines of their own; an autoscaled fleet's replicas held on average (what
+    utilisation is measured against); disaggregated pools' both."""
+    e = run.scenario.engine
+    replicas, gpus = e.replicas * e.data_parallel_size, e.replicas * e.gpus_per_replica
+    fleet = None
+    scaler = run.built.autoscaler
+    if scaler is not None:
+        fleet = scaler.summary(run.end_s, e.gpus_per_replica, run.scenario.hardware.usd_per_hour)
+        replicas, gpus = fleet["mean_replicas"], fleet["mean_replicas"] * e.gpus_per_replica
+    if e.disaggregation is not None:
+        d = e.disaggregation
+        replicas = d.prefill_replicas + d.decode_replicas
+        gpus = d.prefill_replicas * d.prefill.tensor_parallel_size + d.decode_replicas * d.decode.tensor_parallel_size
+    return fleet, replicas, gpus
+
+
+# -- summary.json's parts of the engine's own features, in the order they are written ------------
+def _admission(run: _Run, summary: dict) -> None:
+    admitted_at, offered = run.admitted_at, run.offered
+    if admitted_at is None:
+        return
+    shed = int(np.isnan(admitted_at).sum())
+    waited = (admitted_at - offered.arrival_s)[np.isfinite(admitted_at)]
+    summary["admission"] = {"offered": len(offered), "admitted": len(offered) - shed, "shed": shed,
+                            "shed_fraction": shed / len(offered) if len(offered) else 0.0,
+                            "gateway_wait_ms": distribution(waited)}
+    if "goodput" in summary:  # met the SLO, of every request offered (a shed one did not)
+        g = summary["goodput"]
+        g["fraction_of_offered"] = g["fraction"] * summary["completed"] / len(offered) if len(offered) else 0.0
+
+
+def _prefix_cache(run: _Run, summary: dict) -> None:
+    if run.caches:
+        queried = sum(c.queried_tokens for c in run.caches)
+        summary["prefix_cache_hit_rate"] = sum(c.hit_tokens for c in run.caches) / queried if queried else 0.0
+
+
+def _lora(run: _Run, summary: dict) -> None:
+    slots = [s.lora for s in run.built.schedulers if getattr(s, "lora", None) is not None]
+    lora, adapter = run.scenario.engine.lora, run.offered.adapter
+    if slots and lora is not None:  # multi-LoRA serving: adapters loaded into GPU slots over the run
+        summary["lora"] = {"max_loras": lora.max_loras, "max_lora_rank": lora.max_lora_rank,
+                           "adapters_used": int(len(np.unique(adapter[adapter >= 0]))) if adapter is not None else 0,
                            "adapter_loads": sum(x.loads for x in slots)}
+
+
+def _kv_offloading(run: _Run, summary: dict) -> None:
+    schedulers = run.built.schedulers
     tiers = [s.connector for s in schedulers if getattr(s, "connector", None) is not None]
     if tiers:  # KV offloading: the CPU tier's share of the lookups (the GPU's: prefix_cache_hit_rate)
         queried = sum(s.kv.queried_tokens for s in schedulers)
@@ -199,6 +281,10 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
             "load_ms": distribution(np.array([x for t in tiers for x in t.load_seconds], dtype=np.float64)),
             "stored_blocks": sum(t.stored_blocks for t in tiers),
             "evicted_blocks": sum(t.evicted_blocks for t in tiers)}
+
+
+def _users(run: _Run, summary: dict) -> None:
+    loop, req = run.built.loop, run.req
     if loop is not None and loop.sessions is not None:
         summary["sessions"] = loop.sessions.summary()
     if loop is not None and loop.left is not None:  # agents: each session from its first call to its last answer
@@ -206,24 +292,20 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
         last = pd.Series(req.finish).groupby(loop.user).max()
         summary["agents"] = {"sessions": int(len(first)), "calls_mean": len(req) / len(first) if len(first) else 0.0,
                              "session_s": distribution((last - first).to_numpy(), scale=1.0)}
+
+
+def _kv_transfers(run: _Run, summary: dict) -> None:
+    transfers = run.built.transfers
     if transfers is not None:
         d = transfers.config
         summary["kv_transfer_bytes"] = transfers.bytes
         summary["kv_transfer_ms"] = distribution(transfers.transfer_s)
-        summary["pool_utilization"] = pool_utilization(steps, summary["duration_s"], d.prefill_replicas,
+        summary["pool_utilization"] = pool_utilization(run.steps, summary["duration_s"], d.prefill_replicas,
                                                        d.decode_replicas)
-    view = RunView(scenario, requests, steps, summary, replicas, gpus)
-    for key, f in active:  # each feature's own section (sim/features/: energy, faults, ...)
-        section = f.summarize(scenario.features[key], states[key], view)
-        if section is not None:
-            summary[key] = section
-    if "ttft_ms" in summary:  # where the real server's latencies are expected (sim/cost/error_band.py)
-        summary["error_band"] = error_band.band(error_band.path_of(scenario, features.unvalidated(scenario)), summary,
-                                                error_band.queued_share(requests["queue_s"].to_numpy(dtype=float),
-                                                                        requests["ttft_s"].to_numpy(dtype=float)))
-    summary = {"scenario": scenario.name, **summary, "run": run_record(scenario)}
-    return SimResult(requests=requests, steps=steps, summary=summary,
-                     scenario=scenario if own_workload else None, itl=itl)
+
+
+SECTIONS: tuple[Callable[[_Run, dict], None], ...] = (_admission, _prefix_cache, _lora, _kv_offloading, _users,
+                                                        _kv_transfers)
 
 
 def _through_gateway(config, workload: Workload, where: str) -> tuple[Workload, np.ndarray]:
