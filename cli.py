@@ -873,6 +873,48 @@ def plan(
         raise _fail(unmet[0], code=1)
 
 
+@app.command(cls=_Command, short_help="Spares (N+k) for an availability target under the scenario's faults.")
+def spares(
+    scenario: Annotated[Path, typer.Argument(help="Scenario YAML with a faults: section (docs/faults.md).",
+                                             show_default=False)],
+    availability: Annotated[float, typer.Option(
+        help="The fraction of windows (faults.minute_s) that must meet the SLO, e.g. 0.999.", metavar="F")] = 0.999,
+    seeds: Annotated[int, typer.Option(help="Fault seeds per fleet (the fault times vary, the requests do not).",
+                                       metavar="N", min=1, max=100)] = 5,
+    max_spares: Annotated[int, typer.Option(help="Most spares tried.", metavar="K", min=0, max=64)] = 4,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", help="Override a scenario key, as for [bold]run[/]. Repeatable.", metavar="KEY=VALUE",
+        show_default=False)] = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Also write spares.json here.", metavar="DIR", show_default=False)] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines.")] = False,
+) -> None:
+    """N = engine.replicas (the fault-free fleet); N+k replicas run under the faults for each seed,
+    until the worst seed meets [bold]--availability[/]; with faults.spot, a fleet with the spares on
+    spot capacity is searched too, and the cheaper one that meets it is the answer."""
+    from sim.config.checks import check_out_dir
+    from sim.config.errors import ScenarioError
+    from sim.config.scenario import load_scenario
+    from sim.planning.spares import lines, plan_spares
+
+    try:
+        sc = load_scenario(scenario, overrides=set_ or ())
+        if out is not None:
+            check_out_dir(out)
+        with _Progress("spares", "simulations", enabled=not quiet) as progress:
+            plan = plan_spares(sc, availability, seeds, max_spares, progress=lambda d, t, _eta: progress(d, t))
+    except ScenarioError as e:
+        raise _fail(str(e)) from None
+    for line in lines(plan):
+        typer.echo(line)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        from sim.simulate import finite
+
+        _write_json(finite(plan), out / "spares.json")
+        typer.echo(f"wrote {out / 'spares.json'}")
+
+
 @app.command(cls=_Command, short_help="KV-cache memory budget of a model on a GPU (no simulation).")
 def capacity(
     model: Annotated[str | None, typer.Option(

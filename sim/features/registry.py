@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from sim.config.errors import ScenarioError
-from sim.features import energy
+from sim.features import energy, faults
 from sim.features.contract import Feature
 
 if TYPE_CHECKING:
@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 FEATURES: dict[str, Feature] = {
     "energy": energy.FEATURE,
+    "faults": faults.FEATURE,
 }
 
 
@@ -54,3 +55,20 @@ def config(scenario: Scenario, key: str) -> Any:
 def compatibility() -> list[tuple[str, str, str]]:
     """(feature, what it cannot run with, why): the table docs/features.md prints."""
     return [(key, rule.other, rule.why) for key, f in FEATURES.items() for rule in f.rules]
+
+
+def compatibility_markdown() -> str:
+    """The features and what each cannot run with, as the table docs/simulator.md prints (a test
+    holds the two equal: `python -m sim.features.registry` prints it)."""
+    rows = ["| feature | section | cannot run with | why |", "|---|---|---|---|"]
+    for key, f in FEATURES.items():
+        rules = f.rules or ()
+        if not rules:
+            rows.append(f"| {key} | `{key}:` | (nothing) | |")
+        for rule in rules:
+            rows.append(f"| {key} | `{key}:` | {rule.other} | {rule.why} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    print(compatibility_markdown(), end="")

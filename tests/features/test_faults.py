@@ -1,0 +1,179 @@
+"""Faults (sim/features/faults/, issue 51) on timelines computed by hand: `cost_model: unit`
+makes every iteration last 1.0 s, a prompt of 4 tokens is prefilled in one iteration (which
+samples the first token) and every later iteration samples one more."""
+import numpy as np
+import pytest
+
+from sim.config.errors import ScenarioError
+from sim.config.scenario import scenario_from_dict
+from sim.simulate import simulate
+from tests.simhelpers import _PLACEHOLDER_WORKLOAD, _numbers, assert_same_run, make_workload
+
+
+def scenario(faults, replicas=2, slo=None, **engine):
+    raw = {"name": "t", "model": "llama-3-8b", "hardware": "h100-sxm", "cost_model": "unit",
+           "engine": {"scheduler": "chunked", "replicas": replicas, **engine},
+           "workload": _PLACEHOLDER_WORKLOAD, "faults": faults}
+    if slo is not None:
+        raw["slo"] = slo
+    return scenario_from_dict(raw)
+
+
+def both(sc, arrival, prompt, output):
+    """The run fast-forwarded and stepped (they must agree); the fast-forwarded one."""
+    w = make_workload(arrival, prompt, output)
+    fast, stepped = simulate(sc, workload=w), simulate(sc, workload=w, fast_forward=False)
+    assert_same_run(fast, stepped)
+    assert dict(_numbers(fast.summary["faults"])) == pytest.approx(dict(_numbers(stepped.summary["faults"])),
+                                                                   nan_ok=True)
+    return fast
+
+
+def test_a_failed_replicas_request_is_retried_on_the_other():
+    # r0 (t=0) on replica 0: tokens at 1, 2, 3, 4; replica 0 fails at 4.2 (the iteration [4, 5] is
+    # lost). r1 (t=0.5) on replica 1: tokens at 1.5, 2.5, 3.5, done. r0 is sent again at
+    # 4.2 + 1.0 = 5.2 to replica 1 (idle): its prompt again at [5.2, 6.2], 9 more tokens: done at 15.2.
+    sc = scenario({"outages": [{"replica": 0, "at_s": 4.2, "down_s": 100}], "retry_delay_s": 1.0})
+    r = both(sc, [0.0, 0.5], 4, [10, 3])
+    q = r.requests
+    assert q["first_token_s"].tolist() == pytest.approx([6.2, 1.5])
+    assert q["finish_s"].tolist() == pytest.approx([15.2, 3.5])
+    assert q["ttft_s"][0] == pytest.approx(6.2) and q["e2e_s"][0] == pytest.approx(15.2)  # from the first arrival
+    assert q["replica"].tolist() == [1, 1] and q["attempts"].tolist() == [2, 1] and not q["failed"].any()
+    steps = r.steps
+    assert steps.loc[steps["replica"] == 0, "count"].sum() == 4  # ended at 1, 2, 3, 4; not the lost one
+    assert steps.loc[steps["replica"] == 1, "count"].sum() == 3 + 10
+    f = r.summary["faults"]
+    assert (f["outages"], f["requests_lost"], f["requests_retried"], f["requests_failed"]) == (1, 1, 1, 0)
+    assert f["retried_lost_ms"]["mean"] == pytest.approx(5200.0)  # arrival 0 to the resend at 5.2
+    assert f["capacity"]["replica_seconds_down"] == pytest.approx(15.2 - 4.2)  # (to the run's end)
+    assert [(e["t_s"], e["replica"], e["state"]) for e in f["timeline"]] == [(4.2, 0, "down")]
+
+
+def test_on_failure_fail_gives_the_client_an_error():
+    sc = scenario({"outages": [{"replica": 0, "at_s": 4.2, "down_s": 100}], "on_failure": "fail"})
+    r = both(sc, [0.0, 0.5], 4, [10, 3])
+    assert r.requests["failed"].tolist() == [True, False]
+    assert np.isnan(r.requests["finish_s"][0]) and r.summary["completed"] == 1
+    assert r.summary["faults"]["requests_failed"] == 1 and r.summary["faults"]["failed_fraction"] == 0.5
+
+
+def test_max_retries_bounds_the_attempts():
+    # both replicas down at 2.5 for 10 s: r0's resend at 3.5 finds none up and waits for 12.5
+    sc = scenario({"outages": [{"replica": 0, "at_s": 2.5, "down_s": 10}, {"replica": 1, "at_s": 2.5, "down_s": 10}],
+                   "max_retries": 0})
+    r = both(sc, [0.0, 0.5], 4, [10, 10])
+    assert r.requests["failed"].all() and r.summary["completed"] == 0
+    sc = scenario({"outages": [{"replica": 0, "at_s": 2.5, "down_s": 10}, {"replica": 1, "at_s": 2.5, "down_s": 10}]})
+    r = both(sc, [0.0, 0.5], 4, [10, 10])
+    # back at 12.5 (both): the held resends (3.5) are routed then, one to each: prompt [12.5, 13.5], done at 22.5
+    assert r.requests["finish_s"].tolist() == pytest.approx([22.5, 22.5])
+    assert r.requests["attempts"].tolist() == [2, 2]
+
+
+def test_a_drain_finishes_its_requests_then_restarts():
+    # replica 0 drained at 2: r0 finishes there at 10; r2 (t=3) goes to replica 1, busy with r1 until
+    # 3.5: r2's prompt at [3.5, 4.5], done at 5.5. Replica 0 restarts at 10 for 3 s; then replica 1
+    # is drained (idle) and restarts 13..16.
+    sc = scenario({"drains": {"start_s": 2, "restart_s": 3, "timeout_s": 100}})
+    r = both(sc, [0.0, 0.5, 3.0], 4, [10, 3, 2])
+    q = r.requests
+    assert q["finish_s"].tolist() == pytest.approx([10.0, 3.5, 5.5])
+    assert q["replica"].tolist() == [0, 1, 1] and q["attempts"].tolist() == [1, 1, 1]
+    log = [(e["t_s"], e["replica"], e["state"]) for e in r.summary["faults"]["timeline"]]
+    assert log == [(2.0, 0, "draining"), (10.0, 0, "down")]  # (the run ends at 10)
+    assert r.summary["faults"]["capacity"]["replica_seconds_draining"] == pytest.approx(8.0)
+
+
+def test_a_drain_that_times_out_hands_its_requests_back():
+    # drained at 2, timeout 4.5: at 6.5 r0 is taken off (tokens at 1..6 counted, [6, 7] lost); sent
+    # again at 7.5 to replica 1 (idle since 3.5): prompt [7.5, 8.5], done at 17.5
+    sc = scenario({"drains": {"start_s": 2, "restart_s": 3, "timeout_s": 4.5, "replicas": [0]}})
+    r = both(sc, [0.0, 0.5], 4, [10, 3])
+    assert r.requests["finish_s"].tolist() == pytest.approx([17.5, 3.5])
+    assert r.requests["attempts"].tolist() == [2, 1]
+    assert r.steps.loc[r.steps["replica"] == 0, "count"].sum() == 6
+
+
+def test_a_spot_preemption_drains_during_its_notice():
+    # replica 1 is spot; notice at 2.0, taken at 3.2. r1 (t=0.5, 5 tokens) on it: tokens at 1.5,
+    # 2.5; [2.5, 3.5] lost. r2 (t=2.5, one token) goes to replica 0 during the notice: it joins at
+    # the boundary 3, done at 4. r1 sent again at 4.2 to replica 0, joins at 5: tokens 6..10.
+    sc = scenario({"spot": {"replicas": 1, "notices": [{"replica": 1, "at_s": 2.0}], "notice_s": 1.2,
+                            "replace_s": 4, "usd_per_gpu_hour": 1.0}})
+    r = both(sc, [0.0, 0.5, 2.5], 4, [10, 5, 1])
+    q = r.requests
+    assert q["replica"].tolist() == [0, 0, 0]
+    assert q["finish_s"].tolist() == pytest.approx([10.0, 10.0, 4.0])
+    assert q["first_token_s"][1] == pytest.approx(6.0) and q["attempts"].tolist() == [1, 2, 1]
+    f = r.summary["faults"]
+    log = [(e["t_s"], e["replica"], e["state"], e["why"]) for e in f["timeline"]]
+    assert log == [(2.0, 1, "draining", "spot notice"), (3.2, 1, "down", "preempted"), (7.2, 1, "up", "back")]
+    assert f["preemptions"] == 1
+    # 10 s held: replica 0 on demand at the H100's price, replica 1 at 1.0 USD a GPU-hour
+    price = sc.hardware.usd_per_hour
+    assert f["cost"]["usd"] == pytest.approx(10 / 3600 * (price + 1.0))
+
+
+def test_availability_counts_the_minutes_that_met_the_slo():
+    # minute_s 10: requests at 0 (window 0) and 16 (window 1); r0 on replica 0 is lost and
+    # retried on replica 1 (TTFT 6.2 s > 1 s, done at 15.2): window 0 misses, window 1 (r1 on
+    # replica 1, idle again: TTFT 1 s) meets
+    sc = scenario({"outages": [{"replica": 0, "at_s": 4.2, "down_s": 100}], "minute_s": 10},
+                  slo={"ttft_ms": 1000, "percentile": 99})
+    r = both(sc, [0.0, 16.0], 4, [10, 3])
+    a = r.summary["faults"]["availability"]
+    assert (a["minutes"], a["met"], a["fraction"], a["worst_minute_start_s"]) == (2, 1, 0.5, 0.0)
+
+
+@pytest.mark.parametrize("faults, engine, message", [
+    ({"outages": [{"replica": 2, "at_s": 1, "down_s": 1}]}, {}, "faults.outages[0].replica: 2 but engine.replicas is 2"),
+    ({"spot": {"replicas": 3, "preemptions_per_h": 1}}, {}, "faults.spot.replicas: 3 but engine.replicas is 2"),
+    ({"spot": {"replicas": 1}}, {}, "give preemptions_per_h"),
+    ({"failures": {"mtbf_h": 0, "repair_s": 1}}, {}, "faults.failures.mtbf_h: 0 is not a number > 0"),
+    ({"on_failure": "retry"}, {}, "faults: names no fault"),
+    ({"outages": [{"replica": 0, "at_s": 1, "down_s": 1}]}, {"scheduler": "static"},
+     "faults: not modelled together with engine.scheduler: static"),
+    ({"outages": [{"replica": 0, "at_s": 1, "down_s": 1}]},
+     {"autoscaling": {"max_replicas": 3, "target_in_flight": 4}}, "not modelled together with engine.autoscaling"),
+])
+def test_bad_faults_are_refused(faults, engine, message):
+    with pytest.raises(ScenarioError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        scenario(faults, **engine)
+
+
+def test_exponential_failures_are_seeded_and_leave_the_run_stream_alone():
+    """MTBF draws come from a generator spawned from the run's: the same seed, the same faults;
+    and a run with faults that never strike (an MTBF of years) is the fault-free run."""
+    w = make_workload(np.arange(40) * 0.25, 64, 32)
+    sc = scenario({"failures": {"mtbf_h": 0.002, "repair_s": 2}})  # ~7 s between failures a replica
+    a, b = simulate(sc, workload=w), simulate(sc, workload=w)
+    assert a.summary["faults"] == b.summary["faults"] and a.summary["faults"]["failures"] > 0
+    quiet = simulate(scenario({"failures": {"mtbf_h": 1e6, "repair_s": 2}}, router="least_loaded"), workload=w)
+    plain = simulate(scenario_from_dict({"name": "t", "model": "llama-3-8b", "hardware": "h100-sxm",
+                                         "cost_model": "unit", "workload": _PLACEHOLDER_WORKLOAD,
+                                         "engine": {"scheduler": "chunked", "replicas": 2,
+                                                    "router": "least_loaded"}}), workload=w)
+    cols = list(plain.requests.columns)
+    assert quiet.requests[cols].equals(plain.requests) and quiet.steps.equals(plain.steps)
+
+
+def test_spares_answer_n_plus_one_where_n_is_not_enough():
+    """One replica serves a request every 2 s in 1 s (TTFT 1 s); it is out 21.5..51.5 s. Alone,
+    the requests of those 30 s wait for it (the one at 50 s until 51.5: TTFT 2.5 s): windows 2, 3,
+    4 and 5 of 10 s miss, 6 of 10 meet (the backlog goes in one iteration [51.5, 52.5]; the request
+    at 52 s joins at 52.5: TTFT 1.5 s, just within). With a second replica it takes them all (TTFT 1 s): 10 of 10. So N = 1 is short of 99%
+    and N + 1 meets it, at one more replica's price."""
+    from sim.planning.spares import lines, plan_spares
+
+    sc = scenario({"outages": [{"replica": 0, "at_s": 21.5, "down_s": 30}], "minute_s": 10}, replicas=1,
+                  slo={"ttft_ms": 1500, "percentile": 99})
+    w = make_workload(np.arange(50) * 2.0, 4, 1)
+    plan = plan_spares(sc, 0.99, seeds=2, max_spares=2, workload=w)
+    rows = plan["options"]["on_demand"]["rows"]
+    assert [(r["replicas"], r["availability_min"], r["met"]) for r in rows] == [(1, 0.6, False), (2, 1.0, True)]
+    assert plan["fault_free"]["availability"] == 1.0 and plan["answer"] == "on_demand"
+    price = sc.hardware.usd_per_hour
+    assert rows[1]["usd_per_hour"] == pytest.approx(2 * price)
+    assert plan["extra_usd_per_hour"] == pytest.approx(price)
+    assert lines(plan)[-1].startswith("answer: on-demand N+1 = 2 replicas")
