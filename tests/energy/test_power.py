@@ -1,6 +1,7 @@
 """The energy model (sim/features/energy/power.py) against a run computed by hand."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from sim.config.errors import ScenarioError
@@ -105,3 +106,20 @@ def test_a_power_cap_that_excludes_the_cheapest_gpu_changes_the_answer():
     rows = {r["gpu"]: r for r in capped["candidates"]}
     assert rows["a100-80gb"]["status"].startswith("over the power cap: ")
     assert rows["h100-sxm"]["facility_kw"] <= 1.35
+
+
+def test_power_over_time_by_hand():
+    """Two engines over 4 s in 4 stretches of 1 s, idle 100 W: engine 0 runs [0, 2] at 500 W with
+    4 requests; engine 1 runs [1.5, 2.5] at 300 W with 2. Stretch 0: (500 + 100) / 2 = 300 W;
+    stretch 1: (500 + 0.5 x 300 + 0.5 x 100) / 2 = 350 W; stretch 2: (100 + 0.5 x 300 + 0.5 x 100)
+    / 2 = 150 W; stretch 3: 100 W. Batch: 2, 2 + 0.5, 0.5, 0 requests over 2 engines."""
+    import pandas as pd
+
+    from sim.features.energy.power import power_over_time
+
+    steps = pd.DataFrame({"replica": [0, 1], "start_s": [0.0, 1.5], "duration_s": [2.0, 1.0], "count": [2, 1],
+                          "num_seqs": [4, 2]})
+    p = power_over_time(steps, np.array([500.0, 300.0]), 4.0, 2, 100.0, 700.0, bins=4)
+    assert p["gpu_w"] == pytest.approx([300.0, 350.0, 150.0, 100.0])
+    assert p["batch"] == pytest.approx([2.0, 2.5, 0.5, 0.0])
+    assert p["bin_s"] == 1.0 and p["tdp_w"] == 700.0

@@ -37,5 +37,12 @@ class Energy(FeatureBase):
     def line(self, section: dict) -> str | None:
         return one_line(section) or None
 
+    def figures(self, run: Any) -> dict:
+        p = run.summary["energy"].get("power_over_time")
+        if not p or not p.get("gpu_w"):
+            return {}  # (no board power known, or an older run folder)
+        from sim.features.energy.plot import power_figure
+        return {"power": power_figure(run)}
+
 
 FEATURE = Energy()

@@ -156,6 +156,7 @@ def run_energy(steps, duration_s: float, replicas: float, gpus: float, flops_per
         "j_per_output_token": facility_j / output_tokens if output_tokens else None,
         "j_per_request": facility_j / completed if completed else None,
     }
+    out["power_over_time"] = power_over_time(steps, busy_w, duration_s, replicas, idle, tdp)
     if isinstance(config.usd_per_kwh, tuple) or isinstance(config.gco2_per_kwh, tuple):
         # by hour of the run: each row's iterations in the hour they start; idle and host evenly
         start = steps["start_s"].to_numpy(dtype=np.float64)
@@ -180,6 +181,41 @@ def run_energy(steps, duration_s: float, replicas: float, gpus: float, flops_per
     if config.gco2_per_kwh is not None:
         out["kgco2"] = priced(config.gco2_per_kwh) / 1e3
     return out
+
+
+POWER_BINS = 240  # stretches of the run the power figure draws (summary.json's power_over_time)
+
+
+def power_over_time(steps, busy_w: np.ndarray, duration_s: float, replicas: float, idle: float, tdp: float,
+                    bins: int = POWER_BINS) -> dict:
+    """A GPU's mean power in each of up to POWER_BINS equal stretches of the run (W; idle between
+    iterations) and the mean batch size (requests in an iteration, over the engines) beside it:
+    the energy figure's two lines. Each row's iterations are spread over their span."""
+    if duration_s <= 0 or not len(steps) or not replicas:
+        return {"bin_s": 0.0, "gpu_w": [], "batch": [], "idle_w": idle, "tdp_w": tdp}
+    width = duration_s / bins
+    start = steps["start_s"].to_numpy(dtype=np.float64)
+    dur = steps["duration_s"].to_numpy(dtype=np.float64)
+    t0 = float(start.min())
+    edges = t0 + width * np.arange(bins + 1)
+    lo, hi = start, start + dur
+    # seconds of each row inside each bin: overlap of [lo, hi] with [edge_k, edge_k+1]
+    first = np.clip(((lo - t0) // width).astype(np.int64), 0, bins - 1)
+    last = np.clip(((hi - t0) // width).astype(np.int64), 0, bins - 1)
+    busy_j, busy_s = np.zeros(bins), np.zeros(bins)
+    seqs = steps["num_seqs"].to_numpy(dtype=np.float64) if "num_seqs" in steps else np.zeros(len(steps))
+    seq_s = np.zeros(bins)
+    for k in range(int((last - first).max()) + 1):  # rows span few bins: one pass per extra bin
+        b = np.minimum(first + k, last)  # (a row past its last bin: counted nowhere, `ok` below)
+        ok = first + k <= last
+        inside = np.clip(np.minimum(hi, edges[b + 1]) - np.maximum(lo, edges[b]), 0.0, None) * ok
+        np.add.at(busy_j, b[ok], (busy_w * inside)[ok])
+        np.add.at(busy_s, b[ok], inside[ok])
+        np.add.at(seq_s, b[ok], (seqs * inside)[ok])
+    engine_s = width * replicas
+    gpu_w = (busy_j + np.maximum(engine_s - busy_s, 0.0) * idle) / engine_s
+    return {"bin_s": width, "start_s": t0, "gpu_w": [float(x) for x in gpu_w],
+            "batch": [float(x) for x in seq_s / engine_s], "idle_w": idle, "tdp_w": tdp}
 
 
 def shortest_iterations(count: np.ndarray, durations: np.ndarray) -> np.ndarray | None:
