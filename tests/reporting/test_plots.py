@@ -154,7 +154,7 @@ def test_save_plots_writes_pngs(run_dir, tmp_path):
     written = save_plots(run_dir, compare=[other], out=tmp_path / "plots")
     names = sorted(p.name for p in written)
     assert names == ["batch_kv.png", "compare_bars.png", "compare_cdf.png", "latency_cdf.png",
-                     "slot_timeline.png", "slot_timeline_1.png"]  # every compared run's timeline
+                     "power.png", "slot_timeline.png", "slot_timeline_1.png"]  # every compared run's timeline
     for p in written:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 10_000
 
@@ -163,7 +163,8 @@ def test_cli_plot_default_out(run_dir):
     result = CliRunner().invoke(app, ["plot", str(run_dir)])
     assert result.exit_code == 0, result.output
     lines = result.output.split()
-    assert [Path(x).name for x in lines] == ["slot_timeline.png", "batch_kv.png", "latency_cdf.png"]
+    # (power.png: the energy feature's own figure, sim/features/energy/plot.py)
+    assert [Path(x).name for x in lines] == ["slot_timeline.png", "batch_kv.png", "latency_cdf.png", "power.png"]
     assert all((run_dir / "plots" / Path(x).name).stat().st_size > 0 for x in lines)
 
 
@@ -306,7 +307,7 @@ def test_report_is_one_self_contained_page(run_dir, tmp_path):
     result = CliRunner().invoke(app, ["report", str(run_dir)])
     assert result.exit_code == 0, result.output
     page = (run_dir / "report.html").read_text()
-    assert len(re.findall(r'<img alt="[^"]+\.png" src="data:image/png;base64,', page)) == 3  # timeline, batch/KV, CDFs
+    assert len(re.findall(r'<img alt="[^"]+\.png" src="data:image/png;base64,', page)) == 4  # timeline, batch/KV, CDFs, power
     assert "<h2>Summary</h2>" in page and "<h2>Scenario</h2>" in page
     # nothing to fetch from elsewhere: no element loads anything but data (the inlined Plotly library's
     # own code holds `src="` in its strings)
