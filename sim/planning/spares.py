@@ -84,17 +84,22 @@ def plan_spares(scenario, target: float, seeds: int = 5, max_spares: int = 4, wo
         for k in range(max_spares + 1):
             faults = base if name == "on_demand" else _spot_faults(base, k)
             spot_n = 0 if faults.spot is None else faults.spot.replicas
-            fractions = []
+            fractions, missed, lost = [], 0, 0
             for seed in range(seeds):
                 run = simulate(_fleet(scenario, n + k, dataclasses.replace(faults, seed=seed)), workload=workload)
                 tick()
-                fractions.append(run.summary["faults"]["availability"].get("fraction", float("nan")))
+                a = run.summary["faults"]["availability"]
+                fractions.append(a.get("fraction", float("nan")))
+                missed += a.get("minutes", 0) - a.get("met", 0)
+                lost += a.get("missed_with_lost_requests", 0)
             usd = e.gpus_per_replica * ((n + k - spot_n) * hw.usd_per_hour + spot_n * spot_price)
             rows.append({"spares": k, "replicas": n + k, "spot_replicas": spot_n,
                          "availability_min": float(np.min(fractions)),
                          "availability_median": float(np.median(fractions)),
                          "availability_max": float(np.max(fractions)),
-                         "met": bool(np.min(fractions) >= target), "usd_per_hour": usd})
+                         "met": bool(np.min(fractions) >= target), "usd_per_hour": usd,
+                         # windows missed over the seeds, and those among them that held a lost request
+                         "windows_missed": missed, "missed_with_lost_requests": lost})
             if rows[-1]["met"]:
                 break
         answer = next((r for r in rows if r["met"]), None)
@@ -120,6 +125,13 @@ def lines(plan: dict) -> list[str]:
                         f"availability min {r['availability_min']:.2%} / median {r['availability_median']:.2%} / "
                         f"max {r['availability_max']:.2%} over {plan['seeds']} seeds, ${r['usd_per_hour']:.2f}/h"
                         + ("  meets" if r["met"] else ""))
+    rows = [r for o in plan["options"].values() for r in o["rows"]]
+    missed = sum(r["windows_missed"] for r in rows)
+    lost = sum(r["missed_with_lost_requests"] for r in rows)
+    if missed:
+        said.append(f"of the {missed} windows missed over these fleets and seeds, {lost} held a request lost to a "
+                    "fault (its retry missed the SLO there): spares do not win those back; a shorter "
+                    "faults.retry_delay_s or faster failover does")
     if plan["answer"] is None:
         said.append(f"no fleet up to N+{len(next(iter(plan['options'].values()))['rows']) - 1} met "
                     f"{plan['target']:.3%}; raise --max-spares or loosen the target")

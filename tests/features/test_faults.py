@@ -124,6 +124,7 @@ def test_availability_counts_the_minutes_that_met_the_slo():
     r = both(sc, [0.0, 16.0], 4, [10, 3])
     a = r.summary["faults"]["availability"]
     assert (a["minutes"], a["met"], a["fraction"], a["worst_minute_start_s"]) == (2, 1, 0.5, 0.0)
+    assert a["missed_with_lost_requests"] == 1 and a["windows"] == [[0.0, False], [10.0, True]]
 
 
 @pytest.mark.parametrize("faults, engine, message", [
@@ -173,6 +174,8 @@ def test_spares_answer_n_plus_one_where_n_is_not_enough():
     rows = plan["options"]["on_demand"]["rows"]
     assert [(r["replicas"], r["availability_min"], r["met"]) for r in rows] == [(1, 0.6, False), (2, 1.0, True)]
     assert plan["fault_free"]["availability"] == 1.0 and plan["answer"] == "on_demand"
+    # the 4 windows N missed (each seed) held no lost request (the outage found the replica idle): capacity
+    assert (rows[0]["windows_missed"], rows[0]["missed_with_lost_requests"]) == (8, 0)
     price = sc.hardware.usd_per_hour
     assert rows[1]["usd_per_hour"] == pytest.approx(2 * price)
     assert plan["extra_usd_per_hour"] == pytest.approx(price)

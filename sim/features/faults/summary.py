@@ -26,7 +26,15 @@ def minutes_met(requests: pd.DataFrame, slo, minute_s: float) -> dict:
         ok = ~(values > target) & ~failed  # (a one-token request has no TPOT and cannot miss it)
         share = pd.Series(ok).groupby(window).mean()
         met &= share >= pct / 100.0
+    missed_lost = 0
+    if "attempts" in served:  # a missed window that held a lost request (retried or failed)
+        lost = (served["attempts"].to_numpy() > 1) | served["failed"].to_numpy(dtype=bool)
+        touched = pd.Series(lost).groupby(window).any()
+        missed_lost = int((~met & touched.reindex(met.index, fill_value=False)).sum())
     return {"minute_s": minute_s, "minutes": int(len(met)), "met": int(met.sum()),
+            # of the windows missed, those with a lost request: the retries' own latency missed
+            # there, which spares do not win back (a shorter retry_delay_s or failover would)
+            "missed_with_lost_requests": missed_lost,
             "fraction": float(met.mean()) if len(met) else 1.0,
             "worst_minute_start_s": None if met.all() else float(met.index[~met.to_numpy()][0] * minute_s),
             # each window with an arrival: its start (s) and whether it met the SLO (the figure's bottom row)
