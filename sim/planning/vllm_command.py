@@ -96,4 +96,8 @@ def vllm_serve(scenario, setting: dict | None = None) -> str | None:
         args += ["--speculative-config", json.dumps(config)]
     if knobs["num_gpu_blocks"] is not None:  # vLLM's override counts the null block too
         args += ["--num-gpu-blocks-override", str(knobs["num_gpu_blocks"] + 1)]
+    from sim.features import registry
+
+    for key, feature in registry.active(scenario):  # what each feature adds (sim/features/: its vllm_flags)
+        args += feature.vllm_flags(scenario.features[key])
     return shlex.join(args)

@@ -21,7 +21,7 @@ def _closed_loop(s) -> bool:
 class Faults(FeatureBase):
     key = "faults"
     title = "replica failures, outages, rolling restarts, spot preemptions; retries; SLO per minute (docs/faults.md)"
-    unvalidated = "faults (retries, restarts, preemptions)"
+    unvalidated = "faults: retries, restarts, preemptions"
     rules: tuple[Rule, ...] = (
         Rule("engine.autoscaling", lambda s: s.engine.autoscaling is not None,
              "the autoscaler owns the fleet's replica set"),
