@@ -28,8 +28,7 @@ def faults_figure(run) -> Figure:
     size = f["cost"]["on_demand_replicas"] + f["cost"]["spot_replicas"]
     finish = q["finish_s"].to_numpy(dtype=float)
     end_s = float(np.nanmax(finish)) if np.isfinite(finish).any() else 1.0
-    minutes = end_s > 600
-    scale = 60.0 if minutes else 1.0
+    scale, unit = (3600.0, "h") if end_s > 7200 else (60.0, "min") if end_s > 600 else (1.0, "s")
     t, up, draining, down = states_over_time(f["timeline"], size, end_s)
     fig = Figure(figsize=(11, 8), layout="constrained")
     axes = fig.subplots(3, 1, sharex=True, height_ratios=(2, 3, 1))
@@ -65,14 +64,19 @@ def faults_figure(run) -> Figure:
     if "fraction" in a:
         window = a["minute_s"]
         starts = np.array([w[0] for w in a["windows"]], dtype=float)
-        ax.bar(starts / scale, np.ones(len(starts)), width=window / scale, align="edge",
-               color=["#4c9f70" if w[1] else "#d1495b" for w in a["windows"]], lw=0)
+        met = np.array([bool(w[1]) for w in a["windows"]])
+        ax.bar(starts[met] / scale, np.ones(int(met.sum())), width=window / scale, align="edge", color="#4c9f70",
+               lw=0, label="met")
+        # a missed window drawn at least 1/300 of the run wide, so that one minute shows on a day
+        ax.bar(starts[~met] / scale, np.ones(int((~met).sum())), width=max(window, end_s / 300) / scale,
+               align="edge", color="#d1495b", lw=0, label=f"missed ({int((~met).sum())})")
+        ax.legend(loc="lower left", fontsize=8, ncol=2)
         ax.set_yticks([])
         ax.set_ylabel("SLO met\nper window")
         title = f"SLO met in {a['fraction']:.2%} of {window:g}-s windows ({a['met']}/{a['minutes']})"
     else:
         title = a.get("source", "")
-    ax.set_xlabel("time (min)" if minutes else "time (s)")
+    ax.set_xlabel(f"time ({unit})")
     for x in axes:
         x.grid(alpha=0.3)
     axes[0].set_title(f"{run.name}: {f['failures']} failures, {f['outages']} outages, {f['drains']} drains, "
