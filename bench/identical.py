@@ -6,6 +6,8 @@ run.servesim_version).
 
     PYTHONPATH=/path/to/old/tree python bench/identical.py --write /tmp/old.json
     python bench/identical.py --write /tmp/new.json --against /tmp/old.json
+
+`--ignore KEY` (both runs) leaves a summary.json key added on purpose out, e.g. energy.power_over_time.
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ def cases():
         yield name, str(ROOT / path), sets
 
 
-def digest(out: Path) -> dict:
+def digest(out: Path, ignore: tuple[str, ...] | list[str] = ()) -> dict:
     got = {}
     for name in ("requests.csv", "steps.csv", "summary.json"):
         data = (out / name).read_bytes()
@@ -49,6 +51,13 @@ def digest(out: Path) -> dict:
             data = data.replace(str(ROOT).encode(), b"<root>")
             summary = json.loads(data)
             summary.get("run", {}).pop("servesim_version", None)
+            for key in ignore:  # --ignore a.b: a key added on purpose since the revision compared with
+                *parents, last = key.split(".")
+                node = summary
+                for part in parents:
+                    node = node.get(part, {}) if isinstance(node, dict) else {}
+                if isinstance(node, dict):
+                    node.pop(last, None)
             data = json.dumps(summary, sort_keys=True).encode()
         got[name] = hashlib.sha256(data).hexdigest()
     return got
@@ -58,6 +67,8 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--write", required=True)
     p.add_argument("--against")
+    p.add_argument("--ignore", action="append", default=[], metavar="KEY",
+                   help="a summary.json key (dotted) left out of the comparison, e.g. energy.power_over_time")
     args = p.parse_args()
     from sim.config.errors import ScenarioError
     from sim.config.scenario import load_scenario
@@ -76,7 +87,7 @@ def main() -> int:
                     pass
             with tempfile.TemporaryDirectory() as tmp:
                 write_outputs(simulate(sc), Path(tmp))
-                results[name] = digest(Path(tmp))
+                results[name] = digest(Path(tmp), args.ignore)
         except ScenarioError as err:
             results[name] = {"error": str(err)}
         print(name, "error" if "error" in results[name] else "ok", flush=True)

@@ -53,7 +53,7 @@ def config(scenario: Scenario, key: str) -> Any:
 
 
 def compatibility() -> list[tuple[str, str, str]]:
-    """(feature, what it cannot run with, why): the table docs/features.md prints."""
+    """(feature, what it cannot run with, why): the rows of the table docs/simulator.md prints."""
     return [(key, rule.other, rule.why) for key, f in FEATURES.items() for rule in f.rules]
 
 
