@@ -180,3 +180,23 @@ def test_spares_answer_n_plus_one_where_n_is_not_enough():
     assert rows[1]["usd_per_hour"] == pytest.approx(2 * price)
     assert plan["extra_usd_per_hour"] == pytest.approx(price)
     assert lines(plan)[-1].startswith("answer: on-demand N+1 = 2 replicas")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["scenarios/quickstart.yaml"], "faults: missing; the spares are sized against a fault model"),
+    (["scenarios/chat-2x-faults.yaml", "--availability", "1.5"], "--availability: 1.5 is not a fraction in (0, 1]"),
+    (["scenarios/chat-2x-faults.yaml", "--set", "faults.minute_s=0"], "faults.minute_s: 0 is not a number > 0"),
+])
+def test_spares_refuses_bad_input_in_one_line_and_writes_nothing(args, message, tmp_path):
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from cli import app
+    from tests.simhelpers import assert_one_line_error
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "out"
+    argv = ["spares", str(root / args[0]), *args[1:], "--out", str(out)]
+    assert_one_line_error(CliRunner().invoke(app, argv), message)
+    assert not out.exists()
