@@ -47,16 +47,6 @@ def unvalidated(scenario: Scenario) -> tuple[str, ...]:
     return tuple(f.unvalidated for _, f in active(scenario) if f.unvalidated)
 
 
-def config(scenario: Scenario, key: str) -> Any:
-    """The scenario's config of feature `key` (its parsed section, or the feature's default)."""
-    return scenario.features.get(key)
-
-
-def compatibility() -> list[tuple[str, str, str]]:
-    """(feature, what it cannot run with, why): the rows of the table docs/simulator.md prints."""
-    return [(key, rule.other, rule.why) for key, f in FEATURES.items() for rule in f.rules]
-
-
 def compatibility_markdown() -> str:
     """The features and what each cannot run with, as the table docs/simulator.md prints (a test
     holds the two equal: `python -m sim.features.registry` prints it)."""

@@ -133,6 +133,8 @@ def test_availability_counts_the_minutes_that_met_the_slo():
     ({"spot": {"replicas": 1}}, {}, "give preemptions_per_h"),
     ({"failures": {"mtbf_h": 0, "repair_s": 1}}, {}, "faults.failures.mtbf_h: 0 is not a number > 0"),
     ({"on_failure": "retry"}, {}, "faults: names no fault"),
+    ({"outages": [{"replica": 0, "at_s": 1, "down_s": 1}], "minute_s": 1e-300}, {}, "faults.minute_s: 1e-300 s is under"),
+    ({"outages": [{"replica": 0, "at_s": 1e300, "down_s": 1}]}, {}, "faults.outages[0].at_s: 1e+300 is more than"),
     ({"outages": [{"replica": 0, "at_s": 1, "down_s": 1}]}, {"scheduler": "static"},
      "faults: not modelled together with engine.scheduler: static"),
     ({"outages": [{"replica": 0, "at_s": 1, "down_s": 1}]},
@@ -150,11 +152,15 @@ def test_exponential_failures_are_seeded_and_leave_the_run_stream_alone():
     sc = scenario({"failures": {"mtbf_h": 0.002, "repair_s": 2}})  # ~7 s between failures a replica
     a, b = simulate(sc, workload=w), simulate(sc, workload=w)
     assert a.summary["faults"] == b.summary["faults"] and a.summary["faults"]["failures"] > 0
-    quiet = simulate(scenario({"failures": {"mtbf_h": 1e6, "repair_s": 2}}, router="least_loaded"), workload=w)
+    # speculative decoding draws its acceptances from the run's generator during the run: a fault
+    # draw taken from it would shift them and change the requests' times
+    spec = {"method": "ngram", "num_speculative_tokens": 2, "acceptance_rate": 0.6}
+    quiet = simulate(scenario({"failures": {"mtbf_h": 1e6, "repair_s": 2}}, router="least_loaded",
+                              speculative=spec), workload=w)
     plain = simulate(scenario_from_dict({"name": "t", "model": "llama-3-8b", "hardware": "h100-sxm",
                                          "cost_model": "unit", "workload": _PLACEHOLDER_WORKLOAD,
                                          "engine": {"scheduler": "chunked", "replicas": 2,
-                                                    "router": "least_loaded"}}), workload=w)
+                                                    "router": "least_loaded", "speculative": spec}}), workload=w)
     cols = list(plain.requests.columns)
     assert quiet.requests[cols].equals(plain.requests) and quiet.steps.equals(plain.steps)
 

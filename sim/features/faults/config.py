@@ -21,6 +21,7 @@ from sim.config.checks import _choice, _int, _num, check_fields
 from sim.config.errors import ScenarioError
 
 MAX_S = 1e9  # s: a sanity bound on every time here (~32 years)
+MIN_WINDOW_S = 1e-3  # s: the shortest availability window (1e-300 made ~1e302 windows)
 
 
 @dataclass(frozen=True)
@@ -153,6 +154,9 @@ def parse_faults(v: Any, where: str) -> FaultsConfig | None:
                        _int(v.get("max_retries", 3), f"{where}.max_retries", 0, cap=100),
                        _secs(v.get("minute_s", 60.0), f"{where}.minute_s", positive=True),
                        None if v.get("seed") is None else _int(v["seed"], f"{where}.seed", 0))
+    if cfg.minute_s < MIN_WINDOW_S:
+        raise ScenarioError(f"{where}.minute_s: {cfg.minute_s:g} s is under {MIN_WINDOW_S:g} s; a window must "
+                            "hold requests to judge the SLO on (e.g. 60)")
     if failures is None and not cfg.outages and drains is None and spot is None:
         raise ScenarioError(f"{where}: names no fault; give failures, outages, drains or spot "
                             "(or remove the section)")
