@@ -238,8 +238,8 @@ def outcome(name: str, out: Path, log: str) -> tuple[float, float, float]:
     the same requests on the same GPU model, so these should be close (not equal: Vidur's
     random forests smooth the roofline's tables, its Sarathi scheduler is not vLLM V1's)."""
     if name == "servesim":
-        r = pd.read_csv(out / "requests.csv", usecols=["ttft_s", "e2e_s"])
-        return (json.loads((out / "summary.json").read_text())["duration_s"], r.ttft_s.median(), r.e2e_s.median())
+        r = pd.read_csv(out / "requests.csv", usecols=["ttft_s", "e2el_s"])
+        return (json.loads((out / "summary.json").read_text())["duration_s"], r.ttft_s.median(), r.e2el_s.median())
     v = pd.read_csv(next(out.rglob("request_metrics.csv")), usecols=["prefill_e2e_time", "request_e2e_time"])
     end = float(re.search(r"Simulation ended at: ([0-9.]+)s", log).group(1))
     return end, v.prefill_e2e_time.median(), v.request_e2e_time.median()

@@ -14,7 +14,7 @@ from .engine import EngineResult
 from .real_run import RealRun, write_real
 
 STATS = ("mean", "p50", "p90", "p99")
-LATENCIES = (("ttft_ms", "ttft_s"), ("tpot_ms", "tpot_s"), ("e2e_ms", "e2e_s"))
+LATENCIES = (("ttft_ms", "ttft_s"), ("tpot_ms", "tpot_s"), ("e2el_ms", "e2el_s"))
 THROUGHPUTS = ("request_throughput", "output_throughput")
 
 
@@ -60,7 +60,7 @@ def compare(real: pd.DataFrame, sim: pd.DataFrame, warmup_fraction: float = 0.0)
 
 # (metric, stat) -> largest |error| in % that counts as agreement (issue 21's targets: latencies
 # below saturation, throughput, preemptions on a burst). Rows without one are reported only.
-TOLERANCES_PCT = {(m, st): tol for m in ("ttft_ms", "tpot_ms", "e2e_ms")
+TOLERANCES_PCT = {(m, st): tol for m in ("ttft_ms", "tpot_ms", "e2el_ms")
                   for st, tol in (("mean", 10.0), ("p90", 15.0))}
 TOLERANCES_PCT |= {("request_throughput", "per_s"): 2.0, ("output_throughput", "per_s"): 2.0,
                    ("preemptions", "count"): 10.0}

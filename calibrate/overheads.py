@@ -70,7 +70,7 @@ def sim_metrics(requests) -> dict:
     """The metrics from a run's requests frame (requests.csv): the five fitted on, and the
     tails and means that the error band covers (TTFT mean/p90/p99, E2E mean/p99)."""
     tpot = requests["tpot_s"].dropna()
-    ttft, e2e = requests["ttft_s"].dropna(), requests["e2e_s"].dropna()
+    ttft, e2e = requests["ttft_s"].dropna(), requests["e2el_s"].dropna()
     return {"ttft_p50_ms": 1e3 * float(ttft.median()), "tpot_mean_ms": 1e3 * float(tpot.mean()),
             "tpot_p50_ms": 1e3 * float(tpot.median()), "e2e_p50_s": float(e2e.median()),
             "e2e_p90_s": float(e2e.quantile(0.9)),
@@ -115,7 +115,7 @@ def with_spread(r: Result, params: dict, seed: int = 0) -> dict:
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(n > 1, (e2e - ttft) / (n - 1), np.nan)
     import pandas as pd
-    return sim_metrics(pd.DataFrame({"ttft_s": ttft, "e2e_s": e2e, "tpot_s": tpot}))
+    return sim_metrics(pd.DataFrame({"ttft_s": ttft, "e2el_s": e2e, "tpot_s": tpot}))
 
 
 def spread_loss(results: list[Result], params: dict) -> float:

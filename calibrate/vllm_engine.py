@@ -238,7 +238,7 @@ def to_real_run(out: dict, scenario: Scenario, workload: Workload) -> RealRun:
     requests = pd.DataFrame({
         "request_id": np.arange(n), "arrival_s": arrival, "prompt_tokens": prompt,
         "output_tokens": out_tokens, "first_token_s": first, "finish_s": finish,
-        "ttft_s": first - arrival, "tpot_s": tpot, "e2e_s": finish - arrival,
+        "ttft_s": first - arrival, "tpot_s": tpot, "e2el_s": finish - arrival,
         "queue_s": first_scheduled - arrival,
         "preemptions": np.array([r["preemptions"] for r in reqs], dtype=np.int64), "replica": 0,
     }, columns=list(REQUEST_COLUMNS))
@@ -281,7 +281,7 @@ def summary_of(scenario: Scenario, requests: pd.DataFrame, steps: pd.DataFrame,
         "ttft_ms": distribution(done["ttft_s"].to_numpy()),
         "tpot_ms": distribution(done["tpot_s"].to_numpy()),
         "itl_ms": distribution(gaps),
-        "e2el_ms": distribution(done["e2e_s"].to_numpy()),
+        "e2el_ms": distribution(done["e2el_s"].to_numpy()),
         "slot_utilization": float(steps["num_seqs"].sum() / (scenario.engine.max_num_seqs * iterations))
         if iterations else 0.0,
         "mfu": None, "mbu": None,

@@ -32,6 +32,7 @@ from sim.kv.prefix_cache import PrefixKVCache
 from sim.presets import memory
 from sim.runtime.disaggregation import pool_utilization
 from sim.runtime.metrics import (
+    Frame,
     InterTokenGaps,
     distribution,
     inter_token_latencies,
@@ -143,7 +144,9 @@ def _requests(run: _Run, overheads) -> pd.DataFrame:
     req, steps, built, sc = run.req, run.steps, run.built, run.scenario
     gate = built.gate  # a concurrency limit at the gateway: when each request passed it (NaN: turned away)
     spread = None  # each request's own frontend time and pauses in its decode, where they vary
+    engine_finish = None  # when the engine itself finished each request, where request handling follows it
     if overheads is not None and overheads.on_requests:  # request handling, scheduling lag
+        engine_finish = req.finish.copy()
         # (the lag reads when a request reached its replica: past a concurrency gate, when it passed)
         reached = req.arrival if gate is None else np.where(np.isnan(gate.released), req.arrival, gate.released)
         _, spread = overheads.apply(reached, req.prompt, req.first_scheduled, req.first_token, req.finish,
@@ -154,6 +157,8 @@ def _requests(run: _Run, overheads) -> pd.DataFrame:
     if admitted_at is not None:  # latencies from each request's own arrival: the gateway's wait is the client's
         req.arrival = offered.arrival_s[np.isfinite(admitted_at)]
     requests = requests_frame(req)
+    if engine_finish is not None:  # (the iterations' timeline: the slot figures read it)
+        requests["engine_finish_s"] = engine_finish
     if spread is not None:  # (sim/cost/overheads.py: frontend_cv, stalls; the export's ITLs read them)
         requests["frontend_s"], requests["stall_s"] = spread
     loop = built.loop
@@ -185,7 +190,7 @@ def _requests(run: _Run, overheads) -> pd.DataFrame:
         requests["adapter"] = offered.adapter
     if offered.classes is not None:  # workload.classes: each request's class by name (rows: every offered request)
         requests["class"] = np.asarray(offered.class_names, dtype=object)[offered.classes]
-    return requests
+    return requests if isinstance(requests, Frame) else Frame(requests)
 
 
 def _summary(run: _Run, itl: InterTokenGaps) -> dict:

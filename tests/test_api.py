@@ -88,6 +88,37 @@ def test_summary_frame_and_plots_take_results_and_variants():
     assert fig.axes
 
 
+def test_one_vocabulary_and_last_releases_names_still_answer_with_a_warning(tmp_path):
+    """summary_frame's columns are results.csv's (summary.json's, flat); requests.csv's E2E is
+    e2el_s; the old names give the same values with a FutureWarning, from the API and from an old
+    folder read back."""
+    import warnings
+
+    result = servesim.run(QUICKSTART, workload__num_requests=40)
+    frame = servesim.summary_frame([result])
+    assert frame["ttft_ms.p99"].iloc[0] == result.summary["ttft_ms"]["p99"]
+    assert frame["e2el_ms.p50"].iloc[0] == result.summary["e2el_ms"]["p50"]
+    assert not [c for c in frame.columns if c.endswith(("_p50_ms", "_p99_ms", "_mean_ms"))]
+    with pytest.warns(FutureWarning, match="'ttft_p99_ms' is now 'ttft_ms.p99'"):
+        assert frame["ttft_p99_ms"].iloc[0] == result.summary["ttft_ms"]["p99"]
+    with pytest.warns(FutureWarning, match="'e2e_p50_ms' is now 'e2el_ms.p50'"):
+        assert frame[["e2e_p50_ms"]].iloc[0, 0] == result.summary["e2el_ms"]["p50"]
+    rq = result.requests
+    assert "e2el_s" in rq.columns and "e2e_s" not in rq.columns
+    with pytest.warns(FutureWarning, match="'e2e_s' is now 'e2el_s'"):
+        assert rq["e2e_s"].tolist() == (rq["finish_s"] - rq["arrival_s"]).tolist()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the new names warn of nothing
+        rq["e2el_s"], frame["tpot_ms.mean"]
+    # a folder written before the rename: read with the column renamed, and said so
+    folder = result.write(tmp_path / "old")
+    text = (folder / "requests.csv").read_text()
+    (folder / "requests.csv").write_text(text.replace("e2el_s", "e2e_s", 1))
+    with pytest.warns(FutureWarning, match="written by an earlier servesim; column\\(s\\) e2e_s read as e2el_s"):
+        old = servesim.load_run(folder)
+    assert old.requests["e2el_s"].tolist() == pytest.approx(rq["e2el_s"].tolist(), rel=1e-12)
+
+
 def test_plan_returns_what_the_cli_writes_to_plan_json(tmp_path):
     args = dict(slo="ttft_ms=500,tpot_ms=50,percentile=99", horizon_s=10, min_requests=100, resolution=0.2,
                 workers=1, seeds=1)

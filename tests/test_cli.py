@@ -20,7 +20,7 @@ REPO = Path(__file__).parents[1]
 SCENARIOS = REPO / "scenarios"
 OUTPUTS = ("requests.csv", "scenario.yaml", "steps.csv", "summary.json")
 REQUEST_COLUMNS = ["request_id", "arrival_s", "prompt_tokens", "output_tokens", "first_token_s",
-                   "finish_s", "ttft_s", "tpot_s", "e2e_s", "queue_s", "preemptions", "replica"]
+                   "finish_s", "ttft_s", "tpot_s", "e2el_s", "queue_s", "preemptions", "replica"]
 STEP_COLUMNS = ["replica", "start_s", "duration_s", "count", "num_seqs", "prefill_tokens",
                 "decode_tokens", "padded_tokens", "kv_blocks_used", "kv_blocks_total", "waiting"]
 runner = CliRunner()

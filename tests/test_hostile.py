@@ -449,7 +449,7 @@ def test_summary_is_strict_json_and_counts_are_never_negative(tmp_path):
     steps = pd.read_csv(out / "steps.csv")
     assert (steps[["kv_blocks_used", "kv_blocks_total", "num_seqs", "count"]] >= 0).all().all()
     rq = pd.read_csv(out / "requests.csv")
-    assert (rq.loc[rq["output_tokens"] > 1, "e2e_s"] > 0).all()
+    assert (rq.loc[rq["output_tokens"] > 1, "e2el_s"] > 0).all()
 
 
 # ---------------------------------------------------------------- resources (subprocesses)

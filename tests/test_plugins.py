@@ -79,7 +79,7 @@ def test_a_cost_model_is_a_class_and_one_registry_line(monkeypatch):
     monkeypatch.setitem(COST_MODELS, "fixed", CostModelKind(options, lambda kw, m, hw, tp: Fixed(**kw), dict,
                                                             False, "every iteration lasts `seconds`"))
     r = simulate(scenario(cost_model={"fixed": {"seconds": 0.25}}))
-    assert r.requests["e2e_s"].tolist() == [0.75] * 4
+    assert r.requests["e2el_s"].tolist() == [0.75] * 4
     assert r.requests["ttft_s"].tolist() == [0.25] * 4
     assert r.summary["run"]["cost_model"]["name"] == "fixed"
 

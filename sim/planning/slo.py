@@ -206,7 +206,7 @@ def simulate_point(scenario, slo: SLOConfig, warmup_fraction: float, stop: Early
            "kv_utilization": float(s["kv_utilization"]), "token_budget_utilization": _budget_share(scenario, steps),
            "facility_w": (s.get("energy") or {}).get("facility_avg_w"),
            "requests": len(result.requests), "wall_s": time.perf_counter() - start}
-    for key, column in (("ttft_ms", "ttft_s"), ("tpot_ms", "tpot_s"), ("e2el_ms", "e2e_s")):
+    for key, column in (("ttft_ms", "ttft_s"), ("tpot_ms", "tpot_s"), ("e2el_ms", "e2el_s")):
         out[key] = _percentiles(done[column].to_numpy() * 1e3, slo.pct(key))
     out["itl_ms"] = _percentiles(gaps[judged] * 1e3, slo.pct("itl_ms"), counts[judged].astype(np.float64))
     return out

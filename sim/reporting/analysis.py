@@ -7,6 +7,7 @@ A `Run` is one `servesim run` output (requests.csv, steps.csv, summary.json), re
 from __future__ import annotations
 
 import heapq
+import warnings
 from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ import pandas as pd
 
 from sim.config.checks import read_json_object
 from sim.config.errors import ScenarioError
-from sim.runtime.metrics import REQUEST_COLUMNS, weighted_sum
+from sim.runtime.metrics import RENAMED, REQUEST_COLUMNS, Frame, weighted_sum
 from sim.runtime.recorder import STEP_COLUMNS
 
 RUN_FILES = ("requests.csv", "steps.csv", "summary.json")
@@ -97,6 +98,11 @@ def load_run(path: str | Path, name: str | None = None) -> Run:
     for file, columns in (("requests.csv", REQUEST_COLUMNS), ("steps.csv", STEP_COLUMNS)):
         try:
             df = pd.read_csv(path / file)
+            old = [c for c in df.columns if c in RENAMED and RENAMED[c] not in df.columns]
+            if old:  # a folder an earlier release wrote
+                warnings.warn(f"{path / file}: written by an earlier servesim; column(s) {', '.join(old)} "
+                              f"read as {', '.join(RENAMED[c] for c in old)}", FutureWarning, stacklevel=2)
+                df = df.rename(columns={c: RENAMED[c] for c in old})
         except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
             raise ScenarioError(f"{path / file}: unreadable CSV ({str(e).splitlines()[0]})") from None
         lacking = [c for c in columns if c not in df.columns]
@@ -114,7 +120,7 @@ def load_run(path: str | Path, name: str | None = None) -> Run:
                     shown = cell if len(cell) <= 40 else cell[:40] + "..."
                     raise ScenarioError(f"{path / file}: column {c}, row {row + 2}: {shown!r} is not a number")
                 df[c] = values
-        frames[file] = df
+        frames[file] = Frame(df)
     summary = read_json_object(path / "summary.json", "a run summary")
     return Run(name or path.name, frames["requests.csv"], frames["steps.csv"], summary)
 
@@ -152,9 +158,12 @@ def slot_assignment(run: Run, replica: int = 0) -> pd.DataFrame:
     it was out)."""
     rq = run.requests[(run.requests["replica"] == replica) & run.requests["finish_s"].notna()]
     start_s = (rq["arrival_s"] + rq["queue_s"]).to_numpy(float)
+    # the engine's own finish where request handling follows it (frontend, scheduling lag: the
+    # default cost model); finish_s is then later than the request's last iteration
+    finish = rq["engine_finish_s"] if "engine_finish_s" in rq.columns else rq["finish_s"]
     out = pd.DataFrame({"request_id": rq["request_id"].to_numpy(),
                         "start_it": iteration_of(run.steps, start_s, replica),
-                        "end_it": iteration_of(run.steps, rq["finish_s"].to_numpy(float), replica),
+                        "end_it": iteration_of(run.steps, finish.to_numpy(float), replica),
                         "preemptions": rq["preemptions"].to_numpy()})
     if run.is_static:  # a batch = the requests that started together; it ends with its longest
         out["hold_it"] = out.groupby("start_it")["end_it"].transform("max")
@@ -201,9 +210,9 @@ def summary_row(run: Run) -> dict:
                 "total_token_throughput", "preemptions", "slot_utilization", "kv_utilization",
                 "kv_waste", "padding_waste"):
         row[key] = s.get(key)
-    for metric, short in (("ttft_ms", "ttft"), ("tpot_ms", "tpot"), ("itl_ms", "itl"), ("e2el_ms", "e2e")):
+    for metric in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"):  # as results.csv names them (summary.json's, flat)
         for p in ("mean", "p50", "p90", "p99"):
-            row[f"{short}_{p}_ms"] = (s.get(metric) or {}).get(p)
+            row[f"{metric}.{p}"] = (s.get(metric) or {}).get(p)
     if "prefix_cache_hit_rate" in s:  # runs with prefix caching on
         row["prefix_cache_hit_rate"] = s["prefix_cache_hit_rate"]
     goodput = s.get("goodput")
@@ -215,16 +224,17 @@ def summary_row(run: Run) -> dict:
 
 def summary_frame(runs: Iterable[Run] | Mapping, names: Sequence[str] | None = None) -> pd.DataFrame:
     """One summary_row per run. Given a mapping whose keys are tuples (e.g. (scheduler, rate)),
-    the index is built from them, named by `names`."""
+    the index is built from them, named by `names`. Last release's column names (ttft_p99_ms)
+    still answer, with a FutureWarning (sim/runtime/metrics.RENAMED)."""
     if isinstance(runs, Mapping):
         keys, rows = list(runs), [summary_row(r) for r in runs.values()]
-        df = pd.DataFrame(rows).drop(columns="run")
+        df = Frame(rows).drop(columns="run")
         if keys and isinstance(keys[0], tuple):
             df.index = pd.MultiIndex.from_tuples(keys, names=names)
         else:
             df.index = pd.Index(keys, name=names[0] if names else None)
         return df
-    return pd.DataFrame([summary_row(r) for r in runs]).set_index("run")
+    return Frame([summary_row(r) for r in runs]).set_index("run")
 
 
 def max_itl(run: Run) -> float:
@@ -359,4 +369,4 @@ def fleet_timeline(run: Run, bins: int = 288) -> pd.DataFrame:
         g = g[np.isfinite(g)]
         if len(g):
             p99[b] = np.percentile(g, 99)
-    return pd.DataFrame({"t_s": t, "arrival_rate": rate, "held": held, "serving": serving, "ttft_p99_ms": p99})
+    return Frame({"t_s": t, "arrival_rate": rate, "held": held, "serving": serving, "ttft_ms.p99": p99})

@@ -169,7 +169,7 @@ def vllm_bench(run: Run, workload: dict | None = None) -> dict:
     gaps = [g for one in itls if one for g in one]
     values = {"ttft_ms": rq["ttft_s"].to_numpy() * 1e3, "tpot_ms": rq["tpot_s"].to_numpy() * 1e3,
               "itl_ms": np.array(gaps if all(one is not None for one in itls) else [], dtype=float) * 1e3,
-              "e2el_ms": rq["e2e_s"].to_numpy() * 1e3}
+              "e2el_ms": rq["e2el_s"].to_numpy() * 1e3}
     for key, ms in values.items():
         out.update(_dist(s, key, ms))
     out.update(input_lens=rq["prompt_tokens"].astype(int).tolist(),

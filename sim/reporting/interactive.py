@@ -22,7 +22,7 @@ import pandas as pd
 from sim.reporting.analysis import Run
 
 MAX_POINTS = 4000  # per series: a browser draws ~10^4 SVG points smoothly; more stays in the files
-LATENCIES = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "E2E latency"))
+LATENCIES = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2el_s", "E2E latency"))
 LAYOUT = dict(template="plotly_white", height=420, margin=dict(l=60, r=20, t=60, b=50),
               legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="right", x=1),
               hovermode="closest")
@@ -61,7 +61,7 @@ def run_figures(run: Run) -> list:
         cdf.add_trace(go.Scatter(x=values[keep], y=(keep + 1) / len(values), mode="lines", name=label,
                                  hovertemplate="%{x:,.1f} ms: %{y:.1%} of requests<extra>" + label + "</extra>"),
                       row=1, col=col)
-        target = (goodput.get(column.replace("_s", "_ms").replace("e2e_ms", "e2el_ms")) or {}).get("target")
+        target = (goodput.get(column.replace("_s", "_ms")) or {}).get("target")
         if target is not None:
             pct = goodput.get("percentile", 99)
             cdf.add_vline(x=target, line_dash="dash", line_color="crimson", row=1, col=col,
@@ -125,7 +125,7 @@ def fleet_figure(run: Run) -> Any:
     for col, name in (("held", "held"), ("serving", "serving")):
         fig.add_trace(go.Scatter(x=x, y=f[col], mode="lines", line_shape="hv", name=name,
                                  hovertemplate=f"%{{x:.2f}} {unit}: %{{y}} {name}<extra></extra>"), row=2, col=1)
-    fig.add_trace(go.Scatter(x=x, y=f["ttft_p99_ms"], mode="lines", name="p99 TTFT",
+    fig.add_trace(go.Scatter(x=x, y=f["ttft_ms.p99"], mode="lines", name="p99 TTFT",
                              hovertemplate=f"%{{x:.2f}} {unit}: %{{y:,.0f}} ms<extra></extra>"), row=3, col=1)
     target = ((run.summary.get("goodput") or {}).get("ttft_ms") or {}).get("target")
     if target:

@@ -224,7 +224,7 @@ def fleet_plot(run: Run, bins: int = 288) -> Figure:
     axes[1].yaxis.set_major_locator(MaxNLocator(integer=True))
     axes[1].set_ylim(bottom=0)
     axes[1].legend(loc="upper left", fontsize=8)
-    axes[2].plot(x, f["ttft_p99_ms"], lw=1.0, color="C3", label="p99 TTFT of the arrivals in each stretch")
+    axes[2].plot(x, f["ttft_ms.p99"], lw=1.0, color="C3", label="p99 TTFT of the arrivals in each stretch")
     target = ((run.summary.get("goodput") or {}).get("ttft_ms") or {}).get("target")
     if target:
         axes[2].axhline(target, color="red", ls="--", lw=0.8, label=f"SLO TTFT {target:g} ms")
@@ -242,7 +242,7 @@ def fleet_plot(run: Run, bins: int = 288) -> Figure:
 
 
 _CDF_METRICS = (("ttft_s", "TTFT", 1e3, "ms", "ttft_ms"), ("tpot_s", "TPOT", 1e3, "ms", "tpot_ms"),
-                ("e2e_s", "E2E latency", 1, "s", "e2el_ms"))
+                ("e2el_s", "E2E latency", 1, "s", "e2el_ms"))
 
 
 def latency_cdfs(runs: Sequence[Run]) -> Figure:

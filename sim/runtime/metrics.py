@@ -10,19 +10,54 @@ from sim.runtime.recorder import STEP_COLUMNS, Recorder
 from sim.workload.request import RequestTable
 
 REQUEST_COLUMNS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "first_token_s",
-                   "finish_s", "ttft_s", "tpot_s", "e2e_s", "queue_s", "preemptions", "replica")
+                   "finish_s", "ttft_s", "tpot_s", "e2el_s", "queue_s", "preemptions", "replica")
 PERCENTILES = (50, 90, 95, 99)
+
+# One vocabulary (vLLM's metric names: ttft, tpot, itl, e2el; the unit last): last release's
+# column names, still answered for one release with a FutureWarning.
+RENAMED = {"e2e_s": "e2el_s",  # requests.csv
+           **{f"{short}_{p}_ms": f"{metric}.{p}"  # servesim.summary_frame
+              for metric, short in (("ttft_ms", "ttft"), ("tpot_ms", "tpot"), ("itl_ms", "itl"), ("e2el_ms", "e2e"))
+              for p in ("mean", "p50", "p90", "p99")}}
+
+
+def _renamed(frame: pd.DataFrame, key):
+    """`key` as this frame names it now, warning when it was last release's name."""
+    if isinstance(key, str) and key not in frame.columns and RENAMED.get(key) in frame.columns:
+        import warnings
+        warnings.warn(f"column {key!r} is now {RENAMED[key]!r} (vLLM's name); the old name goes in the next "
+                      "release", FutureWarning, stacklevel=3)
+        return RENAMED[key]
+    return key
+
+
+class Frame(pd.DataFrame):
+    """A DataFrame that still answers to last release's column names (RENAMED), with a warning."""
+
+    @property
+    def _constructor(self):
+        return Frame
+
+    def __getitem__(self, key):
+        if isinstance(key, list):
+            key = [_renamed(self, k) for k in key]
+        return super().__getitem__(_renamed(self, key))
+
+    def __getattr__(self, name: str):
+        if name in RENAMED and RENAMED[name] in self.columns:
+            return self[name]
+        return super().__getattr__(name)
 
 
 def requests_frame(req: RequestTable) -> pd.DataFrame:
-    e2e = req.finish - req.arrival
+    e2el = req.finish - req.arrival
     ttft = req.first_token - req.arrival
     with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = np.where(req.output > 1, (e2e - ttft) / (req.output - 1), np.nan)
-    return pd.DataFrame({
+        tpot = np.where(req.output > 1, (e2el - ttft) / (req.output - 1), np.nan)
+    return Frame({
         "request_id": np.arange(len(req)), "arrival_s": req.arrival, "prompt_tokens": req.prompt,
         "output_tokens": req.output, "first_token_s": req.first_token, "finish_s": req.finish,
-        "ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e, "queue_s": req.first_scheduled - req.arrival,
+        "ttft_s": ttft, "tpot_s": tpot, "e2el_s": e2el, "queue_s": req.first_scheduled - req.arrival,
         "preemptions": req.preemptions, "replica": req.replica,
     }, columns=list(REQUEST_COLUMNS))
 
@@ -255,7 +290,7 @@ def summarize(req: RequestTable, rq: pd.DataFrame, steps: pd.DataFrame, recorder
         "ttft_ms": distribution(done["ttft_s"].to_numpy()),
         "tpot_ms": distribution(done["tpot_s"].to_numpy()),
         "itl_ms": distribution(itl, itl_w),
-        "e2el_ms": distribution(done["e2e_s"].to_numpy()),
+        "e2el_ms": distribution(done["e2el_s"].to_numpy()),
         "slot_utilization": float((steps["num_seqs"] * count).sum() / (max_num_seqs * iterations))
         if iterations else 0.0,
         "kv_utilization": recorder.kv_block_seconds / (steps["kv_blocks_total"].iloc[0] * duration * replicas)
@@ -282,7 +317,7 @@ def summarize(req: RequestTable, rq: pd.DataFrame, steps: pd.DataFrame, recorder
                 entry["shed"] = int(mine["shed"].sum())
             entry.update({"ttft_ms": distribution(served["ttft_s"].to_numpy()),
                           "tpot_ms": distribution(served["tpot_s"].to_numpy()),
-                          "e2el_ms": distribution(served["e2e_s"].to_numpy())})
+                          "e2el_ms": distribution(served["e2el_s"].to_numpy())})
             if verdict is not None:
                 entry["goodput"] = verdict["classes"][name]
             per_class[name] = entry
@@ -312,7 +347,7 @@ def judge(done: pd.DataFrame, slo, duration: float, itl: tuple[np.ndarray, np.nd
     return whole
 
 
-PER_REQUEST = {"ttft_ms": "ttft_s", "tpot_ms": "tpot_s", "e2el_ms": "e2e_s"}  # SLO key -> column
+PER_REQUEST = {"ttft_ms": "ttft_s", "tpot_ms": "tpot_s", "e2el_ms": "e2el_s"}  # SLO key -> column
 
 
 def goodput(done: pd.DataFrame, slo, duration: float, itl: tuple[np.ndarray, np.ndarray] | None = None) -> dict:

@@ -75,7 +75,7 @@ def test_frontend_time_shifts_ttft_and_e2e_and_not_tpot():
                   workload=w).requests
     shift = 0.004 + 1e-6 * np.array([500, 700, 900])
     assert (fe["ttft_s"] - base["ttft_s"]).to_numpy() == pytest.approx(shift, abs=1e-12)
-    assert (fe["e2e_s"] - base["e2e_s"]).to_numpy() == pytest.approx(shift, abs=1e-12)
+    assert (fe["e2el_s"] - base["e2el_s"]).to_numpy() == pytest.approx(shift, abs=1e-12)
     assert fe["tpot_s"].to_numpy() == pytest.approx(base["tpot_s"].to_numpy(), abs=1e-12)
     assert fe["queue_s"].tolist() == base["queue_s"].tolist()  # the engine itself is not delayed
 
@@ -91,7 +91,7 @@ def test_async_scheduling_adds_an_iteration_to_a_request_that_arrived_mid_iterat
     assert first["start_s"] == 0.0 and first["count"] == 1 and r0["queue_s"][1] == pytest.approx(first["duration_s"] - 0.001)
     assert r1["ttft_s"][0] == r0["ttft_s"][0]
     assert r1["ttft_s"][1] - r0["ttft_s"][1] == pytest.approx(first["duration_s"], rel=1e-12)
-    assert r1["e2e_s"][1] - r0["e2e_s"][1] == pytest.approx(first["duration_s"], rel=1e-12)
+    assert r1["e2el_s"][1] - r0["e2el_s"][1] == pytest.approx(first["duration_s"], rel=1e-12)
 
 
 def test_the_defaults_are_the_fitted_ones_and_summary_json_states_them():

@@ -40,7 +40,7 @@ def test_a_failed_replicas_request_is_retried_on_the_other():
     q = r.requests
     assert q["first_token_s"].tolist() == pytest.approx([6.2, 1.5])
     assert q["finish_s"].tolist() == pytest.approx([15.2, 3.5])
-    assert q["ttft_s"][0] == pytest.approx(6.2) and q["e2e_s"][0] == pytest.approx(15.2)  # from the first arrival
+    assert q["ttft_s"][0] == pytest.approx(6.2) and q["e2el_s"][0] == pytest.approx(15.2)  # from the first arrival
     assert q["replica"].tolist() == [1, 1] and q["attempts"].tolist() == [2, 1] and not q["failed"].any()
     steps = r.steps
     assert steps.loc[steps["replica"] == 0, "count"].sum() == 4  # ended at 1, 2, 3, 4; not the lost one

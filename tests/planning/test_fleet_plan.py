@@ -24,7 +24,7 @@ def _result(arrival, ttft_s, finish_s=None):
     n = len(arrival)
     finish = np.asarray(finish_s if finish_s is not None else np.asarray(arrival) + 1.0, dtype=float)
     rq = pd.DataFrame({"arrival_s": np.asarray(arrival, float), "finish_s": finish, "ttft_s": np.asarray(ttft_s, float),
-                       "tpot_s": np.full(n, 0.01), "e2e_s": finish - np.asarray(arrival, float)})
+                       "tpot_s": np.full(n, 0.01), "e2el_s": finish - np.asarray(arrival, float)})
     return SimpleNamespace(requests=rq, itl=(np.zeros(0), np.zeros(0), np.zeros(0)))
 
 

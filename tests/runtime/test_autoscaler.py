@@ -188,7 +188,7 @@ def test_the_fleet_over_time_is_read_from_its_spans(tmp_path):
     assert f["held"].tolist() == [1, 1] + [2] * 8 + [3] * 4 + [2] * 5
     assert f["serving"].tolist() == [1] * 7 + [2] * 7 + [1] + [2] * 4
     assert f["arrival_rate"].tolist() == [8.0] + [0.0] * 7 + [4.0] + [0.0] * 10
-    assert np.isnan(f["ttft_p99_ms"].iloc[1]) and f["ttft_p99_ms"].iloc[0] == pytest.approx(1000)
+    assert np.isnan(f["ttft_ms.p99"].iloc[1]) and f["ttft_ms.p99"].iloc[0] == pytest.approx(1000)
     assert "4 all the time" in fleet_plot(result.as_run()).axes[0].get_title()  # against max_replicas
     assert run_figures(result.as_run())[-1].layout.title.text.startswith("The fleet: ")
     with pytest.raises(servesim.ScenarioError, match="not an autoscaled run"):

@@ -131,7 +131,7 @@ def test_request_columns_by_hand():
     rq = r.requests
     assert rq["finish_s"].tolist() == [1.0, 3.0, 5.0]
     assert rq["ttft_s"].tolist() == [1.0, 1.0, 1.5]
-    assert rq["e2e_s"].tolist() == [1.0, 3.0, 4.5]
+    assert rq["e2el_s"].tolist() == [1.0, 3.0, 4.5]
     assert rq["queue_s"].tolist() == [0.0, 0.0, 0.5]
     # tpot = (e2e - ttft) / (output - 1); undefined for a single token
     assert np.isnan(rq["tpot_s"].iloc[0])

@@ -128,5 +128,5 @@ def test_a_run_folder_reproduces_itself(tmp_path, monkeypatch):
     run = json.loads((first / "summary.json").read_text())["run"]
     assert run["seed"] == 5 and run["engine"]["max_num_seqs"] == 24
     assert run["overrides"] == ["engine.max_num_seqs=24", "workload.num_requests=40"]
-    assert run["cost_model"]["name"] == "roofline" and run["cost_model"]["measured"] is False
+    assert run["cost_model"]["name"] == "measured" and run["cost_model"]["measured"] is True  # (the default)
     assert run["servesim_version"] == __version__

@@ -50,10 +50,10 @@ def test_a_class_mix_does_not_change_the_arrivals_of_the_same_seed():
     assert (a.arrival_s == b.arrival_s).all() and b.classes is not None and a.classes is None
 
 
-def _done(cls, ttft_ms, e2e_s):
+def _done(cls, ttft_ms, e2el_s):
     n = len(cls)
     return pd.DataFrame({"class": cls, "ttft_s": np.asarray(ttft_ms) / 1e3, "tpot_s": np.full(n, 0.01),
-                         "e2e_s": np.asarray(e2e_s, dtype=float)})
+                         "e2el_s": np.asarray(e2el_s, dtype=float)})
 
 
 def test_each_class_is_held_to_its_own_targets_by_hand():
@@ -151,7 +151,7 @@ def test_a_fleet_window_is_judged_class_by_class():
     from sim.planning.fleet_plan import judge_day
 
     rq = pd.DataFrame({"arrival_s": [1.0, 2.0, 11.0, 12.0], "finish_s": [2.0, 40.0, 12.0, 102.0],
-                       "ttft_s": [0.05, 0.05, 0.05, 0.05], "tpot_s": [0.01] * 4, "e2e_s": [1.0, 38.0, 1.0, 90.0],
+                       "ttft_s": [0.05, 0.05, 0.05, 0.05], "tpot_s": [0.01] * 4, "e2el_s": [1.0, 38.0, 1.0, 90.0],
                        "class": ["chat", "batch", "chat", "batch"]})
     slo = SLOConfig(ttft_ms=100.0, percentile=50.0, classes=(("batch", SLOConfig(e2el_ms=60_000.0, percentile=50.0)),))
     r = judge_day(SimpleNamespace(requests=rq, itl=(np.zeros(0), np.zeros(0), np.zeros(0))), slo, 10.0,
