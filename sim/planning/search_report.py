@@ -254,6 +254,21 @@ def markdown(r: dict, plot: Path | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _labels(at: list[tuple[float, float]], texts: list[str]) -> list[tuple[tuple[float, float], str]]:
+    """One label per cluster of points drawn on top of each other (within 2% of the axes' spans):
+    "TP4, TP8" once, not two labels printed over each other."""
+    xs, ys = [p[0] for p in at], [p[1] for p in at]
+    dx, dy = 0.02 * ((max(xs) - min(xs)) or 1.0), 0.02 * ((max(ys) - min(ys)) or 1.0)
+    merged: list[tuple[tuple[float, float], list[str]]] = []
+    for (x, y), text in zip(at, texts):
+        near = next((m for m in merged if abs(m[0][0] - x) <= dx and abs(m[0][1] - y) <= dy), None)
+        if near is None:
+            merged.append(((x, y), [text]))
+        elif text not in near[1]:
+            near[1].append(text)
+    return [(p, ", ".join(sorted(t, key=lambda s: (len(s), s)))) for p, t in merged]
+
+
 @plain_text
 def pareto_plot(r: dict, path: Path) -> Path | None:
     """Cost vs p99 TTFT at the sustained load, one point per candidate within the limits that meets
@@ -284,8 +299,9 @@ def pareto_plot(r: dict, path: Path) -> Path | None:
         ax.scatter(cost, ttft, s=40 + 25 * x["tensor_parallel_size"], marker=">" if kind == "at least" else "o",
                    color=colours[x["gpu"]], facecolors=colours[x["gpu"]] if filled else "none",
                    linewidths=1.5, zorder=3)
-        ax.annotate(f"TP{x['tensor_parallel_size']}", (cost, ttft), textcoords="offset points", xytext=(6, 4),
-                    fontsize=7)
+    for (cost, ttft), text in _labels([points[id(x)][:2] for x in rows],
+                                      [f"TP{x['tensor_parallel_size']}" for x in rows]):
+        ax.annotate(text, (cost, ttft), textcoords="offset points", xytext=(6, 4), fontsize=7)
     front = sorted(r["pareto"], key=lambda f: f[key])
     if len(front) > 1:
         ax.plot([f[key] for f in front], [f["ttft_p99_ms_at_sustained"] for f in front], "k--", lw=1,

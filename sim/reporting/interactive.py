@@ -188,10 +188,13 @@ def plan_figures(result: dict) -> list:
     loads = [p["load"] for p in points]
     met = ["met" if p["met"] else "missed" for p in points]
     for col, metric in enumerate(("ttft_ms", "tpot_ms"), start=1):
-        fig.add_trace(go.Scatter(x=loads, y=[p[metric]["slo"] for p in points], mode="lines+markers",
+        ys = [p[metric]["slo"] for p in points]
+        fig.add_trace(go.Scatter(x=loads, y=ys, mode="lines+markers",
                                  customdata=met, name=metric, showlegend=False,
                                  hovertemplate=f"%{{x:g}} {unit}: %{{y:,.1f}} ms (%{{customdata}})<extra></extra>"),
                       row=1, col=col)
+        if _spans_decades(ys):  # past saturation the percentile runs to seconds: a linear axis flattens the target
+            fig.update_yaxes(type="log", title_text="log scale", row=1, col=col)
         if slo.get(metric) is not None:
             fig.add_hline(y=slo[metric], line_dash="dash", line_color="crimson", row=1, col=col,
                           annotation_text=f"target {slo[metric]:g} ms")
@@ -223,15 +226,29 @@ def search_figures(result: dict) -> list:
                   yaxis_title="p99 TTFT at the sustained load (ms)")
     for i, gpu in enumerate(dict.fromkeys(x["gpu"] for x in rows)):
         mine = [x for x in rows if x["gpu"] == gpu and x.get(key) is not None]
-        fig.add_trace(go.Scatter(
-            x=[x[key] for x in mine], y=[x["ttft_p99_ms_at_sustained"] for x in mine], mode="markers", name=gpu,
-            marker=dict(size=[10 + 4 * x["tensor_parallel_size"] for x in mine], color=_colour(i),
-                        symbol=["circle" if x.get("status") == "confirmed" else "circle-open" for x in mine]),
-            customdata=[[x["tensor_parallel_size"], x.get("max_num_seqs"), x.get("max_num_batched_tokens"),
-                         x.get("status") or x.get("pruned") or ""] for x in mine],
-            hovertemplate=(f"{gpu} TP%{{customdata[0]}}, max_num_seqs %{{customdata[1]}}, "
-                           "max_num_batched_tokens %{customdata[2]}<br>%{x:,.3g} USD, p99 TTFT %{y:,.0f} ms"
-                           "<br>%{customdata[3]}<extra></extra>")))
+        # confirmed candidates filled, the rest open; one legend entry per GPU, filled where it has a
+        # confirmed one (a legend marker takes its trace's first symbol)
+        parts = [[x for x in mine if x.get("status") == "confirmed"],
+                 [x for x in mine if x.get("status") != "confirmed"]]
+        for filled, part in zip((True, False), parts):
+            if not part:
+                continue
+            fig.add_trace(go.Scatter(
+                x=[x[key] for x in part], y=[x["ttft_p99_ms_at_sustained"] for x in part], mode="markers",
+                name=gpu if parts[0] else f"{gpu} (none confirmed)", legendgroup=gpu,
+                showlegend=filled or not parts[0],
+                marker=dict(size=[10 + 4 * x["tensor_parallel_size"] for x in part], color=_colour(i),
+                            symbol="circle" if filled else "circle-open"),
+                customdata=[[x["tensor_parallel_size"], x.get("max_num_seqs"), x.get("max_num_batched_tokens"),
+                             x.get("status") or x.get("pruned") or ""] for x in part],
+                hovertemplate=(f"{gpu} TP%{{customdata[0]}}, max_num_seqs %{{customdata[1]}}, "
+                               "max_num_batched_tokens %{customdata[2]}<br>%{x:,.3g} USD, p99 TTFT %{y:,.0f} ms"
+                               "<br>%{customdata[3]}<extra></extra>")))
+    costs = [x[key] for x in rows if x.get(key) is not None]
+    if _spans_decades(costs):  # a far-off GPU would stretch a linear axis over the close ones
+        fig.update_xaxes(type="log", title_text=f"{xlabel} (log scale)")
+    if _spans_decades([x["ttft_p99_ms_at_sustained"] for x in rows]):
+        fig.update_yaxes(type="log", title_text="p99 TTFT at the sustained load (ms, log scale)")
     chosen = result.get("chosen")
     match = [x for x in rows if chosen and x["gpu"] == chosen.get("gpu")
              and x["tensor_parallel_size"] == chosen.get("tensor_parallel_size") and x.get(key) is not None]
@@ -241,6 +258,12 @@ def search_figures(result: dict) -> list:
                                                             line=dict(color="black", width=1)),
                                  hoverinfo="skip"))
     return [fig]
+
+
+def _spans_decades(values, ratio: float = 10.0) -> bool:
+    """More than `ratio` between the largest and the smallest positive value: a log axis."""
+    positive = [float(v) for v in values if v is not None and float(v) > 0]
+    return len(positive) > 1 and max(positive) / min(positive) > ratio
 
 
 def _colour(i: int) -> str:

@@ -337,3 +337,15 @@ def test_a_timeline_of_hundreds_of_slots_draws_the_busiest_and_says_which():
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert not any("colour = request" in t for t in legend)  # (10 colours cycle: not one per request)
     assert all(len(line) <= 110 for line in ax.get_title().splitlines())  # no line cut at the edge
+
+
+def test_pareto_labels_of_points_on_top_of_each_other_are_one_label():
+    """Two candidates 0.1% apart (h200 TP4 and TP8 at $121.6/hour, p99 ~495 ms) get one "TP4, TP8"
+    label; a point 2% of the span away keeps its own."""
+    from sim.planning.search_report import _labels
+
+    at = [(108.0, 468.0), (121.6, 494.6), (121.7, 494.9), (114.0, 488.7), (120.0, 435.0)]
+    texts = ["TP4", "TP8", "TP4", "TP2", "TP8"]
+    assert _labels(at, texts) == [((108.0, 468.0), "TP4"), ((121.6, 494.6), "TP4, TP8"),
+                                  ((114.0, 488.7), "TP2"), ((120.0, 435.0), "TP8")]
+    assert _labels([(1.0, 1.0), (1.5, 1.0)], ["TP2", "TP4"]) == [((1.0, 1.0), "TP2"), ((1.5, 1.0), "TP4")]

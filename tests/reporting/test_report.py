@@ -143,3 +143,34 @@ def test_a_link_planted_as_a_plans_figure_is_not_read_into_the_page(folders, tmp
     import base64
 
     assert base64.b64encode(secret.read_bytes()).decode()[:200] not in (plan / "report.html").read_text()
+
+
+def test_a_plans_latency_past_saturation_and_a_far_off_gpu_get_log_axes_and_legends_filled():
+    """The plan page's TTFT panel turns log when its loads span decades (a linear axis to 45 s
+    flattens the 500 ms target); the search page's cost axis turns log when one GPU is far off;
+    a GPU with a confirmed candidate has a filled legend marker (its open ones share the entry)."""
+    from sim.reporting.interactive import plan_figures, search_figures
+
+    def point(load, ttft, met):
+        return {"load": load, "met": met, "goodput_rps": load, "ttft_ms": {"slo": ttft}, "tpot_ms": {"slo": 20.0}}
+    plan = {"slo": {"ttft_ms": 500, "tpot_ms": 50, "percentile": 99},
+            "load_search": {"unit": "req/s", "answer": 20.0,
+                            "curve": [point(10, 80.0, True), point(20, 300.0, True), point(25, 45000.0, False)]}}
+    fig = plan_figures(plan)[0].to_dict()["layout"]
+    assert fig["yaxis"]["type"] == "log" and fig["yaxis2"].get("type") in (None, "linear", "-")
+    plan["load_search"]["curve"][2]["ttft_ms"]["slo"] = 700.0  # within a decade of 80 ms: linear
+    assert plan_figures(plan)[0].to_dict()["layout"]["yaxis"].get("type") in (None, "linear", "-")
+
+    def cand(gpu, tp, usd, ttft, status):
+        return {"gpu": gpu, "tensor_parallel_size": tp, "usd_per_hour": usd, "ttft_p99_ms_at_sustained": ttft,
+                "status": status, "max_num_seqs": 256, "max_num_batched_tokens": 8192}
+    search = {"target": 40, "unit": "req/s", "chosen": {"gpu": "h100-sxm", "tensor_parallel_size": 4},
+              "candidates": [cand("h100-sxm", 4, 108.0, 300.0, "confirmed"), cand("h100-sxm", 8, 120.0, 250.0, "coarse"),
+                             cand("h200", 8, 91.2, 420.0, "missed"), cand("a100-80gb", 8, 2400.0, 450.0, "coarse")]}
+    fig = search_figures(search)[0].to_dict()
+    assert fig["layout"]["xaxis"]["type"] == "log"
+    legend = [(t["name"], t["marker"]["symbol"]) for t in fig["data"] if t.get("showlegend", True) and t["name"] != "chosen"]
+    assert legend == [("h100-sxm", "circle"), ("h200 (none confirmed)", "circle-open"),
+                      ("a100-80gb (none confirmed)", "circle-open")]
+    search["candidates"][3]["usd_per_hour"] = 100.0  # all within a decade: linear
+    assert search_figures(search)[0].to_dict()["layout"]["xaxis"].get("type") in (None, "linear", "-")
