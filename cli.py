@@ -445,7 +445,12 @@ def _verdict_rows(t: Any, g: dict, prefix: str, keys: tuple[str, ...]) -> None:
         if isinstance(slo, dict):
             verdict = "[green]met[/]" if slo.get("met") else "[red]missed[/]"
             t.add_row(f"{prefix}SLO: p{_fmt(slo.get('percentile', g.get('percentile')), 0)} {key[:-3].upper()} <= "
-                      f"{_fmt(slo.get('target'), 0)} ms", f"{_fmt(slo.get('observed'), 1)} ms {verdict}")
+                      f"{_target(slo.get('target'))} ms", f"{_fmt(slo.get('observed'), 1)} ms {verdict}")
+
+
+def _target(v: Any) -> str:
+    """An SLO target as written (500, 0.5: never rounded to 0)."""
+    return f"{v:,g}" if isinstance(v, (int, float)) and v == v else _fmt(v)
 
 
 # ---- sweep (issue 4: owned by the sweep engineer) ----

@@ -142,5 +142,6 @@ def test_unit_slips_are_warned_and_a_replaced_run_is_said(tmp_path):
     assert r.exit_code == 0, r.output
     assert "warning: slo.ttft_ms: 0.5 ms is under a millisecond; if seconds were meant, write 500" in r.output
     assert "replaced the earlier run" not in r.output
+    assert "SLO: p99 TTFT <= 0.5 ms" in r.output  # the target as written, not rounded to 0
     r = CliRunner().invoke(app, args)
     assert f"note: replaced the earlier run in {out}" in r.output
