@@ -238,7 +238,7 @@ def to_real_run(out: dict, scenario: Scenario, workload: Workload) -> RealRun:
     requests = pd.DataFrame({
         "request_id": np.arange(n), "arrival_s": arrival, "prompt_tokens": prompt,
         "output_tokens": out_tokens, "first_token_s": first, "finish_s": finish,
-        "ttft_s": first - arrival, "tpot_s": tpot, "e2el_s": finish - arrival,
+        "ttft_s": first - arrival, "tpot_s": tpot, "e2el_s": finish - arrival, "e2e_s": finish - arrival,
         "queue_s": first_scheduled - arrival,
         "preemptions": np.array([r["preemptions"] for r in reqs], dtype=np.int64), "replica": 0,
     }, columns=list(REQUEST_COLUMNS))

@@ -20,7 +20,7 @@ REPO = Path(__file__).parents[1]
 SCENARIOS = REPO / "scenarios"
 OUTPUTS = ("requests.csv", "scenario.yaml", "steps.csv", "summary.json")
 REQUEST_COLUMNS = ["request_id", "arrival_s", "prompt_tokens", "output_tokens", "first_token_s",
-                   "finish_s", "ttft_s", "tpot_s", "e2el_s", "queue_s", "preemptions", "replica"]
+                   "finish_s", "ttft_s", "tpot_s", "e2el_s", "e2e_s", "queue_s", "preemptions", "replica"]
 STEP_COLUMNS = ["replica", "start_s", "duration_s", "count", "num_seqs", "prefill_tokens",
                 "decode_tokens", "padded_tokens", "kv_blocks_used", "kv_blocks_total", "waiting"]
 runner = CliRunner()
@@ -115,7 +115,7 @@ def test_run_quickstart_writes_the_three_files(tmp_path):
     assert summary["completed"] == 300
     # (+ each request's own frontend time and engine pauses: the default overheads spread them,
     # sim/cost/overheads.py)
-    assert list(pd.read_csv(out / "requests.csv").columns) == REQUEST_COLUMNS + ["frontend_s", "stall_s"]
+    assert list(pd.read_csv(out / "requests.csv").columns) == REQUEST_COLUMNS + ["engine_finish_s", "frontend_s", "stall_s"]
     assert list(pd.read_csv(out / "steps.csv").columns) == STEP_COLUMNS
     assert len(pd.read_csv(out / "requests.csv")) == 300
     for text in ("completed requests", "TTFT", "TPOT", "ITL", "E2E", "slot utilisation",

@@ -99,10 +99,11 @@ def load_run(path: str | Path, name: str | None = None) -> Run:
         try:
             df = pd.read_csv(path / file)
             old = [c for c in df.columns if c in RENAMED and RENAMED[c] not in df.columns]
-            if old:  # a folder an earlier release wrote
+            if old:  # a folder an earlier release wrote: its columns under today's names too
                 warnings.warn(f"{path / file}: written by an earlier servesim; column(s) {', '.join(old)} "
                               f"read as {', '.join(RENAMED[c] for c in old)}", FutureWarning, stacklevel=2)
-                df = df.rename(columns={c: RENAMED[c] for c in old})
+                for c in old:
+                    df[RENAMED[c]] = df[c]
         except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
             raise ScenarioError(f"{path / file}: unreadable CSV ({str(e).splitlines()[0]})") from None
         lacking = [c for c in columns if c not in df.columns]
