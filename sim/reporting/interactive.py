@@ -211,49 +211,58 @@ def plan_figures(result: dict) -> list:
 
 
 def search_figures(result: dict) -> list:
-    """A configuration search: each candidate's cost against its p99 TTFT at its sustained load
-    (the chosen one starred), hover naming its GPU, TP and engine setting."""
+    """A configuration search: each candidate on the cost-latency plane as pareto.png draws it
+    (search_report.candidate_point: a confirmed cluster's cost and p99 TTFT at the target, filled;
+    a dearer one at the least it can cost, an open triangle), the chosen one starred; hover names
+    its GPU, TP and engine setting."""
     import plotly.graph_objects as go
 
-    rows = [x for x in result.get("candidates") or [] if x.get("ttft_p99_ms_at_sustained") is not None]
+    from sim.planning.search_report import candidate_point
+
+    target = result.get("target")
+    with_target = target is not None
+    placed = [(x, candidate_point(x, with_target)) for x in result.get("candidates") or []
+              if "limits" not in str(x.get("status", ""))]
+    rows = [(x, p) for x, p in placed if p is not None]
     if not rows:
         return []
-    target = result.get("target")
-    key = "usd_per_hour" if target is not None else "usd_per_million_output_tokens"
-    xlabel = (f"USD per hour for {target:g} {result.get('unit') or 'req/s'}" if target is not None
+    xlabel = (f"USD per hour for {target:g} {result.get('unit') or 'req/s'}" if with_target
               else "USD per million output tokens at one replica's sustained load")
-    fig = _figure("Candidates: cost against p99 TTFT at their sustained load", xaxis_title=xlabel,
-                  yaxis_title="p99 TTFT at the sustained load (ms)")
-    for i, gpu in enumerate(dict.fromkeys(x["gpu"] for x in rows)):
-        mine = [x for x in rows if x["gpu"] == gpu and x.get(key) is not None]
-        # confirmed candidates filled, the rest open; one legend entry per GPU, filled where it has a
-        # confirmed one (a legend marker takes its trace's first symbol)
-        parts = [[x for x in mine if x.get("status") == "confirmed"],
-                 [x for x in mine if x.get("status") != "confirmed"]]
+    fig = _figure("Candidates: cost against p99 TTFT (ms)", xaxis_title=xlabel,
+                  yaxis_title="p99 TTFT (ms): confirmed, the cluster's at the target")
+    for i, gpu in enumerate(dict.fromkeys(x["gpu"] for x, _ in rows)):
+        mine = [(x, p) for x, p in rows if x["gpu"] == gpu]
+        # filled where the cost is a simulated cluster's (or one replica's refined), open where it is
+        # a bound; one legend entry per GPU, filled where it has a filled point (a legend marker
+        # takes its trace's first symbol)
+        parts = [[(x, p) for x, p in mine if p[2] in ("confirmed", "refined")],
+                 [(x, p) for x, p in mine if p[2] not in ("confirmed", "refined")]]
         for filled, part in zip((True, False), parts):
             if not part:
                 continue
             fig.add_trace(go.Scatter(
-                x=[x[key] for x in part], y=[x["ttft_p99_ms_at_sustained"] for x in part], mode="markers",
+                x=[p[0] for _, p in part], y=[p[1] for _, p in part], mode="markers",
                 name=gpu if parts[0] else f"{gpu} (none confirmed)", legendgroup=gpu,
                 showlegend=filled or not parts[0],
-                marker=dict(size=[10 + 4 * x["tensor_parallel_size"] for x in part], color=_colour(i),
-                            symbol="circle" if filled else "circle-open"),
+                marker=dict(size=[10 + 4 * x["tensor_parallel_size"] for x, _ in part], color=_colour(i),
+                            symbol=["circle" if filled else ("triangle-right-open" if p[2] == "at least"
+                                                             else "circle-open") for _, p in part]),
                 customdata=[[x["tensor_parallel_size"], x.get("max_num_seqs"), x.get("max_num_batched_tokens"),
-                             x.get("status") or x.get("pruned") or ""] for x in part],
+                             ("at least this cost; " if p[2] == "at least" else "") + str(x.get("status") or "")]
+                            for x, p in part],
                 hovertemplate=(f"{gpu} TP%{{customdata[0]}}, max_num_seqs %{{customdata[1]}}, "
                                "max_num_batched_tokens %{customdata[2]}<br>%{x:,.3g} USD, p99 TTFT %{y:,.0f} ms"
                                "<br>%{customdata[3]}<extra></extra>")))
-    costs = [x[key] for x in rows if x.get(key) is not None]
+    costs, ttfts = [p[0] for _, p in rows], [p[1] for _, p in rows]
     if _spans_decades(costs):  # a far-off GPU would stretch a linear axis over the close ones
         fig.update_xaxes(type="log", title_text=f"{xlabel} (log scale)")
-    if _spans_decades([x["ttft_p99_ms_at_sustained"] for x in rows]):
-        fig.update_yaxes(type="log", title_text="p99 TTFT at the sustained load (ms, log scale)")
+    if _spans_decades(ttfts):
+        fig.update_yaxes(type="log")
     chosen = result.get("chosen")
-    match = [x for x in rows if chosen and x["gpu"] == chosen.get("gpu")
-             and x["tensor_parallel_size"] == chosen.get("tensor_parallel_size") and x.get(key) is not None]
+    match = [p for x, p in rows if chosen and x["gpu"] == chosen.get("gpu")
+             and x["tensor_parallel_size"] == chosen.get("tensor_parallel_size")]
     if match:
-        fig.add_trace(go.Scatter(x=[match[0][key]], y=[match[0]["ttft_p99_ms_at_sustained"]], mode="markers",
+        fig.add_trace(go.Scatter(x=[match[0][0]], y=[match[0][1]], mode="markers",
                                  name="chosen", marker=dict(symbol="star", size=20, color="gold",
                                                             line=dict(color="black", width=1)),
                                  hoverinfo="skip"))

@@ -161,16 +161,28 @@ def test_a_plans_latency_past_saturation_and_a_far_off_gpu_get_log_axes_and_lege
     plan["load_search"]["curve"][2]["ttft_ms"]["slo"] = 700.0  # within a decade of 80 ms: linear
     assert plan_figures(plan)[0].to_dict()["layout"]["yaxis"].get("type") in (None, "linear", "-")
 
-    def cand(gpu, tp, usd, ttft, status):
-        return {"gpu": gpu, "tensor_parallel_size": tp, "usd_per_hour": usd, "ttft_p99_ms_at_sustained": ttft,
-                "status": status, "max_num_seqs": 256, "max_num_batched_tokens": 8192}
+    def confirmed(gpu, tp, usd, ttft):  # a simulated cluster: its cost and its p99 TTFT at the target
+        return {"gpu": gpu, "tensor_parallel_size": tp, "usd_per_hour": usd, "usd_per_gpu_hour": 3.0,
+                "ttft_p99_ms_at_sustained": ttft + 30, "status": "confirmed", "max_num_seqs": 256,
+                "max_num_batched_tokens": 8192, "cluster": {"point": {"ttft_ms": {"p99": ttft}}}}
+
+    def dearer(gpu, tp, price, missed, ttft):  # shown at the least it can cost: one replica past the miss
+        return {"gpu": gpu, "tensor_parallel_size": tp, "usd_per_gpu_hour": price, "ttft_p99_ms_at_sustained": ttft,
+                "status": f"dearer: {missed} replicas miss", "cluster": {"beyond": missed}}
     search = {"target": 40, "unit": "req/s", "chosen": {"gpu": "h100-sxm", "tensor_parallel_size": 4},
-              "candidates": [cand("h100-sxm", 4, 108.0, 300.0, "confirmed"), cand("h100-sxm", 8, 120.0, 250.0, "coarse"),
-                             cand("h200", 8, 91.2, 420.0, "missed"), cand("a100-80gb", 8, 2400.0, 450.0, "coarse")]}
-    fig = search_figures(search)[0].to_dict()
-    assert fig["layout"]["xaxis"]["type"] == "log"
-    legend = [(t["name"], t["marker"]["symbol"]) for t in fig["data"] if t.get("showlegend", True) and t["name"] != "chosen"]
-    assert legend == [("h100-sxm", "circle"), ("h200 (none confirmed)", "circle-open"),
-                      ("a100-80gb (none confirmed)", "circle-open")]
-    search["candidates"][3]["usd_per_hour"] = 100.0  # all within a decade: linear
+              "candidates": [confirmed("h100-sxm", 4, 108.0, 468.0), dearer("h100-sxm", 8, 3.0, 4, 250.0),
+                             dearer("h200", 8, 3.8, 3, 494.5), dearer("a100-80gb", 8, 180.0, 7, 495.2),
+                             {"gpu": "a100-80gb", "tensor_parallel_size": 2, "pruned": "too small"}]}
+    data = search_figures(search)[0].to_dict()
+    assert data["layout"]["xaxis"]["type"] == "log"  # $108 to 8 x 8 x $180 = $11,520
+    points = {(t["name"], x, y) for t in data["data"] if t["name"] != "chosen" for x, y in zip(t["x"], t["y"])}
+    assert points == {("h100-sxm", 108.0, 468.0), ("h100-sxm", 5 * 8 * 3.0, 250.0),  # (as pareto.png places them)
+                      ("h200 (none confirmed)", 4 * 8 * 3.8, 494.5), ("a100-80gb (none confirmed)", 8 * 8 * 180.0, 495.2)}
+    legend = [(t["name"], t["marker"]["symbol"][0]) for t in data["data"]
+              if t.get("showlegend", True) and t["name"] != "chosen"]
+    assert legend == [("h100-sxm", "circle"), ("h200 (none confirmed)", "triangle-right-open"),
+                      ("a100-80gb (none confirmed)", "triangle-right-open")]
+    star = next(t for t in data["data"] if t["name"] == "chosen")
+    assert (star["x"], star["y"]) == ([108.0], [468.0])
+    search["candidates"][3]["usd_per_gpu_hour"] = 1.8  # all within a decade: linear
     assert search_figures(search)[0].to_dict()["layout"]["xaxis"].get("type") in (None, "linear", "-")
