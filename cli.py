@@ -815,6 +815,13 @@ def plan(
     window_s: Annotated[float | None, typer.Option(
         help="A fleet plan (a scenario with engine.autoscaling): the SLO must hold in every window of this "
              "many seconds of arrivals. \\[default: 3600]", metavar="S", show_default=False)] = None,
+    availability: Annotated[float | None, typer.Option(
+        help="With the scenario's faults: section, also the spares (N+k) the planned cluster needs for the "
+             "SLO met in this fraction of windows, e.g. 0.999 (docs/faults.md).", metavar="FRACTION",
+        show_default=False)] = None,
+    max_spares: Annotated[int, typer.Option(help="With --availability: the most spares tried.", metavar="K")] = 4,
+    fault_seeds: Annotated[int, typer.Option(
+        help="With --availability: fault seeds per fleet; the worst must meet it.", metavar="N")] = 5,
     quiet: Annotated[bool, typer.Option(
         "--quiet", "-q", help="Print only the output directory: no progress, no table.")] = False,
 ) -> None:
@@ -837,7 +844,8 @@ def plan(
         speculative=speculative, disaggregation=disaggregation,
         prefix_caching=prefix_caching, kv_offloading_size=kv_offloading_size, max_gpus=max_gpus,
         budget_usd_per_hour=budget_usd_per_hour, power_cap_kw=power_cap_kw,
-        min_requests=min_requests, workers=workers, cluster=cluster, window_s=window_s)
+        min_requests=min_requests, workers=workers, cluster=cluster, window_s=window_s,
+        availability=availability, max_spares=max_spares, fault_seeds=fault_seeds)
     note = lambda text: typer.echo(f"note: {text}", err=True)  # noqa: E731
     try:
         job = prepare(request, note=note)

@@ -52,8 +52,8 @@ from sim.planning.engine_curve import SETTING_KEYS
 from sim.planning.evaluator import Evaluator, PlanOptions
 from sim.planning.load_search import Knob, check_target_unit, load_knob, max_load, replay_stats
 from sim.planning.parallel import LocalRunner
-from sim.planning.planner import Phases, concurrently, size_cluster
-from sim.planning.search_report import _knobs, candidate_point
+from sim.planning.planner import Phases, concurrently, mean_usd_per_kwh, size_cluster
+from sim.planning.search_report import LAST_RELEASES, TTFT_AT_SUSTAINED, _knobs, bill, candidate_point
 from sim.planning.search_report import tp_groups as _units
 from sim.planning.vllm_command import vllm_serve
 from sim.presets.hardware import HARDWARE_PRESETS
@@ -68,6 +68,7 @@ SATURATE = 10.0     # the bound's load: this x the scenario's own
 IDLE = 0.01         # the latency floor's load: this x the saturated throughput
 START = 0.85        # coarse searches start at this x the saturated throughput
 SLACK = 1.5         # pruning by limits assumes a replica could sustain up to this x its saturated throughput
+
 
 
 def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps: Iterable[int],
@@ -183,7 +184,9 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
                       "tensor_parallel_size": chosen_row["tensor_parallel_size"]}
             if target is not None:
                 chosen.update(replicas=chosen_row["replicas"], gpus=chosen_row["gpus"],
-                              usd_per_hour=chosen_row["usd_per_hour"], cluster_point=chosen_row["cluster"]["point"])
+                              usd_per_hour=chosen_row["usd_per_hour"], cluster_point=chosen_row["cluster"]["point"],
+                              **{k: chosen_row[k] for k in ("electricity_usd_per_hour", "total_usd_per_hour",
+                                                            "facility_kw") if chosen_row.get(k) is not None})
             chosen["vllm_serve"] = vllm_serve(ev.load(tuple(chosen_row["coarse_overrides"])))
             out["chosen"] = chosen
         out["pareto"] = pareto(rows, target is not None)
@@ -289,7 +292,8 @@ def _clusters(rows: list[dict], evaluators: dict, target: float, headroom: float
         row["replicas_lower_bound"] = fewest
         most = None
         if best is not None:  # cheaper than the best so far: fewer than this many replicas
-            most = math.ceil(best["usd_per_hour"] / unit_usd - 1e-9) - 1 if unit_usd > 0 else None
+            # (by the best's whole bill: electricity only adds to a candidate's, so its GPUs alone bound it)
+            most = math.ceil(bill(best) / unit_usd - 1e-9) - 1 if unit_usd > 0 else None
             if most is not None and most < fewest:
                 row["status"] = (f"cannot be the cheapest: even at {SLACK:g}x its saturated throughput it needs "
                                  f"{fewest} replicas, ${fewest * unit_usd:,.2f}/hour")
@@ -311,12 +315,17 @@ def _clusters(rows: list[dict], evaluators: dict, target: float, headroom: float
         n = cl["replicas"]
         watts = (cl.get("point") or {}).get("facility_w")  # the confirmed cluster's modelled facility power
         row["facility_kw"] = None if watts is None else watts / 1e3
+        kwh_usd = mean_usd_per_kwh(ev.scenario.features["energy"])
+        if kwh_usd is not None and watts is not None:  # the whole bill ranks: GPU-hours + electricity
+            row["electricity_usd_per_hour"] = watts / 1e3 * kwh_usd
         if power_cap_kw is not None and watts is not None and watts / 1e3 > power_cap_kw:
             row["status"] = (f"over the power cap: {n} replicas meet the SLO but draw {watts / 1e3:,.1f} kW "
                              f"(modelled), over {power_cap_kw:g} kW")
             continue
         row.update(replicas=n, gpus=n * per_replica_gpus, usd_per_hour=n * unit_usd, status="confirmed",
                    cluster_load_per_replica=target / headroom / n)
+        if "electricity_usd_per_hour" in row:
+            row["total_usd_per_hour"] = n * unit_usd + row["electricity_usd_per_hour"]
         if best is None or _rank(row) < _rank(best):
             best = row
     return best
@@ -463,7 +472,8 @@ def _costs(row: dict, sustained: float, point: dict, target: float | None, headr
     out_tps = point["output_throughput"] if point else 0.0
     out = {"sustained_per_gpu": sustained / tp,
            "usd_per_million_output_tokens": tp * price / (out_tps * 3600) * 1e6 if out_tps > 0 else None,
-           "ttft_p99_ms_at_sustained": point["ttft_ms"]["p99"] if point else None}
+           TTFT_AT_SUSTAINED: point["ttft_ms"]["p99"] if point else None}
+    out[LAST_RELEASES[TTFT_AT_SUSTAINED]] = out[TTFT_AT_SUSTAINED]
     if target is not None:  # (estimated from one replica; a candidate's cluster replaces these: _clusters)
         replicas = math.ceil(target / (headroom * sustained) - 1e-9)
         out.update(replicas_estimate=replicas, gpus_estimate=replicas * tp, usd_per_hour_estimate=replicas * tp * price)
@@ -475,7 +485,7 @@ def _rank(row: dict, slack: float = 1.0) -> tuple:
     replica's coarse load), else USD per million output tokens; `slack` > 1 is the most the cost
     can fall when the coarse answer is refined."""
     if "usd_per_hour" in row:
-        return (row["usd_per_hour"], row["tensor_parallel_size"])
+        return (bill(row), row["tensor_parallel_size"])
     if "usd_per_hour_estimate" in row:
         return (row["usd_per_hour_estimate"], row["tensor_parallel_size"])
     per_m = row.get("usd_per_million_output_tokens")
@@ -496,5 +506,6 @@ def pareto(rows: list[dict], with_target: bool) -> list[dict]:
     for r, (c, t, kind) in points:
         if not any(o is not r and oc <= c and ot <= t and (oc < c or ot < t) for o, (oc, ot, _) in points):
             front.append({"gpu": r["gpu"], "tensor_parallel_size": r["tensor_parallel_size"], key: c,
-                          "ttft_p99_ms_at_sustained": t, "kind": kind, "status": r.get("status")})
+                          "ttft_ms.p99": t, LAST_RELEASES[TTFT_AT_SUSTAINED]: t, "kind": kind,
+                          "status": r.get("status")})
     return sorted(front, key=lambda f: f[key])

@@ -122,6 +122,12 @@ class Evaluator:
             if getattr(scenario.engine, knob) is not None:
                 raise ScenarioError(f"plan: engine.{knob} is set; a plan sizes fixed replicas serving every request "
                                     f"(remove it with --set engine.{knob}=null; docs/fleet.md)")
+        # a plan sizes the fault-free fleet; the spares its faults need come after (--availability,
+        # sim/planning/spares.py), so the faults are set aside for every simulation of the search
+        self.faults_set_aside = scenario.features.get("faults") is not None
+        if self.faults_set_aside:
+            self.base += ("faults=null",)
+            scenario = load_scenario(self.path, self.base)
         self.scenario = replace(scenario, engine=replace(scenario.engine, replicas=1), slo=slo)
         self.deterministic = deterministic(self.scenario)
         if self.deterministic:  # every seed simulates the same run: more seeds only repeat it

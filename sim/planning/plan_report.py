@@ -147,10 +147,36 @@ def headline(r: dict) -> list[tuple[str, str]]:
                                                 f"({_f(cost['output_tokens_per_s'], 0)} output tokens/s)"),
              ("cost per million tokens (prompt + output)", f"${_f(cost['usd_per_million_total_tokens'], 3)}"),
              *_power_rows(cost),
+             *_spares_rows(r),
              ("vllm serve", rec.get("vllm_serve") or "none: the static scheduler is Hugging Face generate, "
                                                           "not vLLM"),
              ("simulations", simulations_text(r))]
     return rows
+
+
+def _spares_rows(r: dict) -> list[tuple[str, str]]:
+    """--availability: the spares the planned cluster needs under the scenario's faults."""
+    if "spares" not in r:
+        return []
+    sp = r["spares"]
+    label = "spares under the faults"
+    if sp is None:
+        return [(label, "none sized: the plan found no cluster")]
+    if "refused" in sp:
+        return [(label, f"not sized: {sp['refused']}")]
+    target = f"the SLO met in {sp['target']:.3%} of {sp['minute_s']:g}-s windows"
+    if sp["answer"] is None:
+        tried = max(len(o["rows"]) for o in sp["options"].values()) - 1
+        return [(label, f"no fleet up to N+{tried} gives {target} (on its worst of {sp['seeds']} fault seeds); "
+                        "raise --max-spares or loosen --availability")]
+    best = sp["options"][sp["answer"]]["answer"]
+    kind = "on spot" if sp["answer"] == "spot" else "on-demand"
+    return [(label, f"N+{best['spares']} = {best['replicas']} replicas ({kind}) for {target}: worst of "
+                    f"{sp['seeds']} fault seeds {best['availability_min']:.2%}, "
+                    f"${best['usd_per_hour']:.2f}/hour ({'+' if sp['extra_usd_per_hour'] >= 0 else '-'}"
+                    f"${abs(sp['extra_usd_per_hour']):.2f}/hour against the fault-free "
+                    f"{sp['replicas']}, whose own availability without faults is "
+                    f"{sp['fault_free']['availability']:.2%})")]
 
 
 def _power_rows(cost: dict) -> list[tuple[str, str]]:
@@ -161,7 +187,7 @@ def _power_rows(cost: dict) -> list[tuple[str, str]]:
             f"{_f(cost['kwh_per_million_output_tokens'], 3)} kWh per million output tokens")
     if cost.get("electricity_usd_per_hour") is not None:
         text += (f"; electricity ${cost['electricity_usd_per_hour']:.2f}/hour beside the GPUs' "
-                 f"${cost['usd_per_hour']:.2f}")
+                 f"${cost['usd_per_hour']:.2f}: ${cost['total_usd_per_hour']:.2f}/hour in all")
     return [("power", text)]
 
 
@@ -297,6 +323,15 @@ def markdown(r: dict, plots: list[str]) -> str:
         cl = r["cluster"]
         lines += ["", f"## Replicas at {load(cl['target'])} (router `{r['engine']['router']}`)", ""]
         lines += _points_table(cl["tried"], ["replicas"], lambda p: [str(p["replicas"])], _metrics(r))
+    if r.get("spares") and "refused" not in r["spares"]:
+        from sim.planning.spares import lines as spares_lines
+
+        sp = r["spares"]
+        lines += ["", f"## Spares under the faults (--availability {sp['target']:g})", "",
+                  f"The planned cluster's own run (`{' '.join(sp['overrides'])}`) with the scenario's faults, "
+                  f"N+k replicas for k = 0, 1, ..., once per fault seed (0..{sp['seeds'] - 1}); the answer is "
+                  "the least k whose worst seed meets the target (sim/planning/spares.py).", ""]
+        lines += [f"- {line}" for line in spares_lines(sp)]
     lines += [""] + [f"![{name}]({name})" for name in plots]
     return "\n".join(lines) + "\n"
 

@@ -64,6 +64,9 @@ class PlanRequest:
     workers: int | None = None
     cluster: str | None = None             # a Dask scheduler's address: the simulations run there
     window_s: float | None = None          # a fleet plan: the SLO judged in every window of this many s (3600)
+    availability: float | None = None      # the spares (N+k) for the SLO met in this fraction of windows
+    max_spares: int = 4                    # with availability: the most spares tried
+    fault_seeds: int = 5                   # with availability: fault seeds per fleet (the worst must meet it)
 
     @property
     def searches(self) -> bool:
@@ -175,11 +178,40 @@ class PlanJob:
                 power_cap_kw=r.power_cap_kw, options=self.options, progress=progress, runner=runner, journal=journal)
         from sim.planning.planner import plan
 
-        return plan(r.scenario, self.slo, overrides=r.overrides, options=self.options, progress=progress,
-                    target=target, target_unit="users" if r.target_users is not None else "req/s",
-                    gpu_hour_usd=self.prices.get(self.scenario.hardware.name), headroom=r.headroom, band=r.band,
-                    seqs_grid=seqs, power_cap_kw=r.power_cap_kw,
-                    tokens_grid=tokens, runner=runner, journal=journal)
+        result = plan(r.scenario, self.slo, overrides=r.overrides, options=self.options, progress=progress,
+                      target=target, target_unit="users" if r.target_users is not None else "req/s",
+                      gpu_hour_usd=self.prices.get(self.scenario.hardware.name), headroom=r.headroom, band=r.band,
+                      seqs_grid=seqs, power_cap_kw=r.power_cap_kw,
+                      tokens_grid=tokens, runner=runner, journal=journal)
+        if r.availability is not None:
+            result["spares"] = self._spares(result, progress)
+        return result
+
+    def _spares(self, result: dict, progress: Callable[..., None] | None) -> dict | None:
+        """The spares the planned cluster needs under the scenario's faults for request.availability:
+        the cluster's own run (its overrides: setting, load, requests, replicas) with the faults
+        back, N+k for k = 0.. max_spares (sim/planning/spares.py). None: the plan has no cluster."""
+        from sim.planning.spares import plan_spares
+
+        cluster = result.get("cluster") or {}
+        r = self.request
+        assert r.availability is not None  # (run() asks only then)
+        if cluster.get("replicas") is None or not (cluster.get("point") or {}).get("overrides"):
+            return None
+        overrides = r.overrides + tuple(cluster["point"]["overrides"])
+        try:
+            sc = replace(load_scenario(r.scenario, overrides), slo=self.slo)
+        except ScenarioError as e:  # (e.g. a spot notice naming a replica the planned cluster does not have)
+            # the plan stands (nothing lost); the spares say why they were not sized
+            why = f"the planned cluster of {cluster['replicas']} replica(s) does not fit the scenario's faults: {e}"
+            result["warnings"].append(f"--availability: {why}")
+            return {"refused": why}
+        done = result["simulations"]
+        tick = None if progress is None else \
+            lambda d, t, _eta: progress(done + d, done + t, "spares under the faults")  # noqa: E731
+        out = plan_spares(sc, r.availability, r.fault_seeds, r.max_spares, progress=tick)
+        out["overrides"] = list(cluster["point"]["overrides"])
+        return out
 
     def unmet(self, result: dict) -> list[str]:
         """Why nothing meets the SLO, one line each (empty when an answer was found): the plan's
@@ -260,12 +292,27 @@ def prepare(r: PlanRequest, note: Callable[[str], None] | None = None) -> PlanJo
             raise ScenarioError(f"{flag}: {v:g} is more than {cap:g}, the most servesim plans for")
     if r.cluster is not None and r.workers is not None:
         raise ScenarioError("--workers: not used with --cluster (the cluster's workers run the plan)")
+    if r.availability is not None:
+        if not 0 < r.availability <= 1:
+            raise ScenarioError(f"--availability: {r.availability:g} is not a fraction in (0, 1] (e.g. 0.999)")
+        if r.target_rate is None and r.target_users is None:
+            raise ScenarioError("--availability: needs --target-rate (or --target-users): the spares are "
+                                "those of the cluster sized for it")
+        if r.searches:
+            raise ScenarioError("--availability: not with a configuration search (--gpus, --tp, ...) yet; "
+                                "plan the chosen configuration with it (docs/faults.md)")
+    for flag, v, lo in (("--max-spares", r.max_spares, 0), ("--fault-seeds", r.fault_seeds, 1)):
+        if not isinstance(v, int) or not lo <= v <= 64:
+            raise ScenarioError(f"{flag}: {v} is not an integer in [{lo}, 64]")
     if r.window_s is not None and not 0 < r.window_s < math.inf:
         raise ScenarioError(f"--window-s: {r.window_s} is not a finite number > 0")
     if r.gpu_hour_usd is not None and not 0 <= r.gpu_hour_usd < math.inf:
         raise ScenarioError(f"--gpu-hour-usd: {r.gpu_hour_usd} is not a finite number >= 0")
     sc = load_scenario(r.scenario, r.overrides)
     _check_fleet(r, sc)
+    if r.availability is not None and sc.features.get("faults") is None:
+        raise ScenarioError(f"--availability: {r.scenario} has no faults: section; the spares are sized against "
+                            "a fault model (docs/faults.md)")
     planned = planned_gpus(r, sc)
     if r.gpu_hour_usd is not None and len(set(planned)) > 1:
         raise ScenarioError(f"--gpu-hour-usd: one price for {len(set(planned))} GPU types ({', '.join(planned)}); "
@@ -336,7 +383,7 @@ def _check_fleet(r: PlanRequest, sc: Scenario) -> None:
         ("--max-num-seqs", r.max_num_seqs),
         ("--max-num-batched-tokens", r.max_num_batched_tokens), ("--horizon-s", r.horizon_s), ("--emit", r.emit),
         ("--max-gpus", r.max_gpus), ("--budget-usd-per-hour", r.budget_usd_per_hour),
-        ("--power-cap-kw", r.power_cap_kw)) if v is not None]
+        ("--power-cap-kw", r.power_cap_kw), ("--availability", r.availability)) if v is not None]
     if sc.engine.admission is not None:
         raise ScenarioError("plan: engine.admission is set; a fleet plan sizes a fleet that serves every request "
                             "(remove it with --set engine.admission=null; docs/fleet.md)")

@@ -147,11 +147,18 @@ def electricity(point: dict, energy) -> dict:
     out: dict = {"facility_kw": w / 1e3, "kwh_per_hour": w / 1e3}
     tps = point.get("output_throughput") or 0.0
     out["kwh_per_million_output_tokens"] = w / 1e3 / (tps * 3600) * 1e6 if tps > 0 else None
-    rate = energy.usd_per_kwh
-    if rate is not None:
-        mean = float(sum(rate) / len(rate)) if isinstance(rate, tuple) else float(rate)
+    mean = mean_usd_per_kwh(energy)
+    if mean is not None:
         out["electricity_usd_per_hour"] = w / 1e3 * mean
     return out
+
+
+def mean_usd_per_kwh(energy) -> float | None:
+    """energy.usd_per_kwh as one price (USD/kWh): an hourly list's mean, None where not priced."""
+    rate = energy.usd_per_kwh
+    if rate is None:
+        return None
+    return float(sum(rate) / len(rate)) if isinstance(rate, tuple) else float(rate)
 
 
 def cost(gpus: int, usd_per_gpu_hour: float, output_tps: float, total_tps: float) -> dict:
@@ -266,6 +273,9 @@ def _plan(path, slo, overrides, target, target_unit, gpu_hour_usd, headroom, ban
         "load_search": search,
     }
     out["warnings"] += out["run_length"].pop("warnings")
+    if ev.faults_set_aside:
+        out["warnings"].append("faults: the load and the replicas are sized without the scenario's faults (the "
+                               "fault-free fleet); --availability sizes the spares they need (docs/faults.md)")
     if search["answer"] is not None:
         phases.start("engine settings")
         curve = out["tradeoff"] = engine_curve(ev, knob, search, seqs_grid=seqs_grid, tokens_grid=tokens_grid,
@@ -319,6 +329,8 @@ def _plan(path, slo, overrides, target, target_unit, gpu_hour_usd, headroom, ban
         out["cost"] = cost(replicas * gpus_per_replica, price, point["output_throughput"] or 0.0,
                            point["total_token_throughput"] or 0.0)
         out["cost"].update(electricity(point, sc.features["energy"]))
+        if "electricity_usd_per_hour" in out["cost"]:  # the whole bill, as the GPU search ranks it
+            out["cost"]["total_usd_per_hour"] = out["cost"]["usd_per_hour"] + out["cost"]["electricity_usd_per_hour"]
         kw = out["cost"].get("facility_kw")
         if power_cap_kw is not None and kw is not None and kw > power_cap_kw:
             out["warnings"].append(f"over the power cap: the recommended {replicas} replica(s) draw {kw:,.1f} kW "

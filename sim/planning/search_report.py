@@ -14,6 +14,34 @@ from sim.planning.plan_report import simulations_text
 
 PARETO_PNG = "pareto.png"
 
+# search.json's p99 TTFT of one replica at its sustained load, named as results.csv names the
+# statistic (`ttft_ms.p99`); last release's name is written beside it for one release so scripts that
+# read search.json by it keep working (docs/planner.md, "search.json")
+TTFT_AT_SUSTAINED = "ttft_ms.p99_at_sustained"
+LAST_RELEASES = {TTFT_AT_SUSTAINED: "ttft_p99_ms_at_sustained"}
+
+
+def ttft_at_sustained(row: dict) -> float | None:
+    """A candidate's p99 TTFT (ms) at one replica's sustained load, from this release's search.json
+    or the last one's."""
+    v = row.get(TTFT_AT_SUSTAINED)
+    return row.get(LAST_RELEASES[TTFT_AT_SUSTAINED]) if v is None else v
+
+
+def bill(row: dict) -> float:
+    """A confirmed cluster's USD per hour as the search ranks it: its GPU-hours (`usd_per_hour`) plus,
+    where the scenario prices electricity (energy.usd_per_kwh), its modelled facility power at that
+    price (`total_usd_per_hour`)."""
+    return row.get("total_usd_per_hour", row["usd_per_hour"])
+
+
+def _dollars(row: dict) -> str:
+    """'$108.00/hour' or '$112.10/hour ($108.00 GPUs + $4.10 electricity)'."""
+    if "electricity_usd_per_hour" not in row:
+        return f"${row['usd_per_hour']:,.2f}/hour"
+    return (f"${bill(row):,.2f}/hour (${row['usd_per_hour']:,.2f} GPUs + ${row['electricity_usd_per_hour']:,.2f} "
+            "electricity)")
+
 
 def _f(v: Any, digits: int = 2) -> str:
     return "-" if v is None else f"{v:,.{digits}f}" if isinstance(v, float) else str(v)
@@ -77,19 +105,24 @@ def candidate_point(row: dict, with_target: bool) -> tuple[float, float, str] | 
     (cost, p99 TTFT ms, kind). With a target: a confirmed cluster's $/hour and its p99 TTFT at
     the target (kind "confirmed"); a candidate shown dearer, the least it can cost ("at least":
     one replica more than the count that missed the SLO, or its bound at SLACK x flat out) and one
-    replica's p99 TTFT at its sustained load. Without a target: $ per million output tokens at one
-    replica's sustained load ("refined", else "coarse"). None: no such numbers (pruned)."""
+    replica's p99 TTFT at its sustained load; one over --power-cap-kw, its cluster's cost and p99 TTFT
+    ("over the power cap"). Without a target: $ per million output tokens at one replica's sustained
+    load ("refined", else "coarse"). None: no such numbers (pruned)."""
     if row.get("pruned"):
         return None
-    ttft = row.get("ttft_p99_ms_at_sustained")
+    ttft = ttft_at_sustained(row)
     if not with_target:
         cost = row.get("usd_per_million_output_tokens")
         if cost is None or ttft is None:
             return None
         return cost, ttft, "refined" if row.get("status") == "refined" else "coarse"
     if row.get("status") == "confirmed":
-        return row["usd_per_hour"], row["cluster"]["point"]["ttft_ms"]["p99"], "confirmed"
+        return bill(row), row["cluster"]["point"]["ttft_ms"]["p99"], "confirmed"
     unit_usd = row["tensor_parallel_size"] * row.get("replicas_per_unit", 1) * row["usd_per_gpu_hour"]
+    if str(row.get("status", "")).startswith("over the power cap"):  # met the SLO, drew too much: its cluster
+        cl = row["cluster"]
+        return (cl["replicas"] * unit_usd + row.get("electricity_usd_per_hour", 0.0), cl["point"]["ttft_ms"]["p99"],
+                "over the power cap")
     beyond = (row.get("cluster") or {}).get("beyond")
     least = (beyond + 1) if beyond else row.get("replicas_lower_bound")
     if least is None or ttft is None:
@@ -115,9 +148,9 @@ def _why(r: dict, c: dict) -> str | None:
         parts = [f"{row['sustained_per_gpu']:.2f} {unit} per GPU ({row.get('status', 'coarse')}) with {_knobs(row)}"]
     rivals = [x for x in r["candidates"] if x is not row and not x.get("pruned") and x.get("status")]
     if rivals:
-        nxt = min(rivals, key=lambda x: x.get("usd_per_hour", x.get("usd_per_hour_estimate"))
+        nxt = min(rivals, key=lambda x: (bill(x) if "usd_per_hour" in x else x.get("usd_per_hour_estimate"))
                   or x.get("usd_per_million_output_tokens") or 0.0)
-        what = (f"{nxt['replicas']} replicas, ${nxt['usd_per_hour']:,.2f}/hour (confirmed)" if "usd_per_hour" in nxt
+        what = (f"{nxt['replicas']} replicas, {_dollars(nxt)} (confirmed)" if "usd_per_hour" in nxt
                 else nxt["status"])
         parts.append(f"the next, {_name(nxt)} ({_knobs(nxt)}): {what}")
     return "; ".join(parts)
@@ -136,8 +169,8 @@ def search_headline(r: dict) -> list[tuple[str, str]]:
             f"units of {c['disaggregation']['prefill_replicas']}P:{c['disaggregation']['decode_replicas']}D"
         pp, dp = c.get("pipeline_parallel_size") or 1, c.get("data_parallel_size") or 1
         layout = f"TP{c['tensor_parallel_size']}" + (f" x PP{pp}" if pp > 1 else "") + (f" x DP{dp}" if dp > 1 else "")
-        what = (f"{c['gpu']} x {c['gpus']} ({c['replicas']} {unit} of {layout}), "
-                f"${c['usd_per_hour']:.2f}/hour" if "replicas" in c else f"{c['gpu']} {layout}")
+        what = (f"{c['gpu']} x {c['gpus']} ({c['replicas']} {unit} of {layout}), {_dollars(c)}"
+                if "replicas" in c else f"{c['gpu']} {layout}")
         rows += [("cheapest configuration", what)]
         why = _why(r, c)
         if why:
@@ -195,7 +228,7 @@ def markdown(r: dict, plot: Path | None) -> str:
              "*Refined*: searched again on the load search's grid while it could still be the cheapest.")
     lines += ["## Every candidate", "", rule, "",
               "| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
-    order = lambda x: (bool(x.get("pruned")), x.get("usd_per_hour", x.get("usd_per_hour_estimate"))  # noqa: E731
+    order = lambda x: (bool(x.get("pruned")), (bill(x) if "usd_per_hour" in x else x.get("usd_per_hour_estimate"))  # noqa: E731
                        or x.get("usd_per_million_output_tokens") or 0)
     for row in sorted(r["candidates"], key=order):
         if row.get("pruned"):
@@ -205,10 +238,12 @@ def markdown(r: dict, plot: Path | None) -> str:
             sustained = row.get("sustained_load") or row.get("coarse_load")
             cells = [row["gpu"], str(row["tensor_parallel_size"]), _knobs(row), _f(sustained),
                      _f(row.get("sustained_per_gpu")),
-                     _f(row.get("ttft_p99_ms_at_sustained"), 0), _f(row.get("usd_per_million_output_tokens"), 3)]
+                     _f(ttft_at_sustained(row), 0), _f(row.get("usd_per_million_output_tokens"), 3)]
             if with_target:
                 confirmed = row.get("status") == "confirmed"
-                cells += ([str(row["replicas"]), str(row["gpus"]), _f(row["usd_per_hour"]), "confirmed cluster"]
+                cells += ([str(row["replicas"]), str(row["gpus"]), _f(bill(row)), "confirmed cluster"
+                           + (f" (GPUs {_f(row['usd_per_hour'])} + electricity {_f(row['electricity_usd_per_hour'])})"
+                              if "electricity_usd_per_hour" in row else "")]
                           if confirmed else [str(row.get("replicas_estimate", "-")), str(row.get("gpus_estimate", "-")),
                                              _f(row.get("usd_per_hour_estimate")), "estimate"])
             tie = f"; ties: {'; '.join(_knobs(t) for t in row['ties'])}" if row.get("ties") else ""
@@ -289,14 +324,23 @@ def pareto_plot(r: dict, path: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     key = "usd_per_hour" if with_target else "usd_per_million_output_tokens"
-    xlabel = (f"USD per hour for {r['target']:g} {_unit(r)} (replicas x GPUs x price)" if with_target
+    billed = any("electricity_usd_per_hour" in x for x in rows)
+    xlabel = (f"USD per hour for {r['target']:g} {_unit(r)} (replicas x GPUs x price"
+              + (" + electricity, confirmed)" if billed else ")") if with_target
               else "USD per million output tokens at one replica's sustained load")
-    fig, ax = plt.subplots(figsize=(8.5, 5.2))
+    cap = r.get("power_cap_kw") if with_target else None
+    powered = [x for x in rows if cap is not None and x.get("facility_kw") is not None
+               and points[id(x)][2] in ("confirmed", "over the power cap")]
+    if powered:  # a second panel: each simulated cluster's modelled kW against its cost, the cap a line
+        fig, (ax, kw_ax) = plt.subplots(1, 2, figsize=(13, 5.2), gridspec_kw={"width_ratios": [1.7, 1]})
+    else:
+        fig, ax = plt.subplots(figsize=(8.5, 5.2))
     colours = {g: f"C{i}" for i, g in enumerate(dict.fromkeys(x["gpu"] for x in rows))}
+    marker = {"at least": ">", "over the power cap": "X"}
     for x in rows:
         cost, ttft, kind = points[id(x)]
         filled = kind in ("confirmed", "refined")
-        ax.scatter(cost, ttft, s=40 + 25 * x["tensor_parallel_size"], marker=">" if kind == "at least" else "o",
+        ax.scatter(cost, ttft, s=40 + 25 * x["tensor_parallel_size"], marker=marker.get(kind, "o"),
                    color=colours[x["gpu"]], facecolors=colours[x["gpu"]] if filled else "none",
                    linewidths=1.5, zorder=3)
     for (cost, ttft), text in _labels([points[id(x)][:2] for x in rows],
@@ -304,7 +348,8 @@ def pareto_plot(r: dict, path: Path) -> Path | None:
         ax.annotate(text, (cost, ttft), textcoords="offset points", xytext=(6, 4), fontsize=7)
     front = sorted(r["pareto"], key=lambda f: f[key])
     if len(front) > 1:
-        ax.plot([f[key] for f in front], [f["ttft_p99_ms_at_sustained"] for f in front], "k--", lw=1,
+        ax.plot([f[key] for f in front], [f.get("ttft_ms.p99", f.get(LAST_RELEASES[TTFT_AT_SUSTAINED])) for f in front],
+                "k--", lw=1,
                 label="Pareto frontier of the confirmed: cheaper or faster than every other")
     c = r["chosen"]
     if c is not None:
@@ -317,6 +362,9 @@ def pareto_plot(r: dict, path: Path) -> Path | None:
     if with_target:
         ax.scatter([], [], marker=">", facecolors="none", edgecolors="grey",
                    label="dearer: at least this cost (fewer replicas miss the SLO); latency of one replica")
+        if any(points[id(x)][2] == "over the power cap" for x in rows):
+            ax.scatter([], [], marker="X", facecolors="none", edgecolors="grey",
+                       label="meets the SLO, over the power cap" + (f" ({cap:g} kW)" if cap is not None else ""))
     else:
         ax.scatter([], [], facecolors="none", edgecolors="grey", label="coarse (not refined)")
     costs = [points[id(x)][0] for x in rows]
@@ -335,6 +383,22 @@ def pareto_plot(r: dict, path: Path) -> Path | None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     ax.set_title(f"{r['scenario']} ({r['model']}): cost vs latency, {r['slo_label']}", fontsize=10)
+    if powered:
+        for x in powered:
+            cost, _, kind = points[id(x)]
+            kw_ax.scatter(cost, x["facility_kw"], s=40 + 25 * x["tensor_parallel_size"], marker=marker.get(kind, "o"),
+                          color=colours[x["gpu"]], facecolors=colours[x["gpu"]] if kind == "confirmed" else "none",
+                          linewidths=1.5, zorder=3)
+            kw_ax.annotate(f"{x['gpu']} TP{x['tensor_parallel_size']}", (cost, x["facility_kw"]),
+                           textcoords="offset points", xytext=(6, 4), fontsize=7)
+        kw_ax.axhline(cap, color="red", ls="--", lw=1, label=f"power cap {cap:g} kW (--power-cap-kw)")
+        kw_ax.set_xlabel(xlabel.split(" (")[0])
+        kw_ax.set_ylabel("facility power at the target (kW, modelled)")
+        kw_ax.set_title("the simulated clusters' power", fontsize=10)
+        kw_ax.set_ylim(bottom=0, top=max(cap, *(x["facility_kw"] for x in powered)) * 1.15)
+        kw_ax.margins(x=0.2)  # (room for the labels right of the points)
+        kw_ax.grid(alpha=0.3)
+        kw_ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
     save_figure(fig, path, dpi=110)
     plt.close(fig)

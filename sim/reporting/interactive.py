@@ -226,7 +226,9 @@ def search_figures(result: dict) -> list:
     rows = [(x, p) for x, p in placed if p is not None]
     if not rows:
         return []
-    xlabel = (f"USD per hour for {target:g} {result.get('unit') or 'req/s'}" if with_target
+    billed = any("electricity_usd_per_hour" in x for x in result.get("candidates", []))
+    xlabel = (f"USD per hour for {target:g} {result.get('unit') or 'req/s'}"
+              + (" (GPUs + electricity, confirmed)" if billed else "") if with_target
               else "USD per million output tokens at one replica's sustained load")
     fig = _figure("Candidates: cost against p99 TTFT (ms)", xaxis_title=xlabel,
                   yaxis_title="p99 TTFT (ms): confirmed, the cluster's at the target")
@@ -245,10 +247,11 @@ def search_figures(result: dict) -> list:
                 name=gpu if parts[0] else f"{gpu} (none confirmed)", legendgroup=gpu,
                 showlegend=filled or not parts[0],
                 marker=dict(size=[10 + 4 * x["tensor_parallel_size"] for x, _ in part], color=_colour(i),
-                            symbol=["circle" if filled else ("triangle-right-open" if p[2] == "at least"
-                                                             else "circle-open") for _, p in part]),
+                            symbol=["circle" if filled else {"at least": "triangle-right-open",
+                                                             "over the power cap": "x-open"}.get(p[2], "circle-open")
+                                    for _, p in part]),
                 customdata=[[x["tensor_parallel_size"], x.get("max_num_seqs"), x.get("max_num_batched_tokens"),
-                             ("at least this cost; " if p[2] == "at least" else "") + str(x.get("status") or "")]
+                             {"at least": "at least this cost; "}.get(p[2], "") + str(x.get("status") or "")]
                             for x, p in part],
                 hovertemplate=(f"{gpu} TP%{{customdata[0]}}, max_num_seqs %{{customdata[1]}}, "
                                "max_num_batched_tokens %{customdata[2]}<br>%{x:,.3g} USD, p99 TTFT %{y:,.0f} ms"

@@ -90,7 +90,7 @@ def test_hourly_prices_and_carbon_by_hand():
     assert e["kgco2"] == pytest.approx((100 * h0 + 500 * h1) / 1e3)
 
 
-def test_a_power_cap_that_excludes_the_cheapest_gpu_changes_the_answer():
+def test_a_power_cap_that_excludes_the_cheapest_gpu_changes_the_answer(tmp_path):
     """Llama-3-8B at 40 req/s under p99 TTFT 500 ms / TPOT 50 ms, H100 or A100 (priced at $0.50 so
     that it is the cheapest): six A100s ($3/hour, ~2.9 kW modelled) without a cap; under a 1.35 kW cap
     they are left out, said so, and two H100s (~1.3 kW, $6/hour) are the answer."""
@@ -106,6 +106,48 @@ def test_a_power_cap_that_excludes_the_cheapest_gpu_changes_the_answer():
     rows = {r["gpu"]: r for r in capped["candidates"]}
     assert rows["a100-80gb"]["status"].startswith("over the power cap: ")
     assert rows["h100-sxm"]["facility_kw"] <= 1.35
+    # on the figures: the A100s at their simulated cluster's cost and p99 TTFT, marked over the cap
+    from sim.planning.search_report import candidate_point, pareto_plot
+    a100 = rows["a100-80gb"]
+    cost, ttft, kind = candidate_point(a100, True)
+    assert (cost, ttft, kind) == (a100["cluster"]["replicas"] * 0.5, a100["cluster"]["point"]["ttft_ms"]["p99"],
+                                  "over the power cap")
+    assert all(f["gpu"] == "h100-sxm" for f in capped["pareto"])  # (not on the frontier: it is not allowed)
+    import matplotlib.image
+    with_panel = pareto_plot(capped, tmp_path / "capped.png")
+    without = pareto_plot({**capped, "power_cap_kw": None}, tmp_path / "free.png")
+    # the cap drawn as a line on a second panel (kW against cost): a wider figure (13 in against 8.5 in)
+    assert matplotlib.image.imread(with_panel).shape[1] > 1.4 * matplotlib.image.imread(without).shape[1]
+
+
+def test_electricity_enters_the_gpu_searchs_ranking_and_can_change_its_answer(tmp_path):
+    """The same search with A100s at $0.50/GPU-hour: on GPU-hours alone the A100s are the cheapest;
+    with electricity at $3/kWh (energy.usd_per_kwh) each confirmed cluster's bill is its GPU-hours
+    plus its modelled facility kW x 3, and the A100s (more GPUs, more kW for the same load) lose to
+    the H100s. Every confirmed row's bill is that sum; the chosen is the least bill; the headline and
+    search.md print the split."""
+    import servesim
+    from sim.planning.search_report import search_headline, write_search_report
+    args = dict(slo="ttft_ms=500,tpot_ms=50", gpus=["h100-sxm", "a100-80gb"], tp=[1], target_rate=40, seeds=2,
+                price="a100-80gb=0.5")
+    gpus_only = servesim.plan("scenarios/quickstart.yaml", **args)
+    assert gpus_only["chosen"]["gpu"] == "a100-80gb" and "total_usd_per_hour" not in gpus_only["chosen"]
+    billed = servesim.plan("scenarios/quickstart.yaml", overrides=["energy.usd_per_kwh=3"], **args)
+    confirmed = [r for r in billed["candidates"] if r.get("status") == "confirmed"]
+    assert len(confirmed) == 2  # (the A100s' count is sought up to the H100s' whole bill, not their GPU-hours)
+    for r in confirmed:
+        assert r["electricity_usd_per_hour"] == pytest.approx(r["facility_kw"] * 3.0, rel=1e-12)
+        assert r["total_usd_per_hour"] == pytest.approx(r["usd_per_hour"] + r["facility_kw"] * 3.0, rel=1e-12)
+    c = billed["chosen"]
+    assert c["gpu"] == "h100-sxm" and c["total_usd_per_hour"] == min(r["total_usd_per_hour"] for r in confirmed)
+    a100 = next(r for r in confirmed if r["gpu"] == "a100-80gb")
+    assert a100["usd_per_hour"] < c["usd_per_hour"]  # cheaper in GPU-hours, dearer in all
+    head = dict(search_headline(billed))["cheapest configuration"]
+    assert head.endswith(f"${c['total_usd_per_hour']:.2f}/hour (${c['usd_per_hour']:.2f} GPUs + "
+                         f"${c['electricity_usd_per_hour']:.2f} electricity)")
+    write_search_report(billed, tmp_path)
+    assert f"| {c['total_usd_per_hour']:,.2f} | confirmed cluster (GPUs {c['usd_per_hour']:,.2f} + electricity " \
+           in (tmp_path / "search.md").read_text()
 
 
 def test_power_over_time_by_hand():

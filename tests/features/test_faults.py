@@ -208,3 +208,76 @@ def test_spares_refuses_bad_input_in_one_line_and_writes_nothing(args, message, 
     argv = ["spares", str(root / args[0]), *args[1:], "--out", str(out)]
     assert_one_line_error(CliRunner().invoke(app, argv), message)
     assert not out.exists()
+
+
+def test_plan_sizes_the_fault_free_fleet_then_the_spares_its_faults_need():
+    """`servesim plan --availability`: the load search and the replicas are the fault-free plan's
+    (the faults set aside, said so), then the planned cluster's own run with the faults back, N+k:
+    here a 40 s outage of replica 0 at 30 s. One replica alone holds the SLO in few 10-s windows,
+    two hold it in most, so for 80% of windows N (1) is not enough and N+1 is, at one more
+    replica's price; the spares' rows are plan_spares' on that same run."""
+    import servesim
+    from sim.planning.plan_report import headline
+
+    args = dict(slo="ttft_ms=500,tpot_ms=50", target_rate=20, seeds=2, resolution=0.05)
+    faults = "faults={outages: [{replica: 0, at_s: 30, down_s: 40}], minute_s: 10}"
+    free = servesim.plan("scenarios/quickstart.yaml", **args)
+    r = servesim.plan("scenarios/quickstart.yaml", overrides=[faults], availability=0.8, fault_seeds=2,
+                      max_spares=2, **args)
+    assert r["load_search"]["answer"] == free["load_search"]["answer"]
+    assert r["recommendation"]["replicas"] == free["recommendation"]["replicas"] == 1
+    assert any(w.startswith("faults: the load and the replicas are sized without") for w in r["warnings"])
+    sp = r["spares"]
+    assert sp["overrides"] == r["cluster"]["point"]["overrides"] and sp["replicas"] == 1
+    rows = sp["options"]["on_demand"]["rows"]
+    assert [(x["replicas"], x["met"]) for x in rows] == [(1, False), (2, True)]
+    assert rows[0]["availability_min"] < 0.8 <= rows[1]["availability_min"]
+    price = r["cost"]["usd_per_gpu_hour"]
+    assert (sp["answer"], sp["extra_usd_per_hour"]) == ("on_demand", pytest.approx(price))
+    said = dict(headline(r))["spares under the faults"]
+    assert said.startswith("N+1 = 2 replicas (on-demand) for the SLO met in 80.000% of 10-s windows: worst of 2 "
+                           f"fault seeds {rows[1]['availability_min']:.2%}, ${2 * price:.2f}/hour (+${price:.2f}/hour ")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--availability", "0.99"], "--availability: needs --target-rate (or --target-users)"),
+    (["--availability", "0.99", "--target-rate", "20", "--set", "faults=null"],
+     "has no faults: section; the spares are sized against a fault model"),
+    (["--availability", "2", "--target-rate", "20"], "--availability: 2 is not a fraction in (0, 1]"),
+    (["--availability", "0.99", "--target-rate", "20", "--gpus", "h100-sxm,h200"],
+     "--availability: not with a configuration search"),
+    (["--availability", "0.99", "--target-rate", "20", "--fault-seeds", "0"], "--fault-seeds: 0 is not an integer"),
+])
+def test_plan_availability_refuses_bad_input_in_one_line_and_writes_nothing(args, message, tmp_path):
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from cli import app
+    from tests.simhelpers import assert_one_line_error
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "out"
+    argv = ["plan", str(root / "scenarios/chat-2x-faults.yaml"), *args, "--out", str(out)]
+    assert_one_line_error(CliRunner().invoke(app, argv), message)
+    assert not out.exists()
+
+
+def test_plan_availability_on_faults_that_do_not_fit_the_planned_cluster_keeps_the_plan():
+    """chat-2x-faults gives a spot notice to replica 1: a planned cluster of one replica has none.
+    The plan is kept (nothing lost) and the spares say why they were not sized, also as a warning."""
+    from pathlib import Path
+
+    from sim.planning.plan_report import _spares_rows
+    from sim.planning.plan_request import PlanRequest, prepare
+
+    root = Path(__file__).resolve().parents[2]
+    job = prepare(PlanRequest(root / "scenarios/chat-2x-faults.yaml", target_rate=16, availability=0.9))
+    result = {"cluster": {"replicas": 1, "point": {"overrides": ["engine.replicas=1"]}}, "simulations": 0,
+              "warnings": []}
+    sp = job._spares(result, None)
+    assert sp == {"refused": "the planned cluster of 1 replica(s) does not fit the scenario's faults: "
+                             f"{root / 'scenarios/chat-2x-faults.yaml'}: faults.spot.notices[0].replica: 1 is not a "
+                             "spot replica (the spot ones: 0..0)"}
+    assert result["warnings"] == [f"--availability: {sp['refused']}"]
+    assert _spares_rows({"spares": sp}) == [("spares under the faults", f"not sized: {sp['refused']}")]

@@ -66,8 +66,11 @@ def test_the_search_chooses_the_cheapest_confirmed_cluster_and_every_file_agrees
     assert f"| {c['replicas']} | {c['gpus']} | {best:,.2f} | confirmed cluster |" in table
     x, _, kind = candidate_point(row, True)
     assert (x, kind) == (best, "confirmed")
-    assert [f for f in saved["pareto"] if (f["gpu"], f["tensor_parallel_size"]) == (c["gpu"], c["tensor_parallel_size"])][0][
-        "usd_per_hour"] == best
+    front = [f for f in saved["pareto"] if (f["gpu"], f["tensor_parallel_size"]) == (c["gpu"], c["tensor_parallel_size"])][0]
+    assert front["usd_per_hour"] == best and front["ttft_ms.p99"] == row["cluster"]["point"]["ttft_ms"]["p99"]
+    # one vocabulary: results.csv's name for the statistic; last release's key beside it, equal
+    assert row["ttft_ms.p99_at_sustained"] == row["ttft_p99_ms_at_sustained"] is not None
+    assert front["ttft_p99_ms_at_sustained"] == front["ttft_ms.p99"]
     assert math.isclose(c["cluster_point"]["bettable"]["confidence"], 0.9)
     # --emit deploys the same count (PlanJob.emit, from search.json's chosen)
     import yaml

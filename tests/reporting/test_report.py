@@ -163,10 +163,11 @@ def test_a_plans_latency_past_saturation_and_a_far_off_gpu_get_log_axes_and_lege
 
     def confirmed(gpu, tp, usd, ttft):  # a simulated cluster: its cost and its p99 TTFT at the target
         return {"gpu": gpu, "tensor_parallel_size": tp, "usd_per_hour": usd, "usd_per_gpu_hour": 3.0,
-                "ttft_p99_ms_at_sustained": ttft + 30, "status": "confirmed", "max_num_seqs": 256,
+                "ttft_ms.p99_at_sustained": ttft + 30, "status": "confirmed", "max_num_seqs": 256,
                 "max_num_batched_tokens": 8192, "cluster": {"point": {"ttft_ms": {"p99": ttft}}}}
 
     def dearer(gpu, tp, price, missed, ttft):  # shown at the least it can cost: one replica past the miss
+        # (by last release's key name: a search.json an earlier release wrote reads the same)
         return {"gpu": gpu, "tensor_parallel_size": tp, "usd_per_gpu_hour": price, "ttft_p99_ms_at_sustained": ttft,
                 "status": f"dearer: {missed} replicas miss", "cluster": {"beyond": missed}}
     search = {"target": 40, "unit": "req/s", "chosen": {"gpu": "h100-sxm", "tensor_parallel_size": 4},
