@@ -1,6 +1,7 @@
 """Power per iteration and a run's energy: J per token, average and peak W, kWh, cost and carbon.
 
-The stated model (no measurement of power is in the shipped tables but B200's, not yet used):
+The stated model (AIConfigurator's only measured power, B200 attention and MoE kernels with no GEMM,
+is examined in docs/energy.md with bench/b200_power.py and not used; its known bias is said there):
 
     a GPU during an iteration   P = idle_w + (tdp_w - idle_w) x u,  u = max(compute, memory)
                                 utilisation of that iteration, in [0, 1]
