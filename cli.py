@@ -141,6 +141,10 @@ def main_entry() -> None:
     except (KeyboardInterrupt, typer.Abort):
         typer.echo("error: interrupted; nothing was written", err=True)
         code = 130
+    except MemoryError:  # (a run, a trace or a fan-out beyond this machine: one line, not a traceback)
+        typer.echo("error: out of memory: this command needs more than the machine (or its ulimit) gives; "
+                   "fewer requests (workload.num_requests), a shorter trace or a smaller fan-out fit", err=True)
+        code = 1
     except SystemExit as e:
         code = e.code
     except Exception as e:  # click's usage errors (typer may vendor click: matched by interface)
@@ -1169,6 +1173,7 @@ def _calibrate_from_bench(benches: list[Path], model: str, gpu: str | None, tp: 
         base_of_another_preset,
         bench_model,
         bench_profile,
+        bench_warnings,
         fit_bench,
         write_bench_profile,
     )
@@ -1203,6 +1208,8 @@ def _calibrate_from_bench(benches: list[Path], model: str, gpu: str | None, tp: 
     which = ("the held-out error above" if result["held_out"] else
              "the error above, on the run it was fitted on (give two or more runs for a held-out one)")
     typer.echo(f"profile: {out} (use it as cost_model: {{profile: {out}}}; the plan's error band is {which})")
+    for line in bench_warnings(result):
+        typer.echo(f"warning: {line}", err=True)
 
 
 def _calibrate_from_tables(tables: Path, model: str, gpu: str | None, tp: int, out: Path) -> None:

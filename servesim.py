@@ -256,8 +256,13 @@ def kv_budget(model: Any, gpu: Any, *, tp: int = 1, gpu_memory_utilization: floa
     from sim.presets.memory import hybrid_block_size
     from sim.presets.memory import kv_budget as budget
     from sim.presets.models import pipeline_stage
+    from sim.reporting.capacity import check_capacity_options, check_layout
 
-    stage, hw = pipeline_stage(_preset("model", model), pp), _preset("GPU", gpu)
+    m, hw = _preset("model", model), _preset("GPU", gpu)
+    # the same checks as `servesim capacity` (its option names in the line): never a silent garbage budget
+    check_capacity_options(m, tp, gpu_memory_utilization, block_size, max_num_batched_tokens)
+    check_layout(m, pp, dp, ep)
+    stage = pipeline_stage(m, pp)
     # (a hybrid's block is raised to hold a linear-attention state, as vLLM and a scenario do)
     block_size = hybrid_block_size(stage, hw, tp, kv_cache_dtype, block_size)
     return budget(stage, hw, tensor_parallel_size=tp,
@@ -271,8 +276,11 @@ def cost_model(name: Any, model: Any, gpu: Any, tp: int = 1) -> Any:
     profile's path or mapping), for a model and a GPU (preset names or specs):
     .step_times(servesim.Batch(...)) gives an iteration's seconds."""
     from sim.cost.registry import make_cost_model
+    from sim.reporting.capacity import check_capacity_options
 
-    return make_cost_model(name, _preset("model", model), _preset("GPU", gpu), tp)
+    m = _preset("model", model)
+    check_capacity_options(m, tp, None, None, None)  # (a TP that does not divide the heads: as the CLI says)
+    return make_cost_model(name, m, _preset("GPU", gpu), tp)
 
 
 def step_terms(model: Any, gpu: Any, batch: Any, tp: int = 1) -> dict[str, float]:

@@ -245,20 +245,25 @@ def simulate_grid(simulate_point: Callable[[dict], list[Result]],
     return fit
 
 
-def step_time_error(results: list[Result]) -> dict:
+def step_time_error(results: list[Result]) -> dict | None:
     """The 10th and 90th percentile of the signed mean-TPOT error over the sustained runs: the
-    planner's error band (the --from-bench profile's serving_error)."""
-    errs = [r.error["tpot_mean_ms"] for r in results if not r.real_overloaded]
+    planner's error band (the --from-bench profile's serving_error). None: no run has a TPOT to
+    compare (every output one token: no decode step was timed)."""
+    errs = [e for e in (r.error["tpot_mean_ms"] for r in results if not r.real_overloaded) if np.isfinite(e)]
+    if not errs:
+        return None
     return {"p10": round(float(np.percentile(errs, 10)), 4), "p90": round(float(np.percentile(errs, 90)), 4),
             "stages": len(errs)}
 
 
-def error_band(results: list[Result], basis: str) -> dict:
+def error_band(results: list[Result], basis: str) -> dict | None:
     """step_time_error as step-time factors (real = simulated / (1 + error)), bracketing the
     simulated step itself: where every run errs on one side (one run, or a bias the grid's steps
     leave), that side's end and 1.0 (a band of 1.03 and 1.03 would say the real step is never the
-    simulated one, and the planner's band is the answer at each end)."""
+    simulated one, and the planner's band is the answer at each end). None: no TPOT to judge by."""
     e = step_time_error(results)
+    if e is None:
+        return None
     return {"slower": round(1 / (1 + min(e["p10"], 0.0)), 4), "faster": round(1 / (1 + max(e["p90"], 0.0)), 4),
             "basis": f"{basis}: TPOT error {e['p10']:+.1%} to {e['p90']:+.1%} (10th-90th percentile, "
                      f"{e['stages']} runs)"}
@@ -409,6 +414,28 @@ def fit_bench(benches: list[Path], model, gpu: str, tp: int, overrides: tuple[st
             "held_out": held, "scenario": first}
 
 
+FAR_OFF = 1.0  # a fitted run still more than 100% off: the step costs underneath are not this server's
+
+
+def bench_warnings(result: dict) -> list[str]:
+    """What a user must hear about fit_bench's result, one line each: a run the fitted overheads
+    still miss by more than FAR_OFF (the overheads cannot make up for step costs of another GPU or
+    model), and a profile left without an error band (no run had a TPOT)."""
+    said = []
+    for r in result["after"]:
+        off = {k: e for k, e in r.error.items() if k in FIT_METRICS and np.isfinite(e) and abs(e) > FAR_OFF}
+        if off:
+            worst = max(off, key=lambda k: abs(off[k]))
+            said.append(f"{r.name}: after the fit the simulation is still {off[worst]:+.0%} off on {worst} "
+                        "(more than 100%): the step costs it sits on are not this server's; check --gpu, "
+                        "--model and --tp, or give --profile of this machine")
+    runs = [r for _, r in result["held_out"]] or result["after"]
+    if step_time_error(runs) is None:
+        said.append("no run has a TPOT (every output one token): the profile has no serving_error, so plans "
+                    "on it carry no error band; benchmark with --random-output-len > 1")
+    return said
+
+
 def bench_profile(result: dict, benches: list[Path]) -> dict:
     """fit_bench's result as a profile: the fitted overheads (`model.engine_overheads`), the fit's
     error on the user's runs (`metadata.serving_error`, the planner's band) and the runs it was
@@ -425,11 +452,15 @@ def bench_profile(result: dict, benches: list[Path]) -> dict:
     doc["model"]["engine_overheads"] = dict(result["params"])
     meta = doc["metadata"]
     held = [r for _, r in result["held_out"]]
-    meta["serving_error"] = (error_band(held, "your server's benchmarks, each predicted with the overheads "
-                                              "fitted on the others (leave one run out)") if held else
-                             error_band(result["after"], "fitted to your server's benchmarks (in-sample)"))
+    band = (error_band(held, "your server's benchmarks, each predicted with the overheads fitted on the "
+                             "others (leave one run out)") if held else
+            error_band(result["after"], "fitted to your server's benchmarks (in-sample)"))
+    if band is not None:
+        meta["serving_error"] = band
     meta["calibrated_on"] = [str(b) for b in benches]
     note = "engine overheads fitted by servesim calibrate --from-bench to the runs in calibrated_on"
+    if band is None:  # (a NaN band is refused on reading: none, and said)
+        note += "; no serving_error: no run had a TPOT (outputs of one token), so plans carry no error band"
     if base is not None:
         note += f", on the step costs of {base.source}"
     if isinstance(meta.get("notes"), list):

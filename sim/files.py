@@ -147,25 +147,48 @@ def folder_lock(folder: Path, what: str):
     """Hold `folder`'s writer lock (an flock on folder/.servesim.lock, opened without following a
     link) for the block; a second holder, in this or any process, is refused at once with one
     ScenarioError naming the folder and the holder's pid. The lock goes with the process, even
-    killed."""
+    killed; the file goes when the block ends, on any exit but a kill (a file left by a killed
+    process holds no lock, and the next holder takes it)."""
     path = Path(folder) / LOCK_NAME
-    try:  # (0o666 less the umask, as open() gives a new file)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
-    except OSError as e:
-        raise ScenarioError(f"--out {folder}: cannot open its lock file {LOCK_NAME} "
-                            f"({e.strerror or e}; a link there is refused)") from None
-    try:
+    for _ in range(100):  # (another holder's file removed under us: open the new one)
+        try:  # (0o666 less the umask, as open() gives a new file)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+        except OSError as e:
+            raise ScenarioError(f"--out {folder}: cannot open its lock file {LOCK_NAME} "
+                                f"({e.strerror or e}; a link there is refused)") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
             raise ScenarioError(f"--out {folder}: another {what} is writing to it (process {holder}); "
                                 f"wait for it to finish or use another --out") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        # the holder before us removes the file as it lets go: a lock on a file no longer at `path`
+        # guards nothing, so it counts only if `path` is still the file locked
+        try:
+            same = os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    else:
+        raise ScenarioError(f"--out {folder}: its lock file {LOCK_NAME} keeps changing under servesim")
+    try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield
     finally:
-        os.close(fd)  # (releases the flock)
+        # nothing outlives the command: the file goes (while still locked, so no one holds a lock
+        # on it the next holder does not see), then the lock with the descriptor
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        os.close(fd)
 
 
 LOCK_NAME = ".servesim.lock"

@@ -3,6 +3,7 @@ the same checks, with the same one-line messages; the same plan."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -162,6 +163,27 @@ def test_presets_by_name_and_a_wrong_name_lists_them():
     # (the scenario's budget for the same engine keys: tests/cost/test_pipeline.py, test_expert_parallel.py)
     assert servesim.kv_budget("llama-3-8b", "h100-sxm", pp=2).weight_bytes_per_gpu == 9_080_938_496
     assert servesim.kv_budget("deepseek-v3", "h200", dp=8, ep=True).weight_bytes_per_gpu == 100_840_687_968
+
+
+@pytest.mark.parametrize("call, says", [
+    (lambda s: s.kv_budget("llama-3-8b", "h100-sxm", block_size=3), "--block-size: 3 is not a power of two"),
+    (lambda s: s.kv_budget("llama-3-8b", "h100-sxm", pp=1000), "--pp: 1000 is not a number of pipeline stages"),
+    (lambda s: s.kv_budget("llama-3-8b", "h100-sxm", dp=2, ep=True), "--dp: data-parallel ranks are modelled for a "
+                                                                     "mixture-of-experts model"),
+    (lambda s: s.kv_budget("llama-3-8b", "h100-sxm", tp=3), "--tp: 3 does not divide the 32 attention heads"),
+    (lambda s: s.kv_budget("llama-3-8b", "h100-sxm", gpu_memory_utilization=1.5), "--gpu-memory-utilization: 1.5"),
+    (lambda s: s.kv_budget("llama-3-8b", "h100-sxm").max_concurrent_seqs(0), "seq_len: 0 is not a whole number"),
+    (lambda s: s.kv_budget("llama-3-8b", "h100-sxm").max_concurrent_seqs(-4096), "seq_len: -4096 is not"),
+    (lambda s: s.cost_model("measured", "llama-3-8b", "h100-sxm", tp=0), "--tp: 0 does not divide"),
+])
+def test_the_api_applies_the_clis_checks(call, says):
+    """kv_budget and cost_model refuse what `servesim capacity` refuses, with its line (not a
+    budget for impossible settings, nor a ZeroDivisionError)."""
+    import servesim
+    from sim.config.errors import ScenarioError
+
+    with pytest.raises(ScenarioError, match=re.escape(says)):
+        call(servesim)
 
 
 def test_a_cost_model_prices_a_batch_as_the_simulator_does():

@@ -157,11 +157,56 @@ def test_a_second_writer_of_a_sweep_folder_is_refused(tmp_path):
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 0, r.output
     assert len((out / "results.csv").read_text().splitlines()) == 3
-    (out / ".servesim.lock").unlink()
+    assert not (out / ".servesim.lock").exists()  # (the lock file does not outlive the sweep)
     (out / ".servesim.lock").symlink_to(victim(tmp_path))  # a planted lock link is not followed
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 2 and "lock file" in r.stderr
     assert untouched(tmp_path / "elsewhere" / "mine.txt")
+
+
+def test_a_folder_lock_is_one_holder_at_a_time_and_leaves_no_file(tmp_path, monkeypatch):
+    """The lock file goes when its holder lets go (also on an error); one held is refused to a
+    second holder; a lock file a killed holder left (no lock on it) is taken over; a holder that
+    locked a file since removed from the folder (its holder let go between the open and the lock)
+    does not count, so two holders never both think they hold the folder."""
+    import fcntl
+
+    from sim.config.errors import ScenarioError
+    from sim.files import LOCK_NAME, folder_lock
+
+    lock = tmp_path / LOCK_NAME
+    with folder_lock(tmp_path, "sweep"):
+        assert lock.read_text() == f"{os.getpid()}\n"
+        with pytest.raises(ScenarioError, match="another sweep is writing to it"):
+            with folder_lock(tmp_path, "sweep"):
+                pass
+    assert not lock.exists()
+    with pytest.raises(RuntimeError):
+        with folder_lock(tmp_path, "sweep"):
+            raise RuntimeError("the sweep failed")
+    assert not lock.exists()
+    lock.write_text("12345\n")  # left by a killed process: no flock on it
+    with folder_lock(tmp_path, "sweep"):
+        assert lock.read_text() == f"{os.getpid()}\n"
+    assert not lock.exists()
+    # the race: between this holder's open and its lock, the one before it let go (removing the file)
+    # and a third made a new one; the lock taken is on a removed file, so it is dropped and the new
+    # file locked instead
+    import sim.files as files
+
+    real, calls = fcntl.flock, []
+
+    def flock_then_swap(fd, op):
+        real(fd, op)
+        calls.append(os.fstat(fd).st_ino)
+        if len(calls) == 1:
+            lock.unlink()
+            lock.write_text("")  # (the third's)
+    monkeypatch.setattr(files.fcntl, "flock", flock_then_swap)
+    with folder_lock(tmp_path, "sweep"):
+        assert len(calls) == 2 and calls[0] != calls[1] == os.stat(lock).st_ino
+        assert lock.read_text() == f"{os.getpid()}\n"
+    assert not lock.exists()
 
 
 def test_log_axes_are_labelled_in_plain_numbers():

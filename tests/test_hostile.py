@@ -754,3 +754,39 @@ def test_an_edited_sweep_table_is_one_error_line(tmp_path, command):
     r = _invoke_entry(args)
     assert_clean(r, None, ok=False)
     assert "results.csv: column ttft_ms.p99, row 2: 'oops' is not a number" in r.stderr
+
+
+def test_a_profile_with_a_heldout_mape_of_100_percent_or_more_is_refused(tmp_path):
+    """heldout_mape is a fraction: 5.0 (a percent written as one, or a fit 500% off) would make the
+    plan's band steps 1 - 5.0 as long (none; it divided by zero); refused naming the key."""
+    from sim.cost.registry import load_profile
+
+    text = (ROOT / "tests/fixtures/vllm_bench_cpu/steps-profile.yaml").read_text()
+    assert "heldout_mape: 0.166" in text
+    (tmp_path / "ok.yaml").write_text(text)
+    load_profile(tmp_path / "ok.yaml")
+    (tmp_path / "bad.yaml").write_text(text.replace("heldout_mape: 0.166", "heldout_mape: 5.0"))
+    with pytest.raises(ScenarioError, match=r"metadata\.heldout_mape: 5 is a fraction of the step time"):
+        load_profile(tmp_path / "bad.yaml")
+
+
+def test_running_out_of_memory_is_one_line_and_writes_nothing(tmp_path, monkeypatch):
+    """A MemoryError anywhere in a command (here the simulation itself) ends in one line and exit 1,
+    not a traceback; the run folder is not written."""
+    import signal
+
+    import sim.simulate
+
+    def no_memory(*_a, **_k):
+        raise MemoryError()
+    monkeypatch.setattr(sim.simulate, "simulate", no_memory)
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        r = _invoke_entry(["run", str(ROOT / "scenarios/quickstart.yaml"), "--out", str(tmp_path / "o"), "-q"])
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert r.exit_code == 1 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == ["error: out of memory: this command needs more than the machine (or its "
+                                             "ulimit) gives; fewer requests (workload.num_requests), a shorter trace "
+                                             "or a smaller fan-out fit"]
+    assert not (tmp_path / "o").exists()

@@ -400,10 +400,12 @@ def resolved_yaml(scenario: Scenario) -> str:
 
 
 def _absolute_paths(section: Any, base_dir: Path) -> Any:
-    """The workload section with its file paths (trace, an empirical dist's trace) made absolute."""
+    """The workload section with its file paths (trace, an empirical dist's trace, a rate profile's
+    CSV) made absolute: a run's scenario.yaml reads the same files from anywhere."""
     if isinstance(section, dict):
         for key, value in section.items():
-            if key == "trace" and isinstance(value, str) and value:
+            if (key == "trace" or (key == "rates" and section.get("process") == "profile")) \
+                    and isinstance(value, str) and value:
                 section[key] = str((base_dir / Path(value).expanduser()).resolve())
             else:
                 _absolute_paths(value, base_dir)

@@ -109,6 +109,10 @@ def _check_metadata(meta: Any, where: str) -> dict:
     for key in ("heldout_mape", "heldout_max_error"):
         if meta.get(key) is not None:
             _nonneg(meta[key], f"{where}.{key}")
+    mape = meta.get("heldout_mape")
+    if mape is not None and mape >= 1:  # (steps 1 - MAPE as long: none at all; a percent written as one?)
+        raise _fail(f"{where}.heldout_mape", f"{mape:g} is a fraction of the step time (0.05 = 5%); a held-out "
+                                             "error of 100% or more brackets nothing")
     if meta.get("attention") is not None and not isinstance(meta["attention"], str):
         raise _fail(f"{where}.attention", f"must be a string, got {meta['attention']!r}")
     if meta.get("time_split_ms") is not None and not isinstance(meta["time_split_ms"], dict):

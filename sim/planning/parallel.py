@@ -69,11 +69,34 @@ def _connect(address: str) -> Any:
     except ImportError:
         raise ScenarioError(f"--cluster {address}: dask distributed is not installed; "
                             "pip install 'servesim[cluster]'") from None
-    try:
-        return Client(address, timeout=CONNECT_TIMEOUT_S)
-    except (OSError, TimeoutError, ValueError) as e:
+    # Client's own timeout covers the TCP connect, not a peer that accepts and then says nothing (or
+    # answers another protocol: an HTTP 400 read as a message length asked for gigabytes), so the
+    # handshake runs in a thread with a deadline, and whatever it raises becomes the one line
+    box: dict[str, Any] = {}
+
+    def connect() -> None:
+        try:
+            box["client"] = Client(address, timeout=CONNECT_TIMEOUT_S)
+        except BaseException as e:  # (MemoryError included: reported below, not raised in a thread)
+            box["error"] = e
+
+    thread = threading.Thread(target=connect, name="servesim-dask-connect", daemon=True)
+    thread.start()
+    deadline = 2 * CONNECT_TIMEOUT_S  # s: the client's own timeout, then as long again for the handshake
+    thread.join(deadline)
+    if thread.is_alive():
+        raise ScenarioError(f"--cluster {address}: no Dask scheduler answered within {deadline:g} s "
+                            "(something accepts connections there but does not speak Dask's protocol)")
+    if "error" in box:
+        e = box["error"]
+        if isinstance(e, KeyboardInterrupt):
+            raise e
+        if isinstance(e, MemoryError):  # (its reply's first bytes read as a message length)
+            raise ScenarioError(f"--cluster {address}: something answered there, but not as a Dask scheduler "
+                                "(its reply did not parse as Dask's protocol)") from None
         raise ScenarioError(f"--cluster {address}: cannot connect to a Dask scheduler there "
-                            f"({type(e).__name__}: {e})".replace("\n", " ")) from None
+                            f"({type(e).__name__}: {e})".replace("\n", " ")[:400]) from None
+    return box["client"]
 
 
 def _submit(client: Any, fn: Callable[..., Any], args: Sequence[tuple]) -> Iterator[tuple[int, Any]]:

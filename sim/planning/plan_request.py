@@ -413,6 +413,8 @@ def parse_prices(text: str | None) -> dict[str, float]:
             usd = math.nan
         if not 0 <= usd < math.inf:
             raise ScenarioError(f"--price {item!r}: write NAME=USD, a number >= 0 per GPU-hour (e.g. {name}=2.5)")
+        if name in out:  # (two prices for one GPU: which was meant is not ours to guess)
+            raise ScenarioError(f"--price {item!r}: {name} is priced twice (${out[name]:g} and ${usd:g}); give one")
         out[name] = usd
     return out
 

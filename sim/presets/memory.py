@@ -12,6 +12,7 @@ We cannot profile, so the last two are a documented estimate (see `activation_re
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 from sim.config.errors import ScenarioError
@@ -53,6 +54,8 @@ class MemoryBudget:
 
     def max_concurrent_seqs(self, seq_len: int) -> int:
         """How many sequences of seq_len tokens fit at once."""
+        if isinstance(seq_len, bool) or not isinstance(seq_len, numbers.Integral) or seq_len < 1:
+            raise ScenarioError(f"seq_len: {seq_len!r} is not a whole number of tokens >= 1")
         return self.num_gpu_blocks // max(1, self.blocks_per_seq(seq_len))
 
     @property

@@ -57,11 +57,11 @@ def capacity_table(model: str | None = None, gpu: str | None = None, tp: int | N
         names = MODEL_PRESETS if m is None else HARDWARE_PRESETS
         raise ScenarioError(f"{flag}: missing (or give --scenario FILE); presets: " + ", ".join(sorted(names)))
     _int(seq_len, "--seq-len", lo=1, cap=MAX_TOKENS)
-    _check_capacity_options(m, tp, gpu_memory_utilization, block_size, max_num_batched_tokens)
+    check_capacity_options(m, tp, gpu_memory_utilization, block_size, max_num_batched_tokens)
     stages: int = _or_default(pp, defaults["pp"])
     ranks: int = _or_default(dp, defaults["dp"])
     experts: bool = _or_default(ep, defaults["ep"])
-    _check_layout(m, stages, ranks, experts)
+    check_layout(m, stages, ranks, experts)
     stage = pipeline_stage(m, stages)
     b_tp: int = _or_default(tp, defaults["tp"])
     # a hybrid's attention block holds one linear-attention state (vLLM raises a smaller one)
@@ -82,7 +82,7 @@ def capacity_table(model: str | None = None, gpu: str | None = None, tp: int | N
             + (", expert parallel" if experts and m.moe is not None else ""), rows)
 
 
-def _check_layout(m: Any, pp: int, dp: int, ep: bool) -> None:
+def check_layout(m: Any, pp: int, dp: int, ep: bool) -> None:
     """--pp, --dp and --ep by the scenario rules, in errors that name the option."""
     if pp < 1 or pp > m.num_layers:
         raise ScenarioError(f"--pp: {pp} is not a number of pipeline stages in [1, {m.num_layers}] "
@@ -94,7 +94,7 @@ def _check_layout(m: Any, pp: int, dp: int, ep: bool) -> None:
                             "--ep (expert parallelism); for a dense model each rank is a replica")
 
 
-def _check_capacity_options(m: Any, tp: int | None, util: float | None, block: int | None,
+def check_capacity_options(m: Any, tp: int | None, util: float | None, block: int | None,
                             tokens: int | None) -> None:
     """The options given, by the scenario rules (sim/config/scenario.py), in errors that name the option."""
     heads = m.num_attention_heads

@@ -192,3 +192,32 @@ def test_a_profile_of_another_preset_is_warned_about(tmp_path):
     assert res.exit_code == 0 and "fitted on the preset 'tiny', whose shape is not --model's" in res.output
     res = CliRunner().invoke(app, [*args, "--profile", str(STEPS)])
     assert res.exit_code == 0 and "warning" not in res.output
+
+
+def test_one_token_outputs_leave_no_nan_band_and_a_far_off_fit_is_warned_about():
+    """Runs whose outputs are one token have no TPOT: the band is none (not {slower: nan}, which a
+    profile refuses on reading) and a warning says so; a run the fitted overheads still miss by more
+    than 100% is named with its worst metric. A usual fit warns of nothing."""
+    import math
+
+    from calibrate.overheads import Result, bench_warnings, error_band
+
+    def run(name, tpot_real, tpot_sim, e2e_sim=1.0):
+        real = {"tpot_mean_ms": tpot_real, "e2e_p50_s": 1.0, "ttft_p50_ms": 100.0}
+        sim = {"tpot_mean_ms": tpot_sim, "e2e_p50_s": e2e_sim, "ttft_p50_ms": 100.0}
+        return Result({"stage": name, "model": "m"}, real, sim, False, False)
+
+    one_token = [run("a", math.nan, math.nan), run("b", math.nan, math.nan)]
+    assert error_band(one_token, "x") is None
+    said = bench_warnings({"after": one_token, "held_out": []})
+    assert said == ["no run has a TPOT (every output one token): the profile has no serving_error, so plans on it "
+                    "carry no error band; benchmark with --random-output-len > 1"]
+    # TPOT errors of -4% and +2%: the 10th and 90th percentiles between them (linear), -3.4% and
+    # +1.4%, as step factors 1/(1 - 0.034) and 1/(1 + 0.014), as before
+    usual = [run("a", 10.0, 9.6), run("b", 10.0, 10.2)]
+    band = error_band(usual, "x")
+    assert band is not None and (band["slower"], band["faster"]) == (round(1 / 0.966, 4), round(1 / 1.014, 4))
+    assert bench_warnings({"after": usual, "held_out": []}) == []
+    far = [run("c", 10.0, 10.0, e2e_sim=16.0)]  # E2E 1,500% off after the fit
+    (line,) = bench_warnings({"after": far, "held_out": []})
+    assert line.startswith("c: after the fit the simulation is still +1500% off on e2e_p50_s (more than 100%)")

@@ -75,7 +75,9 @@ def test_prices_are_the_users_where_given_and_refused_when_ambiguous(tmp_path):
 
     assert parse_prices("h100-sxm=2.5, h200=3.4") == {"h100-sxm": 2.5, "h200": 3.4} and parse_prices(None) == {}
     for text, says in (("tpu=1", "unknown GPU 'tpu'"), ("h200=abc", "write NAME=USD"), ("h200", "write NAME=USD"),
-                       ("h200=-1", "write NAME=USD"), ("h200=inf", "write NAME=USD")):
+                       ("h200=-1", "write NAME=USD"), ("h200=inf", "write NAME=USD"),
+                       # one GPU twice (by an alias too): refused, not the last kept
+                       ("h100-sxm=2,h100=3", r"h100-sxm is priced twice \(\$2 and \$3\)")):
         with pytest.raises(ScenarioError, match=says):
             parse_prices(text)
     one = prepare(PlanRequest(QUICKSTART, slo="ttft_ms=500", out=tmp_path / "a", gpu_hour_usd=1.0))

@@ -269,6 +269,52 @@ def test_dask_errors_are_scenario_errors(monkeypatch):
         list(run_parallel(abs, [(1,)], cluster="tcp://127.0.0.1:8786"))
 
 
+@pytest.mark.parametrize("reply, says", [
+    (None, r"no Dask scheduler answered within 1 s \(something accepts connections there but does not speak"),
+    (b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n", "cannot connect|not as a Dask scheduler"),
+])
+def test_a_cluster_address_that_accepts_but_is_not_dask_is_one_line_and_leaves_no_lock(tiny, tmp_path, monkeypatch,
+                                                                                       reply, says):
+    """A port that accepts and stays silent (it hung the plan and the sweep, and left the sweep's
+    lock) or answers HTTP 400 (a MemoryError traceback: its bytes read as a message length): one
+    line within the deadline (twice the connect timeout), and nothing left in --out."""
+    import socket
+    import threading
+
+    pytest.importorskip("distributed")
+    monkeypatch.setattr("sim.planning.parallel.CONNECT_TIMEOUT_S", 0.5)
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    server.settimeout(0.2)
+    port, stop, held = server.getsockname()[1], threading.Event(), []
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            held.append(conn)
+            if reply is not None:
+                conn.sendall(reply)
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(ScenarioError, match=says):
+            list(run_parallel(abs, [(1,)], cluster=f"tcp://127.0.0.1:{port}"))
+        out = tmp_path / "sweep"
+        with pytest.raises(ScenarioError, match=says):
+            run_sweep(tiny, {"engine.max_num_seqs": [4, 16]}, out, cluster=f"tcp://127.0.0.1:{port}")
+        assert not (out / ".servesim.lock").exists()
+    finally:
+        stop.set()
+        thread.join()
+        for conn in held:
+            conn.close()
+        server.close()
+
+
 def test_run_parallel_local_keeps_its_contract():
     assert sorted(run_parallel(pow, [(2, 3), (3, 2), (5, 1)], workers=2)) == [(0, 8), (1, 9), (2, 5)]
     assert list(run_parallel(pow, [(2, 3), (3, 2)], workers=1)) == [(0, 8), (1, 9)]

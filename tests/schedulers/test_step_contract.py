@@ -130,3 +130,33 @@ def test_a_run_folder_reproduces_itself(tmp_path, monkeypatch):
     assert run["overrides"] == ["engine.max_num_seqs=24", "workload.num_requests=40"]
     assert run["cost_model"]["name"] == "measured" and run["cost_model"]["measured"] is True  # (the default)
     assert run["servesim_version"] == __version__
+
+
+def test_a_run_folder_with_a_rate_profile_file_reproduces_itself_from_elsewhere(tmp_path, monkeypatch):
+    """A rate profile given as a CSV relative to its scenario (`rates: rates.csv`) is written into
+    the run's scenario.yaml as an absolute path: rerun from another folder, with a rates.csv of
+    other rates beside the run's scenario.yaml and in the working folder (what a relative path
+    would read), the run reads the original file and repeats byte for byte."""
+    from pathlib import Path
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "rates.csv").write_text("start_s,rate\n0,2\n10,4\n")
+    (src / "s.yaml").write_text(
+        "name: rp\nmodel: llama-3-8b\nhardware: h100-sxm\ncost_model: unit\nengine: {scheduler: chunked}\n"
+        "workload:\n  arrival: {process: profile, rates: rates.csv}\n  num_requests: 30\n"
+        "  prompt_tokens: {dist: fixed, value: 10}\n  output_tokens: {dist: fixed, value: 5}\n")
+    first = tmp_path / "first"
+    assert CliRunner().invoke(app, ["run", str(src / "s.yaml"), "--out", str(first), "-q"]).exit_code == 0
+    import yaml
+    written = yaml.safe_load((first / "scenario.yaml").read_text())["workload"]["arrival"]["rates"]
+    assert Path(written) == (src / "rates.csv").resolve()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for decoy in (elsewhere, first):  # what a relative path would read
+        (decoy / "rates.csv").write_text("start_s,rate\n0,50\n")
+    monkeypatch.chdir(elsewhere)
+    second = tmp_path / "second"
+    result = CliRunner().invoke(app, ["run", str(first / "scenario.yaml"), "--out", str(second), "-q"])
+    assert result.exit_code == 0, result.output
+    assert (first / "requests.csv").read_bytes() == (second / "requests.csv").read_bytes()
