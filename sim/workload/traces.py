@@ -283,6 +283,7 @@ def _read_mapped(path: Path, name: str, columns: dict, time_unit: str, hash_bloc
     table = _table(arrival, df, cols, lines, name, priority)
     if "hash_ids" in columns:
         table["prefix"] = _hash_column(df[columns["hash_ids"]], lines, name, columns["hash_ids"], hash_block_tokens)
+        _check_prefix_blocks(table, lines, name, columns["hash_ids"])
     return table
 
 
@@ -357,13 +358,17 @@ def read_lengths(path: Path, column: str) -> np.ndarray:
     return _ints(df[column], lines, name, column, 1)
 
 
+TEXT_COLUMNS = ("session_id", "adapter")  # ids: kept as written (sessions, LoRA adapters)
+
+
 def _frame(path: Path, name: str) -> tuple[pd.DataFrame, np.ndarray]:
     """The CSV as strings-or-numbers, blank lines dropped, with each row's file line."""
     try:
         # skip_blank_lines=False keeps row i on file line i + 2, so messages can name the line;
         # only an empty field counts as missing ('nan' is reported as the bad value it is).
+        # ids are text, never numbers: pandas would read 007, 7 and 0007 (or 01, 1 and 1.0) as one
         df = pd.read_csv(path, skip_blank_lines=False, skipinitialspace=True,
-                         keep_default_na=False, na_values=[""])
+                         keep_default_na=False, na_values=[""], dtype=dict.fromkeys(TEXT_COLUMNS, str))
     except pd.errors.ParserError as e:
         raise ScenarioError(f"{name}:{_parser_detail(str(e))}") from None
     except (UnicodeDecodeError, pd.errors.EmptyDataError):
@@ -397,6 +402,7 @@ def _read_generic(df: pd.DataFrame, lines: np.ndarray, name: str, hash_block_tok
     table = _table(arrival, df, GENERIC, lines, name, priority)
     if "hash_ids" in df:  # prompt block ids: what prefix caching matches on
         table["prefix"] = _hash_column(df["hash_ids"], lines, name, "hash_ids", hash_block_tokens)
+        _check_prefix_blocks(table, lines, name, "hash_ids")
     if "adapter" in df:  # the LoRA adapter each request names (any text; blank: the base model)
         named = df["adapter"].notna().to_numpy()
         codes, names = pd.factorize(df["adapter"].astype(str).where(named))
@@ -510,7 +516,23 @@ def _read_jsonl(path: Path, name: str) -> pd.DataFrame:
     ids = [r.get("hash_ids") for r in records]
     if any(v is not None for v in ids):
         table["prefix"] = [_hash_ids(v, line, name) for v, line in zip(ids, lines.tolist())]
+        _check_prefix_blocks(table, lines, name, "hash_ids")
     return table
+
+
+def _check_prefix_blocks(table: pd.DataFrame, lines: np.ndarray, name: str, label: str) -> None:
+    """A request's block ids name its prompt's blocks (Mooncake's: exactly ceil(prompt / 512)); more
+    ids than the prompt has blocks cannot be right, and a cell of a million of them only ran the
+    machine out of memory later: refused, naming the line."""
+    prompt = table["prompt_tokens"].to_numpy()
+    for i, p in enumerate(table["prefix"].tolist()):
+        if p is None:
+            continue
+        ids, block_tokens = p
+        most = -(-int(prompt[i]) // block_tokens)
+        if len(ids) > most:
+            raise ScenarioError(f"{name}:{lines[i]}: {label} names {len(ids):,} blocks of {block_tokens} tokens, "
+                                f"more than its {int(prompt[i]):,}-token prompt has ({most})")
 
 
 def _hash_ids(value, line: int, name: str):

@@ -77,3 +77,34 @@ def test_the_planner_says_recorded_sessions_have_no_rate_to_vary(tmp_path):
                             base_dir=tmp_path)
     with pytest.raises(ScenarioError, match="recorded agent sessions arrive as their calls finish"):
         replay_stats(sc.workload)
+
+
+def test_ids_are_text_never_numbers(tmp_path):
+    """Session ids 007, 7 and 0007 are three sessions, True and true two (pandas read them as one
+    number, or one bool); LoRA adapters named 01, 1 and 1.0 are three adapters."""
+    sessions = tmp_path / "s.csv"
+    sessions.write_text("session_id,prompt_tokens,output_tokens\n007,10,2\n7,10,2\n0007,10,2\nTrue,10,2\n"
+                        "true,10,2\n007,30,2\n")
+    t = read_trace(sessions)
+    assert t["session"].tolist() == [0, 1, 2, 3, 4, 0]
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens,adapter\n0,10,2,01\n1,10,2,1\n2,10,2,1.0\n3,10,2,\n"
+                     "4,10,2,01\n")
+    t = read_trace(trace)
+    assert t["adapter"].tolist() == [0, 1, 2, -1, 0] and t.attrs["adapters"] == ["01", "1", "1.0"]
+
+
+def test_more_block_ids_than_the_prompt_has_blocks_are_refused_naming_the_line(tmp_path):
+    """A 1,000-token prompt has ceil(1000 / 512) = 2 Mooncake blocks: a cell of a million ids (it ran
+    the machine out of memory) or of three is refused naming the line; two are read."""
+    trace = tmp_path / "t.csv"
+    many = " ".join(str(i) for i in range(1_000_000))
+    trace.write_text(f"arrival_s,prompt_tokens,output_tokens,hash_ids\n0,100,2,7\n1,1000,2,{many}\n")
+    with pytest.raises(ScenarioError, match=r"t.csv:3: hash_ids names 1,000,000 blocks of 512 tokens, more than its "
+                                            r"1,000-token prompt has \(2\)"):
+        read_trace(trace)
+    trace.write_text("arrival_s,prompt_tokens,output_tokens,hash_ids\n0,1000,2,1 2 3\n")
+    with pytest.raises(ScenarioError, match=r"t.csv:2: hash_ids names 3 blocks"):
+        read_trace(trace)
+    trace.write_text("arrival_s,prompt_tokens,output_tokens,hash_ids\n0,1000,2,1 2\n")
+    assert read_trace(trace)["prefix"].tolist() == [((1, 2), 512)]
