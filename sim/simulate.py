@@ -59,6 +59,9 @@ class SimResult:
     itl: InterTokenGaps | None = None
 
 
+MAX_CLOCK_S = 1e12  # s: a run's clock past this (arrivals reach at most MAX_SECONDS) is a cost off the scale
+
+
 def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = None, *,
              workload: Workload | None = None, fast_forward: bool = True,
              cost: CostModel | None = None,
@@ -80,6 +83,10 @@ def simulate(scenario: Scenario, progress: Callable[[int, int], None] | None = N
     tick = _hooks(_progress_ticker(req, progress), watch(req) if watch is not None else None)
     run.built = build_replicas(env, scenario, req, run.workload, cost, run.recorder, rng, tick, fast_forward)
     env.run()
+    if not env.now <= MAX_CLOCK_S:  # (NaN and inf included): never a summary of garbage times
+        raise ScenarioError(f"{scenario.source or 'scenario'}: the simulated clock reached {env.now:.3g} s, past "
+                            f"{MAX_CLOCK_S:g} s (~{MAX_CLOCK_S / 3.156e7:,.0f} years): iterations that long mean "
+                            "a hardware figure or a cost profile off by orders of magnitude (hardware:, cost_model:)")
     if progress is not None:
         progress(len(req), len(req))
     if run.built.autoscaler is not None:  # the fleet is released when the last request finishes (engine time)

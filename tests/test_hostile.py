@@ -790,3 +790,30 @@ def test_running_out_of_memory_is_one_line_and_writes_nothing(tmp_path, monkeypa
                                              "ulimit) gives; fewer requests (workload.num_requests), a shorter trace "
                                              "or a smaller fan-out fit"]
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("key", ["hbm_bandwidth", "bf16_flops", "interconnect_bandwidth", "host_bandwidth",
+                                 "network_bandwidth", "fp8_flops"])
+def test_a_hardware_rate_far_below_any_processor_is_refused(tmp_path, key):
+    """1e-300 bytes/s (or FLOP/s) ran to a clock of ~1e305 s with null latencies and exit 0; a
+    rate under 1e3 per second is refused naming the key (0 stays: none or unknown, where optional)."""
+    hw = {"name": "x", "memory_bytes": 80e9, "hbm_bandwidth": 3.35e12, "bf16_flops": 989e12, key: 1e-300}
+    out = tmp_path / "o"
+    r = CliRunner().invoke(app, ["run", str(scenario_file(tmp_path, with_(hardware=hw))), "--out", str(out), "-q"])
+    assert_clean(r, out, ok=False)
+    assert f"hardware.{key}: 1e-300 is below 1000 per second" in r.stderr
+
+
+def test_a_run_whose_clock_runs_off_the_scale_is_refused_not_summarised(tmp_path):
+    """A profile whose per-sequence term is 1e300 s (real: 5.6e-5 s) gave a duration of ~1e305 s and
+    null percentiles with exit 0; the run stops with one line naming the likely cause, nothing written."""
+    text = (ROOT / "tests/fixtures/vllm_bench_cpu/steps-profile.yaml").read_text()
+    assert "  num_seqs: 5.550831503137811e-05" in text
+    prof = tmp_path / "p.yaml"
+    prof.write_text(text.replace("  num_seqs: 5.550831503137811e-05", "  num_seqs: 1.0e+300"))
+    raw = with_(model={"hf_config": str(ROOT / "tests/fixtures/vllm_bench_cpu/config.json")},
+                cost_model={"profile": str(prof)})
+    out = tmp_path / "o"
+    r = CliRunner().invoke(app, ["run", str(scenario_file(tmp_path, raw)), "--out", str(out), "-q"])
+    assert_clean(r, out, ok=False)
+    assert "the simulated clock reached" in r.stderr and "past 1e+12 s" in r.stderr

@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from dataclasses import fields as dc_fields
 
 from sim.config.checks import MAX_BYTES, MAX_RATE_PHYSICAL, MAX_USD_PER_HOUR, _int, _num, _text, check_fields
+from sim.config.errors import ScenarioError
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,11 @@ _BOUNDS = {"memory_bytes": MAX_BYTES, "hbm_bandwidth": MAX_RATE_PHYSICAL, "bf16_
            "network_bandwidth": MAX_RATE_PHYSICAL}
 MAX_NVLINK_DOMAIN = 100_000  # GPUs (NVL576 is the largest announced)
 _REQUIRED = ("memory_bytes", "hbm_bandwidth", "bf16_flops")
+# bytes/s or FLOP/s: a thousand a second is far below any processor (a tiny test model's "GPU" runs at
+# ~4e5 bytes/s), and keeps every iteration's time far inside float64 (figures of 1e-300 overflowed it)
+MIN_RATE_PHYSICAL = 1e3
+_REQUIRED_RATES = ("hbm_bandwidth", "bf16_flops")
+_RATES = ("interconnect_bandwidth", "fp8_flops", "host_bandwidth", "network_bandwidth")  # 0: none / unknown
 
 
 def hardware_from_fields(fields: dict, where: str) -> HardwareSpec:
@@ -126,6 +132,11 @@ def hardware_from_fields(fields: dict, where: str) -> HardwareSpec:
     check_fields(fields, where, _FIELDS, _REQUIRED)
     values: dict[str, float | int] = {k: _num(fields[k], f"{where}.{k}", 0, open_lo=k in _REQUIRED, cap=_BOUNDS[k])
                                       for k in _FIELDS if k not in ("name", "nvlink_domain") and k in fields}
+    for k, v in values.items():  # a rate far below any processor's (1e-300 ran to a clock of 1e305 s)
+        if k in _RATES and 0 < v < MIN_RATE_PHYSICAL or k in _REQUIRED_RATES and v < MIN_RATE_PHYSICAL:
+            raise ScenarioError(f"{where}.{k}: {v:g} is below {MIN_RATE_PHYSICAL:g} per second, slower than any "
+                                "processor that serves a model; the unit is per second (bytes/s or FLOP/s), e.g. "
+                                "3.35e12 bytes/s for an H100's HBM" + ("" if k in _REQUIRED_RATES else " (0: none)"))
     if "nvlink_domain" in fields:
         values["nvlink_domain"] = _int(fields["nvlink_domain"], f"{where}.nvlink_domain", lo=1, cap=MAX_NVLINK_DOMAIN)
     return HardwareSpec(name=_text(fields.get("name", "custom"), f"{where}.name"), **values)  # type: ignore[arg-type]

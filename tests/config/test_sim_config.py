@@ -384,11 +384,11 @@ def _yaml_with(tmp_path, line_edits: dict[str, str]) -> Path:
 
 
 def test_one_number_vocabulary_in_every_section(tmp_path):
-    """`9e-1` (a string to YAML 1.1) is the number 0.9 wherever a real number is expected, in
+    """`9e-1` or `9e11` (strings to YAML 1.1) are the numbers 0.9 and 9e11 wherever a real number is expected, in
     every section alike; an integer written `1e2` is refused in every section with the same hint."""
-    sc = load_scenario(_yaml_with(tmp_path, {"hbm": "9e-1", "util": "9e-1", "rate": "9e-1",
+    sc = load_scenario(_yaml_with(tmp_path, {"hbm": "9e11", "util": "9e-1", "rate": "9e-1",
                                              "ttft": "5e2"}))
-    assert sc.hardware.hbm_bandwidth == sc.engine.gpu_memory_utilization == 0.9
+    assert sc.hardware.hbm_bandwidth == 9e11 and sc.engine.gpu_memory_utilization == 0.9
     assert sc.workload.arrival.rate == 0.9 and sc.slo.ttft_ms == 500.0
     hint = "'1e2' is not an integer >= 1 (YAML 1.1 reads 1e3 as a string"
     for edit, key in (({"num_layers": "1e2"}, "model.num_layers"), ({"seqs": "1e2"}, "engine.max_num_seqs"),
