@@ -672,6 +672,10 @@ def _moe(cfg: dict) -> MoESpec | None:
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= experts:
         raise ValueError(f"num_experts_per_tok: {_show(k)} is not a whole number of experts in [1, {experts}] "
                          f"(the routed experts)")
+    also = cfg.get("experts_per_token")  # (gpt-oss writes both: two answers to one question is an error)
+    if also is not None and also != k:
+        raise ValueError(f"experts_per_token: {_show(also)} but num_experts_per_tok is {k}; they name the same "
+                         "count (the routed experts a token goes to)")
     first = cfg.get("first_k_dense_replace")
     if first is not None and (isinstance(first, bool) or not isinstance(first, int) or not 0 <= first <= layers):
         raise ValueError(f"first_k_dense_replace: {_show(first)} is not a number of layers in [0, {layers}] "

@@ -158,6 +158,19 @@ def test_moe_fields_that_cannot_be_right_are_refused(patch, says, tmp_path):
         model_from_hf_config(tmp_path)
 
 
+def test_gpt_oss_experts_per_token_must_agree_with_num_experts_per_tok(tmp_path):
+    """gpt-oss's config names the routed experts per token twice; the two disagreeing was read as
+    the second silently."""
+    import json
+    base = json.loads((FIXTURES / "openai--gpt-oss-20b.json").read_text())
+    assert base["experts_per_token"] == base["num_experts_per_tok"] == 4
+    (tmp_path / "config.json").write_text(json.dumps({**base, "experts_per_token": 100}))
+    with pytest.raises(ScenarioError, match="experts_per_token: 100 but num_experts_per_tok is 4"):
+        model_from_hf_config(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(base))
+    assert model_from_hf_config(tmp_path).moe.experts_per_token == 4
+
+
 @pytest.mark.parametrize("moe, says", [
     ({"num_experts": 0, "experts_per_token": 0, "expert_intermediate_size": 64}, "needs 1 <= experts_per_token"),
     ({"num_experts": 8, "experts_per_token": 9, "expert_intermediate_size": 64}, "9 routed experts a token of 8"),
