@@ -222,8 +222,11 @@ class PlanJob:
         if not self.request.searches:
             s = result["load_search"]
             unit = s.get("unit") or "req/s"
-            return [] if s["answer"] is not None else [
-                f"no load meets the SLO: one replica fails it even at {s['next']:g} {unit} (plan.md says how)"]
+            if s["answer"] is not None:
+                return []
+            slo = {**(result.get("slo") or {}), "percentiles": result.get("slo_percentiles") or {}}
+            return [f"no load meets the SLO: one replica fails it even at {s['next']:g} {unit}"
+                    + _failing_target(s.get("next_point") or {}, slo) + " (plan.md says how)"]
         if result["chosen"] is not None:
             return []
         return [f"{row['gpu']} TP{row['tensor_parallel_size']}: "
@@ -271,6 +274,21 @@ class PlanJob:
 
         write_report(result, self.out_dir)
         return f"servesim plan: {result['scenario']}", headline(result), "plan.md, plan.json, plots"
+
+
+def _failing_target(point: dict, slo: dict) -> str:
+    """', where p99 TTFT is 1.5x (or more) its 0.001 ms target': which target the lowest load tried
+    fails, by how much (a run stopped early gives a lower bound), and what that means."""
+    steady = point.get("steady") or {}
+    key = steady.get("binding")
+    ratio = (steady.get("mean_ratio") or {}).get(key)
+    if key is None or ratio is None or slo.get(key) is None:
+        return ""
+    pct = (slo.get("percentiles") or {}).get(key, slo.get("percentile", 99))
+    bound = " or more (its runs stopped early, certain to miss)" if point.get("stopped") else ""
+    return (f", where p{pct:g} {key.split('_')[0].upper()} is {ratio:.3g}x{bound} its {slo[key]:g} ms target "
+            f"({key}); at the lowest load tried the requests barely queue, so the target is likely below "
+            "what one request alone takes")
 
 
 def prepare(r: PlanRequest, note: Callable[[str], None] | None = None) -> PlanJob:

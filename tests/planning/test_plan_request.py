@@ -96,6 +96,16 @@ def test_unmet_says_why_a_plan_found_no_load(tmp_path):
     assert job.unmet({"load_search": {"answer": 4.0, "next": 4.2}}) == []
     assert job.unmet({"load_search": {"answer": None, "next": 0.5}}) == [
         "no load meets the SLO: one replica fails it even at 0.5 req/s (plan.md says how)"]
+    # which target fails there, by how much, at its own percentile (a stopped run: a lower bound)
+    point = {"steady": {"binding": "tpot_ms", "mean_ratio": {"tpot_ms": 12.5, "ttft_ms": 0.2}}, "stopped": 0}
+    result = {"load_search": {"answer": None, "next": 0.5, "next_point": point},
+              "slo": {"ttft_ms": 500, "tpot_ms": 0.5, "percentile": 99}, "slo_percentiles": {"tpot_ms": 90}}
+    assert job.unmet(result) == [
+        "no load meets the SLO: one replica fails it even at 0.5 req/s, where p90 TPOT is 12.5x its 0.5 ms target "
+        "(tpot_ms); at the lowest load tried the requests barely queue, so the target is likely below what one "
+        "request alone takes (plan.md says how)"]
+    point.update(steady={"binding": "ttft_ms", "mean_ratio": {"ttft_ms": 1.5}}, stopped=2)
+    assert "p99 TTFT is 1.5x or more (its runs stopped early, certain to miss) its 500 ms target" in job.unmet(result)[0]
 
 
 def test_latency_vs_load_draws_every_load_with_its_own_verdict(tmp_path, monkeypatch):
