@@ -289,7 +289,8 @@ def _scheduled(low: int, high: int, target: float, schedule: list, period: float
 
 def plan_fleet(path: str | Path, slo: SLOConfig, *, overrides: Iterable[str] = (), window_s: float = WINDOW_S,
                seeds: int = 2, gpu_hour_usd: float | None = None, workers: int | None = None,
-               runner: Any = None, progress: Callable[..., None] | None = None, journal: Any = None) -> dict:
+               runner: Any = None, progress: Callable[..., None] | None = None, journal: Any = None,
+               power_cap_kw: float | None = None) -> dict:
     """The cheapest autoscaling policy meeting `slo` in every window, and the static fleet for the
     peak (module docstring). `seeds` >= 2: a random workload is judged on seed and seed + 1. The
     options and the scenario are checked by sim/planning/plan_request.prepare."""
@@ -304,7 +305,8 @@ def plan_fleet(path: str | Path, slo: SLOConfig, *, overrides: Iterable[str] = (
     own_runner = runner is None
     runner = LocalRunner(workers).start() if own_runner else runner
     try:
-        return _plan_fleet(path, base, sc, slo, window_s, judged, gpu_hour_usd, runner, progress, journal)
+        return _plan_fleet(path, base, sc, slo, window_s, judged, gpu_hour_usd, runner, progress, journal,
+                           power_cap_kw)
     finally:
         if own_runner:
             runner.close()
@@ -315,7 +317,8 @@ STEP_RUNS = {"static": 5, "policy": 9, "scheduled": 9}
 
 
 def _plan_fleet(path: Path, base: tuple[str, ...], sc, slo: SLOConfig, window_s: float, judged: list[int],
-                gpu_hour_usd: float | None, runner: Any, progress: Callable[..., None] | None, journal: Any) -> dict:
+                gpu_hour_usd: float | None, runner: Any, progress: Callable[..., None] | None, journal: Any,
+                power_cap_kw: float | None = None) -> dict:
     a = sc.engine.autoscaling
     probe = _Probe(path, base, slo, window_s, judged, runner, progress, journal)
     price = gpu_hour_usd if gpu_hour_usd is not None else sc.hardware.usd_per_hour
@@ -345,6 +348,16 @@ def _plan_fleet(path: Path, base: tuple[str, ...], sc, slo: SLOConfig, window_s:
         static_n += 1
     statics[static_n] = confirmed
     static = confirmed
+    cap = _power_cap(sc, static_n, power_cap_kw)
+    if cap is not None and not cap["within"]:  # the peak needs more than the cap allows: no policy can
+        return {"scenario": str(path), "name": sc.name, "slo": slo.label(), "window_s": window_s,
+                "usd_per_gpu_hour": price, "tensor_parallel_size": sc.engine.tensor_parallel_size,
+                "hardware": sc.hardware.name, "model": sc.model.name, "autoscaling": a.as_yaml(),
+                "own_policy": _brief(own, price),
+                "static": {"replicas": static_n, **_brief(static, price), "windows": static["windows"]},
+                "seeds": judged, "probes": [], "scheduled": None, "policy": None, "power_cap": cap,
+                "static_probes": [{"replicas": n, **_row(probe.seen(_static(n)), price)} for n in sorted(statics)],
+                "simulations": len(probe.done), "read_back": journal.read_back if journal is not None else 0}
 
     # 2. the policy: the largest target_in_flight meeting the SLO, max_replicas = the static fleet
     tried: list[tuple[int, int]] = []  # (min_replicas, k) probed, in order
@@ -383,6 +396,8 @@ def _plan_fleet(path: Path, base: tuple[str, ...], sc, slo: SLOConfig, window_s:
                    for low, k in dict.fromkeys(tried)],
         "static_probes": [{"replicas": n, **_row(probe.seen(_static(n)), price)} for n in sorted(statics)],
         "simulations": len(probe.done)}
+    if cap is not None:
+        result["power_cap"] = cap
     result["scheduled"] = _plan_schedule(sc, probe, static_n, price, base, result, floor_plan)
     result["simulations"] = len(probe.done)
     result["read_back"] = journal.read_back if journal is not None else 0
@@ -402,6 +417,27 @@ def _plan_fleet(path: Path, base: tuple[str, ...], sc, slo: SLOConfig, window_s:
     result["saving"] = {"gpu_hours": result["static"]["gpu_hours"] - result["policy"]["gpu_hours"],
                         "usd": s_usd - p_usd, "fraction": 1 - p_usd / s_usd if s_usd > 0 else 0.0}
     return result
+
+
+def _power_cap(sc, replicas: int, cap_kw: float | None) -> dict | None:
+    """--power-cap-kw against the fleet the peak needs: `replicas` (the static fleet; every policy
+    meeting the SLO holds as many at the peak) at most at the boards' TDP, their hosts and the PUE
+    (sim/features/energy/power.py: an upper bound, not the modelled draw). None: no cap given."""
+    if cap_kw is None:
+        return None
+    from sim.features.energy.power import board
+
+    energy = sc.features["energy"]
+    found = board(energy, sc.hardware)
+    if found is None:
+        raise ScenarioError(f"--power-cap-kw: {sc.hardware.name} has no TDP figure to bound its power; give "
+                            "energy.tdp_w (W per GPU)")
+    tdp, _, source = found
+    gpus = replicas * sc.engine.gpus_per_replica
+    kw = gpus * (tdp + energy.host_w_per_gpu) * energy.pue / 1e3
+    return {"kw": cap_kw, "peak_kw_at_most": kw, "replicas_at_peak": replicas, "within": kw <= cap_kw,
+            "basis": f"{gpus} GPUs x ({tdp:g} W TDP ({source}) + {energy.host_w_per_gpu:g} W host) x PUE "
+                     f"{energy.pue:g}: the most the fleet the peak needs can draw"}
 
 
 def _has_profile(sc) -> bool:

@@ -53,7 +53,15 @@ def fleet_headline(r: dict) -> list[tuple[str, str]]:
     rows = [("SLO", f"{r['slo']}, in every {_clock(r['window_s'])} of arrivals"),
             ("static fleet for the peak", f"{s['replicas']} x TP{r['tensor_parallel_size']} {r['hardware']}: "
                                           f"{s['gpu_hours']:,.1f} GPU-hours (${s['usd']:,.2f})")]
+    cap = r.get("power_cap")
+    if cap is not None:  # --power-cap-kw: the most the fleet the peak needs can draw, against the cap
+        rows.append(("power cap", f"{cap['kw']:g} kW: the peak's {cap['replicas_at_peak']} replicas draw at most "
+                                  f"{cap['peak_kw_at_most']:,.1f} kW ({cap['basis']}), "
+                                  + ("within it" if cap["within"] else
+                                     "over it: no fleet within the cap meets the SLO")))
     if p is None:
+        if cap is not None and not cap["within"]:
+            return rows + [("simulations", simulations_text(r, " runs"))]
         return rows + [("autoscaled policy", "none meets the SLO in every window below the static fleet")] \
             + _scheduled_rows(r) + [("simulations", simulations_text(r, " runs"))]
     sv = r["saving"]

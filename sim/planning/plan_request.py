@@ -158,7 +158,8 @@ class PlanJob:
 
             return plan_fleet(r.scenario, self.slo, overrides=r.overrides, window_s=r.window_s or WINDOW_S,
                               seeds=r.seeds, gpu_hour_usd=self.prices.get(self.scenario.hardware.name),
-                              workers=r.workers, runner=runner, progress=progress, journal=journal)
+                              workers=r.workers, runner=runner, progress=progress, journal=journal,
+                              power_cap_kw=r.power_cap_kw)
         if r.searches:
             from sim.planning.config_search import search_configs
 
@@ -217,6 +218,11 @@ class PlanJob:
         """Why nothing meets the SLO, one line each (empty when an answer was found): the plan's
         lowest failing load, or each searched candidate's reason for being left out."""
         if self.fleet:
+            cap = result.get("power_cap")
+            if cap is not None and not cap["within"]:
+                return [f"no fleet within --power-cap-kw {cap['kw']:g} meets the SLO: the peak needs "
+                        f"{cap['replicas_at_peak']} replicas, which may draw up to {cap['peak_kw_at_most']:,.1f} kW "
+                        f"({cap['basis']})"]
             return [] if result["policy"] is not None else [
                 "no autoscaled policy meets the SLO in every window (plan.md lists the probes)"]
         if not self.request.searches:
@@ -401,7 +407,7 @@ def _check_fleet(r: PlanRequest, sc: Scenario) -> None:
         ("--max-num-seqs", r.max_num_seqs),
         ("--max-num-batched-tokens", r.max_num_batched_tokens), ("--horizon-s", r.horizon_s), ("--emit", r.emit),
         ("--max-gpus", r.max_gpus), ("--budget-usd-per-hour", r.budget_usd_per_hour),
-        ("--power-cap-kw", r.power_cap_kw), ("--availability", r.availability)) if v is not None]
+        ("--availability", r.availability)) if v is not None]
     if sc.engine.admission is not None:
         raise ScenarioError("plan: engine.admission is set; a fleet plan sizes a fleet that serves every request "
                             "(remove it with --set engine.admission=null; docs/fleet.md)")

@@ -196,3 +196,27 @@ def test_a_floor_schedule_by_hand():
     assert floor_schedule(day, 8, 2, 60.0) == [[0.0, 2], [3540.0, 5], [3570.0, 8], [7200.0, 2]]
     tight = Profile((0.0, 50.0, 100.0), (10.0, 20.0, 40.0))
     assert floor_schedule(tight, 8, 1, 60.0) == [[0.0, 4], [40.0, 8]]
+
+
+def test_a_fleet_plan_under_a_power_cap(tmp_path):
+    """The mini day's peak needs 3 replicas of TP4 H100s: 12 GPUs x (700 W TDP + 150 W host) x PUE
+    1.2 = 12.24 kW at most. A 12 kW cap: no fleet within it meets the SLO (exit 1, one line, the
+    static search's runs only); a 13 kW cap: within it, the same answer as without a cap."""
+    from sim.planning.fleet_report import fleet_headline
+
+    (tmp_path / "day.yaml").write_text(yaml.safe_dump(DAY))
+    base = ["plan", str(tmp_path / "day.yaml"), "--window-s", "150", "--workers", "1", "-q"]
+    over = CliRunner().invoke(app, base + ["--out", str(tmp_path / "over"), "--power-cap-kw", "12"])
+    assert over.exit_code == 1
+    assert over.stderr.strip().splitlines()[-1] == (
+        "error: no fleet within --power-cap-kw 12 meets the SLO: the peak needs 3 replicas, which may draw up to "
+        "12.2 kW (12 GPUs x (700 W TDP (NVIDIA H100 SXM5 datasheet: up to 700 W) + 150 W host) x PUE 1.2: the most "
+        "the fleet the peak needs can draw)")
+    plan = json.loads((tmp_path / "over" / "plan.json").read_text())
+    assert plan["policy"] is None and plan["power_cap"]["peak_kw_at_most"] == pytest.approx(12 * 850 * 1.2 / 1e3)
+    assert plan["probes"] == []  # (no policy searched: none could fit)
+    within = CliRunner().invoke(app, base + ["--out", str(tmp_path / "within"), "--power-cap-kw", "13"])
+    assert within.exit_code == 0, within.output
+    plan = json.loads((tmp_path / "within" / "plan.json").read_text())
+    assert plan["power_cap"]["within"] and plan["static"]["replicas"] == 3 and plan["policy"] is not None
+    assert dict(fleet_headline(plan))["power cap"].endswith("within it")
