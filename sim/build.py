@@ -341,7 +341,7 @@ def build_replicas(env, scenario: Scenario, req: RequestTable, workload: Workloa
     inboxes: list
     gate = None
     adm = e.admission
-    wiring = Wiring(env, scenario, req, workload, schedulers, rng)
+    wiring = Wiring(env, scenario, req, workload, schedulers, rng, fleet=fleet)
     states = {key: f.wire(scenario.features[key], wiring) for key, f in features.active(scenario)}
     if wiring.inboxes is not None:  # a feature routes the arrivals (sim/features/faults)
         inboxes = wiring.inboxes()
@@ -374,8 +374,11 @@ def build_replicas(env, scenario: Scenario, req: RequestTable, workload: Workloa
         from sim.runtime.autoscaler import Autoscaler
 
         def done() -> bool:  # nothing more will arrive: every user done, or no arrival due anywhere
+            if wiring.done is not None:  # (faults: a request lost and waiting for a replica is still to come)
+                return wiring.done()
             return loop.done if loop is not None else all(box.next_arrival() == np.inf for box in inboxes)
 
-        scaler = Autoscaler(env, a, fleet, signals.exact_loads, done, req,  # (signals: bound to the inboxes)
-                            on_start=lambda i: _restart(schedulers[i]))
+        loads = wiring.loads if wiring.loads is not None else signals.exact_loads  # (bound to the inboxes)
+        scaler = Autoscaler(env, a, fleet, loads, done, req,
+                            on_start=lambda i: _restart(schedulers[i]), up=wiring.replica_up)
     return Replicas(schedulers, None, loop, scaler, gate, states)

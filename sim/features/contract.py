@@ -56,6 +56,12 @@ class Wiring:
     inboxes: Callable[..., list] | None = None
     replica_class: type | None = None
     started: list[Callable[[list], None]] = field(default_factory=list)
+    # engine.autoscaling: the fleet (sim/runtime/autoscaler.Fleet) the build made, and back from a
+    # feature which replicas can serve now (the autoscaler judges its load on those only)
+    fleet: Any = None
+    replica_up: Callable[[int], bool] | None = None
+    loads: Callable[[], list] | None = None  # each replica's requests in flight, where `inboxes` are the feature's
+    done: Callable[[], bool] | None = None   # nothing more will arrive (a feature holding requests says)
 
 
 @dataclass(frozen=True)

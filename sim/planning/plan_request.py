@@ -411,6 +411,9 @@ def _check_fleet(r: PlanRequest, sc: Scenario) -> None:
     if sc.engine.admission is not None:
         raise ScenarioError("plan: engine.admission is set; a fleet plan sizes a fleet that serves every request "
                             "(remove it with --set engine.admission=null; docs/fleet.md)")
+    if sc.features.get("faults") is not None:  # (its static fleets would move the faults' replica numbers)
+        raise ScenarioError("plan: faults: is set; a fleet plan searches the fault-free policy (remove it with "
+                            "--set faults=null), then `servesim run` the policy with the faults to see them")
     if sc.engine.autoscaling.min_replicas_schedule:
         raise ScenarioError("plan: engine.autoscaling.min_replicas_schedule is set; a fleet plan searches "
                             "target_in_flight and min_replicas, not a schedule (remove it with "

@@ -40,6 +40,7 @@ class Fleet:
         self.state = [SERVING if i < serving else IDLE for i in range(size)]
         self.spans = [Span(i, 0.0) for i in range(serving)]
         self.serving = list(range(serving))  # indices routed to, ascending
+        self.on_ready: list[Callable[[int], None]] = []  # told when a started replica serves (faults: what waited)
 
     def _update(self) -> None:
         self.serving = [i for i, s in enumerate(self.state) if s == SERVING]
@@ -58,6 +59,8 @@ class Fleet:
         if self.state[i] == STARTING:
             self.state[i] = SERVING
             self._update()
+            for hear in self.on_ready:
+                hear(i)
 
     def held(self, i: int) -> Span:
         """Replica i's span now (it is held)."""
@@ -109,9 +112,12 @@ class Autoscaler:
     in flight; `done()`: nothing more will arrive; `on_start(i)`: replica i starts (again)."""
 
     def __init__(self, env, config: AutoscalingConfig, fleet: Fleet, loads, done, req: RequestTable,
-                 on_start: Callable[[int], None] | None = None):
+                 on_start: Callable[[int], None] | None = None, up: Callable[[int], bool] | None = None):
         self.env, self.config, self.fleet, self.loads, self.done, self.req = env, config, fleet, loads, done, req
         self.on_start = on_start  # replica i is started (again): its KV cache starts empty
+        # which serving replicas are up (faults: a failed one is still held, restarting, but serves
+        # nothing): the load is judged on those, and a down one is never the one drained
+        self.up = up if up is not None else (lambda _i: True)
         self.window: deque[tuple[float, int]] = deque()  # (time, replicas wanted) over scale_down_delay_s
         self.events: list[dict] = []
         env.process(self.run())
@@ -144,10 +150,14 @@ class Autoscaler:
 
     def _decide(self, now: float, loads: list[int]) -> None:
         c, fleet = self.config, self.fleet
-        in_flight = sum(loads[i] for i in fleet.serving)
-        current = fleet.count(SERVING) + fleet.count(STARTING)
+        up = [i for i in fleet.serving if self.up(i)]
+        in_flight = sum(loads[i] for i in up)
+        # what serves or will: the up ones and those starting (a down one restarting serves nothing,
+        # so the autoscaler sees its capacity leave; it still counts as held against max_replicas)
+        current = len(up) + fleet.count(STARTING)
+        held = fleet.count(SERVING) + fleet.count(STARTING) + fleet.count(DRAINING)
         floor = c.floor(now)  # min_replicas, or the scheduled floor of the moment
-        if abs(in_flight / (c.target_in_flight * current) - 1) <= c.tolerance:
+        if current > 0 and abs(in_flight / (c.target_in_flight * current) - 1) <= c.tolerance:
             want = current  # within the tolerance: no change (but a scheduled floor still holds)
         else:
             want = math.ceil(in_flight / c.target_in_flight)
@@ -156,7 +166,7 @@ class Autoscaler:
         while self.window[0][0] < now and self.window[0][0] <= now - c.scale_down_delay_s:  # (now's stays)
             self.window.popleft()
         if want > current:
-            room = c.max_replicas - current - fleet.count(DRAINING)  # replicas held never exceed the max
+            room = c.max_replicas - held  # replicas held never exceed the max
             for _ in range(min(want - current, room)):
                 i = fleet.start(now)
                 if self.on_start is not None:
@@ -171,7 +181,7 @@ class Autoscaler:
             # fewer only when every wish over the window was fewer: the most wanted then
             keep = max(w for _, w in self.window)
             surplus = current - max(keep, floor)
-            serving = sorted(fleet.serving, key=lambda i: (loads[i], -i))  # the lightest first
+            serving = sorted(up, key=lambda i: (loads[i], -i))  # the lightest first
             for i in serving[:min(surplus, max(len(serving) - 1, 0))]:  # one serves to the end
                 fleet.drain(i, now)
             if surplus > 0 and serving:

@@ -139,8 +139,11 @@ def test_availability_counts_the_minutes_that_met_the_slo():
     ({"outages": [{"replica": 0, "at_s": 1e300, "down_s": 1}]}, {}, "faults.outages[0].at_s: 1e+300 is more than"),
     ({"outages": [{"replica": 0, "at_s": 1, "down_s": 1}]}, {"scheduler": "static"},
      "faults: not modelled together with engine.scheduler: static"),
-    ({"outages": [{"replica": 0, "at_s": 1, "down_s": 1}]},
-     {"autoscaling": {"max_replicas": 3, "target_in_flight": 4}}, "not modelled together with engine.autoscaling"),
+    ({"spot": {"replicas": 1, "preemptions_per_h": 1}},
+     {"autoscaling": {"max_replicas": 3, "target_in_flight": 4}},
+     "not modelled together with engine.autoscaling and faults.spot"),
+    ({"outages": [{"replica": 3, "at_s": 1, "down_s": 1}]},  # (autoscaled: any replica it may hold, 0..2)
+     {"autoscaling": {"max_replicas": 3, "target_in_flight": 4}}, "outages[0].replica: 3 but engine.autoscaling.max_replicas is 3"),
 ])
 def test_bad_faults_are_refused(faults, engine, message):
     with pytest.raises(ScenarioError, match=re.escape(message)):
@@ -281,3 +284,41 @@ def test_plan_availability_on_faults_that_do_not_fit_the_planned_cluster_keeps_t
                              "spot replica (the spot ones: 0..0)"}
     assert result["warnings"] == [f"--availability: {sp['refused']}"]
     assert _spares_rows({"spares": sp}) == [("spares under the faults", f"not sized: {sp['refused']}")]
+
+
+def test_an_autoscaled_fleet_sees_a_failed_replica_leave_and_starts_another():
+    """min 1, max 2 replicas, one serving; checks every 1 s, a replica serves 0.5 s after it is
+    started. r0 (t=0) on replica 0: its prompt [0, 1], a token at 2; replica 0 fails at 2.2 (the
+    iteration [2, 3] is lost) for 100 s. r0 is sent again at 2.7: nothing is up, it waits. At the
+    check at 3 no replica is up (the down one still held, restarting, serves nothing): the fleet
+    wants its minimum, 1, and starts replica 1 (held: 1 of 2), serving at 3.5, when r0 is routed to
+    it: its prompt again [3.5, 4.5] (first token 4.5), 9 more tokens: done at 13.5. Both modes agree."""
+    sc = scenario({"outages": [{"replica": 0, "at_s": 2.2, "down_s": 100}], "retry_delay_s": 0.5}, replicas=1,
+                  autoscaling={"min_replicas": 1, "max_replicas": 2, "target_in_flight": 1, "interval_s": 1,
+                               "cold_start_s": 0.5, "scale_down_delay_s": 100})
+    r = both(sc, [0.0], 4, [10])
+    q = r.requests
+    assert q["first_token_s"].tolist() == pytest.approx([4.5]) and q["finish_s"].tolist() == pytest.approx([13.5])
+    assert q["replica"].tolist() == [1] and q["attempts"].tolist() == [2]
+    a = r.summary["autoscaling"]
+    assert [(e["t_s"], e["action"]) for e in a["events"]] == [(3.0, "started")]
+    spans = sorted((s["replica"], s["start_s"]) for s in a["spans"])
+    assert spans == [(0, 0.0), (1, 3.0)]  # (the down replica stays held: a pod restarting is paid for)
+    f = r.summary["faults"]
+    assert (f["outages"], f["requests_lost"], f["requests_retried"]) == (1, 1, 1)
+
+
+def test_an_idle_replica_of_an_autoscaled_fleet_does_not_fail():
+    """An outage of a replica the fleet does not hold at that moment strikes nothing: the run is
+    the fault-free one (replica 1 is idle at 2.2)."""
+    auto = {"min_replicas": 1, "max_replicas": 2, "target_in_flight": 100, "interval_s": 1, "cold_start_s": 0.5}
+    faulted = scenario({"outages": [{"replica": 1, "at_s": 2.2, "down_s": 5}]}, replicas=1, autoscaling=auto)
+    r = both(faulted, [0.0, 0.5], 4, [10, 3])
+    assert r.summary["faults"]["outages"] == 0 and r.summary["faults"]["requests_lost"] == 0
+    # both on replica 0: r0's tokens at 1..10; r1 joins the iteration at 1 (first token at 2), done at 4
+    assert r.requests["finish_s"].tolist() == pytest.approx([10.0, 4.0])
+    free = simulate(scenario_from_dict({"name": "t", "model": "llama-3-8b", "hardware": "h100-sxm",
+                                        "cost_model": "unit", "workload": _PLACEHOLDER_WORKLOAD,
+                                        "engine": {"scheduler": "chunked", "replicas": 1, "autoscaling": auto}}),
+                    workload=make_workload([0.0, 0.5], 4, [10, 3]))
+    assert r.requests[list(free.requests.columns)].equals(free.requests) and r.steps.equals(free.steps)

@@ -160,6 +160,8 @@ def test_a_fleet_plan_finds_a_cheaper_policy_and_the_runs_here_agree(tmp_path):
     (["--gpus", "h100-sxm,h200"], "--gpus: not with a fleet plan"),
     (["--window-s", "0"], "--window-s: 0.0 is not a finite number > 0"),
     (["--set", "engine.admission.rate=5"], "engine.admission is set"),
+    (["--set", "faults={outages: [{replica: 0, at_s: 10, down_s: 10}]}"], "plan: faults: is set; a fleet plan "
+                                                                            "searches the fault-free policy"),
 ])
 def test_fleet_plan_mistakes_are_refused(tmp_path, args, message):
     (tmp_path / "day.yaml").write_text(yaml.safe_dump(DAY))

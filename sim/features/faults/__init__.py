@@ -23,8 +23,8 @@ class Faults(FeatureBase):
     title = "replica failures, outages, rolling restarts, spot preemptions; retries; SLO per minute (docs/faults.md)"
     unvalidated = "faults: retries, restarts, preemptions"
     rules: tuple[Rule, ...] = (
-        Rule("engine.autoscaling", lambda s: s.engine.autoscaling is not None,
-             "the autoscaler owns the fleet's replica set"),
+        Rule("engine.autoscaling and faults.spot", lambda s: s.engine.autoscaling is not None
+             and s.features["faults"].spot is not None, "an autoscaler choosing spot or on-demand capacity"),
         Rule("engine.disaggregation", lambda s: s.engine.disaggregation is not None,
              "a failed prefill or decode pool member is not modelled"),
         Rule("engine.admission", lambda s: s.engine.admission is not None, "the gateway routes its own admissions"),
@@ -43,15 +43,17 @@ class Faults(FeatureBase):
         return parse_faults(raw, where)
 
     def check(self, config: FaultsConfig, scenario, where: str) -> None:
-        n = scenario.engine.replicas
+        a = scenario.engine.autoscaling  # (autoscaled: every replica the fleet may hold can fault)
+        n = scenario.engine.replicas if a is None else a.max_replicas
+        count = "engine.replicas" if a is None else "engine.autoscaling.max_replicas"
         for i, o in enumerate(config.outages):
             if o.replica >= n:
-                raise ScenarioError(f"{where}.outages[{i}].replica: {o.replica} but engine.replicas is {n} "
+                raise ScenarioError(f"{where}.outages[{i}].replica: {o.replica} but {count} is {n} "
                                     f"(replicas 0..{n - 1})")
         if config.drains is not None and config.drains.replicas is not None:
             for i, r in enumerate(config.drains.replicas):
                 if r >= n:
-                    raise ScenarioError(f"{where}.drains.replicas[{i}]: {r} but engine.replicas is {n}")
+                    raise ScenarioError(f"{where}.drains.replicas[{i}]: {r} but {count} is {n}")
         if config.spot is not None and config.spot.replicas > n:
             raise ScenarioError(f"{where}.spot.replicas: {config.spot.replicas} but engine.replicas is {n} "
                                 "(spot replicas are some of engine.replicas)")
@@ -77,7 +79,11 @@ class Faults(FeatureBase):
         # the faults' own generator, spawned from the run's: their draws leave the run's stream as it was
         rng = wiring.rng.spawn(1)[0] if config.seed is None else np.random.default_rng(config.seed)
         running = Running(wiring.env, config, wiring.req, wiring.schedulers,
-                          lambda n: make_router(e.router, n, e.routing), False, rng, spot_from)
+                          lambda n: make_router(e.router, n, e.routing), False, rng, spot_from, wiring.fleet)
+        if wiring.fleet is not None:  # the autoscaler judges the load on the replicas that are up
+            wiring.replica_up = lambda i: running.pool.state[i] == "up"
+            wiring.loads = running.signals.exact_loads
+            wiring.done = lambda: running.done  # (every request finished or failed)
         wiring.inboxes = lambda: running.inboxes
         wiring.replica_class = running.replica_class
         wiring.started.append(running.start)

@@ -26,7 +26,7 @@ import numpy as np
 import simpy
 
 from sim.features.faults.config import FaultsConfig
-from sim.runtime.autoscaler import FleetRouter
+from sim.runtime.autoscaler import IDLE, FleetRouter
 from sim.runtime.cluster import Inbox
 from sim.runtime.engine import Replica
 from sim.runtime.fast_forward import ITERATION_END, phase_timeout, total
@@ -37,16 +37,28 @@ UP, DOWN, DRAINING = "up", "down", "draining"
 
 class Pool:
     """Which replicas are up (routed to: `serving`, what FleetRouter reads), draining or down; the
-    log of every change (t_s, replica, state, why)."""
+    log of every change (t_s, replica, state, why). With an autoscaled `fleet`
+    (sim/runtime/autoscaler.Fleet), a replica serves when the fleet has it serving and it is up."""
 
-    def __init__(self, size: int):
+    def __init__(self, size: int, fleet=None):
         self.state = [UP] * size
-        self.serving = list(range(size))
+        self.fleet = fleet
+        self._up = list(range(size))
         self.log: list[dict] = []
+
+    @property
+    def serving(self) -> list[int]:
+        if self.fleet is None:
+            return self._up
+        return [j for j in self.fleet.serving if self.state[j] == UP]
+
+    def held(self, i: int) -> bool:
+        """Is replica i part of the fleet now (always, without autoscaling)? A fault only strikes those."""
+        return self.fleet is None or self.fleet.state[i] != IDLE
 
     def set(self, i: int, state: str, now: float, why: str) -> None:
         self.state[i] = state
-        self.serving = [j for j, s in enumerate(self.state) if s == UP]
+        self._up = [j for j, s in enumerate(self.state) if s == UP]
         self.log.append({"t_s": now, "replica": i, "state": state, "why": why})
 
 
@@ -82,11 +94,13 @@ class Faults:
     replicas down and bring them back. `replica_class`: the replicas to build (they report here)."""
 
     def __init__(self, env, config: FaultsConfig, req, schedulers: list, make_rule, routing_stale: bool,
-                 rng: np.random.Generator, spot_from: int):
+                 rng: np.random.Generator, spot_from: int, fleet=None):
         self.env, self.config, self.req, self.schedulers = env, config, req, schedulers
         self.rng = rng
         n, size = len(req), len(schedulers)
-        self.pool = Pool(size)
+        self.pool = Pool(size, fleet)
+        if fleet is not None:
+            fleet.on_ready.append(self._flush)
         self.router = FleetRouter(make_rule, self.pool)  # type: ignore[arg-type]
         self.inboxes = [Inbox([], [], router=self) for _ in schedulers]
         self.signals = Signals(schedulers, stale=routing_stale)
@@ -221,7 +235,12 @@ class Faults:
         yield env.timeout(down_s)
         self.pool.set(i, UP, env.now, "back")
         back.succeed()
-        while self._held and self.pool.serving:  # what arrived while nothing was up
+        self._flush()
+
+    def _flush(self, _i: int | None = None) -> None:
+        """What arrived while nothing was up, routed now that something is (a replica back, or one
+        an autoscaled fleet started)."""
+        while self._held and self.pool.serving:
             self._route(self._held.popleft())
 
     def _drain(self, i: int, why: str):
@@ -237,14 +256,14 @@ class Faults:
         while True:
             if (yield from self._sleep(float(self.rng.exponential(f.mtbf_h * 3600.0)))):
                 return
-            if self.pool.state[i] != DOWN:
+            if self.pool.state[i] != DOWN and self.pool.held(i):  # (an idle replica of a fleet runs nothing)
                 self.counts["failures"] += 1
                 yield from self._down(i, "failure", f.repair_s)
 
     def _outage(self, o):
         if (yield from self._sleep(max(o.at_s - self.env.now, 0.0))):
             return
-        if o.replica < len(self.replicas) and self.pool.state[o.replica] != DOWN:
+        if o.replica < len(self.replicas) and self.pool.state[o.replica] != DOWN and self.pool.held(o.replica):
             self.counts["outages"] += 1
             yield from self._down(o.replica, "outage", o.down_s)
 
@@ -258,6 +277,8 @@ class Faults:
                 return
             while self.pool.state[i] == DOWN:  # (down for a fault: drained when it is back)
                 yield self.back[i]
+            if not self.pool.held(i):  # (not in the autoscaled fleet now: nothing to restart)
+                continue
             self.counts["drains"] += 1
             drained = self._drain(i, "drain")
             yield self.env.any_of([drained, self.env.timeout(d.timeout_s)])
