@@ -527,7 +527,13 @@ def _fewest_static(runs: Callable[[list[int]], list[dict]], start: int, slo: SLO
         if met[0]:
             return below[0]
     n = start - 1
+    checked = False  # has the largest fleet been tried (it meets: the climb goes on; it misses: refused)
     while n < MOST_STATIC:
+        if not checked and n >= 4 * max(start, fewest or 1):  # a climb this long: can any fleet meet it?
+            checked = True
+            most = runs([MOST_STATIC])[0]
+            if not most["met"]:
+                raise ScenarioError(_nothing_meets(slo, most))
         more = [m for m in (n + 1, n + 2) if m <= MOST_STATIC]
         met = [f["met"] for f in runs(more)]
         if any(met):
@@ -535,6 +541,17 @@ def _fewest_static(runs: Callable[[list[int]], list[dict]], start: int, slo: SLO
         n = more[-1]
     raise ScenarioError(f"plan: {MOST_STATIC} static replicas do not meet the SLO in every window ({slo.label()}); "
                         "check the SLO and the load")
+
+
+def _nothing_meets(slo: SLOConfig, most: dict) -> str:
+    """Why a fleet plan stops early: even the largest static fleet misses (an impossible target
+    fails at the first window it is judged on, however many replicas share the load)."""
+    stop = most.get("stopped") or {}
+    where = (f": it is certain to miss {stop['metric']} already {stop['at_s']:g} s into the day (window "
+             f"{stop.get('window', 0)}, counted from 0)" if stop.get("metric") and stop.get("at_s") is not None else "")
+    return (f"plan: even {MOST_STATIC} static replicas do not meet the SLO in every window ({slo.label()}){where}; "
+            "more replicas do not lower what one request alone takes, so a target below it is met by no fleet: "
+            "check the SLO")
 
 
 def _largest_meeting(runs: Callable[[list[int]], dict[int, dict]], width: int,

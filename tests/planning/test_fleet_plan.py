@@ -92,6 +92,30 @@ def test_the_fewest_static_replicas_from_a_lower_bound(fewest, probes):
     assert _fewest_static(runs, 9, SLOConfig(ttft_ms=1.0), fewest) == 3 and calls == probes
 
 
+def test_an_slo_no_fleet_meets_is_refused_after_a_short_climb_not_256_fleets():
+    """Every fleet misses (a target below one request's own time): from a lower bound of 2 the climb
+    runs 2, then 3 and 4, ... and at 12 (4 x 3, the first count above the bound) tries the largest
+    fleet (256) once; it misses too,
+    so the plan stops there, naming the metric and when it was certain, instead of running every
+    fleet up to 256 (about 6 minutes on a small day, hours on the bundled one)."""
+    calls: list[list[int]] = []
+
+    def runs(ns):
+        calls.append(ns)
+        return [{"met": False, "stopped": {"metric": "ttft_ms", "at_s": 0.25, "window": 0}} for _ in ns]
+
+    with pytest.raises(ScenarioError, match=r"even 256 static replicas do not meet the SLO in every window "
+                                            r"\(p99 TTFT <= 1 ms\): it is certain to miss ttft_ms already 0.25 s "
+                                            r"into the day \(window 0, counted from 0\)"):
+        _fewest_static(runs, 9, SLOConfig(ttft_ms=1.0), 2)
+    assert calls == [[2], [3, 4], [5, 6], [7, 8], [9, 10], [11, 12], [256]]
+    # a target the largest fleet meets: the climb goes on to the fewest that does (here 21)
+    calls.clear()
+    assert _fewest_static(lambda ns: calls.append(ns) or [{"met": n >= 21} for n in ns], 9,
+                          SLOConfig(ttft_ms=1.0), 2) == 21
+    assert [256] in calls and calls[-1] == [21, 22]
+
+
 DAY = {"name": "mini-day", "seed": 0, "model": "llama-3-70b", "hardware": "h100-sxm", "cost_model": "roofline",
        "engine": {"scheduler": "chunked", "tensor_parallel_size": 4, "router": "least_loaded",
                   "autoscaling": {"min_replicas": 1, "max_replicas": 6, "target_in_flight": 24, "interval_s": 5,
