@@ -349,15 +349,20 @@ def _plan_fleet(path: Path, base: tuple[str, ...], sc, slo: SLOConfig, window_s:
     statics[static_n] = confirmed
     static = confirmed
     cap = _power_cap(sc, static_n, power_cap_kw)
-    if cap is not None and not cap["within"]:  # the peak needs more than the cap allows: no policy can
+
+    def answer(probes: list[dict]) -> dict[str, Any]:  # what every answer says, the static fleet's search included
         return {"scenario": str(path), "name": sc.name, "slo": slo.label(), "window_s": window_s,
                 "usd_per_gpu_hour": price, "tensor_parallel_size": sc.engine.tensor_parallel_size,
                 "hardware": sc.hardware.name, "model": sc.model.name, "autoscaling": a.as_yaml(),
                 "own_policy": _brief(own, price),
                 "static": {"replicas": static_n, **_brief(static, price), "windows": static["windows"]},
-                "seeds": judged, "probes": [], "scheduled": None, "policy": None, "power_cap": cap,
+                "seeds": judged,  # (each probe as it ended: its first seed, and every seed where it was confirmed)
+                "probes": probes,
                 "static_probes": [{"replicas": n, **_row(probe.seen(_static(n)), price)} for n in sorted(statics)],
-                "simulations": len(probe.done), "read_back": journal.read_back if journal is not None else 0}
+                "simulations": len(probe.done), **({"power_cap": cap} if cap is not None else {})}
+    if cap is not None and not cap["within"]:  # the peak needs more than the cap allows: no policy can
+        return {**answer([]), "scheduled": None, "policy": None,
+                "read_back": journal.read_back if journal is not None else 0}
 
     # 2. the policy: the largest target_in_flight meeting the SLO, max_replicas = the static fleet
     tried: list[tuple[int, int]] = []  # (min_replicas, k) probed, in order
@@ -384,20 +389,9 @@ def _plan_fleet(path: Path, base: tuple[str, ...], sc, slo: SLOConfig, window_s:
                 STEP_RUNS["policy"] + (STEP_RUNS["scheduled"] if scheduled else 0), 0)
     chosen, floor_plan = concurrently(policy, lambda: _search_schedule(sc, probe, static_n, width))
 
-    result: dict[str, Any] = {
-        "scenario": str(path), "name": sc.name, "slo": slo.label(), "window_s": window_s,
-        "usd_per_gpu_hour": price, "tensor_parallel_size": sc.engine.tensor_parallel_size,
-        "hardware": sc.hardware.name, "model": sc.model.name,
-        "autoscaling": a.as_yaml(), "own_policy": _brief(own, price),
-        "static": {"replicas": static_n, **_brief(static, price), "windows": static["windows"]},
-        "seeds": judged,  # (each probe as it ended: its first seed, and every seed where it was confirmed)
-        "probes": [{"min_replicas": low, "target_in_flight": target_at(a.target_in_flight, k),
-                    **_row(probe.seen(_policy(low, static_n, target_at(a.target_in_flight, k))), price)}
-                   for low, k in dict.fromkeys(tried)],
-        "static_probes": [{"replicas": n, **_row(probe.seen(_static(n)), price)} for n in sorted(statics)],
-        "simulations": len(probe.done)}
-    if cap is not None:
-        result["power_cap"] = cap
+    result = answer([{"min_replicas": low, "target_in_flight": target_at(a.target_in_flight, k),
+                      **_row(probe.seen(_policy(low, static_n, target_at(a.target_in_flight, k))), price)}
+                     for low, k in dict.fromkeys(tried)])
     result["scheduled"] = _plan_schedule(sc, probe, static_n, price, base, result, floor_plan)
     result["simulations"] = len(probe.done)
     result["read_back"] = journal.read_back if journal is not None else 0

@@ -145,6 +145,34 @@ def _held(row: dict) -> str:
     return "-" if row.get("mean_replicas") is None else f"{row['mean_replicas']:.2f} / {row['peak_replicas']}"
 
 
+def _floor_section(r: dict, p: dict | None, sch: dict | None) -> list[str]:
+    """plan.md's "A scheduled floor": the cron floor, the target above it, every target probed."""
+    lines: list[str] = []
+    if sch:
+        q = sch["policy"]
+        lines += ["## A scheduled floor", "",
+                  "The workload's rate follows a profile, so its ramps are known ahead: a cron floor "
+                  "(`min_replicas_schedule`) of the static fleet scaled to each segment's rate, each rise one cold "
+                  f"start early: {_schedule_text(sch['schedule'])}"
+                  + (f", repeating every {_clock(sch['period_s'])}" if sch["period_s"] else "") + "."]
+        if q is None:
+            lines += ["", "No target above it meets the SLO in every window below the static fleet.", ""]
+        else:
+            better = p is None or q["usd"] < p["usd"]
+            lines += ["", f"With target_in_flight {q['target_in_flight']:.3g} above it: {q['gpu_hours']:,.2f} "
+                      f"GPU-hours (${q['usd']:,.2f}), {q['mean_replicas']:.2f} / {q['peak_replicas']} replicas held "
+                      f"(mean / peak), {len(q['windows']) - q['windows_missed']} of {len(q['windows'])} windows "
+                      f"meeting the SLO; saving {sch['saving']['fraction']:.1%} on the static fleet, "
+                      + ("**cheaper than the plain policy**." if better else "no cheaper than the plain policy."),
+                      "", f"or: `{_command(r, q)}`", ""]
+        lines += ["| target_in_flight | meets (each seed) | windows missed (first seed) | GPU-hours |",
+                  "| --- | --- | --- | --- |"]
+        lines += [f"| {t['target_in_flight']:.3g} | {_each(t)} | {_missed(t)} | {_hours(t)} |"
+                  for t in sch["probes"]]
+        lines.append("")
+    return lines
+
+
 def markdown(r: dict, figure: str | None) -> str:
     s, p = r["static"], r["policy"]
     windows = len(s["windows"])
@@ -189,28 +217,7 @@ def markdown(r: dict, figure: str | None) -> str:
     if figure:
         lines += [f"![the policy against the static fleet]({figure})", ""]
     sch = r.get("scheduled")
-    if sch:
-        q = sch["policy"]
-        lines += ["## A scheduled floor", "",
-                  "The workload's rate follows a profile, so its ramps are known ahead: a cron floor "
-                  "(`min_replicas_schedule`) of the static fleet scaled to each segment's rate, each rise one cold "
-                  f"start early: {_schedule_text(sch['schedule'])}"
-                  + (f", repeating every {_clock(sch['period_s'])}" if sch["period_s"] else "") + "."]
-        if q is None:
-            lines += ["", "No target above it meets the SLO in every window below the static fleet.", ""]
-        else:
-            better = p is None or q["usd"] < p["usd"]
-            lines += ["", f"With target_in_flight {q['target_in_flight']:.3g} above it: {q['gpu_hours']:,.2f} "
-                      f"GPU-hours (${q['usd']:,.2f}), {q['mean_replicas']:.2f} / {q['peak_replicas']} replicas held "
-                      f"(mean / peak), {len(q['windows']) - q['windows_missed']} of {len(q['windows'])} windows "
-                      f"meeting the SLO; saving {sch['saving']['fraction']:.1%} on the static fleet, "
-                      + ("**cheaper than the plain policy**." if better else "no cheaper than the plain policy."),
-                      "", f"or: `{_command(r, q)}`", ""]
-        lines += ["| target_in_flight | meets (each seed) | windows missed (first seed) | GPU-hours |",
-                  "| --- | --- | --- | --- |"]
-        lines += [f"| {t['target_in_flight']:.3g} | {_each(t)} | {_missed(t)} | {_hours(t)} |"
-                  for t in sch["probes"]]
-        lines.append("")
+    lines += _floor_section(r, p, sch)
     lines += _window_table(r) + ["## How it was found", "",
               "1. The static fleet: the fewest fixed replicas (engine.autoscaling off) that meet the SLO in every "
               "window, searched up from the fewest that could carry the peak flat out (the peak rate over one "

@@ -137,10 +137,15 @@ def headline(r: dict) -> list[tuple[str, str]]:
             text += (f"; at the target each replica carries {load(u['load_per_replica_at_target'])}, "
                      f"{u['share_of_sustained_at_target']:.0%} of its sustained load")
         rows.append(("utilisation", text.lstrip("; ")))
+    return rows + _cost_rows(r, rec)
+
+
+def _cost_rows(r: dict, rec: dict) -> list[tuple[str, str]]:
+    """The headline's last rows: GPUs, their cost, power, spares, the vllm serve line, simulations."""
     cost = r["cost"]
     layout = "".join(f" x {k} {rec.get(k) or 1}" for k in ("pipeline_parallel_size", "data_parallel_size")
                      if (rec.get(k) or 1) > 1)
-    rows += [("GPUs", f"{cost['gpus']} (tensor_parallel_size {rec['tensor_parallel_size']}{layout})"),
+    return [("GPUs", f"{cost['gpus']} (tensor_parallel_size {rec['tensor_parallel_size']}{layout})"),
              ("cost", f"${cost['usd_per_hour']:.2f}/hour at ${cost['usd_per_gpu_hour']:.2f}/GPU-hour"
                       + (f" ({cost['price_source']})" if cost.get("price_source") else "")),
              ("cost per million output tokens", f"${_f(cost['usd_per_million_output_tokens'], 3)} "
@@ -151,7 +156,6 @@ def headline(r: dict) -> list[tuple[str, str]]:
              ("vllm serve", rec.get("vllm_serve") or "none: the static scheduler is Hugging Face generate, "
                                                           "not vLLM"),
              ("simulations", simulations_text(r))]
-    return rows
 
 
 def _spares_rows(r: dict) -> list[tuple[str, str]]:

@@ -297,9 +297,9 @@ def _failing_target(point: dict, slo: dict) -> str:
             "what one request alone takes")
 
 
-def prepare(r: PlanRequest, note: Callable[[str], None] | None = None) -> PlanJob:
-    """Every option checked and the scenario loaded, before any simulation: ScenarioError, one line.
-    `note` hears what servesim guessed (a cost model fallen back to an estimate) as soon as it is known."""
+def _check_numbers(r: PlanRequest) -> None:
+    """The options that are numbers, and the ones that need another, checked before the scenario is
+    read: ScenarioError, one line naming the flag."""
     if r.target_rate is not None and r.target_users is not None:
         raise ScenarioError("--target-rate and --target-users: give one (a rate for open-loop "
                             "scenarios, users for closed-loop ones)")
@@ -332,6 +332,12 @@ def prepare(r: PlanRequest, note: Callable[[str], None] | None = None) -> PlanJo
         raise ScenarioError(f"--window-s: {r.window_s} is not a finite number > 0")
     if r.gpu_hour_usd is not None and not 0 <= r.gpu_hour_usd < math.inf:
         raise ScenarioError(f"--gpu-hour-usd: {r.gpu_hour_usd} is not a finite number >= 0")
+
+
+def prepare(r: PlanRequest, note: Callable[[str], None] | None = None) -> PlanJob:
+    """Every option checked and the scenario loaded, before any simulation: ScenarioError, one line.
+    `note` hears what servesim guessed (a cost model fallen back to an estimate) as soon as it is known."""
+    _check_numbers(r)
     sc = load_scenario(r.scenario, r.overrides)
     _check_fleet(r, sc)
     if r.availability is not None and sc.features.get("faults") is None:

@@ -263,6 +263,15 @@ def markdown(r: dict, plot: Path | None) -> str:
             lines += [""] + [f"**Different cost models** on {_name(row)} ({row['mixed_cost_models']}): an estimate "
                              "(roofline) beside a measured profile; compare them on one basis with "
                              "`--set cost_model=roofline`." for row in mixed]
+    lines += _chosen_section(r)
+    if plot:
+        lines += ["", f"![{plot.name}]({plot.name})"]
+    return "\n".join(lines) + "\n"
+
+
+def _chosen_section(r: dict) -> list[str]:
+    """search.md's "Chosen": the vllm serve line, and the confirmed cluster's runs."""
+    lines: list[str] = []
     c = r["chosen"]
     if c is not None:
         lines += ["", "## Chosen", "", "```", c["vllm_serve"] or "(static scheduler: no vllm serve)", "```"]
@@ -284,9 +293,7 @@ def markdown(r: dict, plot: Path | None) -> str:
                 for q in tried:
                     lines.append(f"| {q['replicas']} | {q['passes']}/{q['seeds']} | {_f(q['ttft_ms']['p99'], 0)} | "
                                  f"{_f(q['tpot_ms']['p99'], 1)} | {'meets' if q['met'] else 'misses'} |")
-    if plot:
-        lines += ["", f"![{plot.name}]({plot.name})"]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _labels(at: list[tuple[float, float]], texts: list[str]) -> list[tuple[tuple[float, float], str]]:
@@ -304,17 +311,24 @@ def _labels(at: list[tuple[float, float]], texts: list[str]) -> list[tuple[tuple
     return [(p, ", ".join(sorted(t, key=lambda s: (len(s), s)))) for p, t in merged]
 
 
+def _placed(candidates: list[dict], with_target: bool) -> dict[int, tuple[float, float, str]]:
+    """Each candidate within the limits that has a place on the cost-latency plane (candidate_point),
+    by id."""
+    points: dict[int, tuple[float, float, str]] = {}
+    for x in candidates:
+        p = candidate_point(x, with_target)
+        if p is not None and "limits" not in x.get("status", ""):
+            points[id(x)] = p
+    return points
+
+
 @plain_text
 def pareto_plot(r: dict, path: Path) -> Path | None:
     """Cost vs p99 TTFT at the sustained load, one point per candidate within the limits that meets
     the SLO (filled: confirmed, hollow: coarse; bigger: more GPUs per replica), the frontier of
     those no other is both cheaper and faster than, the chosen one starred."""
     with_target = r["target"] is not None
-    points: dict[int, tuple[float, float, str]] = {}
-    for x in r["candidates"]:
-        p = candidate_point(x, with_target)
-        if p is not None and "limits" not in x.get("status", ""):
-            points[id(x)] = p
+    points = _placed(r["candidates"], with_target)
     rows = [x for x in r["candidates"] if id(x) in points]
     if not rows:
         return None
@@ -384,22 +398,30 @@ def pareto_plot(r: dict, path: Path) -> Path | None:
     ax.legend(fontsize=8, loc="best")
     ax.set_title(f"{r['scenario']} ({r['model']}): cost vs latency, {r['slo_label']}", fontsize=10)
     if powered:
-        for x in powered:
-            cost, _, kind = points[id(x)]
-            kw_ax.scatter(cost, x["facility_kw"], s=40 + 25 * x["tensor_parallel_size"], marker=marker.get(kind, "o"),
-                          color=colours[x["gpu"]], facecolors=colours[x["gpu"]] if kind == "confirmed" else "none",
-                          linewidths=1.5, zorder=3)
-            kw_ax.annotate(f"{x['gpu']} TP{x['tensor_parallel_size']}", (cost, x["facility_kw"]),
-                           textcoords="offset points", xytext=(6, 4), fontsize=7)
-        kw_ax.axhline(cap, color="red", ls="--", lw=1, label=f"power cap {cap:g} kW (--power-cap-kw)")
-        kw_ax.set_xlabel(xlabel.split(" (")[0])
-        kw_ax.set_ylabel("facility power at the target (kW, modelled)")
-        kw_ax.set_title("the simulated clusters' power", fontsize=10)
-        kw_ax.set_ylim(bottom=0, top=max(cap, *(x["facility_kw"] for x in powered)) * 1.15)
-        kw_ax.margins(x=0.2)  # (room for the labels right of the points)
-        kw_ax.grid(alpha=0.3)
-        kw_ax.legend(fontsize=8, loc="best")
+        assert cap is not None  # (powered only with a cap)
+        _power_panel(kw_ax, powered, points, colours, marker, cap, xlabel.split(" (")[0])
     fig.tight_layout()
     save_figure(fig, path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _power_panel(kw_ax, powered: list[dict], points: dict, colours: dict, marker: dict, cap: float,
+                 xlabel: str) -> None:
+    """pareto.png's second panel under --power-cap-kw: each simulated cluster's modelled facility kW
+    against its cost, the cap a line."""
+    for x in powered:
+        cost, _, kind = points[id(x)]
+        kw_ax.scatter(cost, x["facility_kw"], s=40 + 25 * x["tensor_parallel_size"], marker=marker.get(kind, "o"),
+                      color=colours[x["gpu"]], facecolors=colours[x["gpu"]] if kind == "confirmed" else "none",
+                      linewidths=1.5, zorder=3)
+        kw_ax.annotate(f"{x['gpu']} TP{x['tensor_parallel_size']}", (cost, x["facility_kw"]),
+                       textcoords="offset points", xytext=(6, 4), fontsize=7)
+    kw_ax.axhline(cap, color="red", ls="--", lw=1, label=f"power cap {cap:g} kW (--power-cap-kw)")
+    kw_ax.set_xlabel(xlabel)
+    kw_ax.set_ylabel("facility power at the target (kW, modelled)")
+    kw_ax.set_title("the simulated clusters' power", fontsize=10)
+    kw_ax.set_ylim(bottom=0, top=max(cap, *(x["facility_kw"] for x in powered)) * 1.15)
+    kw_ax.margins(x=0.2)  # (room for the labels right of the points)
+    kw_ax.grid(alpha=0.3)
+    kw_ax.legend(fontsize=8, loc="best")
