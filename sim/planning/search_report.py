@@ -311,6 +311,13 @@ def _labels(at: list[tuple[float, float]], texts: list[str]) -> list[tuple[tuple
     return [(p, ", ".join(sorted(t, key=lambda s: (len(s), s)))) for p, t in merged]
 
 
+def _cost_label(r: dict, rows: list[dict], with_target: bool) -> str:
+    billed = any("electricity_usd_per_hour" in x for x in rows)
+    return (f"USD per hour for {r['target']:g} {_unit(r)} (replicas x GPUs x price"
+            + (" + electricity, confirmed)" if billed else ")") if with_target
+            else "USD per million output tokens at one replica's sustained load")
+
+
 def _placed(candidates: list[dict], with_target: bool) -> dict[int, tuple[float, float, str]]:
     """Each candidate within the limits that has a place on the cost-latency plane (candidate_point),
     by id."""
@@ -338,17 +345,14 @@ def pareto_plot(r: dict, path: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     key = "usd_per_hour" if with_target else "usd_per_million_output_tokens"
-    billed = any("electricity_usd_per_hour" in x for x in rows)
-    xlabel = (f"USD per hour for {r['target']:g} {_unit(r)} (replicas x GPUs x price"
-              + (" + electricity, confirmed)" if billed else ")") if with_target
-              else "USD per million output tokens at one replica's sustained load")
+    xlabel = _cost_label(r, rows, with_target)
     cap = r.get("power_cap_kw") if with_target else None
     powered = [x for x in rows if cap is not None and x.get("facility_kw") is not None
                and points[id(x)][2] in ("confirmed", "over the power cap")]
-    if powered:  # a second panel: each simulated cluster's modelled kW against its cost, the cap a line
-        fig, (ax, kw_ax) = plt.subplots(1, 2, figsize=(13, 5.2), gridspec_kw={"width_ratios": [1.7, 1]})
-    else:
-        fig, ax = plt.subplots(figsize=(8.5, 5.2))
+    # with a cap, a second panel: each simulated cluster's modelled kW against its cost, the cap a line
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5.2), gridspec_kw={"width_ratios": [1.7, 1]}) if powered \
+        else plt.subplots(figsize=(8.5, 5.2))
+    ax, kw_ax = (axes[0], axes[1]) if powered else (axes, None)
     colours = {g: f"C{i}" for i, g in enumerate(dict.fromkeys(x["gpu"] for x in rows))}
     marker = {"at least": ">", "over the power cap": "X"}
     for x in rows:
@@ -362,9 +366,9 @@ def pareto_plot(r: dict, path: Path) -> Path | None:
         ax.annotate(text, (cost, ttft), textcoords="offset points", xytext=(6, 4), fontsize=7)
     front = sorted(r["pareto"], key=lambda f: f[key])
     if len(front) > 1:
-        ax.plot([f[key] for f in front], [f.get("ttft_ms.p99", f.get(LAST_RELEASES[TTFT_AT_SUSTAINED])) for f in front],
-                "k--", lw=1,
-                label="Pareto frontier of the confirmed: cheaper or faster than every other")
+        ttfts = [f.get("ttft_ms.p99", f.get(LAST_RELEASES[TTFT_AT_SUSTAINED])) for f in front]
+        ax.plot([f[key] for f in front], ttfts, "k--", lw=1, label="Pareto frontier of the confirmed: cheaper or "
+                "faster than every other")
     c = r["chosen"]
     if c is not None:
         row = next(x for x in rows if x["gpu"] == c["gpu"] and x["tensor_parallel_size"] == c["tensor_parallel_size"])
