@@ -206,7 +206,9 @@ def check_servable(w: Workload, e: EngineConfig, num_blocks: int, where: str = "
         raise ScenarioError(
             f"{where}workload: request {worst} needs {int(need[worst])} KV token slots "
             f"({what}) but the cache holds {capacity} ({num_blocks} blocks x {e.block_size}); "
-            f"raise engine.num_gpu_blocks / gpu_memory_utilization or shorten the request")
+            f"raise engine.num_gpu_blocks / gpu_memory_utilization or shorten the request"
+            + ("; engine.lora's adapter slots hold GPU memory beside the weights: fewer max_loras or a lower "
+               "max_lora_rank leave more for the cache" if e.lora is not None else ""))
     if cls.token_budget and not cls.chunks_prompts:
         longest = w.prompt_tokens + w.output_tokens - 1
         worst = int(np.argmax(longest))

@@ -4,6 +4,7 @@ and nothing written."""
 from __future__ import annotations
 
 import json
+import re
 import resource
 import signal
 import subprocess
@@ -817,3 +818,35 @@ def test_a_run_whose_clock_runs_off_the_scale_is_refused_not_summarised(tmp_path
     r = CliRunner().invoke(app, ["run", str(scenario_file(tmp_path, raw)), "--out", str(out), "-q"])
     assert_clean(r, out, ok=False)
     assert "the simulated clock reached" in r.stderr and "past 1e+12 s" in r.stderr
+
+
+def test_lora_slots_too_big_for_the_gpu_blame_engine_lora(tmp_path):
+    """1,000 adapter slots of rank 512 on Llama-3-8B take ~2.7 TB per GPU: refused naming
+    engine.lora (it blamed the activation reserve); 20 slots fit beside the weights but leave the
+    cache too small for the longest request: that refusal says engine.lora holds the memory."""
+    out = tmp_path / "o"
+    lora = {"max_loras": 1000, "max_lora_rank": 512}
+    raw = with_(engine__lora=lora, workload__adapters={"count": 4, "share": 0.5})
+    r = CliRunner().invoke(app, ["run", str(scenario_file(tmp_path, raw)), "--out", str(out), "-q"])
+    assert_clean(r, out, ok=False)
+    assert re.search(r"engine\.lora: 1000 adapter slots of rank 512 take [0-9,.]+ GB per GPU, more than the 72\.0 GB "
+                     r"usable on h100-sxm; lower max_loras or max_lora_rank", r.stderr), r.stderr
+    raw = with_(engine__lora={"max_loras": 20, "max_lora_rank": 512}, engine__max_num_batched_tokens=8192,
+                workload__adapters={"count": 4, "share": 0.5}, workload__prompt_tokens={"dist": "fixed", "value": 4000})
+    r = CliRunner().invoke(app, ["run", str(scenario_file(tmp_path, raw)), "--out", str(out), "-q"])
+    assert_clean(r, out, ok=False)
+    assert "engine.lora's adapter slots hold GPU memory beside the weights" in r.stderr
+
+
+def test_a_binary_profile_names_cost_model_and_a_huge_resolution_names_itself(tmp_path):
+    prof = tmp_path / "p.yaml"
+    prof.write_bytes(b"\x00\xff\xfe binary")
+    out = tmp_path / "o"
+    r = CliRunner().invoke(app, ["run", str(scenario_file(tmp_path, with_(cost_model={"profile": str(prof)}))),
+                                 "--out", str(out), "-q"])
+    assert_clean(r, out, ok=False)
+    assert f"cost_model.profile: {prof}: not a readable YAML file" in r.stderr
+    r = CliRunner().invoke(app, ["plan", str(scenario_file(tmp_path, QUICK)), "--slo", "ttft_ms=500",
+                                 "--resolution", "1e9", "--out", str(out)])
+    assert_clean(r, out, ok=False)
+    assert "--resolution: 1e+09 is not a fraction under 1" in r.stderr

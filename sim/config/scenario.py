@@ -776,6 +776,13 @@ def _check_fits(engine: EngineConfig, model: ModelSpec, hw: HardwareSpec, w: Whe
     # Blame the engine key a --set changed, if any: that is what made the model stop fitting.
     keys = ("tensor_parallel_size", "gpu_memory_utilization", "max_num_batched_tokens", "num_gpu_blocks")
     where = next((w(f"engine.{k}") for k in keys if w(f"engine.{k}").startswith("--set")), w("model"))
+    slots = memory.lora_slot_bytes(model, engine.lora, tp)
+    usable = engine.gpu_memory_utilization * hw.memory_bytes
+    if slots >= usable:  # (the adapter slots alone do not fit: engine.lora is what to change)
+        lora = engine.lora
+        raise ScenarioError(f"{w('engine.lora')}: {lora.max_loras} adapter slots of rank {lora.max_lora_rank} take "
+                            f"{slots / 1e9:,.1f} GB per GPU, more than the {usable / 1e9:.1f} GB usable on {hw.name}; "
+                            "lower max_loras or max_lora_rank")
     return memory.kv_budget(model, hw, tensor_parallel_size=tp,
                      gpu_memory_utilization=engine.gpu_memory_utilization,
                      block_size=engine.block_size, max_num_batched_tokens=engine.max_num_batched_tokens,
@@ -783,7 +790,7 @@ def _check_fits(engine: EngineConfig, model: ModelSpec, hw: HardwareSpec, w: Whe
                             kv_cache_dtype=engine.kv_cache_dtype,
                             enable_expert_parallel=engine.enable_expert_parallel,
                             data_parallel_size=engine.data_parallel_size,
-                            reserved_bytes=memory.lora_slot_bytes(model, engine.lora, tp))
+                            reserved_bytes=slots)
 
 
 def _parse_cost_model(v: Any, w: Where, base_dir: Path, model: ModelSpec, hw: HardwareSpec,

@@ -147,7 +147,12 @@ def load_profile(path: Path, where: str = ""):
     path = Path(path)
     if not path.exists():
         raise _fail(where, f"profile file {path} not found")
-    return parsed_once(path, _load_profile)
+    try:
+        return parsed_once(path, _load_profile)
+    except ScenarioError as e:  # (the file's own error, led by the key that named the file)
+        if where and not str(e).startswith(where):
+            raise ScenarioError(f"{where}: {e}") from None
+        raise
 
 
 def _load_profile(path: Path, where: str = ""):

@@ -314,6 +314,9 @@ def _check_numbers(r: PlanRequest) -> None:
     for flag, v, cap in (("--target-rate", r.target_rate, MAX_RATE), ("--target-users", r.target_users, MAX_COUNT)):
         if v is not None and v > cap:  # said before any search runs
             raise ScenarioError(f"{flag}: {v:g} is more than {cap:g}, the most servesim plans for")
+    if r.resolution is not None and not r.resolution < 1:  # (> 0: above) a grid step, as a fraction
+        raise ScenarioError(f"--resolution: {r.resolution:g} is not a fraction under 1 (the load grid's step: "
+                            "0.02 puts loads 2% apart)")
     if r.cluster is not None and r.workers is not None:
         raise ScenarioError("--workers: not used with --cluster (the cluster's workers run the plan)")
     if r.availability is not None:

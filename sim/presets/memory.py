@@ -213,7 +213,8 @@ def kv_budget(model: ModelSpec, hardware: HardwareSpec, *, tensor_parallel_size:
                            + (" or data_parallel_size" if enable_expert_parallel and model.moe else "")
                            + " or use a bigger GPU")
     # (reserved_bytes: held beside the weights, e.g. LoRA adapter slots: lora_slot_bytes)
-    reserve = activation_reserve_bytes(model, tp, max_num_batched_tokens) + reserved_bytes
+    activations = activation_reserve_bytes(model, tp, max_num_batched_tokens)
+    reserve = activations + reserved_bytes
     per_token = kv_bytes_per_token_per_rank(model, tp, kv_cache_dtype)
     layout = model.kv_layout if model.sliding_layers or model.linear_attention else None
     # one block: block_size tokens of one group's layers (all layers, without a sliding window or
@@ -230,13 +231,15 @@ def kv_budget(model: ModelSpec, hardware: HardwareSpec, *, tensor_parallel_size:
     if blocks is None:
         blocks = int((usable - weights - reserve) // block_bytes)
         if blocks < 1:
+            slots = f" - {reserved_bytes / 1e9:,.1f} GB LoRA adapter slots (engine.lora)" if reserved_bytes else ""
             raise _fail(where, f"{model.name} at tensor_parallel_size={tp} leaves no room for "
                                f"the KV cache on {hardware.name}: {usable / 1e9:.1f} GB usable - "
-                               f"{weights / 1e9:.1f} GB weights - {reserve / 1e9:.1f} GB "
+                               f"{weights / 1e9:.1f} GB weights - {activations / 1e9:.1f} GB "
                                f"activation reserve (max_num_batched_tokens "
-                               f"{max_num_batched_tokens}) < one {block_bytes}-byte block; raise "
+                               f"{max_num_batched_tokens}){slots} < one {block_bytes}-byte block; raise "
                                f"tensor_parallel_size or gpu_memory_utilization, or lower "
-                               f"max_num_batched_tokens")
+                               f"max_num_batched_tokens" + (" or engine.lora's max_loras / max_lora_rank"
+                                                            if reserved_bytes else ""))
     return MemoryBudget(
         total_bytes=hardware.memory_bytes, usable_bytes=usable, weight_bytes_per_gpu=weights,
         activation_reserve_bytes=reserve, kv_cache_bytes=blocks * block_bytes,
