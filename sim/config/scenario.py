@@ -778,8 +778,8 @@ def _check_fits(engine: EngineConfig, model: ModelSpec, hw: HardwareSpec, w: Whe
     where = next((w(f"engine.{k}") for k in keys if w(f"engine.{k}").startswith("--set")), w("model"))
     slots = memory.lora_slot_bytes(model, engine.lora, tp)
     usable = engine.gpu_memory_utilization * hw.memory_bytes
-    if slots >= usable:  # (the adapter slots alone do not fit: engine.lora is what to change)
-        lora = engine.lora
+    lora = engine.lora
+    if lora is not None and slots >= usable:  # (the adapter slots alone do not fit: engine.lora is what to change)
         raise ScenarioError(f"{w('engine.lora')}: {lora.max_loras} adapter slots of rank {lora.max_lora_rank} take "
                             f"{slots / 1e9:,.1f} GB per GPU, more than the {usable / 1e9:.1f} GB usable on {hw.name}; "
                             "lower max_loras or max_lora_rank")
