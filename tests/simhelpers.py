@@ -18,6 +18,19 @@ _PLACEHOLDER_WORKLOAD = {"arrival": {"process": "burst"}, "num_requests": 1,
                          "output_tokens": {"dist": "fixed", "value": 1}}
 
 
+def bench_script(name: str):
+    """bench/NAME.py as a module (the scripts that write what the docs quote: readme_example,
+    docs_figures), for the tests that hold the docs to their output."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "bench" / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def make_scenario(cost_model="unit", slo=None, seed=0, workload=None, model="llama-3-8b",
                   **engine) -> Scenario:
     """`model` (default llama-3-8b) on h100-sxm with the given engine keys (e.g. scheduler="chunked")."""

@@ -1,18 +1,11 @@
 """docs/planner.md's bundled answers are what the five commands print now (bench/docs_figures.py)."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.simhelpers import bench_script
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("docs_figures", ROOT / "bench" / "docs_figures.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_script("docs_figures")
 
 
 def test_the_bundled_answers_table_is_what_the_plans_print_now():

@@ -1,18 +1,11 @@
 """The README's worked plan is what `servesim plan` prints now (bench/readme_example.py)."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.simhelpers import bench_script
 
 
 def _example():
-    spec = importlib.util.spec_from_file_location("readme_example", ROOT / "bench" / "readme_example.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_script("readme_example")
 
 
 def test_the_readmes_worked_plan_is_what_the_plan_prints_now():
