@@ -821,7 +821,8 @@ def plan(
              "many seconds of arrivals. \\[default: 3600]", metavar="S", show_default=False)] = None,
     availability: Annotated[float | None, typer.Option(
         help="With the scenario's faults: section, also the spares (N+k) the planned cluster needs for the "
-             "SLO met in this fraction of windows, e.g. 0.999 (docs/faults.md).", metavar="FRACTION",
+             "SLO met in this fraction of windows, e.g. 0.999 (a fleet plan: the min_replicas; docs/faults.md).",
+        metavar="FRACTION",
         show_default=False)] = None,
     max_spares: Annotated[int, typer.Option(help="With --availability: the most spares tried.", metavar="K")] = 4,
     fault_seeds: Annotated[int, typer.Option(

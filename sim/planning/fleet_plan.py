@@ -290,7 +290,7 @@ def _scheduled(low: int, high: int, target: float, schedule: list, period: float
 def plan_fleet(path: str | Path, slo: SLOConfig, *, overrides: Iterable[str] = (), window_s: float = WINDOW_S,
                seeds: int = 2, gpu_hour_usd: float | None = None, workers: int | None = None,
                runner: Any = None, progress: Callable[..., None] | None = None, journal: Any = None,
-               power_cap_kw: float | None = None) -> dict:
+               power_cap_kw: float | None = None, availability: float | None = None, fault_seeds: int = 5) -> dict:
     """The cheapest autoscaling policy meeting `slo` in every window, and the static fleet for the
     peak (module docstring). `seeds` >= 2: a random workload is judged on seed and seed + 1. The
     options and the scenario are checked by sim/planning/plan_request.prepare."""
@@ -298,6 +298,10 @@ def plan_fleet(path: str | Path, slo: SLOConfig, *, overrides: Iterable[str] = (
 
     path, base = Path(path), tuple(overrides)
     sc = load_scenario(path, base)
+    with_faults, faulted = sc.features.get("faults") is not None, base
+    if with_faults:  # the search is of the fault-free policy; the faults judge its answer after
+        base = base + ("faults=null",)
+        sc = load_scenario(path, base)
     a = sc.engine.autoscaling
     assert a is not None  # (PlanJob.fleet)
     # judged on two seeds (a random workload; --seeds 1: one): met only when both meet the SLO
@@ -305,8 +309,16 @@ def plan_fleet(path: str | Path, slo: SLOConfig, *, overrides: Iterable[str] = (
     own_runner = runner is None
     runner = LocalRunner(workers).start() if own_runner else runner
     try:
-        return _plan_fleet(path, base, sc, slo, window_s, judged, gpu_hour_usd, runner, progress, journal,
-                           power_cap_kw)
+        result = _plan_fleet(path, base, sc, slo, window_s, judged, gpu_hour_usd, runner, progress, journal,
+                             power_cap_kw)
+        if with_faults and result.get("policy") is not None:
+            from sim.planning.fleet_faults import under_faults
+
+            p = result["policy"]
+            result["faults"] = under_faults(path, faulted, slo, p["min_replicas"], p["max_replicas"],
+                                            p["target_in_flight"], fault_seeds, availability,
+                                            result["usd_per_gpu_hour"], _policy)
+        return result
     finally:
         if own_runner:
             runner.close()

@@ -65,13 +65,35 @@ def fleet_headline(r: dict) -> list[tuple[str, str]]:
         return rows + [("autoscaled policy", "none meets the SLO in every window below the static fleet")] \
             + _scheduled_rows(r) + [("simulations", simulations_text(r, " runs"))]
     sv = r["saving"]
-    return rows + [("autoscaled policy", _policy_text(p)),
+    return rows + [("autoscaled policy", _policy_text(p)), *_faults_rows(r),
                    ("its cost", f"{p['gpu_hours']:,.1f} GPU-hours (${p['usd']:,.2f}); {p['mean_replicas']:.2f} "
                                 f"replicas held on average, at most {p['peak_replicas']}"),
                    ("saving", f"{sv['fraction']:.1%}: {sv['gpu_hours']:,.1f} GPU-hours (${sv['usd']:,.2f}) over "
                               f"{_clock(p['end_s'])}"),
                    *_scheduled_rows(r),
                    ("simulations", simulations_text(r, " runs"))]
+
+
+def _faults_rows(r: dict) -> list[tuple[str, str]]:
+    """The policy under the scenario's faults (sim/planning/fleet_faults.py), where it has them."""
+    f = r.get("faults")
+    if f is None:
+        return []
+    label = "under the faults"
+    if "refused" in f:
+        return [(label, f"not judged: {f['refused']}")]
+    first = f["rows"][0]
+    text = (f"the SLO met in {first['availability_min']:.2%} of {first['minute_s']:g}-s windows (worst of "
+            f"{f['seeds']} fault seeds; median {first['availability_median']:.2%}), {first['requests_lost']} "
+            "requests lost to faults over the seeds")
+    if f["target"] is not None:
+        a = f["answer"]
+        text += (f"; for {f['target']:.3%}: " + (
+            f"min_replicas {a['min_replicas']} ({a['availability_min']:.2%} on its worst seed), "
+            f"{a['gpu_hours']:,.2f} GPU-hours (${a['usd']:,.2f}) under the faults, against the policy's "
+            f"{r['policy']['gpu_hours']:,.2f} without them" if a is not None else
+            f"no min_replicas up to {f['rows'][-1]['min_replicas']} meets it"))
+    return [(label, text)]
 
 
 def _energy_cells(s: dict, p: dict | None) -> list[tuple[str, str, str]]:
@@ -143,6 +165,22 @@ def _hours(row: dict) -> str:
 
 def _held(row: dict) -> str:
     return "-" if row.get("mean_replicas") is None else f"{row['mean_replicas']:.2f} / {row['peak_replicas']}"
+
+
+def _faults_section(r: dict) -> list[str]:
+    """plan.md's "Under the faults": the fault-free policy's day with the scenario's faults, and the
+    floors tried for an availability target (sim/planning/fleet_faults.py)."""
+    f = r.get("faults")
+    if not f or "refused" in f:
+        return []
+    lines = ["## Under the faults", "",
+             f"The policy's whole day with the scenario's faults, on fault seeds 0..{f['seeds'] - 1}; {f['rule']}.",
+             "", "| min_replicas | SLO met in windows (worst / median / best seed) | requests lost | GPU-hours "
+                 "(mean) | meets |", "| --- | --- | --- | --- | --- |"]
+    lines += [f"| {x['min_replicas']} | {x['availability_min']:.2%} / {x['availability_median']:.2%} / "
+              f"{x['availability_max']:.2%} | {x['requests_lost']} | {x['gpu_hours']:,.2f} | "
+              f"{'yes' if x['met'] else 'no'} |" for x in f["rows"]]
+    return lines + [""]
 
 
 def _floor_section(r: dict, p: dict | None, sch: dict | None) -> list[str]:
@@ -218,6 +256,7 @@ def markdown(r: dict, figure: str | None) -> str:
         lines += [f"![the policy against the static fleet]({figure})", ""]
     sch = r.get("scheduled")
     lines += _floor_section(r, p, sch)
+    lines += _faults_section(r)
     lines += _window_table(r) + ["## How it was found", "",
               "1. The static fleet: the fewest fixed replicas (engine.autoscaling off) that meet the SLO in every "
               "window, searched up from the fewest that could carry the peak flat out (the peak rate over one "

@@ -159,7 +159,7 @@ class PlanJob:
             return plan_fleet(r.scenario, self.slo, overrides=r.overrides, window_s=r.window_s or WINDOW_S,
                               seeds=r.seeds, gpu_hour_usd=self.prices.get(self.scenario.hardware.name),
                               workers=r.workers, runner=runner, progress=progress, journal=journal,
-                              power_cap_kw=r.power_cap_kw)
+                              power_cap_kw=r.power_cap_kw, availability=r.availability, fault_seeds=r.fault_seeds)
         if r.searches:
             from sim.planning.config_search import search_configs
 
@@ -322,9 +322,6 @@ def _check_numbers(r: PlanRequest) -> None:
     if r.availability is not None:
         if not 0 < r.availability <= 1:
             raise ScenarioError(f"--availability: {r.availability:g} is not a fraction in (0, 1] (e.g. 0.999)")
-        if r.target_rate is None and r.target_users is None:
-            raise ScenarioError("--availability: needs --target-rate (or --target-users): the spares are "
-                                "those of the cluster sized for it")
         if r.searches:
             raise ScenarioError("--availability: not with a configuration search (--gpus, --tp, ...) yet; "
                                 "plan the chosen configuration with it (docs/faults.md)")
@@ -346,6 +343,10 @@ def prepare(r: PlanRequest, note: Callable[[str], None] | None = None) -> PlanJo
     if r.availability is not None and sc.features.get("faults") is None:
         raise ScenarioError(f"--availability: {r.scenario} has no faults: section; the spares are sized against "
                             "a fault model (docs/faults.md)")
+    if r.availability is not None and sc.engine.autoscaling is None and r.target_rate is None \
+            and r.target_users is None:  # (a fleet plan takes the scenario's own load)
+        raise ScenarioError("--availability: needs --target-rate (or --target-users): the spares are "
+                            "those of the cluster sized for it")
     planned = planned_gpus(r, sc)
     if r.gpu_hour_usd is not None and len(set(planned)) > 1:
         raise ScenarioError(f"--gpu-hour-usd: one price for {len(set(planned))} GPU types ({', '.join(planned)}); "
@@ -415,14 +416,10 @@ def _check_fleet(r: PlanRequest, sc: Scenario) -> None:
         ("--prefix-caching", r.prefix_caching), ("--kv-offloading-size", r.kv_offloading_size),
         ("--max-num-seqs", r.max_num_seqs),
         ("--max-num-batched-tokens", r.max_num_batched_tokens), ("--horizon-s", r.horizon_s), ("--emit", r.emit),
-        ("--max-gpus", r.max_gpus), ("--budget-usd-per-hour", r.budget_usd_per_hour),
-        ("--availability", r.availability)) if v is not None]
+        ("--max-gpus", r.max_gpus), ("--budget-usd-per-hour", r.budget_usd_per_hour)) if v is not None]
     if sc.engine.admission is not None:
         raise ScenarioError("plan: engine.admission is set; a fleet plan sizes a fleet that serves every request "
                             "(remove it with --set engine.admission=null; docs/fleet.md)")
-    if sc.features.get("faults") is not None:  # (its static fleets would move the faults' replica numbers)
-        raise ScenarioError("plan: faults: is set; a fleet plan searches the fault-free policy (remove it with "
-                            "--set faults=null), then `servesim run` the policy with the faults to see them")
     if sc.engine.autoscaling.min_replicas_schedule:
         raise ScenarioError("plan: engine.autoscaling.min_replicas_schedule is set; a fleet plan searches "
                             "target_in_flight and min_replicas, not a schedule (remove it with "

@@ -1,0 +1,62 @@
+"""A fleet plan's policy under the scenario's faults (issue 51): its availability, and the headroom
+an availability target needs.
+
+The fleet plan (sim/planning/fleet_plan.py) searches the fault-free policy: its probes run with the
+faults set aside. Then the chosen policy's whole day runs with the faults back, once per fault seed
+(faults.seed = 0 .. seeds-1: the fault times vary, the requests do not), and its availability is
+the fraction of faults.minute_s windows meeting the SLO (sim/features/faults/summary.minutes_met),
+worst over the seeds. With a target, headroom is bought the way an operator would: min_replicas
+raised one at a time (a floor that keeps spares warm) up to max_replicas (the static fleet for the
+peak), each on every fault seed; the answer is the first whose worst seed meets the target.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sim.config.errors import ScenarioError
+from sim.config.scenario import SLOConfig, load_scenario
+
+
+def judge(path: Path, base: tuple[str, ...], slo: SLOConfig, policy: tuple[str, ...], seeds: int) -> dict:
+    """The policy's day under the faults on `seeds` fault seeds: availability min / median / max,
+    GPU-hours (mean over the seeds) and requests lost."""
+    from sim.simulate import simulate
+
+    sc = load_scenario(path, base + policy)
+    fractions, hours, lost = [], [], 0
+    for seed in range(seeds):
+        faults = dataclasses.replace(sc.features["faults"], seed=seed)
+        run = simulate(dataclasses.replace(sc, slo=slo, features={**sc.features, "faults": faults}))
+        f = run.summary["faults"]
+        fractions.append(f["availability"].get("fraction", float("nan")))
+        hours.append(run.summary["autoscaling"]["gpu_hours"] if "autoscaling" in run.summary else float("nan"))
+        lost += int(f.get("requests_lost", 0))
+    return {"availability_min": float(np.min(fractions)), "availability_median": float(np.median(fractions)),
+            "availability_max": float(np.max(fractions)), "gpu_hours": float(np.mean(hours)),
+            "requests_lost": lost, "minute_s": sc.features["faults"].minute_s}
+
+
+def under_faults(path: Path, base: tuple[str, ...], slo: SLOConfig, low: int, high: int, target: float,
+                 seeds: int, availability: float | None, price: float, policy) -> dict[str, Any]:
+    """The chosen policy (min `low`, max `high`, `target` in flight) under the faults; with
+    `availability`, min_replicas raised until the worst seed meets it. `policy(low, high, target)`:
+    its overrides (fleet_plan._policy)."""
+    rows: list[dict] = []
+    for floor in range(low, high + 1):
+        try:
+            row = judge(path, base, slo, policy(floor, high, target), seeds)
+        except ScenarioError as e:  # (faults naming a replica the fleet cannot hold): said, not raised
+            return {"refused": str(e), "seeds": seeds, "target": availability, "rows": rows, "answer": None}
+        row.update(min_replicas=floor, usd=row["gpu_hours"] * price,
+                   met=availability is None or row["availability_min"] >= availability)
+        rows.append(row)
+        if availability is None or row["met"]:
+            break
+    answer = next((r for r in rows if r["met"]), None) if availability is not None else rows[0]
+    return {"seeds": seeds, "target": availability, "rows": rows, "answer": answer,
+            "rule": "the fault-free policy, then min_replicas raised one at a time until its worst seed meets "
+                    "the target" if availability is not None else "the fault-free policy under the faults"}
