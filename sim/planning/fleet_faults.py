@@ -24,20 +24,15 @@ from sim.config.scenario import SLOConfig, load_scenario
 def judge(path: Path, base: tuple[str, ...], slo: SLOConfig, policy: tuple[str, ...], seeds: int) -> dict:
     """The policy's day under the faults on `seeds` fault seeds: availability min / median / max,
     GPU-hours (mean over the seeds) and requests lost."""
-    from sim.simulate import simulate
+    from sim.planning.spares import seeded_runs, spread
 
-    sc = load_scenario(path, base + policy)
-    fractions, hours, lost = [], [], 0
-    for seed in range(seeds):
-        faults = dataclasses.replace(sc.features["faults"], seed=seed)
-        run = simulate(dataclasses.replace(sc, slo=slo, features={**sc.features, "faults": faults}))
-        f = run.summary["faults"]
-        fractions.append(f["availability"].get("fraction", float("nan")))
-        hours.append(run.summary["autoscaling"]["gpu_hours"] if "autoscaling" in run.summary else float("nan"))
-        lost += int(f.get("requests_lost", 0))
-    return {"availability_min": float(np.min(fractions)), "availability_median": float(np.median(fractions)),
-            "availability_max": float(np.max(fractions)), "gpu_hours": float(np.mean(hours)),
-            "requests_lost": lost, "minute_s": sc.features["faults"].minute_s}
+    sc = dataclasses.replace(load_scenario(path, base + policy), slo=slo)
+    runs = seeded_runs(sc, seeds)
+    fractions = [r["faults"]["availability"].get("fraction", float("nan")) for r in runs]
+    hours = [r["autoscaling"]["gpu_hours"] if "autoscaling" in r else float("nan") for r in runs]
+    return {**spread(fractions), "gpu_hours": float(np.mean(hours)),
+            "requests_lost": sum(int(r["faults"].get("requests_lost", 0)) for r in runs),
+            "minute_s": sc.features["faults"].minute_s}
 
 
 def under_faults(path: Path, base: tuple[str, ...], slo: SLOConfig, low: int, high: int, target: float,

@@ -37,6 +37,28 @@ def _spot_faults(config, extra: int):
     return dataclasses.replace(config, spot=dataclasses.replace(s, replicas=s.replicas + extra, notices=notices))
 
 
+def seeded_runs(scenario, seeds: int, workload=None, tick: Callable[[], None] | None = None) -> list[dict]:
+    """The scenario run once per fault seed (faults.seed = 0 .. seeds-1: the fault times vary, the
+    requests do not): each run's summary. `tick()` after each."""
+    from sim.simulate import simulate
+
+    out = []
+    for seed in range(seeds):
+        faults = dataclasses.replace(scenario.features["faults"], seed=seed)
+        run = simulate(dataclasses.replace(scenario, features={**scenario.features, "faults": faults}),
+                       workload=workload)
+        if tick is not None:
+            tick()
+        out.append(run.summary)
+    return out
+
+
+def spread(fractions: list[float]) -> dict:
+    """Availability over the seeds: the worst, the median and the best."""
+    return {"availability_min": float(np.min(fractions)), "availability_median": float(np.median(fractions)),
+            "availability_max": float(np.max(fractions))}
+
+
 def plan_spares(scenario, target: float, seeds: int = 5, max_spares: int = 4, workload=None,
                 progress: Callable[[int, int, float], None] | None = None) -> dict:
     """The spares N+k for `target` (a fraction of windows, e.g. 0.999); `progress(done, total,
@@ -85,18 +107,13 @@ def plan_spares(scenario, target: float, seeds: int = 5, max_spares: int = 4, wo
             faults = base if name == "on_demand" else _spot_faults(base, k)
             spot_n = 0 if faults.spot is None else faults.spot.replicas
             fractions, missed, lost = [], 0, 0
-            for seed in range(seeds):
-                run = simulate(_fleet(scenario, n + k, dataclasses.replace(faults, seed=seed)), workload=workload)
-                tick()
-                a = run.summary["faults"]["availability"]
+            for summary in seeded_runs(_fleet(scenario, n + k, faults), seeds, workload, tick):
+                a = summary["faults"]["availability"]
                 fractions.append(a.get("fraction", float("nan")))
                 missed += a.get("minutes", 0) - a.get("met", 0)
                 lost += a.get("missed_with_lost_requests", 0)
             usd = e.gpus_per_replica * ((n + k - spot_n) * hw.usd_per_hour + spot_n * spot_price)
-            rows.append({"spares": k, "replicas": n + k, "spot_replicas": spot_n,
-                         "availability_min": float(np.min(fractions)),
-                         "availability_median": float(np.median(fractions)),
-                         "availability_max": float(np.max(fractions)),
+            rows.append({"spares": k, "replicas": n + k, "spot_replicas": spot_n, **spread(fractions),
                          "met": bool(np.min(fractions) >= target), "usd_per_hour": usd,
                          # windows missed over the seeds, and those among them that held a lost request
                          "windows_missed": missed, "missed_with_lost_requests": lost})
