@@ -133,7 +133,7 @@ def hardware_from_fields(fields: dict, where: str) -> HardwareSpec:
     values: dict[str, float | int] = {k: _num(fields[k], f"{where}.{k}", 0, open_lo=k in _REQUIRED, cap=_BOUNDS[k])
                                       for k in _FIELDS if k not in ("name", "nvlink_domain") and k in fields}
     for k, v in values.items():  # a rate far below any processor's (1e-300 ran to a clock of 1e305 s)
-        if k in _RATES and 0 < v < MIN_RATE_PHYSICAL or k in _REQUIRED_RATES and v < MIN_RATE_PHYSICAL:
+        if v < MIN_RATE_PHYSICAL and (k in _REQUIRED_RATES or (k in _RATES and v > 0)):
             raise ScenarioError(f"{where}.{k}: {v:g} is below {MIN_RATE_PHYSICAL:g} per second, slower than any "
                                 "processor that serves a model; the unit is per second (bytes/s or FLOP/s), e.g. "
                                 "3.35e12 bytes/s for an H100's HBM" + ("" if k in _REQUIRED_RATES else " (0: none)"))
