@@ -70,7 +70,6 @@ START = 0.85        # coarse searches start at this x the saturated throughput
 SLACK = 1.5         # pruning by limits assumes a replica could sustain up to this x its saturated throughput
 
 
-
 def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps: Iterable[int],
                    target: float | None = None, overrides: Iterable[str] = (),
                    seqs: Iterable[int] = (), tokens: Iterable[int] = (), schedulers: Iterable[str] = (),

@@ -100,6 +100,17 @@ def _usable(result: dict) -> bool:
         k in result for k in ("goodput_rps", "request_throughput", "output_throughput", "wall_s"))
 
 
+def without_faults(path: Path, base: tuple[str, ...], scenario) -> tuple[Any, tuple[str, ...], bool]:
+    """A plan sizes the fault-free fleet; what its faults need comes after (the spares:
+    sim/planning/spares.py; a fleet's headroom: fleet_faults.py). So a scenario's faults are set
+    aside (`faults=null`) for every simulation of the search: (the scenario, the overrides, whether
+    it had faults)."""
+    if scenario.features.get("faults") is None:
+        return scenario, base, False
+    base = base + ("faults=null",)
+    return load_scenario(path, base), base, True
+
+
 class Evaluator:
     """Runs (overrides, seed) points in parallel, once each; counts simulations for progress.
     `deterministic`: the scenario's workload has no random component; `options` then has one seed
@@ -122,12 +133,7 @@ class Evaluator:
             if getattr(scenario.engine, knob) is not None:
                 raise ScenarioError(f"plan: engine.{knob} is set; a plan sizes fixed replicas serving every request "
                                     f"(remove it with --set engine.{knob}=null; docs/fleet.md)")
-        # a plan sizes the fault-free fleet; the spares its faults need come after (--availability,
-        # sim/planning/spares.py), so the faults are set aside for every simulation of the search
-        self.faults_set_aside = scenario.features.get("faults") is not None
-        if self.faults_set_aside:
-            self.base += ("faults=null",)
-            scenario = load_scenario(self.path, self.base)
+        scenario, self.base, self.faults_set_aside = without_faults(self.path, self.base, scenario)
         self.scenario = replace(scenario, engine=replace(scenario.engine, replicas=1), slo=slo)
         self.deterministic = deterministic(self.scenario)
         if self.deterministic:  # every seed simulates the same run: more seeds only repeat it

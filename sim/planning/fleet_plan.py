@@ -294,14 +294,12 @@ def plan_fleet(path: str | Path, slo: SLOConfig, *, overrides: Iterable[str] = (
     """The cheapest autoscaling policy meeting `slo` in every window, and the static fleet for the
     peak (module docstring). `seeds` >= 2: a random workload is judged on seed and seed + 1. The
     options and the scenario are checked by sim/planning/plan_request.prepare."""
-    from sim.planning.evaluator import deterministic  # (imports the simulator: not at module import)
+    from sim.planning.evaluator import deterministic, without_faults  # (imports the simulator: not at import)
 
     path, base = Path(path), tuple(overrides)
     sc = load_scenario(path, base)
-    with_faults, faulted = sc.features.get("faults") is not None, base
-    if with_faults:  # the search is of the fault-free policy; the faults judge its answer after
-        base = base + ("faults=null",)
-        sc = load_scenario(path, base)
+    faulted = base  # (the search is of the fault-free policy; the faults judge its answer after)
+    sc, base, with_faults = without_faults(path, base, sc)
     a = sc.engine.autoscaling
     assert a is not None  # (PlanJob.fleet)
     # judged on two seeds (a random workload; --seeds 1: one): met only when both meet the SLO
