@@ -6,8 +6,10 @@
 The wheel's only power columns (`power`, `power_limit`, W) are in three B200 tables measured under
 vLLM 0.22.0: context attention, generation attention and the fused MoE; no GEMM, no other GPU. This
 prints, per table, the rows and the board power's quartiles, and the median by kernel duration
-(latency, ms), next to what sim/features/energy/power.py assumes for a B200 (TDP 1,000 W, an idle
-GPU 10% of it). It reads the parquet files; it never imports aiconfigurator.
+(latency, ms), next to what sim/features/energy/power.py's stated line gives a B200 (TDP 1,000 W, an
+idle GPU 10% of it), then the busy-power curve servesim prices a B200's iterations by, from the
+rows calibrate/aic_import.py kept (sim/tables/b200_sxm/power.csv; sim/features/energy/measured.py).
+It reads the parquet files; it never imports aiconfigurator.
 """
 from __future__ import annotations
 
@@ -16,6 +18,10 @@ import sys
 import zipfile
 
 import pandas as pd
+
+sys.path.insert(0, __file__.rsplit("/bench/", 1)[0])
+from sim.features.energy.measured import shipped  # noqa: E402
+from sim.presets.hardware import HARDWARE_PRESETS  # noqa: E402
 
 TABLES = {
     "context attention": "b200_sxm/attention/vllm/0.22.0/context_attention_perf.parquet",
@@ -41,6 +47,13 @@ def main(wheel: str) -> int:
         for interval, row in by.iterrows():
             print(f"  kernels of {interval.left:g}-{interval.right:g} ms: {int(row['count']):>6,} rows, "
                   f"median {row['median']:.0f} W")
+    curve = shipped(HARDWARE_PRESETS["b200"])
+    if curve is None:
+        print("\nno sim/tables/b200_sxm/power.csv: python -m calibrate.aic_import WHEEL --gpu b200 writes it")
+        return 0
+    print(f"\nthe busy-power curve of {curve.source}, against the stated line:")
+    for u, w in zip(curve.u, curve.watts):
+        print(f"  u {u:.3f}: {w:.0f} W measured, {100 + 900 * u:.0f} W stated")
     return 0
 
 

@@ -27,6 +27,10 @@ Rows kept (sim/cost/composer.py decides which measured rows stand in for each sh
                             moe.csv)
   moe_fp8_block.csv         the same for block-scaled FP8 experts (DeepSeek-V3)
   moe_w4a16_mxfp4.csv       the same for MXFP4 experts (gpt-oss)
+  power.csv                 measured board power (W) beside latency, where a table carries it (0.12:
+                            B200 context / generation attention and fused MoE under vLLM 0.22.0):
+                            each row's shape, dtype, latency and power, kernels of at least
+                            POWER_MIN_LATENCY_MS only (sim/features/energy/measured.py says why)
   moe_a2a.csv               DeepEP's expert-parallel dispatch and combine as vLLM 0.24 runs them
                             (high-throughput on 20 SMs, low-latency), by group size, hidden size,
                             top-k, experts and tokens per rank; microseconds in the wheel, ms here
@@ -220,6 +224,44 @@ def _one_per_key(rows: pd.DataFrame, keys: list[str]) -> tuple[pd.DataFrame, int
     return rows.sort_values(keys).rename(columns={"latency": "latency_ms"}), dup
 
 
+# A board power reading over a kernel shorter than this is not its steady draw: the B200 rows read
+# more the longer the kernel (context attention: a 473 W median under 0.01 ms, 883 W at 0.3-1 ms;
+# docs/energy.md), so only these are kept
+POWER_MIN_LATENCY_MS = 0.3
+# power.csv's columns: the op, its dtype, every shape column any op has (empty where it has none)
+POWER_COLUMNS = ["op", "kernel_source", "dtype", "batch_size", "isl", "step", "num_heads", "num_kv_heads",
+                 "head_dim", "num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "tp",
+                 "latency_ms", "power_w"]
+
+
+def _power_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """One measured table's rows that carry board power, as power.csv writes them: attention with
+    no window, MoE with balanced routing and the experts split by TP; kernels of at least
+    POWER_MIN_LATENCY_MS; values as measured (latency ms, power W)."""
+    frame = frame[frame["power"].notna() & (frame["latency"] >= POWER_MIN_LATENCY_MS)]
+    if "window_size" in frame:
+        frame = frame[frame["window_size"] == 0]
+    if "moe_dtype" in frame:
+        frame = frame[(frame["moe_ep_size"] == 1) & (frame["distribution"] == "balanced")]
+        frame = frame.rename(columns={"moe_dtype": "dtype", "moe_tp_size": "tp"})
+    else:
+        frame = frame.rename(columns={"kv_cache_dtype": "dtype", "num_key_value_heads": "num_kv_heads"})
+    frame = frame.rename(columns={"op_name": "op", "latency": "latency_ms", "power": "power_w"})
+    return frame.reindex(columns=POWER_COLUMNS)
+
+
+def _power(src: Source, system: str) -> tuple[pd.DataFrame, list[str]] | None:
+    """power.csv's rows from every table of `system` with a power column, and their in-wheel paths."""
+    paths = [n for n in src.names if n.startswith(f"{DATA}/{system}/") and n.endswith(".parquet")
+             and "power" in _parquet(src, n).columns]
+    if not paths:
+        return None
+    rows = pd.concat([_power_rows(_parquet(src, n)) for n in paths], ignore_index=True)
+    keys = [c for c in POWER_COLUMNS if c not in ("latency_ms", "power_w")]
+    # (a stable sort on the shape only: repeats of one shape keep their order, every one is kept)
+    return rows.sort_values(keys, kind="stable", na_position="last").reset_index(drop=True), paths
+
+
 def _licence(src: Source, parquet: str) -> str:
     meta = parquet.rsplit("/", 1)[0] + "/collection_meta.yaml"
     if meta in src.names:
@@ -288,12 +330,31 @@ def import_gpu(src: Source, preset: str, out: Path, wheel_sha: str | None) -> di
         }
         if kernels:
             files[name]["kernel"] = ", ".join(kernels)
+    power = _power(src, system)
+    power_entry: dict = {}
+    if power is not None:
+        rows, paths = power
+        text = rows.to_csv(index=False, float_format="%.9g")
+        (folder / "power.csv").write_text(text)
+        power_entry = {
+            "csv": "power.csv", "csv_sha256": hashlib.sha256(text.encode()).hexdigest(), "rows": len(rows),
+            "unit": "latency_ms ms, power_w W (the board's reading while the kernel ran)",
+            "kept": f"kernels of at least {POWER_MIN_LATENCY_MS:g} ms; attention with no window; MoE balanced, "
+                    "experts split by TP",
+            "sources": [{"source": n, "source_sha256": hashlib.sha256(src.read(n)).hexdigest(),
+                         "source_rows": len(_parquet(src, n)), "device": str(_parquet(src, n)["device"].iloc[0]),
+                         "framework_version": f"{_parquet(src, n)['framework'].iloc[0]} "
+                                              f"{_parquet(src, n)['version'].iloc[0]}",
+                         "licence": _licence(src, n)} for n in paths],
+        }
     provenance = {
         "package": PACKAGE, "package_version": src.version(), "wheel": src.path.name,
         "wheel_sha256": wheel_sha, "servesim_hardware_preset": preset, "system": system,
         "latency_unit": "ms", "licence": "Apache-2.0 (NVIDIA AIConfigurator; see NOTICE)",
         "importer": "python -m calibrate.aic_import", "tables": files,
     }
+    if power is not None:  # (apart from `tables`: the composer prices latency from those alone)
+        provenance["power"] = power_entry
     (folder / "provenance.yaml").write_text(yaml.safe_dump(provenance, sort_keys=False))
     return provenance
 
@@ -310,7 +371,8 @@ def main(argv: list[str] | None = None) -> None:
     wheel_sha = hashlib.sha256(args.source.read_bytes()).hexdigest() if src.zip else None
     for preset in args.gpu or sorted(GPUS):
         p = import_gpu(src, preset, args.out, wheel_sha)
-        sizes = ", ".join(f"{k} {v['rows']}" for k, v in p["tables"].items())
+        sizes = ", ".join(f"{k} {v['rows']}" for k, v in [*p["tables"].items(), *(
+            [("power", p["power"])] if "power" in p else [])])
         print(f"{preset:<10} -> {args.out / p['system']}: {sizes} rows", file=sys.stderr)
 
 

@@ -48,6 +48,7 @@ import yaml
 
 from sim.config.errors import ScenarioError
 from sim.config.scenario import ALL2ALL_BACKENDS, EngineConfig, SLOConfig, load_scenario
+from sim.features.energy.power import basis
 from sim.planning.engine_curve import SETTING_KEYS
 from sim.planning.evaluator import Evaluator, PlanOptions
 from sim.planning.load_search import Knob, check_target_unit, load_knob, max_load, replay_stats
@@ -318,8 +319,9 @@ def _clusters(rows: list[dict], evaluators: dict, target: float, headroom: float
         if kwh_usd is not None and watts is not None:  # the whole bill ranks: GPU-hours + electricity
             row["electricity_usd_per_hour"] = watts / 1e3 * kwh_usd
         if power_cap_kw is not None and watts is not None and watts / 1e3 > power_cap_kw:
+            how = basis(ev.scenario.features["energy"], ev.scenario.hardware)
             row["status"] = (f"over the power cap: {n} replicas meet the SLO but draw {watts / 1e3:,.1f} kW "
-                             f"(modelled), over {power_cap_kw:g} kW")
+                             f"({how}), over {power_cap_kw:g} kW")
             continue
         row.update(replicas=n, gpus=n * per_replica_gpus, usd_per_hour=n * unit_usd, status="confirmed",
                    cluster_load_per_replica=target / headroom / n)

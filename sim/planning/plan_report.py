@@ -184,10 +184,10 @@ def _spares_rows(r: dict) -> list[tuple[str, str]]:
 
 
 def _power_rows(cost: dict) -> list[tuple[str, str]]:
-    """The facility's power and electricity at the planned load (modelled: docs/energy.md)."""
+    """The facility's power and electricity at the planned load (docs/energy.md)."""
     if cost.get("facility_kw") is None:
         return []
-    text = (f"{cost['facility_kw']:.2f} kW (modelled, facility), "
+    text = (f"{cost['facility_kw']:.2f} kW ({cost.get('power_basis', 'modelled')}, facility), "
             f"{_f(cost['kwh_per_million_output_tokens'], 3)} kWh per million output tokens")
     if cost.get("electricity_usd_per_hour") is not None:
         text += (f"; electricity ${cost['electricity_usd_per_hour']:.2f}/hour beside the GPUs' "

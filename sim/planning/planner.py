@@ -26,6 +26,7 @@ from typing import Any
 from sim.config.errors import ScenarioError
 from sim.config.scenario import SLOConfig
 from sim.cost.error_band import step_factors
+from sim.features.energy.power import basis
 from sim.planning.engine_curve import engine_curve, engine_overrides
 from sim.planning.evaluator import Evaluator, PlanOptions
 from sim.planning.load_search import DEFAULT_HORIZON_S, Knob, check_target_unit, load_knob, max_load, replay_stats
@@ -137,14 +138,15 @@ def replay_warnings(trace: dict, search: dict, slo: SLOConfig, options: PlanOpti
             "larger workload.num_requests if it cuts this one)"]
 
 
-def electricity(point: dict, energy) -> dict:
-    """The facility's power at the recommended cluster's load (its simulated run's mean, modelled:
-    sim/features/energy/power.py), kWh per hour and per million output tokens, and with the scenario's
-    energy.usd_per_kwh (an hourly list: its mean) the electricity per hour beside the GPU-hours."""
+def electricity(point: dict, energy, hardware) -> dict:
+    """The facility's power at the recommended cluster's load (its simulated run's mean:
+    sim/features/energy/power.py, `power_basis` says whether its busy power was measured), kWh per
+    hour and per million output tokens, and with the scenario's energy.usd_per_kwh (an hourly list:
+    its mean) the electricity per hour beside the GPU-hours."""
     w = point.get("facility_w")
     if w is None:
         return {}
-    out: dict = {"facility_kw": w / 1e3, "kwh_per_hour": w / 1e3}
+    out: dict = {"facility_kw": w / 1e3, "kwh_per_hour": w / 1e3, "power_basis": basis(energy, hardware)}
     tps = point.get("output_throughput") or 0.0
     out["kwh_per_million_output_tokens"] = w / 1e3 / (tps * 3600) * 1e6 if tps > 0 else None
     mean = mean_usd_per_kwh(energy)
@@ -328,14 +330,14 @@ def _plan(path, slo, overrides, target, target_unit, gpu_hour_usd, headroom, ban
         out["utilisation"] = utilisation(best, headroom, target, replicas, knob)
         out["cost"] = cost(replicas * gpus_per_replica, price, point["output_throughput"] or 0.0,
                            point["total_token_throughput"] or 0.0)
-        out["cost"].update(electricity(point, sc.features["energy"]))
+        out["cost"].update(electricity(point, sc.features["energy"], sc.hardware))
         if "electricity_usd_per_hour" in out["cost"]:  # the whole bill, as the GPU search ranks it
             out["cost"]["total_usd_per_hour"] = out["cost"]["usd_per_hour"] + out["cost"]["electricity_usd_per_hour"]
         kw = out["cost"].get("facility_kw")
         if power_cap_kw is not None and kw is not None and kw > power_cap_kw:
             out["warnings"].append(f"over the power cap: the recommended {replicas} replica(s) draw {kw:,.1f} kW "
-                                   f"(modelled, facility), over --power-cap-kw {power_cap_kw:g}; a smaller or "
-                                   f"more efficient GPU (plan --gpus ...) may fit it")
+                                   f"({out['cost']['power_basis']}, facility), over --power-cap-kw "
+                                   f"{power_cap_kw:g}; a smaller or more efficient GPU (plan --gpus ...) may fit it")
         out["power_cap_kw"] = power_cap_kw
         # whose price: said beside it (a preset's is a rounded on-demand estimate, not a quote)
         out["cost"]["price_source"] = "the hardware preset" if gpu_hour_usd is None else "--gpu-hour-usd / --price"

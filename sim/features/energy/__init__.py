@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any
 
 from sim.features.contract import FeatureBase, Ran, RunView
+from sim.features.energy.measured import shipped
 from sim.features.energy.power import EnergyConfig, one_line, parse_energy, run_energy, shortest_iterations
 
 
@@ -32,7 +33,8 @@ class Energy(FeatureBase):
         m, hw = view.scenario.model, view.scenario.hardware
         return run_energy(view.steps, s["duration_s"], view.replicas, view.gpus, m.flops_per_token,
                           m.weight_bytes, hw.bf16_flops, hw.hbm_bandwidth, hw, config,
-                          float(s["output_throughput"] * s["duration_s"]), s["completed"], state)
+                          float(s["output_throughput"] * s["duration_s"]), s["completed"], state,
+                          busy=shipped(hw) if config.power_model == "auto" else None)
 
     def line(self, section: dict) -> str | None:
         return one_line(section) or None

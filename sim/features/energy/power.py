@@ -1,10 +1,11 @@
 """Power per iteration and a run's energy: J per token, average and peak W, kWh, cost and carbon.
 
-The stated model (AIConfigurator's only measured power, B200 attention and MoE kernels with no GEMM,
-is examined in docs/energy.md with bench/b200_power.py and not used; its known bias is said there):
-
-    a GPU during an iteration   P = idle_w + (tdp_w - idle_w) x u,  u = max(compute, memory)
-                                utilisation of that iteration, in [0, 1]
+    a GPU during an iteration   measured where the GPU's kernel tables carry board power (B200:
+                                sim/features/energy/measured.py, busy power by utilisation from
+                                9,725 kernels), else the stated model
+                                P = idle_w + (tdp_w - idle_w) x u;  u = max(compute, memory)
+                                utilisation of that iteration, in [0, 1]; either way within
+                                [idle_w, tdp_w]
     a GPU between iterations    idle_w
     the host (CPUs, memory, NICs, fans)   host_w_per_gpu, all the time
     the facility                (GPUs + hosts) x pue
@@ -13,10 +14,11 @@ where compute utilisation is the iteration's useful FLOPs over (its length x the
 peak) and memory utilisation its weight reads over (its length x HBM bandwidth), each per GPU
 (a replica's TP/PP GPUs share its work evenly). The board's TDP is the datasheet's (GPU_TDP_W,
 with its source); idle_w is IDLE_FRACTION of it; host_w_per_gpu HOST_W_PER_GPU. Each is an
-assumption a scenario's `energy:` section replaces:
+assumption a scenario's `energy:` section replaces (`power_model: stated` keeps the stated model
+on a GPU with measured power too):
 
     energy: {pue: 1.2, usd_per_kwh: 0.12, gco2_per_kwh: 380, host_w_per_gpu: 150,
-             idle_w: 70, tdp_w: 700}
+             idle_w: 70, tdp_w: 700, power_model: auto}
 
 `usd_per_kwh` and `gco2_per_kwh` may also be hourly lists (hour h of the run, from its start, takes
 entry h mod the list's length: 24 entries are a day's tariff or grid carbon intensity); the run's
@@ -29,8 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from sim.config.checks import _num, check_fields
+from sim.config.checks import _choice, _num, check_fields
 from sim.config.errors import ScenarioError
+from sim.features.energy.measured import BusyPower, shipped
 
 # board power (W) per GPU preset: the vendors' datasheet TDP / max board power
 GPU_TDP_W: dict[str, tuple[float, str]] = {
@@ -61,9 +64,11 @@ class EnergyConfig:
     tdp_w: float | None = None
     usd_per_kwh: float | tuple[float, ...] | None = None    # USD per kWh, or hourly
     gco2_per_kwh: float | tuple[float, ...] | None = None   # grid carbon intensity, g per kWh, or hourly
+    power_model: str = "auto"  # auto: measured busy power where the GPU's tables carry it; stated: never
 
 
-KEYS = ("pue", "host_w_per_gpu", "idle_w", "tdp_w", "usd_per_kwh", "gco2_per_kwh")
+KEYS = ("pue", "host_w_per_gpu", "idle_w", "tdp_w", "usd_per_kwh", "gco2_per_kwh", "power_model")
+POWER_MODELS = ("auto", "stated")
 HOURLY = ("usd_per_kwh", "gco2_per_kwh")  # a number, or a list of hourly values
 _CAPS = {"pue": 5.0, "host_w_per_gpu": 1e5, "idle_w": 1e5, "tdp_w": 1e5, "usd_per_kwh": 100.0,
          "gco2_per_kwh": 5000.0}
@@ -80,7 +85,9 @@ def parse_energy(v: Any, where: str) -> EnergyConfig:
     for k in KEYS:
         if v.get(k) is None:
             continue
-        if k in HOURLY and isinstance(v[k], list):
+        if k == "power_model":
+            out[k] = _choice(v[k], f"{where}.{k}", POWER_MODELS)
+        elif k in HOURLY and isinstance(v[k], list):
             if not 1 <= len(v[k]) <= 8760:
                 raise ScenarioError(f"{where}.{k}: an hourly list needs 1 to 8,760 entries, got {len(v[k])}")
             out[k] = tuple(_num(x, f"{where}.{k}[{i}]", 0, cap=_CAPS[k]) for i, x in enumerate(v[k]))
@@ -107,15 +114,24 @@ def board(config: EnergyConfig, hardware) -> tuple[float, float, str] | None:
     return tdp, min(idle, tdp), source
 
 
+def basis(config: EnergyConfig, hardware) -> str:
+    """How a run on `hardware` is powered: 'measured busy power' (the GPU's tables carry board
+    power and `power_model` is auto) or 'modelled' (the stated line); idle, host and PUE are stated
+    either way. What the plans print beside a kW figure."""
+    return "measured busy power" if config.power_model == "auto" and shipped(hardware) is not None else "modelled"
+
+
 def run_energy(steps, duration_s: float, replicas: float, gpus: float, flops_per_token: float,
                weight_bytes: float, peak_flops: float, hbm_bandwidth: float, hardware,
                config: EnergyConfig, output_tokens: float, completed: int,
-               shortest: np.ndarray | None = None) -> dict:
+               shortest: np.ndarray | None = None, busy: BusyPower | None = None) -> dict:
     """summary.json's `energy` from steps.csv's frame (per row: replica, duration_s, count,
     prefill_tokens, decode_tokens) over a run of `duration_s` on `replicas` engines of `gpus` GPUs
     in all; `shortest`: each row's shortest iteration (shortest_iterations), for the peak (the
     shortest iteration of a fast-forwarded row draws the most; without them, each row's mean).
-    A GPU with no board power known: only a `source` saying so (the run is not refused)."""
+    `busy`: the GPU's measured busy power by utilisation (measured.shipped), which then prices
+    the iterations in place of the stated line. A GPU with no board power known: only a `source`
+    saying so (the run is not refused)."""
     known = board(config, hardware)
     if known is None:
         return {"source": f"not computed: the GPU {hardware.name!r} has no preset board power; give "
@@ -130,14 +146,18 @@ def run_energy(steps, duration_s: float, replicas: float, gpus: float, flops_per
         compute = np.where(dur > 0, tokens * flops_per_token / max(per_replica, 1e-12) / (dur * peak_flops), 0.0)
         memory = np.where(dur > 0, count * weight_bytes / max(per_replica, 1e-12) / (dur * hbm_bandwidth), 0.0)
     u = np.clip(np.maximum(compute, memory), 0.0, 1.0)
-    busy_w = idle + (tdp - idle) * u                      # W a GPU draws in the row's iterations
+
+    def draw(u: np.ndarray) -> np.ndarray:  # W a GPU draws in an iteration at utilisation u
+        return np.clip(busy(u), idle, tdp) if busy is not None else idle + (tdp - idle) * u
+
+    busy_w = draw(u)                                      # W a GPU draws in the row's iterations
     peak_w = busy_w
     if shortest is not None and len(shortest) == len(dur) and len(dur):
         # an iteration's u is (its work) / (its length): the row's shortest draws the most
         per = np.where(count > 0, dur / np.maximum(count, 1), 0.0)  # the row's mean iteration
         with np.errstate(divide="ignore", invalid="ignore"):
             peak_u = np.clip(np.where(shortest > 0, u * per / shortest, u), 0.0, 1.0)
-        peak_w = idle + (tdp - idle) * peak_u
+        peak_w = draw(peak_u)
     busy_j = float((busy_w * dur).sum()) * per_replica    # J, every GPU of the engine
     idle_s = max(0.0, duration_s * replicas - float(dur.sum()))  # engine-seconds with no iteration
     idle_j = idle_s * idle * per_replica
@@ -145,10 +165,15 @@ def run_energy(steps, duration_s: float, replicas: float, gpus: float, flops_per
     host_j = config.host_w_per_gpu * gpus * duration_s
     facility_j = (gpu_j + host_j) * config.pue
     kwh = facility_j / 3.6e6
+    rest = (f"TDP {tdp:g} W ({source}), idle {idle:g} W, host {config.host_w_per_gpu:g} W a GPU, PUE "
+            f"{config.pue:g} (sim/features/energy/power.py")
     out: dict = {
-        "source": f"modelled: idle + (TDP - idle) x max(compute, memory) utilisation per iteration; TDP "
-                  f"{tdp:g} W ({source}), idle {idle:g} W, host {config.host_w_per_gpu:g} W a GPU, PUE "
-                  f"{config.pue:g} (sim/features/energy/power.py; not validated against a power meter)",
+        "source": (f"measured busy power: each iteration's max(compute, memory) utilisation read on the curve "
+                   f"of {busy.source}: {busy.watts[0]:.0f} W at u {busy.u[0]:.2f} to {busy.watts[-1]:.0f} W at "
+                   f"u {busy.u[-1]:.2f}; stated: {rest}; idle, host and PUE not measured)" if busy is not None else
+                   f"modelled: idle + (TDP - idle) x max(compute, memory) utilisation per iteration; {rest}; "
+                   "not validated against a power meter)"),
+        "power_source": "measured" if busy is not None else "modelled",
         "gpu_j": gpu_j, "host_j": host_j, "facility_j": facility_j, "kwh": kwh,
         "gpu_avg_w": gpu_j / (gpus * duration_s) if gpus and duration_s > 0 else 0.0,
         "gpu_peak_w": float(peak_w.max()) if len(peak_w) else idle,
@@ -240,4 +265,5 @@ def one_line(e: dict | None) -> str:
         cells.append(f"${e['usd']:.4g}")
     if "kgco2" in e:
         cells.append(f"{e['kgco2']:.3g} kgCO2")
-    return "energy (modelled, facility): " + ", ".join(cells)
+    how = "measured busy power" if e.get("power_source") == "measured" else "modelled"
+    return f"energy ({how}, facility): " + ", ".join(cells)
