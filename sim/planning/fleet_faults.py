@@ -30,7 +30,10 @@ def judge(path: Path, base: tuple[str, ...], slo: SLOConfig, policy: tuple[str, 
     runs = seeded_runs(sc, seeds)
     fractions = [r["faults"]["availability"].get("fraction", float("nan")) for r in runs]
     hours = [r["autoscaling"]["gpu_hours"] if "autoscaling" in r else float("nan") for r in runs]
-    return {**spread(fractions), "gpu_hours": float(np.mean(hours)),
+    # of them on spot capacity (faults.spot in an autoscaled fleet: spot first, else on demand)
+    spot = [r["autoscaling"].get("gpu_hours_by_pool", {}).get("spot", 0.0) if "autoscaling" in r else 0.0
+            for r in runs]
+    return {**spread(fractions), "gpu_hours": float(np.mean(hours)), "spot_gpu_hours": float(np.mean(spot)),
             "requests_lost": sum(int(r["faults"].get("requests_lost", 0)) for r in runs),
             "minute_s": sc.features["faults"].minute_s}
 
@@ -39,14 +42,17 @@ def under_faults(path: Path, base: tuple[str, ...], slo: SLOConfig, low: int, hi
                  seeds: int, availability: float | None, price: float, policy) -> dict[str, Any]:
     """The chosen policy (min `low`, max `high`, `target` in flight) under the faults; with
     `availability`, min_replicas raised until the worst seed meets it. `policy(low, high, target)`:
-    its overrides (fleet_plan._policy)."""
+    its overrides (fleet_plan._policy). GPU-hours cost `price` each, those on spot the spot price."""
+    spot = load_scenario(path, base).features["faults"].spot
+    spot_price = price if spot is None or spot.usd_per_gpu_hour is None else spot.usd_per_gpu_hour
     rows: list[dict] = []
     for floor in range(low, high + 1):
         try:
             row = judge(path, base, slo, policy(floor, high, target), seeds)
         except ScenarioError as e:  # (faults naming a replica the fleet cannot hold): said, not raised
             return {"refused": str(e), "seeds": seeds, "target": availability, "rows": rows, "answer": None}
-        row.update(min_replicas=floor, usd=row["gpu_hours"] * price,
+        row.update(min_replicas=floor,
+                   usd=(row["gpu_hours"] - row["spot_gpu_hours"]) * price + row["spot_gpu_hours"] * spot_price,
                    met=availability is None or row["availability_min"] >= availability)
         rows.append(row)
         if availability is None or row["met"]:

@@ -176,10 +176,11 @@ def _faults_section(r: dict) -> list[str]:
     lines = ["## Under the faults", "",
              f"The policy's whole day with the scenario's faults, on fault seeds 0..{f['seeds'] - 1}; {f['rule']}.",
              "", "| min_replicas | SLO met in windows (worst / median / best seed) | requests lost | GPU-hours "
-                 "(mean) | meets |", "| --- | --- | --- | --- | --- |"]
+                 "(mean; on spot) | USD | meets |", "| --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {x['min_replicas']} | {x['availability_min']:.2%} / {x['availability_median']:.2%} / "
-              f"{x['availability_max']:.2%} | {x['requests_lost']} | {x['gpu_hours']:,.2f} | "
-              f"{'yes' if x['met'] else 'no'} |" for x in f["rows"]]
+              f"{x['availability_max']:.2%} | {x['requests_lost']} | {x['gpu_hours']:,.2f}; "
+              f"{x.get('spot_gpu_hours', 0.0):,.2f} | {x['usd']:,.2f} | {'yes' if x['met'] else 'no'} |"
+              for x in f["rows"]]
     return lines + [""]
 
 

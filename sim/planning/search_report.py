@@ -36,11 +36,12 @@ def bill(row: dict) -> float:
 
 
 def _dollars(row: dict) -> str:
-    """'$108.00/hour' or '$112.10/hour ($108.00 GPUs + $4.10 electricity)'."""
+    """'$108.00/hour' or '$112.10/hour ($108.00 GPUs + $4.10 electricity at the modelled draw)' (the
+    facility's kW is servesim's power model: docs/energy.md)."""
     if "electricity_usd_per_hour" not in row:
         return f"${row['usd_per_hour']:,.2f}/hour"
     return (f"${bill(row):,.2f}/hour (${row['usd_per_hour']:,.2f} GPUs + ${row['electricity_usd_per_hour']:,.2f} "
-            "electricity)")
+            "electricity at the modelled draw)")
 
 
 def _f(v: Any, digits: int = 2) -> str:

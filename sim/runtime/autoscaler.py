@@ -31,6 +31,8 @@ class Span:
     start_s: float
     end_s: float | None = None
     drain_s: float | None = None  # when it was told to drain (None: held to the end)
+    pool: str = ""                # the capacity it runs on ("": on demand; "spot": faults.spot)
+    usd_per_gpu_hour: float | None = None  # that capacity's price (None: the hardware's)
 
 
 class Fleet:
@@ -41,6 +43,9 @@ class Fleet:
         self.spans = [Span(i, 0.0) for i in range(serving)]
         self.serving = list(range(serving))  # indices routed to, ascending
         self.on_ready: list[Callable[[int], None]] = []  # told when a started replica serves (faults: what waited)
+        # the capacity a start takes, asked at each start: (pool, USD per GPU-hour); None: on demand
+        # at the hardware's price (faults.spot: spot first while the spot pool has room)
+        self.capacity: Callable[[float], tuple[str, float | None]] | None = None
 
     def _update(self) -> None:
         self.serving = [i for i, s in enumerate(self.state) if s == SERVING]
@@ -52,7 +57,8 @@ class Fleet:
         """Hold an idle replica (the lowest index): it starts now."""
         i = self.state.index(IDLE)
         self.state[i] = STARTING
-        self.spans.append(Span(i, now))
+        pool, price = self.capacity(now) if self.capacity is not None else ("", None)
+        self.spans.append(Span(i, now, pool=pool, usd_per_gpu_hour=price))
         return i
 
     def ready(self, i: int) -> None:
@@ -205,16 +211,29 @@ class Autoscaler:
     def summary(self, end_s: float, gpus_per_replica: int, usd_per_gpu_hour: float) -> dict:
         """GPU-hours held and their cost, against a static fleet of max_replicas over the same
         time; the replicas held over time (mean, peak); the log of changes."""
-        held_s = sum((s.end_s if s.end_s is not None else end_s) - s.start_s for s in self.fleet.spans)
+        spans = self.fleet.spans
+        held = [(s.end_s if s.end_s is not None else end_s) - s.start_s for s in spans]  # s, each span
+        held_s = sum(held)
         gpu_hours = held_s * gpus_per_replica / 3600
+        # each span at its capacity's price (a spot one at the spot price), else the hardware's
+        usd = gpu_hours * usd_per_gpu_hour
+        if any(s.usd_per_gpu_hour is not None for s in spans):
+            usd = sum(h * (usd_per_gpu_hour if s.usd_per_gpu_hour is None else s.usd_per_gpu_hour)
+                      for h, s in zip(held, spans)) * gpus_per_replica / 3600
         static = self.config.max_replicas * end_s * gpus_per_replica / 3600
-        return {"gpu_hours": gpu_hours, "usd": gpu_hours * usd_per_gpu_hour, "usd_per_gpu_hour": usd_per_gpu_hour,
+        pools: dict[str, float] = {}  # GPU-hours on each non-default capacity pool
+        for h, s in zip(held, spans):
+            if s.pool:
+                pools[s.pool] = pools.get(s.pool, 0.0) + h * gpus_per_replica / 3600
+        return {"gpu_hours": gpu_hours, "usd": usd, "usd_per_gpu_hour": usd_per_gpu_hour,
+                **({"gpu_hours_by_pool": {"on_demand": gpu_hours - sum(pools.values()), **pools}} if pools else {}),
                 "mean_replicas": held_s / end_s if end_s > 0 else float(self.config.min_replicas),
                 "peak_replicas": _peak(self.fleet.spans, end_s),
                 "static_max_gpu_hours": static,
                 "saving_vs_static_max": 1 - gpu_hours / static if static > 0 else 0.0,
                 "cold_start_s": self.config.cold_start_s,
-                "spans": [{"replica": s.replica, "start_s": s.start_s, "end_s": s.end_s, "drain_s": s.drain_s}
+                "spans": [{"replica": s.replica, "start_s": s.start_s, "end_s": s.end_s, "drain_s": s.drain_s,
+                           **({"pool": s.pool, "usd_per_gpu_hour": s.usd_per_gpu_hour} if s.pool else {})}
                           for s in self.fleet.spans],
                 "events": self.events}
 

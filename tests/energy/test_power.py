@@ -144,7 +144,7 @@ def test_electricity_enters_the_gpu_searchs_ranking_and_can_change_its_answer(tm
     assert a100["usd_per_hour"] < c["usd_per_hour"]  # cheaper in GPU-hours, dearer in all
     head = dict(search_headline(billed))["cheapest configuration"]
     assert head.endswith(f"${c['total_usd_per_hour']:.2f}/hour (${c['usd_per_hour']:.2f} GPUs + "
-                         f"${c['electricity_usd_per_hour']:.2f} electricity)")
+                         f"${c['electricity_usd_per_hour']:.2f} electricity at the modelled draw)")
     write_search_report(billed, tmp_path)
     assert f"| {c['total_usd_per_hour']:,.2f} | confirmed cluster (GPUs {c['usd_per_hour']:,.2f} + electricity " \
            in (tmp_path / "search.md").read_text()

@@ -139,9 +139,13 @@ def test_availability_counts_the_minutes_that_met_the_slo():
     ({"outages": [{"replica": 0, "at_s": 1e300, "down_s": 1}]}, {}, "faults.outages[0].at_s: 1e+300 is more than"),
     ({"outages": [{"replica": 0, "at_s": 1, "down_s": 1}]}, {"scheduler": "static"},
      "faults: not modelled together with engine.scheduler: static"),
-    ({"spot": {"replicas": 1, "preemptions_per_h": 1}},
+    ({"spot": {"replicas": 4, "preemptions_per_h": 1}},
      {"autoscaling": {"max_replicas": 3, "target_in_flight": 4}},
-     "not modelled together with engine.autoscaling and faults.spot"),
+     "faults.spot.replicas: 4 but engine.autoscaling.max_replicas is 3 (spot replicas are some of the replicas "
+     "the fleet may hold)"),
+    ({"spot": {"replicas": 1, "notices": [{"replica": 3, "at_s": 1}]}},
+     {"autoscaling": {"max_replicas": 3, "target_in_flight": 4}},
+     "faults.spot.notices[0].replica: 3 but engine.autoscaling.max_replicas is 3 (replicas 0..2)"),
     ({"outages": [{"replica": 3, "at_s": 1, "down_s": 1}]},  # (autoscaled: any replica it may hold, 0..2)
      {"autoscaling": {"max_replicas": 3, "target_in_flight": 4}}, "outages[0].replica: 3 but engine.autoscaling.max_replicas is 3"),
 ])
@@ -306,6 +310,43 @@ def test_an_autoscaled_fleet_sees_a_failed_replica_leave_and_starts_another():
     assert spans == [(0, 0.0), (1, 3.0)]  # (the down replica stays held: a pod restarting is paid for)
     f = r.summary["faults"]
     assert (f["outages"], f["requests_lost"], f["requests_retried"]) == (1, 1, 1)
+
+
+def test_an_autoscaled_fleet_prefers_spot_and_falls_back_to_on_demand():
+    """min 1, max 2, one spot replica at a time, checks every 1 s, cold start 0.5 s. Replica 0 starts on
+    spot. r0 (t=0, 10 tokens) on it: prompt [0, 1], tokens at 1, 2, 3. A notice at 2.2: replica 0
+    drains, taken at 3.4 (the iteration [3, 4] lost), and its spot capacity is back 4 s later, at 7.4.
+    At the check at 3 nothing is up: the fleet starts replica 1, and the spot pool is full (replica 0
+    still holds it): on demand, serving at 3.5. r0 is sent again at 3.9 to replica 1: prompt
+    [3.9, 4.9], 9 more tokens, done at 13.9. r1 (t=8.2, 3 tokens) joins replica 1 at 8.9: tokens at 9.9,
+    10.9, 11.9. At the check at 9 two are in flight on one replica: the fleet starts replica 0 again,
+    on spot (back since 7.4). Spans: replica 0 on spot [0, 3.4] and [9, 13.9], replica 1 on demand
+    [3, 13.9]. Both modes agree."""
+    sc = scenario({"spot": {"replicas": 1, "notices": [{"replica": 0, "at_s": 2.2}], "notice_s": 1.2,
+                            "replace_s": 4, "usd_per_gpu_hour": 1.0}, "retry_delay_s": 0.5}, replicas=1,
+                  autoscaling={"min_replicas": 1, "max_replicas": 2, "target_in_flight": 1, "interval_s": 1,
+                               "cold_start_s": 0.5, "scale_down_delay_s": 100})
+    r = both(sc, [0.0, 8.2], 4, [10, 3])
+    q = r.requests
+    assert q["first_token_s"].tolist() == pytest.approx([4.9, 9.9])
+    assert q["finish_s"].tolist() == pytest.approx([13.9, 11.9])
+    assert q["replica"].tolist() == [1, 1] and q["attempts"].tolist() == [2, 1]
+    a = r.summary["autoscaling"]
+    assert [(e["t_s"], e["action"]) for e in a["events"]] == [(3.0, "started"), (9.0, "started")]
+    spans = [(s["replica"], s["start_s"], s["end_s"], s.get("pool")) for s in a["spans"]]
+    assert spans == [(0, 0.0, pytest.approx(3.4), "spot"), (1, 3.0, pytest.approx(13.9), None),
+                     (0, 9.0, pytest.approx(13.9), "spot")]
+    price = sc.hardware.usd_per_hour
+    assert a["usd"] == pytest.approx((3.4 * 1.0 + 10.9 * price + 4.9 * 1.0) / 3600)
+    assert a["gpu_hours_by_pool"] == pytest.approx({"on_demand": 10.9 / 3600, "spot": 8.3 / 3600})
+    f = r.summary["faults"]
+    log = [(e["t_s"], e["replica"], e["state"], e["why"]) for e in f["timeline"]]
+    assert log == [(2.2, 0, "draining", "spot notice"), (pytest.approx(3.4), 0, "down", "preempted"),
+                   (pytest.approx(3.4), 0, "up", "released")]
+    assert (f["preemptions"], f["requests_lost"]) == (1, 1)
+    assert f["cost"] == pytest.approx({"on_demand_gpu_hours": 10.9 / 3600, "spot_gpu_hours": 8.3 / 3600,
+                                       "usd": a["usd"], "usd_all_on_demand": 19.2 / 3600 * price,
+                                       "hours": 13.9 / 3600})
 
 
 def test_an_idle_replica_of_an_autoscaled_fleet_does_not_fail():

@@ -179,6 +179,24 @@ def test_a_fleet_plan_finds_a_cheaper_policy_and_the_runs_here_agree(tmp_path):
     assert replot.exit_code == 0 and (tmp_path / "again" / "fleet_plan.png").is_file()
 
 
+def test_a_fleet_plan_on_spot_capacity_prices_its_spot_hours_at_the_spot_price(tmp_path):
+    """The mini day with spot capacity for every replica the fleet may hold and no preemption in
+    the day (one per 10^6 hours): every replica runs on spot, so the policy's GPU-hours under the
+    faults are all spot ones and its bill is those at $1.00, not the hardware's price."""
+    day = dict(DAY, faults={"spot": {"replicas": 3, "preemptions_per_h": 1e-6, "usd_per_gpu_hour": 1.0},
+                            "minute_s": 150})
+    (tmp_path / "day.yaml").write_text(yaml.safe_dump(day))
+    out = tmp_path / "plan"
+    r = CliRunner().invoke(app, ["plan", str(tmp_path / "day.yaml"), "--window-s", "150", "--workers", "1", "-q",
+                                 "--fault-seeds", "1", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    plan = json.loads((out / "plan.json").read_text())
+    row = plan["faults"]["answer"]
+    assert row["spot_gpu_hours"] == pytest.approx(row["gpu_hours"]) and row["gpu_hours"] > 0
+    assert row["usd"] == pytest.approx(row["gpu_hours"] * 1.0)
+    assert plan["usd_per_gpu_hour"] != 1.0 and row["availability_min"] == 1.0
+
+
 def test_a_fleet_plan_under_faults_buys_the_headroom_an_availability_target_needs(tmp_path):
     """The mini day with replica 0 out for 60 s from 100 s (the quiet hour: one replica held). The
     search is of the fault-free policy (its probes run with faults=null); then its day runs with

@@ -23,8 +23,6 @@ class Faults(FeatureBase):
     title = "replica failures, outages, rolling restarts, spot preemptions; retries; SLO per minute (docs/faults.md)"
     unvalidated = "faults: retries, restarts, preemptions"
     rules: tuple[Rule, ...] = (
-        Rule("engine.autoscaling and faults.spot", lambda s: s.engine.autoscaling is not None
-             and s.features["faults"].spot is not None, "an autoscaler choosing spot or on-demand capacity"),
         Rule("engine.disaggregation", lambda s: s.engine.disaggregation is not None,
              "a failed prefill or decode pool member is not modelled"),
         Rule("engine.admission", lambda s: s.engine.admission is not None, "the gateway routes its own admissions"),
@@ -55,9 +53,15 @@ class Faults(FeatureBase):
                 if r >= n:
                     raise ScenarioError(f"{where}.drains.replicas[{i}]: {r} but {count} is {n}")
         if config.spot is not None and config.spot.replicas > n:
-            raise ScenarioError(f"{where}.spot.replicas: {config.spot.replicas} but engine.replicas is {n} "
-                                "(spot replicas are some of engine.replicas)")
-        if config.spot is not None:
+            raise ScenarioError(f"{where}.spot.replicas: {config.spot.replicas} but {count} is {n} "
+                                "(spot replicas are some of " + ("engine.replicas)" if a is None else
+                                                                 "the replicas the fleet may hold)"))
+        if config.spot is not None and a is not None:  # (autoscaled: any replica may run on spot)
+            for i, o in enumerate(config.spot.notices):
+                if o.replica >= n:
+                    raise ScenarioError(f"{where}.spot.notices[{i}].replica: {o.replica} but {count} is {n} "
+                                        f"(replicas 0..{n - 1})")
+        elif config.spot is not None:
             first = n - config.spot.replicas
             for i, o in enumerate(config.spot.notices):
                 if not first <= o.replica < n:
@@ -78,8 +82,12 @@ class Faults(FeatureBase):
         spot_from = len(wiring.schedulers) - (0 if config.spot is None else config.spot.replicas)
         # the faults' own generator, spawned from the run's: their draws leave the run's stream as it was
         rng = wiring.rng.spawn(1)[0] if config.seed is None else np.random.default_rng(config.seed)
+        price = wiring.scenario.hardware.usd_per_hour
+        spot_usd = None if config.spot is None else (
+            price if config.spot.usd_per_gpu_hour is None else config.spot.usd_per_gpu_hour)
         running = Running(wiring.env, config, wiring.req, wiring.schedulers,
-                          lambda n: make_router(e.router, n, e.routing), False, rng, spot_from, wiring.fleet)
+                          lambda n: make_router(e.router, n, e.routing), False, rng, spot_from, wiring.fleet,
+                          spot_usd)
         if wiring.fleet is not None:  # the autoscaler judges the load on the replicas that are up
             wiring.replica_up = lambda i: running.pool.state[i] == "up"
             wiring.loads = running.signals.exact_loads

@@ -15,6 +15,14 @@ recomputed from scratch: a new attempt; latencies stay measured from the first a
 `on_failure: fail` or after `max_retries`, failed (no finish time). The replica comes back with
 an empty KV cache (a restarted pod). A drained replica (rolling restart, spot notice) gets no new
 requests and finishes what it has; what is left when its time is up is taken off as above.
+
+Spot capacity in an autoscaled fleet: every start takes spot capacity while the spot pool has room
+(`spot.replicas` replicas at once, less those whose capacity the cloud took in the last
+`replace_s` s), else on-demand capacity (the fleet's `capacity` hook; each span keeps its pool and
+price). A preempted spot replica is drained for the notice, then taken: its requests are lost as
+above and it leaves the fleet (released: no longer held nor paid); the autoscaler sees the
+capacity leave and starts another, on spot if the pool has room again, else on demand. It does
+not move replicas back to spot when spot capacity returns (no rebalancing).
 """
 from __future__ import annotations
 
@@ -94,7 +102,7 @@ class Faults:
     replicas down and bring them back. `replica_class`: the replicas to build (they report here)."""
 
     def __init__(self, env, config: FaultsConfig, req, schedulers: list, make_rule, routing_stale: bool,
-                 rng: np.random.Generator, spot_from: int, fleet=None):
+                 rng: np.random.Generator, spot_from: int, fleet=None, spot_usd: float | None = None):
         self.env, self.config, self.req, self.schedulers = env, config, req, schedulers
         self.rng = rng
         n, size = len(req), len(schedulers)
@@ -106,7 +114,14 @@ class Faults:
         self.signals = Signals(schedulers, stale=routing_stale)
         self.signals.bind(self.inboxes)
         self.router.attach(self.signals)
-        self.spot_from = spot_from  # replicas spot_from.. run on spot capacity
+        self.spot_from = spot_from  # replicas spot_from.. run on spot capacity (without autoscaling)
+        self.fleet = fleet
+        self.spot_usd = spot_usd    # USD per GPU-hour of spot capacity
+        self._spot_back: list[float] = []  # when the capacity of each spot replica taken comes back (s)
+        if fleet is not None and config.spot is not None:
+            fleet.capacity = self._capacity
+            for span in fleet.spans:  # the replicas serving from the start take spot first too
+                span.pool, span.usd_per_gpu_hour = self._capacity(0.0)
         self.attempts = np.ones(n, dtype=np.int64)   # attempts each request took (1: never lost)
         self.failed = np.zeros(n, dtype=bool)        # given up: lost once more than max_retries allow
         self.resent_s = np.full(n, np.nan)           # when its last attempt was sent (NaN: never lost)
@@ -126,6 +141,21 @@ class Faults:
         FaultyReplica.faults = faults
         self.replica_class = FaultyReplica
         env.process(self._arrivals())
+
+    def _capacity(self, now: float) -> tuple[str, float | None]:
+        """What an autoscaled start takes: spot while the spot pool has room, else on demand."""
+        s = self.config.spot
+        assert s is not None and self.fleet is not None
+        held = sum(span.end_s is None and span.pool == "spot" for span in self.fleet.spans)
+        away = sum(t > now for t in self._spot_back)  # taken, and not yet back
+        return ("spot", self.spot_usd) if held + away < s.replicas else ("", None)
+
+    def _preemptible(self, i: int) -> bool:
+        """Can a preemption strike replica i now: not down, and on spot capacity (autoscaled: held
+        on a spot span, and up: not already under a notice or draining)?"""
+        if self.fleet is None:
+            return i >= self.spot_from and self.pool.state[i] != DOWN
+        return self.pool.state[i] == UP and self.fleet.state[i] != IDLE and self.fleet.held(i).pool == "spot"
 
     # -- the source of arrivals (sim/runtime/cluster.Source) ------------------------------------
     @property
@@ -206,8 +236,8 @@ class Faults:
             self.env.process(self._outage(o))
         if c.drains is not None:
             self.env.process(self._drains())
-        if c.spot is not None:
-            for i in range(self.spot_from, len(replicas)):
+        if c.spot is not None:  # (autoscaled: any replica may be on spot while it is held)
+            for i in range(self.spot_from if self.fleet is None else 0, len(replicas)):
                 self.env.process(self._spot(i))
             for o in c.spot.notices:
                 self.env.process(self._notice(o.replica, o.at_s))
@@ -290,23 +320,49 @@ class Faults:
         if s.preemptions_per_h <= 0:
             return
         while True:
+            # (memoryless: times drawn all along and kept only while it is on spot are the same rate
+            # over its time on spot)
             if (yield from self._sleep(float(self.rng.exponential(3600.0 / s.preemptions_per_h)))):
                 return
-            if self.pool.state[i] != DOWN:
+            if self._preemptible(i):
                 yield from self._preempt(i)
 
     def _notice(self, i: int, at_s: float):
-        if not (yield from self._sleep(max(at_s - self.env.now, 0.0))) and self.pool.state[i] != DOWN:
+        if not (yield from self._sleep(max(at_s - self.env.now, 0.0))) and self._preemptible(i):
             yield from self._preempt(i)
 
     def _preempt(self, i: int):
-        """Spot replica i is told it will be taken: drained for the notice, then gone until replaced."""
+        """Spot replica i is told it will be taken: drained for the notice, then gone until replaced
+        (autoscaled: it leaves the fleet; `_take`)."""
         s = self.config.spot
         assert s is not None
         self.counts["preemptions"] += 1
+        span = self.fleet.held(i) if self.fleet is not None else None
         self._drain(i, "spot notice")
         yield self.env.timeout(s.notice_s)  # taken at the notice's end, drained or not
-        yield from self._down(i, "preempted", s.replace_s)
+        if self.fleet is None:
+            yield from self._down(i, "preempted", s.replace_s)
+        elif self.pool.state[i] == DRAINING and self.fleet.state[i] != IDLE and self.fleet.held(i) is span:
+            self._take(i)
+        elif self.pool.state[i] == DRAINING:  # (the autoscaler released it first: nothing left to take)
+            self.pool.set(i, UP, self.env.now, "released")
+
+    def _take(self, i: int) -> None:
+        """An autoscaled spot replica is taken now: its requests lost (`lost`), the replica released
+        from the fleet (no longer held nor paid), idle and ready to be started again as a new pod;
+        its spot capacity back `replace_s` s from now."""
+        s, env = self.config.spot, self.env
+        assert s is not None and self.fleet is not None
+        self.pool.set(i, DOWN, env.now, "preempted")
+        self.drained[i] = None
+        self.back[i] = back = env.event()
+        process = self.replicas[i].process
+        if process.is_alive:
+            process.interrupt("preempted")
+        self.fleet.release(i, env.now)
+        self._spot_back.append(env.now + s.replace_s)
+        self.pool.set(i, UP, env.now, "released")
+        back.succeed()
 
 
 class _FaultyReplica(Replica):

@@ -74,6 +74,18 @@ def faults_section(faults, config, requests: pd.DataFrame, scenario) -> dict:
     price = scenario.hardware.usd_per_hour
     spot_price = price if spot is None or spot.usd_per_gpu_hour is None else spot.usd_per_gpu_hour
     gpu_hours = end_s / 3600 * e.gpus_per_replica
+    if faults.fleet is None:  # every replica held the whole run, the last spot_n of them on spot
+        cost = {"on_demand_replicas": size - spot_n, "spot_replicas": spot_n,
+                "usd": gpu_hours * ((size - spot_n) * price + spot_n * spot_price),
+                "usd_all_on_demand": gpu_hours * size * price, "hours": end_s / 3600}
+    else:  # an autoscaled fleet: each replica's spans held, on the capacity each was started on
+        spans = faults.fleet.spans
+        hours = [((sp.end_s if sp.end_s is not None else end_s) - sp.start_s) / 3600 * e.gpus_per_replica
+                 for sp in spans]
+        spot_h = sum(h for h, sp in zip(hours, spans) if sp.pool == "spot")
+        cost = {"on_demand_gpu_hours": sum(hours) - spot_h, "spot_gpu_hours": spot_h,
+                "usd": (sum(hours) - spot_h) * price + spot_h * spot_price,
+                "usd_all_on_demand": sum(hours) * price, "hours": end_s / 3600}
     out = {**{k: v for k, v in faults.counts.items() if k != "lost"},
            "requests_lost": faults.counts["lost"],
            "requests_retried": int(retried.sum()), "retries": int((attempts - 1).sum()),
@@ -83,9 +95,7 @@ def faults_section(faults, config, requests: pd.DataFrame, scenario) -> dict:
            "retried_e2el_ms": distribution((finish - arrival)[retried]),
            "availability": minutes_met(requests, scenario.slo, config.minute_s),
            "capacity": capacity(faults.pool.log, size, end_s),
-           "cost": {"on_demand_replicas": size - spot_n, "spot_replicas": spot_n,
-                    "usd": gpu_hours * ((size - spot_n) * price + spot_n * spot_price),
-                    "usd_all_on_demand": gpu_hours * size * price, "hours": end_s / 3600},
+           "cost": cost,
            "timeline": [x for x in faults.pool.log if x["t_s"] <= end_s]}
     return out
 
