@@ -93,7 +93,17 @@ def _faults_rows(r: dict) -> list[tuple[str, str]]:
             f"{a['gpu_hours']:,.2f} GPU-hours (${a['usd']:,.2f}) under the faults, against the policy's "
             f"{r['policy']['gpu_hours']:,.2f} without them" if a is not None else
             f"no min_replicas up to {f['rows'][-1]['min_replicas']} meets it"))
-    return [(label, text)]
+    rows = [(label, text)]
+    if "on_demand" in f:  # faults.spot: the fleet on spot first, against all on demand
+        def cost(a: dict | None) -> str:
+            return ("meets it nowhere" if a is None else
+                    f"min_replicas {a['min_replicas']}, ${a['usd']:,.2f} ({a['availability_min']:.2%} on its worst "
+                    f"seed; {a.get('spot_gpu_hours', 0.0):,.2f} of {a['gpu_hours']:,.2f} GPU-hours on spot)")
+        spot_first = f["rows"][-1] if f["target"] is None else next((x for x in f["rows"] if x["met"]), None)
+        rows.append(("spot or on demand", f"spot first: {cost(spot_first)}; all on demand: "
+                     f"{cost(f['on_demand']['answer'])}: spot capacity "
+                     + ("lowers the bill" if f["spot_lowers_bill"] else "does not lower the bill")))
+    return rows
 
 
 def _energy_cells(s: dict, p: dict | None) -> list[tuple[str, str, str]]:
@@ -181,6 +191,16 @@ def _faults_section(r: dict) -> list[str]:
               f"{x['availability_max']:.2%} | {x['requests_lost']} | {x['gpu_hours']:,.2f}; "
               f"{x.get('spot_gpu_hours', 0.0):,.2f} | {x['usd']:,.2f} | {'yes' if x['met'] else 'no'} |"
               for x in f["rows"]]
+    if "on_demand" in f:
+        lines += ["", "All on demand (the faults without `spot`: no preemption, every GPU-hour at the plan's price):",
+                  "", "| min_replicas | SLO met in windows (worst / median / best seed) | requests lost | GPU-hours "
+                      "| USD | meets |", "| --- | --- | --- | --- | --- | --- |"]
+        lines += [f"| {x['min_replicas']} | {x['availability_min']:.2%} / {x['availability_median']:.2%} / "
+                  f"{x['availability_max']:.2%} | {x['requests_lost']} | {x['gpu_hours']:,.2f} | {x['usd']:,.2f} | "
+                  f"{'yes' if x['met'] else 'no'} |" for x in f["on_demand"]["rows"]]
+        lines += ["", "Spot capacity " + ("lowers" if f["spot_lowers_bill"] else "does not lower") + " the bill"
+                  + ("" if f["answer"] is None else f": the answer is {f['answer']['capacity']}, min_replicas "
+                     f"{f['answer']['min_replicas']}, ${f['answer']['usd']:,.2f}") + "."]
     return lines + [""]
 
 

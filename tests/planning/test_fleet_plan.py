@@ -182,7 +182,11 @@ def test_a_fleet_plan_finds_a_cheaper_policy_and_the_runs_here_agree(tmp_path):
 def test_a_fleet_plan_on_spot_capacity_prices_its_spot_hours_at_the_spot_price(tmp_path):
     """The mini day with spot capacity for every replica the fleet may hold and no preemption in
     the day (one per 10^6 hours): every replica runs on spot, so the policy's GPU-hours under the
-    faults are all spot ones and its bill is those at $1.00, not the hardware's price."""
+    faults are all spot ones and its bill is those at $1.00, not the hardware's price. Beside it the
+    same policy all on demand: the same day and GPU-hours (no preemption either way) at the plan's
+    price, so spot lowers the bill and answers."""
+    from sim.planning.fleet_report import fleet_headline
+
     day = dict(DAY, faults={"spot": {"replicas": 3, "preemptions_per_h": 1e-6, "usd_per_gpu_hour": 1.0},
                             "minute_s": 150})
     (tmp_path / "day.yaml").write_text(yaml.safe_dump(day))
@@ -195,6 +199,15 @@ def test_a_fleet_plan_on_spot_capacity_prices_its_spot_hours_at_the_spot_price(t
     assert row["spot_gpu_hours"] == pytest.approx(row["gpu_hours"]) and row["gpu_hours"] > 0
     assert row["usd"] == pytest.approx(row["gpu_hours"] * 1.0)
     assert plan["usd_per_gpu_hour"] != 1.0 and row["availability_min"] == 1.0
+    f = plan["faults"]
+    od = f["on_demand"]["answer"]
+    assert od["spot_gpu_hours"] == 0.0 and od["gpu_hours"] == pytest.approx(row["gpu_hours"])
+    assert od["usd"] == pytest.approx(od["gpu_hours"] * plan["usd_per_gpu_hour"])
+    assert f["spot_lowers_bill"] and row["capacity"] == "spot first"
+    said = dict(fleet_headline(plan))["spot or on demand"]
+    assert said.startswith(f"spot first: min_replicas {row['min_replicas']}, ${row['usd']:,.2f}") and \
+        said.endswith("spot capacity lowers the bill")
+    assert "All on demand" in (out / "plan.md").read_text()
 
 
 def test_a_fleet_plan_under_faults_buys_the_headroom_an_availability_target_needs(tmp_path):
