@@ -48,6 +48,7 @@ import yaml
 
 from sim.config.errors import ScenarioError
 from sim.config.scenario import ALL2ALL_BACKENDS, EngineConfig, SLOConfig, load_scenario
+from sim.cost.error_band import step_factors
 from sim.features.energy.power import basis
 from sim.planning.engine_curve import SETTING_KEYS
 from sim.planning.evaluator import Evaluator, PlanOptions
@@ -186,7 +187,7 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
                 chosen.update(replicas=chosen_row["replicas"], gpus=chosen_row["gpus"],
                               usd_per_hour=chosen_row["usd_per_hour"], cluster_point=chosen_row["cluster"]["point"],
                               **{k: chosen_row[k] for k in ("electricity_usd_per_hour", "total_usd_per_hour",
-                                                            "facility_kw") if chosen_row.get(k) is not None})
+                                                            "facility_kw", "band") if chosen_row.get(k) is not None})
             chosen["vllm_serve"] = vllm_serve(ev.load(tuple(chosen_row["coarse_overrides"])))
             out["chosen"] = chosen
         out["pareto"] = pareto(rows, target is not None)
@@ -325,11 +326,28 @@ def _clusters(rows: list[dict], evaluators: dict, target: float, headroom: float
             continue
         row.update(replicas=n, gpus=n * per_replica_gpus, usd_per_hour=n * unit_usd, status="confirmed",
                    cluster_load_per_replica=target / headroom / n)
+        band = _replica_band(ev.scenario, n, unit_usd)
+        if band is not None:
+            row["band"] = band
         if "electricity_usd_per_hour" in row:
             row["total_usd_per_hour"] = n * unit_usd + row["electricity_usd_per_hour"]
         if best is None or _rank(row) < _rank(best):
             best = row
     return best
+
+
+def _replica_band(scenario, replicas: int, unit_usd: float) -> dict | None:
+    """The error band of this GPU x TP's path (sim/cost/error_band.step_factors: the step time
+    real vLLM may take, x faster .. x slower) carried into the confirmed cluster to first order:
+    the replicas a load needs scale with the step time (a replica's capacity with its inverse).
+    Not simulated; None where the cost model has no band (unit cost)."""
+    f = step_factors(scenario)
+    if f is None:
+        return None
+    lo = max(1, math.ceil(replicas * f["faster"] - 1e-9))
+    hi = max(lo, math.ceil(replicas * f["slower"] - 1e-9))
+    return {**f, "replicas": [lo, hi], "usd_per_hour": [lo * unit_usd, hi * unit_usd],
+            "rule": "replicas scale with the step time, to first order (not simulated)"}
 
 
 def _most_within(max_gpus: int | None, budget: float | None, gpus_per_replica: int, unit_usd: float) -> int | None:

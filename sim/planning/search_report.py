@@ -173,6 +173,12 @@ def search_headline(r: dict) -> list[tuple[str, str]]:
         what = (f"{c['gpu']} x {c['gpus']} ({c['replicas']} {unit} of {layout}), {_dollars(c)}"
                 if "replicas" in c else f"{c['gpu']} {layout}")
         rows += [("cheapest configuration", what)]
+        if c.get("band"):  # (this GPU x TP's own path: its tables, its GPU family, its features)
+            b = c["band"]
+            rows.append(("error band (this path)",
+                         f"real vLLM may need {b['replicas'][0]}-{b['replicas'][1]} {unit} "
+                         f"(${b['usd_per_hour'][0]:,.2f}-${b['usd_per_hour'][1]:,.2f}/hour in GPUs): step time "
+                         f"x{b['faster']:.2f} to x{b['slower']:.2f}, {b['basis']}; {b['rule']}"))
         why = _why(r, c)
         if why:
             rows.append(("why it wins", why))
@@ -244,7 +250,9 @@ def markdown(r: dict, plot: Path | None) -> str:
                 confirmed = row.get("status") == "confirmed"
                 cells += ([str(row["replicas"]), str(row["gpus"]), _f(bill(row)), "confirmed cluster"
                            + (f" (GPUs {_f(row['usd_per_hour'])} + electricity {_f(row['electricity_usd_per_hour'])})"
-                              if "electricity_usd_per_hour" in row else "")]
+                              if "electricity_usd_per_hour" in row else "")
+                           + (f"; this path's band: {row['band']['replicas'][0]}-{row['band']['replicas'][1]} replicas"
+                              if row.get("band") else "")]
                           if confirmed else [str(row.get("replicas_estimate", "-")), str(row.get("gpus_estimate", "-")),
                                              _f(row.get("usd_per_hour_estimate")), "estimate"])
             tie = f"; ties: {'; '.join(_knobs(t) for t in row['ties'])}" if row.get("ties") else ""

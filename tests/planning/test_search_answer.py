@@ -7,6 +7,8 @@ import json
 import math
 from pathlib import Path
 
+import pytest
+
 from sim.config.scenario import SLOConfig
 from sim.planning.config_search import search_configs
 from sim.planning.evaluator import Evaluator, PlanOptions
@@ -63,7 +65,9 @@ def test_the_search_chooses_the_cheapest_confirmed_cluster_and_every_file_agrees
     assert f"| {head} |" in md
     row = next(x for x in saved["candidates"] if x["gpu"] == c["gpu"] and x["tensor_parallel_size"] == c["tensor_parallel_size"])
     table = next(line for line in md.splitlines() if line.startswith(f"| {c['gpu']} | {c['tensor_parallel_size']} |"))
-    assert f"| {c['replicas']} | {c['gpus']} | {best:,.2f} | confirmed cluster |" in table
+    band = row["band"]["replicas"]  # (this path's band, to first order: the test below)
+    assert f"| {c['replicas']} | {c['gpus']} | {best:,.2f} | confirmed cluster; this path's band: " \
+           f"{band[0]}-{band[1]} replicas |" in table
     x, _, kind = candidate_point(row, True)
     assert (x, kind) == (best, "confirmed")
     front = [f for f in saved["pareto"] if (f["gpu"], f["tensor_parallel_size"]) == (c["gpu"], c["tensor_parallel_size"])][0]
@@ -83,3 +87,33 @@ def test_the_search_chooses_the_cheapest_confirmed_cluster_and_every_file_agrees
     deployment = next(d for d in yaml.safe_load_all(files["k8s.yaml"].read_text()) if d["kind"] == "Deployment")
     assert deployment["spec"]["replicas"] == c["replicas"]
     assert f"--tensor-parallel-size {c['tensor_parallel_size']}" in files["vllm_serve.sh"].read_text()
+
+
+def test_each_confirmed_cluster_carries_its_own_paths_band():
+    """The GPU search's band (config_search._replica_band): this GPU x TP path's step-time factors
+    (sim/cost/error_band.step_factors) carried into the confirmed replicas to first order, by hand:
+    ceil(n x faster) .. ceil(n x slower). An A100 (tables of another GPU, overheads fitted on H100)
+    is bracketed more widely than the validated H100, and the headline says so."""
+    import math
+
+    from sim.config.scenario import load_scenario
+    from sim.cost.error_band import step_factors
+    from sim.planning.config_search import _replica_band
+    from sim.planning.search_report import search_headline
+
+    path = "scenarios/plan-llama3-70b-gpus.yaml"
+    h100 = load_scenario(path, ["hardware=h100-sxm", "engine.tensor_parallel_size=4"])
+    a100 = load_scenario(path, ["hardware=a100-80gb", "engine.tensor_parallel_size=8"])
+    fh, fa = step_factors(h100), step_factors(a100)
+    assert fa["slower"] > fh["slower"] >= 1 >= fh["faster"] > fa["faster"]
+    b = _replica_band(a100, 17, 14.4)
+    lo, hi = math.ceil(17 * fa["faster"]), math.ceil(17 * fa["slower"])
+    assert b["replicas"] == [lo, hi] and b["usd_per_hour"] == pytest.approx([lo * 14.4, hi * 14.4])
+    assert lo < 17 < hi and "a100-80gb" in b["basis"]
+    assert _replica_band(load_scenario(path, ["cost_model=unit"]), 6, 12.0) is None
+    r = {"slo_label": "x", "model": "m", "target": 20.0, "headroom": 1.0, "target_unit": "req/s",
+         "candidates": [], "simulations": 0,
+         "chosen": {"gpu": "a100-80gb", "gpus": 136, "replicas": 17, "tensor_parallel_size": 8, "usd_per_hour": 244.8,
+                    "max_num_seqs": 256, "max_num_batched_tokens": 8192, "vllm_serve": "vllm serve m", "band": b}}
+    said = dict(search_headline(r))["error band (this path)"]
+    assert said.startswith(f"real vLLM may need {lo}-{hi} replicas (${lo * 14.4:,.2f}-${hi * 14.4:,.2f}/hour in GPUs)")
