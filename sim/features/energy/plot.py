@@ -1,4 +1,4 @@
-"""The energy figure (`servesim plot` draws it for every run with a modelled energy section): a
+"""The energy figure (`servesim plot` draws it for every run with an energy section): a
 GPU's mean power over the run beside the batch size, with its idle and TDP lines."""
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ def power_figure(run) -> Figure:
     top.plot(t / scale, p["gpu_w"], color="C3", lw=1.2, label="a GPU's mean power in each stretch")
     top.axhline(p["tdp_w"], color="k", ls=":", lw=0.8, label=f"TDP {p['tdp_w']:g} W")
     top.axhline(p["idle_w"], color="grey", ls="--", lw=0.8, label=f"idle {p['idle_w']:g} W")
-    top.set_ylabel("W per GPU (modelled)")
+    measured = e.get("power_source") == "measured"
+    top.set_ylabel("W per GPU (" + ("busy power measured" if measured else "modelled") + ")")
     top.set_ylim(0, p["tdp_w"] * 1.08)
     top.legend(loc="lower right", fontsize=8)
     bottom.plot(t / scale, p["batch"], color="C0", lw=1.2)
@@ -32,5 +33,6 @@ def power_figure(run) -> Figure:
     if e.get("j_per_output_token") is not None:
         cells.append(f"{e['j_per_output_token']:.3g} J per output token")
     top.set_title(f"{run.name}: power over the run ({n} stretches of {width:.3g} s)\n" + ", ".join(cells)
-                  + "; stated model, not a power meter (docs/energy.md)", fontsize=10, loc="left")
+                  + ("; busy power measured per kernel, idle stated (docs/energy.md)"
+                     if measured else "; stated model, not a power meter (docs/energy.md)"), fontsize=10, loc="left")
     return fig
