@@ -79,6 +79,7 @@ def under_faults(path: Path, base: tuple[str, ...], slo: SLOConfig, low: int, hi
     if alone is not None:  # spot first, against all on demand: the cheaper that meets the target answers
         od_rows, od_answer = alone
         out["on_demand"] = {"rows": od_rows, "answer": od_answer}
+        out["spot_first"] = answer
         met = [a for a in (answer, od_answer) if a is not None]
         out["spot_lowers_bill"] = (answer is not None and (od_answer is None or answer["usd"] < od_answer["usd"]))
         out["answer"] = min(met, key=lambda a: a["usd"]) if met else None

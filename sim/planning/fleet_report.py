@@ -99,8 +99,7 @@ def _faults_rows(r: dict) -> list[tuple[str, str]]:
             return ("meets it nowhere" if a is None else
                     f"min_replicas {a['min_replicas']}, ${a['usd']:,.2f} ({a['availability_min']:.2%} on its worst "
                     f"seed; {a.get('spot_gpu_hours', 0.0):,.2f} of {a['gpu_hours']:,.2f} GPU-hours on spot)")
-        spot_first = f["rows"][-1] if f["target"] is None else next((x for x in f["rows"] if x["met"]), None)
-        rows.append(("spot or on demand", f"spot first: {cost(spot_first)}; all on demand: "
+        rows.append(("spot or on demand", f"spot first: {cost(f['spot_first'])}; all on demand: "
                      f"{cost(f['on_demand']['answer'])}: spot capacity "
                      + ("lowers the bill" if f["spot_lowers_bill"] else "does not lower the bill")))
     return rows

@@ -102,7 +102,7 @@ class Faults(FeatureBase):
 
     def summarize(self, config: FaultsConfig, state: Any, view: RunView) -> dict | None:
         from sim.features.faults.summary import faults_section
-        return faults_section(state, config, view.requests, view.scenario)
+        return faults_section(state, config, view.requests, view.scenario, view.summary.get("autoscaling"))
 
     def line(self, section: dict) -> str | None:
         from sim.features.faults.summary import one_line

@@ -61,7 +61,8 @@ def capacity(log: list[dict], size: int, end_s: float) -> dict:
             "capacity_lost_fraction": (down + draining) / held if held > 0 else 0.0}
 
 
-def faults_section(faults, config, requests: pd.DataFrame, scenario) -> dict:
+def faults_section(faults, config, requests: pd.DataFrame, scenario, fleet: dict | None = None) -> dict:
+    """summary.json's `faults`; `fleet`: the run's `autoscaling` section (an autoscaled fleet's bill)."""
     attempts, failed = faults.attempts, faults.failed
     arrival = requests["arrival_s"].to_numpy(dtype=float)
     finish = requests["finish_s"].to_numpy(dtype=float)
@@ -74,18 +75,15 @@ def faults_section(faults, config, requests: pd.DataFrame, scenario) -> dict:
     price = scenario.hardware.usd_per_hour
     spot_price = price if spot is None or spot.usd_per_gpu_hour is None else spot.usd_per_gpu_hour
     gpu_hours = end_s / 3600 * e.gpus_per_replica
-    if faults.fleet is None:  # every replica held the whole run, the last spot_n of them on spot
+    if fleet is None:  # every replica held the whole run, the last spot_n of them on spot
         cost = {"on_demand_replicas": size - spot_n, "spot_replicas": spot_n,
                 "usd": gpu_hours * ((size - spot_n) * price + spot_n * spot_price),
                 "usd_all_on_demand": gpu_hours * size * price, "hours": end_s / 3600}
-    else:  # an autoscaled fleet: each replica's spans held, on the capacity each was started on
-        spans = faults.fleet.spans
-        hours = [((sp.end_s if sp.end_s is not None else end_s) - sp.start_s) / 3600 * e.gpus_per_replica
-                 for sp in spans]
-        spot_h = sum(h for h, sp in zip(hours, spans) if sp.pool == "spot")
-        cost = {"on_demand_gpu_hours": sum(hours) - spot_h, "spot_gpu_hours": spot_h,
-                "usd": (sum(hours) - spot_h) * price + spot_h * spot_price,
-                "usd_all_on_demand": sum(hours) * price, "hours": end_s / 3600}
+    else:  # an autoscaled fleet: the spans it held, each priced on its own capacity (its `autoscaling`)
+        pools = fleet.get("gpu_hours_by_pool", {})
+        cost = {"on_demand_gpu_hours": pools.get("on_demand", fleet["gpu_hours"]),
+                "spot_gpu_hours": pools.get("spot", 0.0), "usd": fleet["usd"],
+                "usd_all_on_demand": fleet["gpu_hours"] * fleet["usd_per_gpu_hour"], "hours": end_s / 3600}
     out = {**{k: v for k, v in faults.counts.items() if k != "lost"},
            "requests_lost": faults.counts["lost"],
            "requests_retried": int(retried.sum()), "retries": int((attempts - 1).sum()),
