@@ -16,10 +16,11 @@ from __future__ import annotations
 import io
 import sys
 import zipfile
+from pathlib import Path
 
 import pandas as pd
 
-sys.path.insert(0, __file__.rsplit("/bench/", 1)[0])
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sim.features.energy.measured import shipped  # noqa: E402
 from sim.presets.hardware import HARDWARE_PRESETS  # noqa: E402
 
