@@ -10,7 +10,9 @@ on, H100 SXM, inference-perf's constant-rate load, 24 load stages of Llama-2-7B 
 TP2, Llama-2-70B TP4 and Mixtral-8x7B TP2. How a stage is simulated (each point an assumption the
 data forces; docs/validation.md):
 
-* One request every 1/rate s, as many as the client sent, from an empty server.
+* One request every 1/rate s, as many as the client sent, from an empty server; a stage that
+  followed another on the same server (-s1) after a warm-up of each distinct prompt once, so the
+  prefix cache starts as the real server's did, and judged on its own requests only.
 * 100 distinct prompts (10 groups x 10), shuffled once and then sent in a fixed cycle, their
   lengths read off the measured prompt-length quantiles (inverse CDF at (k + 0.5) / 100); each
   prompt a chain of prefix ids, so a repeat hits vLLM's prefix cache as it did on the real server.
@@ -88,16 +90,39 @@ def prompt_lengths(stage: dict) -> np.ndarray:
     return np.maximum(1, np.rint(np.interp((np.arange(n) + 0.5) / n, ps, vs))).astype(int)
 
 
+def follows(stage: dict) -> bool:
+    """Whether the stage ran on a server that had served an earlier stage: inference-perf runs an
+    experiment's load stages back to back against one server with the same prompts (stage names
+    end -s0, -s1, ...), so from the second stage on every prompt is already in the prefix cache."""
+    return not stage["stage"].endswith("-s0")
+
+
+# the warm-up a later stage starts after: each distinct prompt once, one every 1/rate s, then
+# this long for them to finish (their E2E is at most ~7 s here) before the stage's first request
+WARM_GAP_S = 60.0
+
+
+def stage_start(stage: dict) -> float:
+    """When the stage's own requests begin in its trace (s): after the warm-up, if any."""
+    warm = int(stage["distinct_prompts"]) if follows(stage) else 0
+    return (warm - 1) / stage["rate"] + WARM_GAP_S if warm else 0.0
+
+
 def write_trace(stage: dict, path: Path, seed: int = 0) -> None:
-    """The stage's requests as a Mooncake JSONL trace with hash_ids (one id per 16 tokens)."""
+    """The stage's requests as a Mooncake JSONL trace with hash_ids (one id per 16 tokens); a stage
+    that followed another (follows()) first sends each distinct prompt once, so the prefix cache
+    holds them as the real server's did; its own requests begin at stage_start()."""
     lengths = prompt_lengths(stage)
     order = np.random.default_rng(seed).permutation(len(lengths))  # shuffled once, then cycled
     rate, n, out = stage["rate"], int(stage["requests"]), int(stage["output_len"])
+    warm = len(order) if follows(stage) else 0
+    start = stage_start(stage)
     lines = []
-    for k in range(n):
+    for k in range(-warm, n):
         j = int(order[k % len(order)])
         ids = [j * 10_000 + b for b in range(math.ceil(int(lengths[j]) / PREFIX_ID_TOKENS))]
-        lines.append(json.dumps({"timestamp": round(k * 1000.0 / rate, 6), "input_length": int(lengths[j]),
+        t = (k + warm) / rate if k < 0 else start + k / rate
+        lines.append(json.dumps({"timestamp": round(t * 1000.0, 6), "input_length": int(lengths[j]),
                                  "output_length": out, "hash_ids": ids}))
     path.write_text("\n".join(lines) + "\n")
 
@@ -147,14 +172,16 @@ def simulate_stage(runs: dict, stage: dict, measured: dict, folder: Path, keep_t
     trace = folder / f"{stage['stage']}.jsonl"
     if not trace.exists():
         write_trace(stage, trace)
+    start = stage_start(stage)
     sc = scenario_from_dict(scenario_dict(stage, model_value(runs, stage["model"], folder), trace, measured),
                             base_dir=folder)
     t0 = time.perf_counter()
     result = simulate(sc)
-    sim = sim_metrics(result.requests)
+    requests = result.requests[result.requests["arrival_s"] >= start - 1e-9]  # the stage's own
+    sim = sim_metrics(requests)
     return Result(stage, real_metrics(stage), sim, real_overloaded(stage),
                   sim["ttft_p50_ms"] >= 1e3 * SATURATED_TTFT_S, time.perf_counter() - t0,
-                  times=request_times(result.requests) if keep_times else None)
+                  times=request_times(requests) if keep_times else None)
 
 
 def _one(args):

@@ -63,6 +63,31 @@ def test_the_trace_cycles_the_distinct_prompts_with_their_prefix_ids(tmp_path):
     assert {x["output_length"] for x in lines} == {247}
 
 
+def test_a_later_stage_starts_with_every_prompt_cached_and_is_judged_on_its_own(tmp_path):
+    """-s1 ran on the server that had just served -s0 the same prompts: its trace sends each of the
+    100 distinct prompts once (1/rate s apart), waits WARM_GAP_S, then the stage's own requests."""
+    stage = {**BY_NAME["llama-2-7b-tp1-codegen-s1"], "requests": 250}  # 10 req/s
+    assert fidelity.follows(stage) and not fidelity.follows(BY_NAME["llama-2-7b-tp1-codegen-s0"])
+    start = fidelity.stage_start(stage)
+    assert start == pytest.approx(99 / 10 + 60.0)
+    fidelity.write_trace(stage, tmp_path / "t.jsonl")
+    import json
+    lines = [json.loads(x) for x in (tmp_path / "t.jsonl").read_text().splitlines()]
+    assert len(lines) == 100 + 250
+    assert lines[99]["timestamp"] == pytest.approx(9900.0) and lines[100]["timestamp"] == pytest.approx(69900.0)
+    assert {tuple(x["hash_ids"]) for x in lines[:100]} == {tuple(x["hash_ids"]) for x in lines[100:200]}
+    # the stage's own requests are the same cycle an -s0 trace has, shifted by start
+    assert lines[100]["hash_ids"] == lines[0]["hash_ids"] and lines[101]["timestamp"] == pytest.approx(70000.0)
+    small = {**stage, "requests": 300}
+    r = fidelity.simulate_stage(RUNS, small, None, tmp_path / "sim")
+    assert r.times is None and r.sim["ttft_p50_ms"] > 0
+    kept = fidelity.simulate_stage(RUNS, small, None, tmp_path / "sim", keep_times=True).times
+    assert len(kept["arrival_s"]) == 300 and kept["arrival_s"].min() == pytest.approx(start)
+    # every one of its prompts was served from the prefix cache: no TTFT as slow as a cold prefill
+    cold = fidelity.simulate_stage(RUNS, {**small, "stage": "llama-2-7b-tp1-codegen-s0"}, None, tmp_path / "cold")
+    assert r.sim["ttft_p99_ms"] < cold.sim["ttft_p99_ms"]
+
+
 def test_the_frontend_is_solved_without_simulating():
     """Two sustained runs whose simulated TTFT is 10 and 20 ms short and E2E as much: the loss is
     minimised at the frontend that splits them."""
