@@ -526,6 +526,15 @@ def _parse_hardware(v: Any, w: Where) -> HardwareSpec:
 
 def _parse_engine(v: Any, w: Where) -> EngineConfig:
     m = _section(v, "engine", w, tuple(f.name for f in fields(EngineConfig)))
+    engine = _engine_fields(m, w)
+    if engine.autoscaling is not None and m.get("replicas") is None:  # the fleet starts at its floor (at time 0)
+        engine = dataclasses.replace(engine, replicas=engine.autoscaling.floor(0.0))
+    _check_engine(engine, lambda key: w("engine." + key))
+    return engine
+
+
+def _engine_fields(m: dict, w: Where) -> EngineConfig:
+    """The engine section's keys, each read and range-checked (no check across keys yet)."""
     get = lambda key: _or(m.get(key), getattr(EngineConfig, key))
     at = lambda key: w("engine." + key)
     block_size = _int(get("block_size"), at("block_size"), lo=1, hi=MAX_HYBRID_BLOCK_SIZE)
@@ -573,12 +582,13 @@ def _parse_engine(v: Any, w: Where) -> EngineConfig:
         lora=parse_lora(m.get("lora"), at),
         routing=parse_routing(m.get("routing"), at, str(get("router"))),
     )
-    a = engine.autoscaling
-    if a is not None:
-        if m.get("replicas") is None:  # the fleet starts at its floor (at time 0)
-            engine = dataclasses.replace(engine, replicas=a.floor(0.0))
-        if engine.disaggregation is not None:
-            raise ScenarioError(f"{at('autoscaling')}: autoscaling disaggregated pools is not modelled")
+    return engine
+
+
+def _check_engine(engine: EngineConfig, at: Callable[[str], str]) -> None:
+    """The combinations of engine keys that are not modelled, or that vLLM refuses."""
+    if engine.autoscaling is not None and engine.disaggregation is not None:
+        raise ScenarioError(f"{at('autoscaling')}: autoscaling disaggregated pools is not modelled")
     d = engine.disaggregation
     if d is not None:
         if engine.replicas != 1:
@@ -613,7 +623,6 @@ def _parse_engine(v: Any, w: Where) -> EngineConfig:
                                 f"max_num_batched_tokens ({engine.max_num_batched_tokens}); {rule}")
         raise ScenarioError(f"{at('max_num_batched_tokens')}: {engine.max_num_batched_tokens} is "
                             f"less than max_num_seqs ({engine.max_num_seqs}); {rule}")
-    return engine
 
 
 def _check_window(engine: EngineConfig, model: ModelSpec, w: Where) -> EngineConfig:

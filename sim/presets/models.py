@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from dataclasses import fields as dc_fields
 from pathlib import Path
@@ -444,6 +445,27 @@ def model_from_fields(fields: dict, where: str) -> ModelSpec:
     dtype_bytes = fields.get("dtype_bytes", 2)
     if dtype_bytes not in (1, 2, 4) or isinstance(dtype_bytes, bool):
         raise ScenarioError(f"{at('dtype_bytes')}: {_show(dtype_bytes)} is not one of 1, 2, 4")
+    parts = _model_parts(fields, at, v["num_layers"])
+    window, sliding = _model_window(fields, at, v["num_layers"], parts)
+    lwb, ewb, block, extra, expert_extra, kv_scales = _model_quantisation(fields, at)
+    return ModelSpec(
+        name=_text(fields.get("name", "custom"), at("name")), dtype_bytes=dtype_bytes,
+        quant_extra_bytes=float(extra), expert_quant_extra_bytes=float(expert_extra),
+        quant_scheme=_text(fields["quant_scheme"], at("quant_scheme")) if fields.get("quant_scheme") else "",
+        kv_cache_scales=kv_scales,
+        linear_weight_bytes=lwb, expert_weight_bytes=ewb, weight_block_size=block, sliding_window=window,
+        sliding_layers=sliding, **parts,
+        tie_word_embeddings=_bool(fields.get("tie_word_embeddings", False), at("tie_word_embeddings")),
+        attention_bias=_bool(fields.get("attention_bias", False), at("attention_bias")),
+        attention_output_gate=_bool(fields.get("attention_output_gate", False), at("attention_output_gate")),
+        qk_norm=_bool(fields.get("qk_norm", False), at("qk_norm")),
+        layer_norms=_int(fields.get("layer_norms", 2), at("layer_norms"), lo=0, cap=MAX_COUNT),
+        **v,
+    )
+
+
+def _model_parts(fields: dict, at: Callable[[str], str], num_layers: int) -> dict[str, Any]:
+    """The model's optional parts (moe, mla, linear_attention) as their specs, checked."""
     parts: dict[str, Any] = {}
     for key, cls in (("moe", MoESpec), ("mla", MLASpec), ("linear_attention", LinearAttentionSpec)):
         if fields.get(key) is not None:
@@ -459,12 +481,17 @@ def model_from_fields(fields: dict, where: str) -> ModelSpec:
                                 f"{moe.num_experts} (num_experts): needs 1 <= experts_per_token <= num_experts")
         if moe.expert_intermediate_size < 1:
             raise ScenarioError(f"{at('moe.expert_intermediate_size')}: must be at least 1")
-        if moe.dense_layers > v["num_layers"]:
-            raise ScenarioError(f"{at('moe.dense_layers')}: {moe.dense_layers} dense layers of {v['num_layers']} "
+        if moe.dense_layers > num_layers:
+            raise ScenarioError(f"{at('moe.dense_layers')}: {moe.dense_layers} dense layers of {num_layers} "
                                 f"(num_layers)")
+    return parts
+
+
+def _model_window(fields: dict, at: Callable[[str], str], num_layers: int, parts: dict) -> tuple[int, int]:
+    """sliding_window and sliding_layers, checked against each other and the other parts."""
     window = _int(fields.get("sliding_window", 0), at("sliding_window"), lo=0, cap=MAX_TOKENS)
-    sliding = _int(fields.get("sliding_layers", v["num_layers"] if window else 0), at("sliding_layers"),
-                   lo=0, hi=v["num_layers"])
+    sliding = _int(fields.get("sliding_layers", num_layers if window else 0), at("sliding_layers"),
+                   lo=0, hi=num_layers)
     if bool(window) != bool(sliding):
         raise ScenarioError(f"{at('sliding_layers')}: {sliding} windowed layers with sliding_window "
                             f"{window}; give both (or neither)")
@@ -473,10 +500,16 @@ def model_from_fields(fields: dict, where: str) -> ModelSpec:
                             f"is not modelled")
     lin = parts.get("linear_attention")
     if lin is not None:
-        _check_linear_attention(lin, v["num_layers"], at("linear_attention"))
+        _check_linear_attention(lin, num_layers, at("linear_attention"))
         if sliding or parts.get("mla") is not None:
             raise ScenarioError(f"{at('linear_attention')}: linear attention beside "
                                 f"{'a sliding window' if sliding else 'latent attention (mla)'} is not modelled")
+    return window, sliding
+
+
+def _model_quantisation(fields: dict, at: Callable[[str], str]) -> tuple:
+    """The weights' and KV cache's stored precision: linear_weight_bytes, expert_weight_bytes,
+    weight_block_size, quant_extra_bytes, expert_quant_extra_bytes, kv_cache_scales; checked."""
     lwb = fields.get("linear_weight_bytes")
     if lwb is not None and (isinstance(lwb, bool) or lwb not in (0.5, 1, 2, 4)):
         raise ScenarioError(f"{at('linear_weight_bytes')}: {_show(lwb)} is not one of 0.5, 1, 2, 4")
@@ -499,20 +532,7 @@ def model_from_fields(fields: dict, where: str) -> ModelSpec:
     kv_scales = fields.get("kv_cache_scales", "")
     if kv_scales not in ("", "fp8"):
         raise ScenarioError(f"{at('kv_cache_scales')}: {_show(kv_scales)} is not one of fp8 or empty")
-    return ModelSpec(
-        name=_text(fields.get("name", "custom"), at("name")), dtype_bytes=dtype_bytes,
-        quant_extra_bytes=float(extra), expert_quant_extra_bytes=float(expert_extra),
-        quant_scheme=_text(fields["quant_scheme"], at("quant_scheme")) if fields.get("quant_scheme") else "",
-        kv_cache_scales=kv_scales,
-        linear_weight_bytes=lwb, expert_weight_bytes=ewb, weight_block_size=block, sliding_window=window,
-        sliding_layers=sliding, **parts,
-        tie_word_embeddings=_bool(fields.get("tie_word_embeddings", False), at("tie_word_embeddings")),
-        attention_bias=_bool(fields.get("attention_bias", False), at("attention_bias")),
-        attention_output_gate=_bool(fields.get("attention_output_gate", False), at("attention_output_gate")),
-        qk_norm=_bool(fields.get("qk_norm", False), at("qk_norm")),
-        layer_norms=_int(fields.get("layer_norms", 2), at("layer_norms"), lo=0, cap=MAX_COUNT),
-        **v,
-    )
+    return lwb, ewb, block, extra, expert_extra, kv_scales
 
 
 def _check_linear_attention(lin: LinearAttentionSpec, num_layers: int, where: str) -> None:

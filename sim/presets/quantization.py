@@ -208,90 +208,118 @@ def schemes(cfg: dict, q: dict, path: str, modules: list[Module], dtype_bytes: i
     KV-cache scales, "method": what was read}. ScenarioError naming the field for what is not
     modelled."""
     method = q.get("quant_method")
-    where = f"{path}: quantization_config"
-    plain = unquantised(dtype_bytes)
     notes: dict = {"method": method}
-    if method == "compressed-tensors":
-        groups = q.get("config_groups")
-        if not isinstance(groups, dict) or not groups:
-            raise ScenarioError(f"{where}.config_groups: must be a mapping of groups (weights, targets)")
-        fmt = q.get("format")
-        if fmt in ("sparse-24-bitmask", "marlin-24"):
-            raise ScenarioError(f"{where}.format: {fmt!r}: 2:4 sparse weights are not modelled")
-        ignore = _strings(q.get("ignore"), f"{where}.ignore")
-        parsed = []
-        for gname, g in groups.items():
-            gw = f"{where}.config_groups.{gname}"
-            if not isinstance(g, dict):
-                raise ScenarioError(f"{gw}: must be a mapping (weights, targets)")
-            if g.get("weights") is None:  # activations only: the weights stay
-                continue
-            targets = _strings(g.get("targets"), f"{gw}.targets") or ["Linear"]
-            scheme = compressed_tensors_scheme(g["weights"], f"{gw}.weights", dtype_bytes)
-            if fmt == "pack-quantized":  # (values packed in int32 words, with each weight's shape: 2 x int64)
-                scheme = replace(scheme, global_scale_bytes=scheme.global_scale_bytes + 16)
-            parsed.append((targets, scheme))
-        kv = q.get("kv_cache_scheme")
-        if isinstance(kv, dict) and kv.get("num_bits") == 8 and kv.get("type") == "float":
-            notes["kv_cache"] = "fp8"
+    read = _READERS.get(method) if isinstance(method, str) else None
+    if read is None:
+        raise ScenarioError(f"{path}: quantization_config.quant_method: {str(method)[:40]!r}: not modelled; servesim "
+                            f"reads fp8, compressed-tensors, fbgemm_fp8, modelopt (hf_quant_config.json), awq and "
+                            f"gptq (4 or 8 bits) and mxfp4 experts")
+    return read(q, path, modules, dtype_bytes, notes), notes
 
-        def pick(mod: Module) -> Scheme:
-            if any(_matches(mod.name, p) for p in ignore):
-                return plain
-            for targets, scheme in parsed:
-                if any(t == "Linear" or _matches(mod.name, t) for t in targets):
-                    return scheme
+
+def _compressed_tensors(q: dict, path: str, modules: list[Module], dtype_bytes: int, notes: dict) -> list[Scheme]:
+    """compressed-tensors: config_groups (weights, targets), ignore, format, kv_cache_scheme."""
+    plain = unquantised(dtype_bytes)
+    where = f"{path}: quantization_config"
+    groups = q.get("config_groups")
+    if not isinstance(groups, dict) or not groups:
+        raise ScenarioError(f"{where}.config_groups: must be a mapping of groups (weights, targets)")
+    fmt = q.get("format")
+    if fmt in ("sparse-24-bitmask", "marlin-24"):
+        raise ScenarioError(f"{where}.format: {fmt!r}: 2:4 sparse weights are not modelled")
+    ignore = _strings(q.get("ignore"), f"{where}.ignore")
+    parsed = []
+    for gname, g in groups.items():
+        gw = f"{where}.config_groups.{gname}"
+        if not isinstance(g, dict):
+            raise ScenarioError(f"{gw}: must be a mapping (weights, targets)")
+        if g.get("weights") is None:  # activations only: the weights stay
+            continue
+        targets = _strings(g.get("targets"), f"{gw}.targets") or ["Linear"]
+        scheme = compressed_tensors_scheme(g["weights"], f"{gw}.weights", dtype_bytes)
+        if fmt == "pack-quantized":  # (values packed in int32 words, with each weight's shape: 2 x int64)
+            scheme = replace(scheme, global_scale_bytes=scheme.global_scale_bytes + 16)
+        parsed.append((targets, scheme))
+    kv = q.get("kv_cache_scheme")
+    if isinstance(kv, dict) and kv.get("num_bits") == 8 and kv.get("type") == "float":
+        notes["kv_cache"] = "fp8"
+
+    def pick(mod: Module) -> Scheme:
+        if any(_matches(mod.name, p) for p in ignore):
             return plain
-        return [pick(mod) for mod in modules], notes
-    if method == "fbgemm_fp8":
-        keep = _strings(q.get("modules_to_not_convert"), f"{where}.modules_to_not_convert")
-        fp8 = Scheme("fp8", 8, 4.0, "channel")  # one fp32 scale per output row
-        return [plain if any(_matches(mod.name, p) for p in keep) else fp8 for mod in modules], notes
-    if method == "modelopt":
-        quant = q.get("quantization") or {}
-        mw = f"{path}: hf_quant_config.json quantization"
-        if quant.get("kv_cache_quant_algo") == "FP8":
-            notes["kv_cache"] = "fp8"
-        exclude = _strings(quant.get("exclude_modules"), f"{mw}.exclude_modules")
-        algo = quant.get("quant_algo")
-        if algo == "MIXED_PRECISION":
-            layers = quant.get("quantized_layers")
-            if not isinstance(layers, dict):
-                raise ScenarioError(f"{mw}.quantized_layers: MIXED_PRECISION needs a mapping of module -> quant_algo")
-            per: dict[str, Scheme | None] = {}
-            for name, spec in layers.items():
-                if not isinstance(spec, dict):
-                    raise ScenarioError(f"{mw}.quantized_layers.{name}: must be a mapping with quant_algo")
-                per[_normal_name(name)] = modelopt_scheme(spec.get("quant_algo"), spec.get("group_size"),
-                                                          f"{mw}.quantized_layers.{name}")
-            return [per.get(mod.name) or plain for mod in modules], notes
-        one = modelopt_scheme(algo, quant.get("group_size"), mw)
-        if one is None:
-            return [plain] * len(modules), notes
-        return [plain if any(_matches(mod.name, p) or _matches(_normal_name(mod.name), _normal_name(p))
-                             for p in exclude) else one for mod in modules], notes
-    if method == "fp8":
-        block = q.get("weight_block_size")
-        if block is not None and (not isinstance(block, list) or len(block) != 2 or block[0] != block[1]
-                                  or isinstance(block[0], bool) or not isinstance(block[0], int) or block[0] < 1):
-            raise ScenarioError(f"{where}.weight_block_size: {str(block)[:40]}: only square blocks [N, N] are modelled")
-        fp8 = (Scheme("fp8", 8, 4.0, "tensor") if block is None
-               else Scheme("fp8_block", 8, 4.0, "block", block[0]))
-        keep = _strings(q.get("modules_to_not_convert") or q.get("ignored_layers"), f"{where}.ignored_layers")
-        return [plain if any(_matches(mod.name, p) for p in keep) else fp8 for mod in modules], notes
-    if method in ("awq", "gptq"):
-        bits = _num(q, "bits", where, (4, 8))
-        group = q.get("group_size", 128)
-        if isinstance(group, bool) or not isinstance(group, int) or (group < 1 and group != -1):
-            raise ScenarioError(f"{where}.group_size: {str(group)[:40]!r}: must be a positive integer or -1")
-        asymmetric = q.get("zero_point", True) if method == "awq" else not q.get("sym", True)
-        zero = bits if asymmetric else 0
-        scheme = (Scheme(f"int{bits}", bits, 2.0, "channel", zero_point_bits=zero) if group == -1
-                  else Scheme(f"int{bits}", bits, 2.0, "group", group, zero_point_bits=zero))
-        return [scheme] * len(modules), notes
-    raise ScenarioError(f"{where}.quant_method: {str(method)[:40]!r}: not modelled; servesim reads fp8, "
-                        f"compressed-tensors, fbgemm_fp8, modelopt (hf_quant_config.json), awq and gptq "
-                        f"(4 or 8 bits) and mxfp4 experts")
+        for targets, scheme in parsed:
+            if any(t == "Linear" or _matches(mod.name, t) for t in targets):
+                return scheme
+        return plain
+    return [pick(mod) for mod in modules]
+
+
+def _fbgemm_fp8(q: dict, path: str, modules: list[Module], dtype_bytes: int, notes: dict) -> list[Scheme]:
+    plain = unquantised(dtype_bytes)
+    keep = _strings(q.get("modules_to_not_convert"), f"{path}: quantization_config.modules_to_not_convert")
+    fp8 = Scheme("fp8", 8, 4.0, "channel")  # one fp32 scale per output row
+    return [plain if any(_matches(mod.name, p) for p in keep) else fp8 for mod in modules]
+
+
+def _modelopt(q: dict, path: str, modules: list[Module], dtype_bytes: int, notes: dict) -> list[Scheme]:
+    """ModelOpt (hf_quant_config.json): one quant_algo, or MIXED_PRECISION per module; exclude_modules."""
+    plain = unquantised(dtype_bytes)
+    quant = q.get("quantization") or {}
+    mw = f"{path}: hf_quant_config.json quantization"
+    if quant.get("kv_cache_quant_algo") == "FP8":
+        notes["kv_cache"] = "fp8"
+    exclude = _strings(quant.get("exclude_modules"), f"{mw}.exclude_modules")
+    algo = quant.get("quant_algo")
+    if algo == "MIXED_PRECISION":
+        layers = quant.get("quantized_layers")
+        if not isinstance(layers, dict):
+            raise ScenarioError(f"{mw}.quantized_layers: MIXED_PRECISION needs a mapping of module -> quant_algo")
+        per: dict[str, Scheme | None] = {}
+        for name, spec in layers.items():
+            if not isinstance(spec, dict):
+                raise ScenarioError(f"{mw}.quantized_layers.{name}: must be a mapping with quant_algo")
+            per[_normal_name(name)] = modelopt_scheme(spec.get("quant_algo"), spec.get("group_size"),
+                                                      f"{mw}.quantized_layers.{name}")
+        return [per.get(mod.name) or plain for mod in modules]
+    one = modelopt_scheme(algo, quant.get("group_size"), mw)
+    if one is None:
+        return [plain] * len(modules)
+    return [plain if any(_matches(mod.name, p) or _matches(_normal_name(mod.name), _normal_name(p))
+                         for p in exclude) else one for mod in modules]
+
+
+def _fp8(q: dict, path: str, modules: list[Module], dtype_bytes: int, notes: dict) -> list[Scheme]:
+    """vLLM's fp8: per tensor, or square blocks (weight_block_size); modules kept in 16 bits."""
+    plain = unquantised(dtype_bytes)
+    where = f"{path}: quantization_config"
+    block = q.get("weight_block_size")
+    if block is not None and (not isinstance(block, list) or len(block) != 2 or block[0] != block[1]
+                              or isinstance(block[0], bool) or not isinstance(block[0], int) or block[0] < 1):
+        raise ScenarioError(f"{where}.weight_block_size: {str(block)[:40]}: only square blocks [N, N] are modelled")
+    fp8 = (Scheme("fp8", 8, 4.0, "tensor") if block is None
+           else Scheme("fp8_block", 8, 4.0, "block", block[0]))
+    keep = _strings(q.get("modules_to_not_convert") or q.get("ignored_layers"), f"{where}.ignored_layers")
+    return [plain if any(_matches(mod.name, p) for p in keep) else fp8 for mod in modules]
+
+
+def _awq_gptq(q: dict, path: str, modules: list[Module], dtype_bytes: int, notes: dict) -> list[Scheme]:
+    """AWQ / GPTQ integer weights: bits, group_size (-1: per channel), zero points."""
+    where = f"{path}: quantization_config"
+    bits = _num(q, "bits", where, (4, 8))
+    group = q.get("group_size", 128)
+    if isinstance(group, bool) or not isinstance(group, int) or (group < 1 and group != -1):
+        raise ScenarioError(f"{where}.group_size: {str(group)[:40]!r}: must be a positive integer or -1")
+    asymmetric = q.get("zero_point", True) if q.get("quant_method") == "awq" else not q.get("sym", True)
+    zero = bits if asymmetric else 0
+    scheme = (Scheme(f"int{bits}", bits, 2.0, "channel", zero_point_bits=zero) if group == -1
+              else Scheme(f"int{bits}", bits, 2.0, "group", group, zero_point_bits=zero))
+    return [scheme] * len(modules)
+
+
+# quant_method -> its reader: (quantization_config, path, modules, the model's dtype bytes, notes) ->
+# each module's Scheme (a reader may add to notes)
+_READERS = {"compressed-tensors": _compressed_tensors, "fbgemm_fp8": _fbgemm_fp8, "modelopt": _modelopt,
+            "fp8": _fp8, "awq": _awq_gptq, "gptq": _awq_gptq}
 
 
 def _normal_name(name: str) -> str:

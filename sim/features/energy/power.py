@@ -140,12 +140,7 @@ def run_energy(steps, duration_s: float, replicas: float, gpus: float, flops_per
     per_replica = gpus / replicas if replicas else 0.0  # GPUs an engine holds
     dur = steps["duration_s"].to_numpy(dtype=np.float64)  # s, the row's iterations together
     count = steps["count"].to_numpy(dtype=np.float64)
-    tokens = (steps["prefill_tokens"].to_numpy(dtype=np.float64)
-              + steps["decode_tokens"].to_numpy(dtype=np.float64) * count)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        compute = np.where(dur > 0, tokens * flops_per_token / max(per_replica, 1e-12) / (dur * peak_flops), 0.0)
-        memory = np.where(dur > 0, count * weight_bytes / max(per_replica, 1e-12) / (dur * hbm_bandwidth), 0.0)
-    u = np.clip(np.maximum(compute, memory), 0.0, 1.0)
+    u = utilisation(steps, dur, count, per_replica, flops_per_token, weight_bytes, peak_flops, hbm_bandwidth)
 
     def draw(u: np.ndarray) -> np.ndarray:  # W a GPU draws in an iteration at utilisation u
         return np.clip(busy(u), idle, tdp) if busy is not None else idle + (tdp - idle) * u
@@ -184,19 +179,11 @@ def run_energy(steps, duration_s: float, replicas: float, gpus: float, flops_per
     }
     out["power_over_time"] = power_over_time(steps, busy_w, duration_s, replicas, idle, tdp)
     if isinstance(config.usd_per_kwh, tuple) or isinstance(config.gco2_per_kwh, tuple):
-        # by hour of the run: each row's iterations in the hour they start; idle and host evenly
-        start = steps["start_s"].to_numpy(dtype=np.float64)
-        hours = max(1, int(np.ceil(duration_s / 3600.0)))
-        h = np.minimum((start - (start.min() if len(start) else 0.0)) // 3600, hours - 1).astype(np.int64)
-        busy_h = np.bincount(h, weights=busy_w * dur * per_replica, minlength=hours)
-        span = np.minimum(3600.0, duration_s - 3600.0 * np.arange(hours))  # s of the run in each hour
-        busy_s_h = np.bincount(h, weights=dur, minlength=hours)
-        idle_h = np.maximum(0.0, span * replicas - busy_s_h) * idle * per_replica
-        kwh_h = (busy_h + idle_h + config.host_w_per_gpu * gpus * span) * config.pue / 3.6e6
+        kwh_h = kwh_by_hour(steps, busy_w, dur, duration_s, replicas, gpus, idle, config)
         out["kwh_by_hour"] = [float(x) for x in kwh_h]
 
         def priced(rate) -> float:
-            rates = np.resize(np.asarray(rate if isinstance(rate, tuple) else (rate,), dtype=np.float64), hours)
+            rates = np.resize(np.asarray(rate if isinstance(rate, tuple) else (rate,), dtype=np.float64), len(kwh_h))
             return float((kwh_h * rates).sum())
     else:
         def priced(rate) -> float:
@@ -207,6 +194,33 @@ def run_energy(steps, duration_s: float, replicas: float, gpus: float, flops_per
     if config.gco2_per_kwh is not None:
         out["kgco2"] = priced(config.gco2_per_kwh) / 1e3
     return out
+
+
+def utilisation(steps, dur: np.ndarray, count: np.ndarray, per_replica: float, flops_per_token: float,
+                weight_bytes: float, peak_flops: float, hbm_bandwidth: float) -> np.ndarray:
+    """Each steps.csv row's utilisation of one GPU, max(compute, memory) in [0, 1]: its tokens'
+    FLOPs and its iterations' weight reads, each GPU's share, over the row's `dur` (s)."""
+    tokens = (steps["prefill_tokens"].to_numpy(dtype=np.float64)
+              + steps["decode_tokens"].to_numpy(dtype=np.float64) * count)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        compute = np.where(dur > 0, tokens * flops_per_token / max(per_replica, 1e-12) / (dur * peak_flops), 0.0)
+        memory = np.where(dur > 0, count * weight_bytes / max(per_replica, 1e-12) / (dur * hbm_bandwidth), 0.0)
+    return np.clip(np.maximum(compute, memory), 0.0, 1.0)
+
+
+def kwh_by_hour(steps, busy_w: np.ndarray, dur: np.ndarray, duration_s: float, replicas: float, gpus: float,
+                idle: float, config: EnergyConfig) -> np.ndarray:
+    """The facility's kWh in each hour of the run (for hourly prices): each row's iterations in the
+    hour they start; idle and host evenly."""
+    per_replica = gpus / replicas if replicas else 0.0
+    start = steps["start_s"].to_numpy(dtype=np.float64)
+    hours = max(1, int(np.ceil(duration_s / 3600.0)))
+    h = np.minimum((start - (start.min() if len(start) else 0.0)) // 3600, hours - 1).astype(np.int64)
+    busy_h = np.bincount(h, weights=busy_w * dur * per_replica, minlength=hours)
+    span = np.minimum(3600.0, duration_s - 3600.0 * np.arange(hours))  # s of the run in each hour
+    busy_s_h = np.bincount(h, weights=dur, minlength=hours)
+    idle_h = np.maximum(0.0, span * replicas - busy_s_h) * idle * per_replica
+    return (busy_h + idle_h + config.host_w_per_gpu * gpus * span) * config.pue / 3.6e6
 
 
 POWER_BINS = 240  # stretches of the run the power figure draws (summary.json's power_over_time)
