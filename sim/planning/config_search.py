@@ -98,7 +98,63 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
     own_knob = load_knob(base, options)
     unit = own_knob.unit
     check_target_unit(own_knob, target, target_unit, path)
-    e = base.engine
+    settings, keys = _settings(base.engine, seqs=seqs, tokens=tokens, schedulers=schedulers,
+                               prefix_caching=prefix_caching, offloading=offloading, pps=pps, dps=dps,
+                               all2all=all2all, speculative=speculative, disaggregation=disaggregation)
+    given = prices or {}  # every GPU x TP, priced: the user's price, else the preset's (a rounded estimate)
+    rows: list[dict[str, Any]] = [
+        {"gpu": gpu, "tensor_parallel_size": tp,
+         "usd_per_gpu_hour": given[gpu] if gpu in given else HARDWARE_PRESETS[gpu].usd_per_hour,
+         "price_source": "--price" if gpu in given else "the hardware preset"}
+        for gpu in gpus for tp in tps]
+    evaluators: dict[tuple[str, int], Evaluator] = {}
+    phases = Phases(progress, ["bounds", "coarse search"] + (["clusters"] if target is not None else ["refining"]))
+    own_runner = runner is None
+    runner = LocalRunner(options.workers).start() if own_runner else runner
+    try:
+        # 1-2. prune by rules and bounds (each GPU x TP's two runs at once)
+        phases.start("bounds")
+        found = concurrently(*[functools.partial(_prune, row, path, slo, overrides, options, runner, settings, target,
+                                                 headroom, max_gpus, budget_usd_per_hour, unit, phases, journal)
+                               for row in rows])
+        evaluators = {(r["gpu"], r["tensor_parallel_size"]): ev for r, ev in zip(rows, found) if ev is not None}
+
+        # 3. coarse search of every setting of every candidate left (the candidates at once)
+        phases.start("coarse search")
+        live = [r for r in rows if (r["gpu"], r["tensor_parallel_size"]) in evaluators]
+        concurrently(*[functools.partial(_coarse, row, evaluators[row["gpu"], row["tensor_parallel_size"]], settings,
+                                         keys, target, headroom) for row in live])
+        for row in live:
+            if row.get("pruned"):
+                del evaluators[row["gpu"], row["tensor_parallel_size"]]
+
+        # 4. with a target: every candidate that could be the cheapest, its cluster confirmed
+        chosen_row = None
+        if target is not None:
+            phases.start("clusters")
+            chosen_row = _clusters(rows, evaluators, target, headroom, max_gpus, budget_usd_per_hour, power_cap_kw)
+        else:  # without one: the lowest $ per million output tokens, refined on the load search's grid
+            phases.start("refining")
+            chosen_row = _refine(rows, evaluators)
+
+        out = _answer(base, path, slo, target, headroom, max_gpus, budget_usd_per_hour, power_cap_kw, unit, options,
+                      settings, keys, rows, chosen_row, evaluators)
+        out["pareto"] = pareto(rows, target is not None)
+        out["simulations"] = phases.done
+        out["read_back"] = journal.read_back if journal is not None else 0
+        out["wall_s"] = time.perf_counter() - start
+        return out
+    finally:
+        if own_runner:
+            runner.close()
+
+
+def _settings(e: EngineConfig, *, seqs: Iterable[int], tokens: Iterable[int], schedulers: Iterable[str],
+              prefix_caching: Iterable[bool], offloading: Iterable[float | None], pps: Iterable[int],
+              dps: Iterable[int], all2all: Iterable[str], speculative: Iterable[dict | None],
+              disaggregation: Iterable[tuple[int, int] | None]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every engine setting the search tries (each knob's values given, else the scenario's own),
+    and the knobs that vary: each setting holds only those."""
     own_spec = e.speculative.as_yaml() if e.speculative else None
     specs = list(speculative) or [own_spec]
     own_split = e.disaggregation.as_yaml() if e.disaggregation else None
@@ -131,73 +187,37 @@ def search_configs(path: str | Path, slo: SLOConfig, *, gpus: Iterable[str], tps
     keys = [k for k in KNOBS if len({str(x[k]) for x in settings}) > 1 or k in SETTING_KEYS
             or any(x[k] != _current(e, k) for x in settings)]
     settings = [{k: x[k] for k in keys} for x in settings]  # only the knobs searched (and the two always shown)
-    rows: list[dict[str, Any]] = []
-    evaluators: dict[tuple[str, int], Evaluator] = {}
-    phases = Phases(progress, ["bounds", "coarse search"] + (["clusters"] if target is not None else ["refining"]))
-    own_runner = runner is None
-    runner = LocalRunner(options.workers).start() if own_runner else runner
-    try:
-        # 1-2. prune by rules and bounds (each GPU x TP's two runs at once)
-        pairs = [(g, tp) for g in gpus for tp in tps]
-        for gpu, tp in pairs:
-            given = (prices or {}).get(gpu)  # the user's price, else the preset's (a rounded estimate)
-            rows.append({"gpu": gpu, "tensor_parallel_size": tp,
-                         "usd_per_gpu_hour": HARDWARE_PRESETS[gpu].usd_per_hour if given is None else given,
-                         "price_source": "the hardware preset" if given is None else "--price"})
-        phases.start("bounds")
-        found = concurrently(*[functools.partial(_prune, row, path, slo, overrides, options, runner, settings, target,
-                                                 headroom, max_gpus, budget_usd_per_hour, unit, phases, journal)
-                               for row in rows])
-        evaluators = {(r["gpu"], r["tensor_parallel_size"]): ev for r, ev in zip(rows, found) if ev is not None}
+    return settings, keys
 
-        # 3. coarse search of every setting of every candidate left (the candidates at once)
-        phases.start("coarse search")
-        live = [r for r in rows if (r["gpu"], r["tensor_parallel_size"]) in evaluators]
-        concurrently(*[functools.partial(_coarse, row, evaluators[row["gpu"], row["tensor_parallel_size"]], settings,
-                                         keys, target, headroom) for row in live])
-        for row in live:
-            if row.get("pruned"):
-                del evaluators[row["gpu"], row["tensor_parallel_size"]]
 
-        # 4. with a target: every candidate that could be the cheapest, its cluster confirmed
-        chosen_row = None
+def _answer(base, path, slo: SLOConfig, target: float | None, headroom: float, max_gpus: int | None,
+            budget: float | None, power_cap_kw: float | None, unit: str, options: PlanOptions,
+            settings: list[dict], keys: list[str], rows: list[dict], chosen_row: dict | None,
+            evaluators: dict) -> dict[str, Any]:
+    """search.json's document but for its timings: the question, every candidate, and the chosen
+    row's own confirmed numbers (one source for every file)."""
+    out: dict[str, Any] = {"scenario": base.name, "source": str(path), "slo_label": slo.label(),
+                           "slo_targets": slo.targets(),  # metric -> [limit ms, percentile]
+                           "model": base.model.name, "unit": unit, "target": target, "headroom": headroom,
+                           "max_gpus": max_gpus, "budget_usd_per_hour": budget,
+                           "power_cap_kw": power_cap_kw,
+                           "settings": settings, "candidates": rows, "chosen": None,
+                           "options": {k: getattr(options, k) for k in PlanOptions.__dataclass_fields__
+                                       if k != "workers"}}
+    if base.workload.trace is not None:  # every load is the trace replayed at time_scale = load / native rate
+        out["workload"] = replay_stats(base.workload)
+    if chosen_row is not None:
+        ev = evaluators[chosen_row["gpu"], chosen_row["tensor_parallel_size"]]
+        chosen = {**{k: chosen_row[k] for k in keys}, "gpu": chosen_row["gpu"],
+                  "tensor_parallel_size": chosen_row["tensor_parallel_size"]}
         if target is not None:
-            phases.start("clusters")
-            chosen_row = _clusters(rows, evaluators, target, headroom, max_gpus, budget_usd_per_hour, power_cap_kw)
-        else:  # without one: the lowest $ per million output tokens, refined on the load search's grid
-            phases.start("refining")
-            chosen_row = _refine(rows, evaluators)
-
-        out: dict[str, Any] = {"scenario": base.name, "source": str(path), "slo_label": slo.label(),
-                               "slo_targets": slo.targets(),  # metric -> [limit ms, percentile]
-                               "model": base.model.name, "unit": unit, "target": target, "headroom": headroom,
-                               "max_gpus": max_gpus, "budget_usd_per_hour": budget_usd_per_hour,
-                               "power_cap_kw": power_cap_kw,
-                               "settings": settings, "candidates": rows, "chosen": None,
-                               "options": {k: getattr(options, k) for k in PlanOptions.__dataclass_fields__
-                                           if k != "workers"}}
-        if base.workload.trace is not None:  # every load is the trace replayed at time_scale = load / native rate
-            out["workload"] = replay_stats(base.workload)
-        # 5. the answer: the chosen row's own confirmed numbers (one source for every file)
-        if chosen_row is not None:
-            ev = evaluators[chosen_row["gpu"], chosen_row["tensor_parallel_size"]]
-            chosen = {**{k: chosen_row[k] for k in keys}, "gpu": chosen_row["gpu"],
-                      "tensor_parallel_size": chosen_row["tensor_parallel_size"]}
-            if target is not None:
-                chosen.update(replicas=chosen_row["replicas"], gpus=chosen_row["gpus"],
-                              usd_per_hour=chosen_row["usd_per_hour"], cluster_point=chosen_row["cluster"]["point"],
-                              **{k: chosen_row[k] for k in ("electricity_usd_per_hour", "total_usd_per_hour",
-                                                            "facility_kw", "band") if chosen_row.get(k) is not None})
-            chosen["vllm_serve"] = vllm_serve(ev.load(tuple(chosen_row["coarse_overrides"])))
-            out["chosen"] = chosen
-        out["pareto"] = pareto(rows, target is not None)
-        out["simulations"] = phases.done
-        out["read_back"] = journal.read_back if journal is not None else 0
-        out["wall_s"] = time.perf_counter() - start
-        return out
-    finally:
-        if own_runner:
-            runner.close()
+            chosen.update(replicas=chosen_row["replicas"], gpus=chosen_row["gpus"],
+                          usd_per_hour=chosen_row["usd_per_hour"], cluster_point=chosen_row["cluster"]["point"],
+                          **{k: chosen_row[k] for k in ("electricity_usd_per_hour", "total_usd_per_hour",
+                                                        "facility_kw", "band") if chosen_row.get(k) is not None})
+        chosen["vllm_serve"] = vllm_serve(ev.load(tuple(chosen_row["coarse_overrides"])))
+        out["chosen"] = chosen
+    return out
 
 
 def _prune(row: dict, path, slo: SLOConfig, overrides: tuple[str, ...], options: PlanOptions, runner: Any,

@@ -332,32 +332,7 @@ def _plan_fleet(path: Path, base: tuple[str, ...], sc, slo: SLOConfig, window_s:
     a = sc.engine.autoscaling
     probe = _Probe(path, base, slo, window_s, judged, runner, progress, journal)
     price = gpu_hour_usd if gpu_hour_usd is not None else sc.hardware.usd_per_hour
-    # 1. the static fleet for the peak (the fewest fixed replicas meeting the SLO in every window),
-    # searched while the scenario's own policy, as written, runs on the first seed beside it
-    probe.start("the scenario's own policy and the static fleet for the peak", 1 + STEP_RUNS["static"],
-                STEP_RUNS["policy"] + STEP_RUNS["scheduled"])
-    statics: dict[int, dict] = {}
-
-    def static_runs(ns: list[int]) -> list[dict]:
-        found = probe([_static(n) for n in ns])
-        statics.update(zip(ns, found))
-        return found
-
-    def static_search() -> int:
-        # from the fewest replicas that could carry the peak flat out (one saturated replica's
-        # throughput, a short run): that count and one more first
-        fewest = _fewest_flat_out(sc, path, base, runner)
-        return _fewest_static(static_runs, max(1, a.max_replicas), slo, fewest)
-
-    own, static_n = concurrently(lambda: probe([()])[0], static_search)
-    while not (confirmed := probe.confirm(_static(static_n)))["met"]:  # every seed, or one replica more
-        statics[static_n] = confirmed
-        if static_n >= MOST_STATIC:
-            raise ScenarioError(f"plan: {MOST_STATIC} static replicas do not meet the SLO in every window "
-                                f"({slo.label()}) on every seed; check the SLO and the load")
-        static_n += 1
-    statics[static_n] = confirmed
-    static = confirmed
+    own, static_n, static, statics = _static_fleet(sc, probe, path, base, runner, slo)
     cap = _power_cap(sc, static_n, power_cap_kw)
 
     def answer(probes: list[dict]) -> dict[str, Any]:  # what every answer says, the static fleet's search included
@@ -409,18 +384,56 @@ def _plan_fleet(path: Path, base: tuple[str, ...], sc, slo: SLOConfig, window_s:
         result["policy"] = None
         return result
     low, k = chosen
-    target = target_at(a.target_in_flight, k)
-    best = probe.confirm(_policy(low, static_n, target))
-    result["policy"] = {"min_replicas": low, "max_replicas": static_n,
-                        "target_in_flight": target, "interval_s": a.interval_s, "cold_start_s": a.cold_start_s,
-                        "scale_down_delay_s": a.scale_down_delay_s, "tolerance": a.tolerance,
-                        **_brief(best, price),
-                        "windows": best["windows"], "spans": best["spans"],
-                        "overrides": list(base) + list(_policy(low, static_n, target))}
+    result["policy"] = _chosen_policy(a, probe, low, target_at(a.target_in_flight, k), static_n, price, base)
     s_usd, p_usd = result["static"]["usd"], result["policy"]["usd"]
     result["saving"] = {"gpu_hours": result["static"]["gpu_hours"] - result["policy"]["gpu_hours"],
                         "usd": s_usd - p_usd, "fraction": 1 - p_usd / s_usd if s_usd > 0 else 0.0}
     return result
+
+
+def _static_fleet(sc, probe: _Probe, path: Path, base: tuple[str, ...], runner: Any,
+                  slo: SLOConfig) -> tuple[dict, int, dict, dict[int, dict]]:
+    """Step 1: the static fleet for the peak (the fewest fixed replicas meeting the SLO in every
+    window, confirmed on every seed), searched while the scenario's own policy, as written, runs on
+    the first seed beside it. Returns (the own policy's run, the replicas, their confirmed run,
+    every static count probed)."""
+    a = sc.engine.autoscaling
+    probe.start("the scenario's own policy and the static fleet for the peak", 1 + STEP_RUNS["static"],
+                STEP_RUNS["policy"] + STEP_RUNS["scheduled"])
+    statics: dict[int, dict] = {}
+
+    def static_runs(ns: list[int]) -> list[dict]:
+        found = probe([_static(n) for n in ns])
+        statics.update(zip(ns, found))
+        return found
+
+    def static_search() -> int:
+        # from the fewest replicas that could carry the peak flat out (one saturated replica's
+        # throughput, a short run): that count and one more first
+        fewest = _fewest_flat_out(sc, path, base, runner)
+        return _fewest_static(static_runs, max(1, a.max_replicas), slo, fewest)
+
+    own, static_n = concurrently(lambda: probe([()])[0], static_search)
+    while not (confirmed := probe.confirm(_static(static_n)))["met"]:  # every seed, or one replica more
+        statics[static_n] = confirmed
+        if static_n >= MOST_STATIC:
+            raise ScenarioError(f"plan: {MOST_STATIC} static replicas do not meet the SLO in every window "
+                                f"({slo.label()}) on every seed; check the SLO and the load")
+        static_n += 1
+    statics[static_n] = confirmed
+    return own, static_n, confirmed, statics
+
+
+def _chosen_policy(a, probe: _Probe, low: int, target: float, static_n: int, price: float,
+                   base: tuple[str, ...]) -> dict[str, Any]:
+    """The policy found, confirmed on every seed: its knobs, cost, windows and replica spans."""
+    best = probe.confirm(_policy(low, static_n, target))
+    return {"min_replicas": low, "max_replicas": static_n,
+            "target_in_flight": target, "interval_s": a.interval_s, "cold_start_s": a.cold_start_s,
+            "scale_down_delay_s": a.scale_down_delay_s, "tolerance": a.tolerance,
+            **_brief(best, price),
+            "windows": best["windows"], "spans": best["spans"],
+            "overrides": list(base) + list(_policy(low, static_n, target))}
 
 
 def _power_cap(sc, replicas: int, cap_kw: float | None) -> dict | None:

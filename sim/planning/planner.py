@@ -255,47 +255,12 @@ def _plan(path, slo, overrides, target, target_unit, gpu_hour_usd, headroom, ban
     phases = Phases(progress, ["load search", "engine settings", "refining the chosen setting"]
                     + (["cost-error band"] if banded else []) + (["sizing the cluster"] if target is not None else []))
     ev.progress = phases.tick
-    workload = replay_stats(sc.workload) if knob.replay else {"time_scale": sc.workload.time_scale}
     phases.start("load search")
     search = max_load(ev, knob)
     steps = {"load_search": ev.simulations}
-    out: dict[str, Any] = {
-        "scenario": sc.name, "source": str(path), "overrides": list(ev.base),
-        "slo": {k: getattr(slo, k) for k in SLO_KEYS}, "slo_percentiles": dict(slo.percentiles),
-        "slo_label": slo.label(),
-        "model": sc.model.name, "hardware": sc.hardware.name,
-        "cost_model": sc.cost_model.provenance(),
-        "engine": {k: getattr(sc.engine, k) for k in ("scheduler", "max_num_seqs", "max_num_batched_tokens",
-                                                        "tensor_parallel_size", "router")},
-        "workload": workload, "deterministic": ev.deterministic,
-        "run_length": run_length(sc, knob, search, options),
-        "warnings": replay_warnings(workload, search, slo, options) if knob.replay else [],
-        "options": {k: getattr(options, k) for k in PlanOptions.__dataclass_fields__ if k != "workers"},
-        "headroom": headroom,
-        "load_search": search,
-    }
-    out["warnings"] += out["run_length"].pop("warnings")
-    if ev.faults_set_aside:
-        out["warnings"].append("faults: the load and the replicas are sized without the scenario's faults (the "
-                               "fault-free fleet); --availability sizes the spares they need (docs/faults.md)")
+    out = _plan_header(ev, knob, path, slo, search, headroom)
     if search["answer"] is not None:
-        phases.start("engine settings")
-        curve = out["tradeoff"] = engine_curve(ev, knob, search, seqs_grid=seqs_grid, tokens_grid=tokens_grid,
-                                               on_refine=lambda: phases.start("refining the chosen setting"))
-        steps["engine_curve"] = ev.simulations - sum(steps.values())
-        chosen, best = curve["chosen"], curve["chosen_search"]
-        if best["answer"] is None or best["answer"] < search["answer"]:
-            # refined, the coarse winner sustains less than the scenario's own setting: keep that
-            if best is not search:
-                out["warnings"].append(
-                    f"the engine curve's best setting ({', '.join(f'{k} {v}' for k, v in chosen.items())}) "
-                    f"sustains {best['answer'] or 0:g} {knob.unit} on the load search's grid, less than the "
-                    f"scenario's own {search['answer']:g}: the scenario's setting is kept")
-            curve["coarse_winner"] = chosen
-            chosen, best = {k: getattr(sc.engine, k) for k in chosen}, search
-            curve["chosen"], curve["chosen_search"] = chosen, search  # what the report marks chosen
-        gpus_per_replica = sc.engine.gpus_per_replica  # (TP x PP)
-        price = sc.hardware.usd_per_hour if gpu_hour_usd is None else gpu_hour_usd
+        chosen, best = _engine_setting(ev, knob, search, out, steps, phases, seqs_grid, tokens_grid)
         extra = engine_overrides(sc.engine, chosen)
         later = []  # the band and the cluster: independent, run at once
         if band and error_band is None:
@@ -315,38 +280,97 @@ def _plan(path, slo, overrides, target, target_unit, gpu_hour_usd, headroom, ban
             before = ev.simulations
             out.update(dict(concurrently(*later)))
             steps["_and_".join(names)] = ev.simulations - before
-        planned = best["answer"] * headroom
-        if target is not None:
-            point, replicas = out["cluster"]["point"], out["cluster"]["replicas"]
-        else:
-            point, replicas = best["answer_point"], 1
-        tp = sc.engine.tensor_parallel_size
-        out["recommendation"] = {**chosen, "replicas": replicas, "tensor_parallel_size": tp,
-                                 "pipeline_parallel_size": sc.engine.pipeline_parallel_size,
-                                 "data_parallel_size": sc.engine.data_parallel_size,
-                                 "per_replica_load": best["answer"], "planned_per_replica_load": planned,
-                                 "estimate": best.get("estimate"),
-                                 "unit": knob.unit, "vllm_serve": vllm_line(sc, chosen)}
-        out["utilisation"] = utilisation(best, headroom, target, replicas, knob)
-        out["cost"] = cost(replicas * gpus_per_replica, price, point["output_throughput"] or 0.0,
-                           point["total_token_throughput"] or 0.0)
-        out["cost"].update(electricity(point, sc.features["energy"], sc.hardware))
-        if "electricity_usd_per_hour" in out["cost"]:  # the whole bill, as the GPU search ranks it
-            out["cost"]["total_usd_per_hour"] = out["cost"]["usd_per_hour"] + out["cost"]["electricity_usd_per_hour"]
-        kw = out["cost"].get("facility_kw")
-        if power_cap_kw is not None and kw is not None and kw > power_cap_kw:
-            out["warnings"].append(f"over the power cap: the recommended {replicas} replica(s) draw {kw:,.1f} kW "
-                                   f"({out['cost']['power_basis']}, facility), over --power-cap-kw "
-                                   f"{power_cap_kw:g}; a smaller or more efficient GPU (plan --gpus ...) may fit it")
-        out["power_cap_kw"] = power_cap_kw
-        # whose price: said beside it (a preset's is a rounded on-demand estimate, not a quote)
-        out["cost"]["price_source"] = "the hardware preset" if gpu_hour_usd is None else "--gpu-hour-usd / --price"
+        _recommend(out, sc, knob, chosen, best, target, headroom, gpu_hour_usd, power_cap_kw)
     out["simulations"] = ev.simulations
     out["simulations_by_step"] = steps
     out["simulated_wall_s"] = ev.sim_seconds
     out["read_back"] = journal.read_back if journal is not None else 0
     out["wall_s"] = time.perf_counter() - start
     return out
+
+
+def _plan_header(ev: Evaluator, knob, path, slo: SLOConfig, search: dict, headroom: float) -> dict[str, Any]:
+    """plan.json's question and load search: the scenario, the SLO, the options, and the warnings
+    about the run's length, a replayed trace and faults set aside."""
+    sc, options = ev.scenario, ev.options
+    workload = replay_stats(sc.workload) if knob.replay else {"time_scale": sc.workload.time_scale}
+    out: dict[str, Any] = {
+        "scenario": sc.name, "source": str(path), "overrides": list(ev.base),
+        "slo": {k: getattr(slo, k) for k in SLO_KEYS}, "slo_percentiles": dict(slo.percentiles),
+        "slo_label": slo.label(),
+        "model": sc.model.name, "hardware": sc.hardware.name,
+        "cost_model": sc.cost_model.provenance(),
+        "engine": {k: getattr(sc.engine, k) for k in ("scheduler", "max_num_seqs", "max_num_batched_tokens",
+                                                        "tensor_parallel_size", "router")},
+        "workload": workload, "deterministic": ev.deterministic,
+        "run_length": run_length(sc, knob, search, options),
+        "warnings": replay_warnings(workload, search, slo, options) if knob.replay else [],
+        "options": {k: getattr(options, k) for k in PlanOptions.__dataclass_fields__ if k != "workers"},
+        "headroom": headroom,
+        "load_search": search,
+    }
+    out["warnings"] += out["run_length"].pop("warnings")
+    if ev.faults_set_aside:
+        out["warnings"].append("faults: the load and the replicas are sized without the scenario's faults (the "
+                               "fault-free fleet); --availability sizes the spares they need (docs/faults.md)")
+    return out
+
+
+def _engine_setting(ev: Evaluator, knob, search: dict, out: dict, steps: dict, phases: Phases,
+                    seqs_grid, tokens_grid) -> tuple[dict, dict]:
+    """The engine curve (out["tradeoff"]) and the setting chosen on it with its load search: the
+    curve's best, or the scenario's own where the refined best sustains less."""
+    sc = ev.scenario
+    phases.start("engine settings")
+    curve = out["tradeoff"] = engine_curve(ev, knob, search, seqs_grid=seqs_grid, tokens_grid=tokens_grid,
+                                           on_refine=lambda: phases.start("refining the chosen setting"))
+    steps["engine_curve"] = ev.simulations - sum(steps.values())
+    chosen, best = curve["chosen"], curve["chosen_search"]
+    if best["answer"] is None or best["answer"] < search["answer"]:
+        # refined, the coarse winner sustains less than the scenario's own setting: keep that
+        if best is not search:
+            out["warnings"].append(
+                f"the engine curve's best setting ({', '.join(f'{k} {v}' for k, v in chosen.items())}) "
+                f"sustains {best['answer'] or 0:g} {knob.unit} on the load search's grid, less than the "
+                f"scenario's own {search['answer']:g}: the scenario's setting is kept")
+        curve["coarse_winner"] = chosen
+        chosen, best = {k: getattr(sc.engine, k) for k in chosen}, search
+        curve["chosen"], curve["chosen_search"] = chosen, search  # what the report marks chosen
+    return chosen, best
+
+
+def _recommend(out: dict, sc, knob, chosen: dict, best: dict, target: float | None, headroom: float,
+               gpu_hour_usd: float | None, power_cap_kw: float | None) -> None:
+    """plan.json's recommendation, utilisation and cost (with power) for the chosen setting, at the
+    cluster's confirmed point (with a target) or one replica's sustained load."""
+    gpus_per_replica = sc.engine.gpus_per_replica  # (TP x PP)
+    price = sc.hardware.usd_per_hour if gpu_hour_usd is None else gpu_hour_usd
+    planned = best["answer"] * headroom
+    if target is not None:
+        point, replicas = out["cluster"]["point"], out["cluster"]["replicas"]
+    else:
+        point, replicas = best["answer_point"], 1
+    tp = sc.engine.tensor_parallel_size
+    out["recommendation"] = {**chosen, "replicas": replicas, "tensor_parallel_size": tp,
+                             "pipeline_parallel_size": sc.engine.pipeline_parallel_size,
+                             "data_parallel_size": sc.engine.data_parallel_size,
+                             "per_replica_load": best["answer"], "planned_per_replica_load": planned,
+                             "estimate": best.get("estimate"),
+                             "unit": knob.unit, "vllm_serve": vllm_line(sc, chosen)}
+    out["utilisation"] = utilisation(best, headroom, target, replicas, knob)
+    out["cost"] = cost(replicas * gpus_per_replica, price, point["output_throughput"] or 0.0,
+                       point["total_token_throughput"] or 0.0)
+    out["cost"].update(electricity(point, sc.features["energy"], sc.hardware))
+    if "electricity_usd_per_hour" in out["cost"]:  # the whole bill, as the GPU search ranks it
+        out["cost"]["total_usd_per_hour"] = out["cost"]["usd_per_hour"] + out["cost"]["electricity_usd_per_hour"]
+    kw = out["cost"].get("facility_kw")
+    if power_cap_kw is not None and kw is not None and kw > power_cap_kw:
+        out["warnings"].append(f"over the power cap: the recommended {replicas} replica(s) draw {kw:,.1f} kW "
+                               f"({out['cost']['power_basis']}, facility), over --power-cap-kw "
+                               f"{power_cap_kw:g}; a smaller or more efficient GPU (plan --gpus ...) may fit it")
+    out["power_cap_kw"] = power_cap_kw
+    # whose price: said beside it (a preset's is a rounded on-demand estimate, not a quote)
+    out["cost"]["price_source"] = "the hardware preset" if gpu_hour_usd is None else "--gpu-hour-usd / --price"
 
 
 def run_length(sc, knob: Knob, search: dict, options: PlanOptions) -> dict:

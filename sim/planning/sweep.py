@@ -225,7 +225,7 @@ def read_results(path: str | Path):
     exact = {"float_precision": "round_trip"} if int(pd.__version__.split(".")[0]) < 3 else {}  # 3: default
     try:
         rows = pd.read_csv(path, dtype={"run_id": str, "scenario": str, "scenario_sha256": str, "error": str},
-                           keep_default_na=False, na_values=["", "nan"], **exact)  # a grid value `null` stays
+                           keep_default_na=False, na_values=["", "nan"], low_memory=False, **exact)  # `null` stays
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as e:
         raise ScenarioError(f"{path}: unreadable sweep results ({str(e).splitlines()[0][:120]})") from None
     if "error" not in rows or "run_id" not in rows:
