@@ -505,28 +505,64 @@ def finite(value):
 # request on top of ~160 MB for the interpreter, imports and workload (rounded up).
 BYTES_PER_REQUEST = 800
 BASE_BYTES = 160e6
+# Agent sessions hold more per call (users, contexts, fan-out offsets): 3,000,000 calls (10 sessions
+# x 3 steps x fan_out 100,000) peaked at 3.12 GB RSS, ~1 KB a call; and the address space a run
+# maps is more than it touches: 4.79 GB (VmPeak) for those 3.12 GB (VmHWM), x1.54, so a ulimit -v
+# is compared with the estimate x 1.6 (measured on this project's machine, Python 3.11, numpy 2).
+AGENT_BYTES_PER_REQUEST = 1000
+ADDRESS_PER_RESIDENT = 1.6
 
 
-def estimate_memory_bytes(num_requests: int) -> float:
-    return BASE_BYTES + BYTES_PER_REQUEST * num_requests
+def estimate_memory_bytes(num_requests: int, per_request: float = BYTES_PER_REQUEST) -> float:
+    return BASE_BYTES + per_request * num_requests
 
 
-def available_memory_bytes() -> float:
+def available_memory_bytes() -> tuple[float, str]:
+    """What a run may still take, and what bounds it: the least of the machine's free memory, the
+    container's (cgroup v2 memory.max less memory.current) and this process's address-space limit
+    (ulimit -v, less the address space already mapped: a limit counts mappings, not pages used)."""
+    found = [(float("inf"), "free")]
     try:
-        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
+        found.append((float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")), "free"))
     except (ValueError, OSError, AttributeError):
-        return float("inf")
+        pass
+    try:
+        cg = Path("/sys/fs/cgroup")
+        limit = (cg / "memory.max").read_text().strip()
+        if limit != "max":
+            found.append((float(limit) - float((cg / "memory.current").read_text()), "free in this container"))
+    except (OSError, ValueError):
+        pass
+    try:
+        import resource
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft != resource.RLIM_INFINITY:
+            mapped = next((float(line.split()[1]) * 1024 for line in Path("/proc/self/status").read_text().splitlines()
+                           if line.startswith("VmSize:")), 0.0)
+            # (as resident bytes: the run maps ADDRESS_PER_RESIDENT x what it touches)
+            found.append(((float(soft) - mapped) / ADDRESS_PER_RESIDENT,
+                          "all this process's address-space limit (ulimit -v) leaves room for"))
+    except (ImportError, OSError, ValueError):
+        pass
+    return min(found, key=lambda f: f[0])
 
 
 def check_memory(scenario: Scenario, force: bool = False) -> None:
-    """Refuse up front a run whose estimated peak memory exceeds what the machine has free."""
+    """Refuse up front a run whose estimated peak memory exceeds what the machine (its container,
+    this process's ulimit) has free."""
     n = scenario.workload.num_requests
-    if isinstance(scenario.workload.arrival, Agents):  # the sessions' calls, on average
-        n = int(scenario.workload.arrival.expected_requests())
+    key, per = "workload.num_requests", BYTES_PER_REQUEST
+    a = scenario.workload.arrival
+    if isinstance(a, Agents):  # the sessions' calls, on average: what sets them is named
+        n, per = int(a.expected_requests()), AGENT_BYTES_PER_REQUEST
+        key = "workload.arrival.fan_out" if a.fan_out is not None else "workload.arrival.sessions"
     if n is None or force:
         return  # a whole trace: its size was capped when read; or the user said --force
-    need, have = estimate_memory_bytes(n), available_memory_bytes()
-    if need > have:
-        raise ScenarioError(f"{_where(scenario)}workload.num_requests: {n} requests need about "
-                            f"{need / 1e9:.1f} GB ({BYTES_PER_REQUEST} bytes each, measured) but "
-                            f"{have / 1e9:.1f} GB is free; lower it, or pass --force to try anyway")
+    # the run's own growth against what is left now (the interpreter and imports already hold theirs)
+    need, (have, bound) = estimate_memory_bytes(n, per), available_memory_bytes()
+    if need > have + BASE_BYTES:
+        what = (f"{n} requests" if key == "workload.num_requests" else
+                f"{a.sessions} sessions' calls, {n:,} requests on average,")
+        raise ScenarioError(f"{_where(scenario)}{key}: {what} need about "
+                            f"{need / 1e9:.1f} GB ({per} bytes each, measured) but "
+                            f"{max(have, 0.0) / 1e9:.1f} GB is {bound}; lower it, or pass --force to try anyway")

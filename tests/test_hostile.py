@@ -654,6 +654,37 @@ def _an_earlier_run(tmp_path: Path) -> tuple[Path, Path, dict[str, bytes]]:
     return out, small, {p.name: p.read_bytes() for p in out.iterdir()}
 
 
+def test_an_agent_fan_out_beyond_the_ulimit_is_refused_up_front_naming_fan_out(tmp_path):
+    """10 sessions x 3 steps x fan_out 100,000 = 3,000,000 calls (~3.2 GB, 1 KB each measured) under
+    a 2 GB address-space limit: one line naming workload.arrival.fan_out and the ulimit, before any
+    simulating (it used to run for minutes, then die of MemoryError)."""
+    sc = with_(workload={"arrival": {"process": "agents", "rate": 0.5, "sessions": 10, "steps": 3,
+                                     "tool_time": 1.0, "fan_out": 100_000},
+                         "prompt_tokens": {"dist": "fixed", "value": 100},
+                         "output_tokens": {"dist": "fixed", "value": 10}})
+    sc["workload"].pop("num_requests", None)
+    r, took = _limited(["run", str(scenario_file(tmp_path, sc)), "--out", str(tmp_path / "out")],
+                       mem_bytes=2 << 30)
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.exit_code == 2 and len(lines) == 1, r.stderr
+    assert "workload.arrival.fan_out: 10 sessions' calls, 3,000,000 requests on average" in lines[0]
+    assert "ulimit -v" in lines[0] and took < 60
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_long_trace_with_a_bad_last_line_is_one_error_line(tmp_path):
+    """300,000 good rows, then a bad one: pandas read such a file in chunks and printed a
+    DtypeWarning (two more stderr lines) before servesim's error; one line, naming the line."""
+    rows = "".join(f"{i * 0.01:g},{100 + i % 50},20\n" for i in range(300_000))
+    t = tmp_path / "long.csv"
+    t.write_text("arrival_s,prompt_tokens,output_tokens\n" + rows + "abc,1,2\n")
+    r, _ = _limited(["run", str(scenario_file(tmp_path, with_(workload={"trace": str(t)}))),
+                     "--out", str(tmp_path / "out")])
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.exit_code == 2 and lines == [f"error: {t}:300002: arrival_s 'abc' is not a non-negative number"], r.stderr
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_mid_run_writes_nothing_and_keeps_the_earlier_run(tmp_path, sig, code):
     out, _, before = _an_earlier_run(tmp_path)

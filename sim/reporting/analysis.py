@@ -97,7 +97,7 @@ def load_run(path: str | Path, name: str | None = None) -> Run:
     frames = {}
     for file, columns in (("requests.csv", REQUEST_COLUMNS), ("steps.csv", STEP_COLUMNS)):
         try:
-            df = pd.read_csv(path / file)
+            df = pd.read_csv(path / file, low_memory=False)  # (one pass: no DtypeWarning for a bad cell)
             old = [c for c in df.columns if c in RENAMED and RENAMED[c] not in df.columns]
             if old:  # a folder an earlier release wrote: its columns under today's names too
                 warnings.warn(f"{path / file}: written by an earlier servesim; column(s) {', '.join(old)} "

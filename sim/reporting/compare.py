@@ -67,7 +67,7 @@ def measured_doc(path: Path) -> dict:
     if not set(BLIS_V2 + timing) <= {h.strip() for h in header}:
         raise ScenarioError(f"{path}: not a JSON file (vllm bench serve --save-result output) nor a BLIS trace "
                             f"v2 CSV with {', '.join(BLIS_V2 + timing)}")
-    return blis_v2_doc(pd.read_csv(path, skipinitialspace=True))
+    return blis_v2_doc(pd.read_csv(path, skipinitialspace=True, low_memory=False))
 
 
 # vllm bench serve's per-request lists (seconds; token counts), one entry per request each

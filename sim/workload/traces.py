@@ -70,10 +70,10 @@ def read_trace(path: Path, fmt: str | None = None, columns: dict | None = None,
     if columns is not None:
         table = _read_mapped(path, name, columns, time_unit, hash_block_tokens)
     elif fmt is not None and TRACE_FORMATS[fmt].detect is not None:  # a whole-file format, forced
-        table = TRACE_FORMATS[fmt].read(path, name)
+        table = _read_whole(TRACE_FORMATS[fmt], path, name, hash_block_tokens)
     elif fmt is None and (found := next((f for f in TRACE_FORMATS.values()
                                          if f.detect is not None and f.detect(path, head)), None)):
-        table = found.read(path, name)
+        table = _read_whole(found, path, name, hash_block_tokens)
     else:
         table = _read_csv(path, name, fmt, hash_block_tokens)
     if len(table) == 0:
@@ -84,6 +84,10 @@ def read_trace(path: Path, fmt: str | None = None, columns: dict | None = None,
         table = table.sort_values("arrival_s", kind="stable", ignore_index=True)
         table.attrs = attrs
     return table
+
+
+def _read_whole(f: TraceFormat, path: Path, name: str, hash_block_tokens: int) -> pd.DataFrame:
+    return f.read(path, name, hash_block_tokens) if f.block_ids else f.read(path, name)
 
 
 # vLLM's log line: "INFO 11-24 06:48:39 [file.py:65] message" (its default format; a custom
@@ -367,7 +371,9 @@ def _frame(path: Path, name: str) -> tuple[pd.DataFrame, np.ndarray]:
         # skip_blank_lines=False keeps row i on file line i + 2, so messages can name the line;
         # only an empty field counts as missing ('nan' is reported as the bad value it is).
         # ids are text, never numbers: pandas would read 007, 7 and 0007 (or 01, 1 and 1.0) as one
-        df = pd.read_csv(path, skip_blank_lines=False, skipinitialspace=True,
+        # low_memory=False: one pass over the whole file, so a column's type is read once (in
+        # chunks, a bad cell past the first ~10^5 rows made pandas print a DtypeWarning as well)
+        df = pd.read_csv(path, skip_blank_lines=False, skipinitialspace=True, low_memory=False,
                          keep_default_na=False, na_values=[""], dtype=dict.fromkeys(TEXT_COLUMNS, str))
     except pd.errors.ParserError as e:
         raise ScenarioError(f"{name}:{_parser_detail(str(e))}") from None
@@ -496,7 +502,7 @@ def _parser_detail(message: str) -> str:
     return f" not a valid CSV ({message.strip().splitlines()[-1]})"
 
 
-def _read_jsonl(path: Path, name: str) -> pd.DataFrame:
+def _read_jsonl(path: Path, name: str, hash_block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> pd.DataFrame:
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
@@ -514,10 +520,9 @@ def _read_jsonl(path: Path, name: str) -> pd.DataFrame:
     arrival = _seconds(df["timestamp"], lines, name, "timestamp", unit=1e-3) / 1000.0  # ms -> s
     table = _table(arrival, df, MOONCAKE, lines, name)
     ids = [r.get("hash_ids") for r in records]
-    if any(v is not None for v in ids):
-        # (not checked against the prompt's blocks as a CSV's are: a JSONL's ids are read as 512-token
-        # blocks whatever workload.hash_block_tokens says, and bench/fidelity.py writes one per 16)
-        table["prefix"] = [_hash_ids(v, line, name) for v, line in zip(ids, lines.tolist())]
+    if any(v is not None for v in ids):  # each id workload.hash_block_tokens tokens (Mooncake's: 512)
+        table["prefix"] = [_hash_ids(v, line, name, hash_block_tokens) for v, line in zip(ids, lines.tolist())]
+        _check_prefix_blocks(table, lines, name, "hash_ids")
     return table
 
 
@@ -536,14 +541,14 @@ def _check_prefix_blocks(table: pd.DataFrame, lines: np.ndarray, name: str, labe
                                 f"more than its {int(prompt[i]):,}-token prompt has ({most})")
 
 
-def _hash_ids(value, line: int, name: str):
-    """Mooncake's `hash_ids`: one chained id per 512-token block of the prompt (the prefix identity
-    prefix caching matches on), as (ids, MOONCAKE_BLOCK_TOKENS); None when absent."""
+def _hash_ids(value, line: int, name: str, block_tokens: int = MOONCAKE_BLOCK_TOKENS):
+    """Mooncake's `hash_ids`: one chained id per block of the prompt (512 tokens in Mooncake's
+    traces; the prefix identity prefix caching matches on), as (ids, block_tokens); None when absent."""
     if value is None:
         return None
     if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
         raise ScenarioError(f"{name}:{line}: hash_ids is not a list of integers")
-    return (tuple(value), MOONCAKE_BLOCK_TOKENS)
+    return (tuple(value), block_tokens)
 
 
 def _json_object(row: str, line: int, name: str) -> dict:
@@ -625,13 +630,15 @@ class TraceFormat(NamedTuple):
     """One entry of TRACE_FORMATS: how a kind of trace file is recognised and read.
 
     A whole-file format has `detect(path, head)` (head: the file's first bytes, leading blanks
-    dropped) and `read(path, name)`; a CSV format has the header `columns` that identify it and
+    dropped) and `read(path, name)` (with `block_ids`: `read(path, name, hash_block_tokens)`, its
+    block ids each that many tokens); a CSV format has the header `columns` that identify it and
     `read(frame, lines, name, hash_block_tokens)` over the parsed CSV (lines: each row's file line).
     Either returns the table read_trace documents."""
     read: Callable[..., pd.DataFrame]
     detect: Callable[[Path, bytes], bool] | None = None
     columns: tuple[str, ...] = ()
     accepted: str = ""  # how an "unknown trace format" message names it
+    block_ids: bool = False  # a whole-file format whose prefix block ids take workload.hash_block_tokens
 
 
 # workload.format's names. Detection tries the whole-file formats first, then the CSVs, each in
@@ -651,7 +658,7 @@ TRACE_FORMATS: dict[str, TraceFormat] = {
     "vllm_bench": TraceFormat(_read_bench, lambda path, head: head.startswith(b"{") and _is_bench(path), (),
                               "a vllm bench serve result JSON with input_lens and output_lens"),
     "mooncake": TraceFormat(_read_jsonl, lambda path, head: head.startswith(b"{"), (),
-                            "Mooncake JSONL with keys timestamp,input_length,output_length"),
+                            "Mooncake JSONL with keys timestamp,input_length,output_length", block_ids=True),
     "agent_sessions": TraceFormat(_read_agent_sessions, None, AGENT_SESSIONS,
                                   "agent sessions CSV header session_id,prompt_tokens,output_tokens[,start_s,tool_s]"),
 }

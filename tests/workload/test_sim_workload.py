@@ -380,3 +380,20 @@ def test_real_traces_load(name, rows, span_s):
     assert np.all(np.diff(w.arrival_s) >= 0)
     assert w.prompt_tokens.min() >= 1 and w.output_tokens.min() >= 1
 
+
+
+def test_a_mooncake_jsonls_block_ids_take_hash_block_tokens(tmp_path):
+    """A JSONL's hash_ids are blocks of workload.hash_block_tokens tokens, as a CSV's are (they were
+    read as 512-token blocks whatever it said); more ids than the prompt has blocks is refused."""
+    big = write(tmp_path, "big.jsonl", '{"timestamp": 0, "input_length": 1100, "output_length": 2, '
+                                       '"hash_ids": [7, 8, 9]}\n')
+    assert read_trace(big)["prefix"].tolist() == [((7, 8, 9), 512)]  # ceil(1100 / 512) = 3 blocks
+    p = write(tmp_path, "m.jsonl", '{"timestamp": 0, "input_length": 40, "output_length": 2, "hash_ids": [7, 8, 9]}\n'
+                                   '{"timestamp": 5, "input_length": 33, "output_length": 2, "hash_ids": [7, 8]}\n')
+    assert read_trace(p, hash_block_tokens=16)["prefix"].tolist() == [((7, 8, 9), 16), ((7, 8), 16)]
+    with pytest.raises(ScenarioError, match=r"m\.jsonl:1: hash_ids names 3 blocks of 512 tokens"):
+        read_trace(p)  # at Mooncake's 512, a 40-token prompt has one block
+    # 40 tokens are ceil(40 / 16) = 3 blocks of 16, ceil(40 / 32) = 2 of 32: three ids are too many
+    with pytest.raises(ScenarioError, match=r"m\.jsonl:1: hash_ids names 3 blocks of 32 tokens, more than its "
+                                            r"40-token prompt has \(2\)"):
+        read_trace(p, hash_block_tokens=32)
