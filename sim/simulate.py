@@ -551,18 +551,17 @@ def check_memory(scenario: Scenario, force: bool = False) -> None:
     """Refuse up front a run whose estimated peak memory exceeds what the machine (its container,
     this process's ulimit) has free."""
     n = scenario.workload.num_requests
-    key, per = "workload.num_requests", BYTES_PER_REQUEST
+    key, per, what = "workload.num_requests", BYTES_PER_REQUEST, f"{n} requests"
     a = scenario.workload.arrival
     if isinstance(a, Agents):  # the sessions' calls, on average: what sets them is named
         n, per = int(a.expected_requests()), AGENT_BYTES_PER_REQUEST
         key = "workload.arrival.fan_out" if a.fan_out is not None else "workload.arrival.sessions"
+        what = f"{a.sessions} sessions' calls, {n:,} requests on average,"
     if n is None or force:
         return  # a whole trace: its size was capped when read; or the user said --force
     # the run's own growth against what is left now (the interpreter and imports already hold theirs)
     need, (have, bound) = estimate_memory_bytes(n, per), available_memory_bytes()
     if need > have + BASE_BYTES:
-        what = (f"{n} requests" if key == "workload.num_requests" else
-                f"{a.sessions} sessions' calls, {n:,} requests on average,")
         raise ScenarioError(f"{_where(scenario)}{key}: {what} need about "
                             f"{need / 1e9:.1f} GB ({per} bytes each, measured) but "
                             f"{max(have, 0.0) / 1e9:.1f} GB is {bound}; lower it, or pass --force to try anyway")
