@@ -198,7 +198,7 @@ def plan(scenario: str | Path, *, slo: str | None = None, overrides: Iterable[st
 
     from sim.planning.plan_request import PlanRequest, prepare
 
-    known = {f.name for f in fields(PlanRequest)} - {"scenario", "slo", "out", "overrides"}
+    known = {f.name for f in fields(PlanRequest)} - {"scenario", "slo", "out", "overrides", "quiet"}
     unknown = sorted(set(options) - known)
     if unknown:
         raise ScenarioError(f"plan: no option {unknown[0]!r}; options: {', '.join(sorted(known))}")

@@ -20,28 +20,11 @@ from typing import Any
 import numpy as np
 
 from calibrate import validate as V
+from calibrate.requests import ValidateRequest
 from sim.config.errors import ScenarioError
 from sim.config.scenario import Scenario, load_scenario
 
 Progress = Callable[[str, str], AbstractContextManager]
-
-
-@dataclass(frozen=True)
-class ValidateRequest:
-    """`servesim validate`'s options."""
-    scenario: Path
-    profile: Path | None = None       # the simulator's cost model (vLLM: fitted when None)
-    engine: str = "servesim"          # a name of V.ENGINES
-    device: str | None = None         # None: cpu
-    clock: str | None = None
-    out: Path | None = None
-    seed: int | None = None
-    overrides: tuple[str, ...] = ()
-    real_only: bool = False
-    compare_only: Path | None = None  # a real/ folder written by --real-only
-    warmup_fraction: float = 0.1
-    setup: bool = False               # vLLM: build its virtualenv first
-    venv: Path | None = None          # vLLM's virtualenv
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import errno
 import fcntl
 import functools
 import io
+import json
 import math
 import os
 import stat
@@ -86,6 +87,11 @@ def write_file(path: str | Path, data: bytes | str, executable: bool = False) ->
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def write_json(doc: dict, path: str | Path) -> Path:
+    """`doc` as strict JSON (no NaN) at `path`, safely (write_file)."""
+    return write_file(path, json.dumps(doc, allow_nan=False, separators=(",", ":")) + "\n")
 
 
 def plain_text(draw: F) -> F:

@@ -1,6 +1,7 @@
 """cli.py: `servesim run` end to end, its help, and its one-line errors (exit code 2)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -9,11 +10,15 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import typer
 import yaml
 from typer.testing import CliRunner
 
 import cli
 from cli import app
+from sim.config import options
+from sim.config.errors import ScenarioError
+from sim.reporting.progress import Progress, clock
 from simhelpers import assert_one_line_error
 
 REPO = Path(__file__).parents[1]
@@ -155,21 +160,21 @@ def test_seed_and_set_reach_the_simulation(tmp_path):
 
 
 def test_progress_bar_waits_for_its_delay_then_counts():
-    late = cli._Progress("simulating", "requests", after_s=3600.0, terminal=True)
+    late = Progress("simulating", "requests", after_s=3600.0, terminal=True)
     with late:
         late(3, 10)
         assert late.bar is None  # a short job prints nothing
-    with cli._Progress("simulating", "requests", terminal=True) as progress:
+    with Progress("simulating", "requests", terminal=True) as progress:
         progress(3, 10)
         assert progress.bar is not None
         assert progress.bar.tasks[0].completed == 3 and progress.bar.tasks[0].total == 10
-    quiet = cli._Progress("simulating", "requests", enabled=False)
+    quiet = Progress("simulating", "requests", enabled=False)
     quiet(3, 10)
     assert quiet.bar is None
 
 
 def test_progress_without_a_total_counts_and_times():
-    with cli._Progress("planning", "simulations", terminal=True) as progress:
+    with Progress("planning", "simulations", terminal=True) as progress:
         progress(5)
         task = progress.bar.tasks[0]
         assert task.completed == 5 and task.total is None
@@ -178,7 +183,7 @@ def test_progress_without_a_total_counts_and_times():
 def test_progress_without_a_terminal_is_lines_with_done_total_and_eta(capsys):
     """In a log or a pipe: nothing for the first 2 s, then a line at each new phase and at most every
     30 s within one, with done/total, the elapsed time and the ETA at the pace so far."""
-    p = cli._Progress("planning", "simulations", terminal=False)
+    p = Progress("planning", "simulations", terminal=False)
     with p:
         p(1, 10, "load search")
         assert capsys.readouterr().err == ""  # (a short command says nothing)
@@ -190,7 +195,7 @@ def test_progress_without_a_terminal_is_lines_with_done_total_and_eta(capsys):
     assert lines[0] == "planning: load search: 4/10 simulations, 40 s elapsed, ETA 1 min 00 s"
     assert lines[1].startswith("planning: engine settings: 6/12 simulations, 40 s elapsed, ETA 40 s")
     assert len(lines) == 2
-    assert cli._clock(3725) == "1 h 02 min" and cli._clock(59.6) == "1 min 00 s"
+    assert clock(3725) == "1 h 02 min" and clock(59.6) == "1 min 00 s"
 
 
 # ---------------------------------------------------------------- errors: one line, exit 2, no output
@@ -281,3 +286,58 @@ def test_version_and_output_file_modes(tmp_path):
     os.umask(umask)
     for f in out.iterdir():
         assert f.stat().st_mode & 0o777 == 0o666 & ~umask, f
+
+
+# ---------------------------------------------------------------- options declared by requests
+
+@dataclasses.dataclass(frozen=True)
+class _Toy:
+    """A request as a command's module writes one (sim/config/options.py)."""
+    path: Path = dataclasses.field(metadata=options.argument("A file."))
+    rate: float = dataclasses.field(default=2.5, metadata=options.option("Requests/s.", metavar="R"))
+    overrides: tuple[str, ...] = dataclasses.field(default=(), metadata=options.option("A key.", "--set"))
+    loud: bool = dataclasses.field(default=False, metadata=options.option("Say more.", "--loud", "-l"))
+    hidden: int = 7  # no metadata: not on the command line
+
+
+_TOLD: list = []
+
+
+def _toy_job(request: _Toy) -> None:
+    _TOLD.append(request)
+    if request.rate < 0:
+        raise ScenarioError("--rate: below 0")
+
+
+def test_a_command_is_declared_by_its_requests_fields():
+    """cli.py turns a request's fields into typer's options: the field's name, type and default, the
+    spelling from its metadata; a call fills the request (a repeated option as a tuple) and a
+    ScenarioError from the job is one line, exit 2."""
+    toy = typer.Typer()
+    toy.command("toy")(cli._Declared(f"{__name__}:_Toy", f"{__name__}:_toy_job", "toy", "A toy command."))
+    _TOLD.clear()
+    ok = CliRunner().invoke(toy, ["f.txt", "--set", "a=1", "--set", "b=2", "-l"])
+    assert ok.exit_code == 0, ok.output
+    assert _TOLD == [_Toy(Path("f.txt"), 2.5, ("a=1", "b=2"), True)]
+    CliRunner().invoke(toy, ["g", "--rate", "4"])
+    assert _TOLD[-1] == _Toy(Path("g"), 4.0, (), False)  # (no --set: the field's empty tuple)
+    bad = CliRunner().invoke(toy, ["g", "--rate", "-1"])
+    assert bad.exit_code == 2 and bad.output.strip() == "error: --rate: below 0"
+    assert "--hidden" not in CliRunner().invoke(toy, ["--help"]).output
+    assert CliRunner().invoke(toy, ["g", "--rate", "x"]).exit_code == 2  # (click's own type check)
+
+
+def test_every_command_option_is_a_field_of_its_request():
+    """The real commands: plan's options are PlanRequest's fields, with their help and defaults (a
+    default written once, in the request)."""
+    import typer.main
+
+    from sim.planning.plan_options import PlanRequest
+
+    params = {p.name: p for p in typer.main.get_command(app).commands["plan"].params}
+    fields = options.declared(PlanRequest)
+    assert sorted(params) == sorted(f.name for f, _ in fields)
+    for f, o in fields:
+        assert params[f.name].help == o.help
+        if f.default is not dataclasses.MISSING and not isinstance(f.default, tuple):
+            assert params[f.name].default == f.default, f.name

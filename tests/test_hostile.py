@@ -611,14 +611,15 @@ def test_signals_wait_for_the_renames_and_then_act_even_from_another_thread():
 _SELF_SIGNAL = """
 import os, sys
 import cli, sim.simulate
+from sim.reporting import progress
 SIG, AT = int(sys.argv[1]), sys.argv[2]
 if AT == "mid-run":  # once 1000 requests are done (the progress hook is called even under -q)
-    shown = cli._Progress.__call__
+    shown = progress.Progress.__call__
     def call(self, done, total=None, phase=None):
         if done >= 1000:
             os.kill(os.getpid(), SIG)
         return shown(self, done, total, phase)
-    cli._Progress.__call__ = call
+    progress.Progress.__call__ = call
 else:  # "renaming": as the first of the run's files is renamed into place
     rename = os.replace
     def replace(src, dst):

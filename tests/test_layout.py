@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # config/scenario.py validates the plug-ins' names against their registries (schedulers, routers,
 # cost models), so it sits above them; the config sections it is made of sit at the bottom.
 LAYERS = (
+    "sim.commands",
     "sim.reporting",
     "sim.planning",
     "sim.simulate",
@@ -33,7 +34,7 @@ LAYERS = (
     "sim.presets",
     "sim.files",
     "sim.config.checks",
-    "sim.config.errors",
+    "sim.config.errors | sim.config.options",
 )
 
 

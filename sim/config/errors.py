@@ -1,4 +1,5 @@
-"""The one exception type users see: a bad scenario, trace or option, said in one line."""
+"""The exceptions users see, each said in one line: a bad scenario, trace or option (ScenarioError,
+exit 2) and a command that ran but failed or was interrupted (CommandFailed, its own exit code)."""
 from __future__ import annotations
 
 import threading
@@ -15,6 +16,21 @@ class ServesimWarning(UserWarning):
 class ScenarioError(ValueError):
     """Bad user input. The message is one line naming the file, the key path (or trace line) and
     what is allowed; the CLI prints it and exits with code 2, no traceback."""
+
+
+class CommandFailed(Exception):
+    """A command that did its work but ends in a failure (exit code 1: an SLO no configuration
+    meets, requests that did not complete, a file that could not be written) or was interrupted
+    (130). The CLI prints `message` as one `error: ...` line and exits with `code`."""
+
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.message, self.code = message, code
+
+
+def os_message(e: OSError) -> str:
+    """An OSError in one line: the file it concerns and what went wrong."""
+    return f"{e.filename or ''}: {e.strerror or e}".lstrip(": ")
 
 
 @contextmanager

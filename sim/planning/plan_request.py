@@ -21,59 +21,11 @@ from sim.config.errors import ScenarioError
 from sim.config.scenario import Scenario, SLOConfig, load_scenario
 from sim.files import write_file, writing
 from sim.planning.evaluator import PlanOptions
+from sim.planning.plan_options import PlanRequest
 from sim.planning.slo import parse_slo
 from sim.presets.hardware import HARDWARE_PRESETS
 from sim.presets.names import hardware_preset
 from sim.schedulers import SCHEDULERS
-
-
-@dataclass(frozen=True)
-class PlanRequest:
-    """`servesim plan`'s options as written (lists as their comma-separated text)."""
-    scenario: Path
-    slo: str | None = None                 # KEY=V,...; None: the scenario's slo section
-    target_rate: float | None = None       # req/s to size a cluster for (open loop)
-    target_users: int | None = None        # users to size a cluster for (closed loop)
-    gpu_hour_usd: float | None = None      # USD per GPU-hour of the one GPU type planned
-    price: str | None = None               # "h100-sxm=2.5,h200=3.4": USD per GPU-hour, per GPU type
-    out: Path | None = None                # None: runs/<scenario name>-plan
-    emit: Path | None = None               # write vllm_serve.sh, engine_args.yaml, k8s.yaml here
-    overrides: tuple[str, ...] = ()        # --set KEY=VALUE
-    seeds: int = 4                         # seeds per load near a target (2 first, up to 2x across it)
-    resolution: float = 0.02
-    horizon_s: float | None = None
-    confidence: float = 0.9
-    headroom: float = 1.0
-    band: bool = True
-    max_num_seqs: str | None = None        # "64,128,256"
-    max_num_batched_tokens: str | None = None
-    gpus: str | None = None                # "h100-sxm,h200": a configuration search
-    tp: str | None = None                  # "1,2,4"
-    pp: str | None = None                  # "1,2": pipeline stages per replica
-    dp: str | None = None                  # "1,8": data-parallel ranks per replica (MoE, with EP)
-    all2all_backend: str | None = None     # "allgather_reducescatter,deepep_low_latency": their all-to-all
-    schedulers: str | None = None          # "chunked,continuous"
-    speculative: str | None = None         # "off,eagle:3:0.7"
-    disaggregation: str | None = None      # "off,1:3"
-    prefix_caching: str | None = None      # "on,off"
-    kv_offloading_size: str | None = None  # "0,16,64": GiB of CPU KV tier per replica (0: none)
-    max_gpus: int | None = None
-    budget_usd_per_hour: float | None = None
-    power_cap_kw: float | None = None      # the facility's modelled power, at most (docs/energy.md)
-    min_requests: int = 1000
-    workers: int | None = None
-    cluster: str | None = None             # a Dask scheduler's address: the simulations run there
-    window_s: float | None = None          # a fleet plan: the SLO judged in every window of this many s (3600)
-    availability: float | None = None      # the spares (N+k) for the SLO met in this fraction of windows
-    max_spares: int = 4                    # with availability: the most spares tried
-    fault_seeds: int = 5                   # with availability: fault seeds per fleet (the worst must meet it)
-
-    @property
-    def searches(self) -> bool:
-        """A configuration search (any of the search options given), else a plan."""
-        return any(v is not None for v in (self.gpus, self.tp, self.pp, self.dp, self.all2all_backend, self.schedulers,
-                                           self.prefix_caching,
-                                           self.speculative, self.disaggregation, self.kv_offloading_size))
 
 
 @dataclass(frozen=True)

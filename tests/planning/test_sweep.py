@@ -16,11 +16,12 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from cli import app, sweep_table
+from cli import app
 from sim.config.errors import ScenarioError
 from sim.config.scenario import load_scenario
 from sim.planning.parallel import run_parallel
 from sim.planning.sweep import ResultsTable, flatten, parse_grid, read_results, run_sweep
+from sim.reporting.console import sweep_table
 from sim.simulate import simulate
 
 REPO = Path(__file__).parents[2]
