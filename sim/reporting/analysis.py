@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.config.checks import read_json_object
 from sim.config.errors import ScenarioError
+from sim.reporting.outputs import REQUESTS, STEPS, check_frame, read_summary
 from sim.runtime.metrics import RENAMED, REQUEST_COLUMNS, Frame, weighted_sum
 from sim.runtime.recorder import STEP_COLUMNS
 
@@ -83,8 +83,9 @@ def as_written(path: Path, kind: str) -> Iterator[None]:
 
 
 def load_run(path: str | Path, name: str | None = None) -> Run:
-    """Read a run folder; a missing folder, a missing file or a file without the expected columns is
-    a ScenarioError naming the path."""
+    """Read a run folder, each file held to what servesim writes (sim/reporting/outputs.py): a
+    missing folder or file, a missing column, a bad cell or a damaged summary is a ScenarioError
+    naming the file and the line or key."""
     path = Path(path)
     if not path.exists():
         raise ScenarioError(f"{path}: no such run directory")
@@ -95,7 +96,7 @@ def load_run(path: str | Path, name: str | None = None) -> Run:
         raise ScenarioError(f"{path / missing[0]}: missing; not a run directory "
                             f"(`servesim run` writes {', '.join(RUN_FILES)})")
     frames = {}
-    for file, columns in (("requests.csv", REQUEST_COLUMNS), ("steps.csv", STEP_COLUMNS)):
+    for file, columns, spec in (("requests.csv", REQUEST_COLUMNS, REQUESTS), ("steps.csv", STEP_COLUMNS, STEPS)):
         try:
             df = pd.read_csv(path / file, low_memory=False)  # (one pass: no DtypeWarning for a bad cell)
             old = [c for c in df.columns if c in RENAMED and RENAMED[c] not in df.columns]
@@ -111,18 +112,8 @@ def load_run(path: str | Path, name: str | None = None) -> Run:
             raise ScenarioError(f"{path / file}: missing column(s) {', '.join(lacking)}")
         if df.empty:  # a run has at least one request and one iteration
             raise ScenarioError(f"{path / file}: a header and no rows; not a complete run")
-        for c in columns:  # every column of a run's CSV is numeric (NaN where a time never came)
-            if df[c].dtype.kind not in "biuf":
-                values = pd.to_numeric(df[c], errors="coerce")
-                bad = values.isna() & df[c].notna()
-                if bad.any():
-                    row = int(np.flatnonzero(bad.to_numpy())[0])
-                    cell = str(df[c].iloc[row])
-                    shown = cell if len(cell) <= 40 else cell[:40] + "..."
-                    raise ScenarioError(f"{path / file}: column {c}, row {row + 2}: {shown!r} is not a number")
-                df[c] = values
-        frames[file] = Frame(df)
-    summary = read_json_object(path / "summary.json", "a run summary")
+        frames[file] = Frame(check_frame(df, spec, path / file))  # (sim/reporting/outputs.py)
+    summary = read_summary(path / "summary.json")
     return Run(name or path.name, frames["requests.csv"], frames["steps.csv"], summary)
 
 

@@ -1,0 +1,138 @@
+"""sim/reporting/outputs.py: a run folder servesim wrote, then damaged (a line cut short, a hand edit,
+a strict-JSON rule broken), is one error naming the file, the line or key; the commands that read a
+folder back (report, plot, export, compare) say it in one line with exit 2. Each case below was a
+traceback, or a silent wrong answer, before the reader."""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cli import app
+from sim.config.errors import ScenarioError
+from sim.reporting.analysis import load_run
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("outputs") / "run"
+    result = CliRunner().invoke(app, ["run", str(ROOT / "scenarios/quickstart.yaml"), "-o", str(out), "-q",
+                                      "--set", "workload.num_requests=30"])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def _copy(run_dir: Path, tmp_path: Path) -> Path:
+    folder = tmp_path / "damaged"
+    shutil.copytree(run_dir, folder)
+    return folder
+
+
+def _cell(folder: Path, file: str, column: str, value: str, line: int = 2) -> None:
+    """Set one cell (line 1 is the header)."""
+    lines = (folder / file).read_text().split("\n")
+    header = lines[0].split(",")
+    row = lines[line - 1].split(",")
+    row[header.index(column)] = value
+    lines[line - 1] = ",".join(row)
+    (folder / file).write_text("\n".join(lines))
+
+
+CELLS = [  # file, column, value written, what the error says
+    ("requests.csv", "arrival_s", "abc", "line 2, column arrival_s: 'abc' is not a number"),
+    ("requests.csv", "arrival_s", "inf", "line 2, column arrival_s: 'inf' is not a finite number"),
+    ("requests.csv", "prompt_tokens", "", "line 2, column prompt_tokens: is empty (a line cut short?)"),
+    ("requests.csv", "prompt_tokens", "-5", "line 2, column prompt_tokens: '-5' is below 0"),
+    ("requests.csv", "prompt_tokens", "3.5", "line 2, column prompt_tokens: '3.5' is not a whole number"),
+    ("requests.csv", "prompt_tokens", "1e300", "line 2, column prompt_tokens: '1e+300' is too large"),
+    ("requests.csv", "finish_s", "-100", "line 2, column finish_s: '-100.0' is below 0"),
+    ("requests.csv", "replica", "-2", "line 2, column replica: '-2' is below -1"),
+    ("steps.csv", "duration_s", "-1", "line 2, column duration_s: '-1.0' is below 0"),
+    ("steps.csv", "count", "0", "line 2, column count: '0' is below 1"),
+    ("steps.csv", "start_s", "-inf", "line 2, column start_s: '-inf' is not a finite number"),
+]
+
+
+@pytest.mark.parametrize("file, column, value, said", CELLS)
+def test_a_bad_cell_names_its_file_line_and_column(run_dir, tmp_path, file, column, value, said):
+    folder = _copy(run_dir, tmp_path)
+    _cell(folder, file, column, value)
+    with pytest.raises(ScenarioError) as e:
+        load_run(folder)
+    assert str(e.value).startswith(f"{folder / file}: {said}")
+
+
+def test_an_empty_time_is_a_time_that_never_came_and_is_read(run_dir, tmp_path):
+    folder = _copy(run_dir, tmp_path)
+    _cell(folder, "requests.csv", "finish_s", "")  # (a request not finished: servesim writes it so)
+    run = load_run(folder)
+    assert run.requests["finish_s"].isna().sum() == 1 and run.requests["finish_s"].dtype.kind == "f"
+
+
+def test_a_line_cut_short_and_a_repeated_request(run_dir, tmp_path):
+    folder = _copy(run_dir, tmp_path)
+    lines = (folder / "steps.csv").read_text().split("\n")
+    (folder / "steps.csv").write_text("\n".join(lines[:5] + [lines[5][:8]]))  # "0,0.12..." cut: the rest empty
+    with pytest.raises(ScenarioError, match=r"steps.csv: line 6, column duration_s: is empty \(a line cut short\?\)"):
+        load_run(folder)
+    folder = _copy(run_dir, tmp_path / "b")
+    lines = (folder / "requests.csv").read_text().split("\n")
+    (folder / "requests.csv").write_text("\n".join(lines[:3] + [lines[1]] + lines[3:]))
+    with pytest.raises(ScenarioError, match="requests.csv: line 4: request_id 0 appears twice"):
+        load_run(folder)
+
+
+SUMMARIES = [  # an edit of summary.json, what the error says
+    (lambda s: s.update(duration_s=None), "no duration_s"),
+    (lambda s: s.pop("run"), "no run"),
+    (lambda s: s.update(run="x"), 'run: "x" is not an object or null'),
+    (lambda s: s["run"].update(cost_model=3), "run.cost_model: 3 is not an object or null"),
+    (lambda s: s.update(ttft_ms="fast"), 'ttft_ms: "fast" is not an object or null'),
+    (lambda s: s["ttft_ms"].update(p99="x"), 'ttft_ms.p99: "x" is not a number or null'),
+    (lambda s: s.update(completed=-1), "completed: -1 is not a whole number >= 0"),
+    (lambda s: s.update(scenario=5), "scenario: 5 is not text"),
+    (lambda s: s.update(energy=[1]), "energy: [1] is not an object or null"),
+    (lambda s: s.update(goodput="x"), 'goodput: "x" is not an object or a number'),
+    (lambda s: s.update(slot_utilization=True), "slot_utilization: true is not a number or null"),
+]
+
+
+@pytest.mark.parametrize("edit, said", SUMMARIES)
+def test_a_damaged_summary_names_the_key(run_dir, tmp_path, edit, said):
+    folder = _copy(run_dir, tmp_path)
+    summary = json.loads((folder / "summary.json").read_text())
+    edit(summary)
+    (folder / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(ScenarioError) as e:
+        load_run(folder)
+    assert str(e.value).startswith(f"{folder / 'summary.json'}: {said}")
+
+
+def test_nan_in_a_summary_is_not_json_servesim_writes(run_dir, tmp_path):
+    folder = _copy(run_dir, tmp_path)
+    text = (folder / "summary.json").read_text()
+    (folder / "summary.json").write_text(text.replace('"duration_s":', '"duration_s":NaN,"was":', 1))
+    with pytest.raises(ScenarioError, match=r"summary.json: NaN is not JSON servesim writes \(a missing value is null\)"):
+        load_run(folder)
+
+
+@pytest.mark.parametrize("command", [["report"], ["plot"], ["export", "--to", "chrome-trace"],
+                                     ["export", "--to", "vllm-bench"]])
+def test_every_command_that_reads_a_run_back_says_it_in_one_line(run_dir, tmp_path, command):
+    """Before the reader: export of a cut requests.csv raised `cannot convert float NaN to integer`,
+    report of a null duration_s a TypeError, plot of a string `run` an AttributeError."""
+    for case, damage in (("cut", lambda f: _cell(f, "requests.csv", "output_tokens", "")),
+                         ("run", lambda f: (f / "summary.json").write_text(
+                             json.dumps({**json.loads((f / "summary.json").read_text()), "run": "x"})))):
+        folder = _copy(run_dir, tmp_path / case)
+        damage(folder)
+        args = [command[0], str(folder), *command[1:]] + (["-o", str(tmp_path / case / "out")]
+                                                          if command[0] != "report" else [])
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 2, result.output
+        lines = result.output.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"error: {folder}"), lines
+        assert not (tmp_path / case / "out").exists() and not (folder / "report.html").exists()
