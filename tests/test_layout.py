@@ -32,7 +32,7 @@ LAYERS = (
     "sim.config.speculative | sim.config.disaggregation | sim.config.autoscaling | sim.config.admission"
     " | sim.config.routing | sim.config.lora",
     "sim.presets",
-    "sim.files",
+    "sim.files | sim.outputs",
     "sim.config.checks",
     "sim.config.errors | sim.config.options",
 )

@@ -32,6 +32,7 @@ from sim.config.checks import _int, check_out_dir
 from sim.config.errors import ScenarioError
 from sim.config.scenario import Scenario, load_scenario
 from sim.files import folder_lock, write_file
+from sim.outputs import SWEEP_COLUMNS, check_results
 from sim.planning.parallel import run_parallel
 
 RESULTS = "results.csv"  # run_id, scenario, scenario_sha256, <grid keys>, repeat, seed, error, metrics
@@ -166,6 +167,10 @@ def run_sweep(scenario: str | Path, grid: Mapping[str, list], out_dir: str | Pat
     out_dir.mkdir(parents=True, exist_ok=True)
     with folder_lock(out_dir, "sweep"):  # one writer per folder: a second sweep into it is refused
         table = ResultsTable(out_dir / RESULTS)
+        lacking = [c for c in SWEEP_COLUMNS if table.columns and c not in table.columns]  # (sim/outputs.py)
+        if lacking:
+            raise ScenarioError(f"--out {out_dir}: {RESULTS} is not a sweep results table (no {lacking[0]} column); "
+                                "use another --out")
         stale = next((r for r in table.rows
                       if r.get("scenario") == name and r.get("scenario_sha256") != sha), None)
         if stale is not None:
@@ -231,16 +236,8 @@ def read_results(path: str | Path):
     if "error" not in rows or "run_id" not in rows:
         raise ScenarioError(f"{path}: not a sweep results table (no run_id and error columns)")
     rows["error"] = rows["error"].fillna("")
-    for c in rows.columns:  # the metrics the tables and plots average: numbers, or empty
-        if c.startswith(NUMERIC_RESULTS) and rows[c].dtype.kind not in "biuf":
-            values = pd.to_numeric(rows[c], errors="coerce")
-            bad = values.isna() & rows[c].notna()
-            if bad.any():
-                i = int(bad.to_numpy().nonzero()[0][0])
-                cell = str(rows[c].iloc[i])
-                raise ScenarioError(f"{path}: column {c}, row {i + 2}: {cell[:40]!r} is not a number")
-            rows[c] = values
-    return rows
+    # (sim/outputs.py: the columns every sweep writes, its metrics finite numbers or empty, one row a run)
+    return check_results(rows, [c for c in rows.columns if c.startswith(NUMERIC_RESULTS)], Path(path))
 
 
 # results.csv columns (prefixes) that hold numbers: summary.json's metrics, flattened

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from sim.config.errors import ScenarioError
-from sim.reporting.outputs import REQUESTS, STEPS, check_frame, read_summary
+from sim.outputs import REQUESTS, STEPS, check_frame, read_summary
 from sim.runtime.metrics import RENAMED, REQUEST_COLUMNS, Frame, weighted_sum
 from sim.runtime.recorder import STEP_COLUMNS
 
@@ -83,7 +83,7 @@ def as_written(path: Path, kind: str) -> Iterator[None]:
 
 
 def load_run(path: str | Path, name: str | None = None) -> Run:
-    """Read a run folder, each file held to what servesim writes (sim/reporting/outputs.py): a
+    """Read a run folder, each file held to what servesim writes (sim/outputs.py): a
     missing folder or file, a missing column, a bad cell or a damaged summary is a ScenarioError
     naming the file and the line or key."""
     path = Path(path)
@@ -112,7 +112,7 @@ def load_run(path: str | Path, name: str | None = None) -> Run:
             raise ScenarioError(f"{path / file}: missing column(s) {', '.join(lacking)}")
         if df.empty:  # a run has at least one request and one iteration
             raise ScenarioError(f"{path / file}: a header and no rows; not a complete run")
-        frames[file] = Frame(check_frame(df, spec, path / file))  # (sim/reporting/outputs.py)
+        frames[file] = Frame(check_frame(df, spec, path / file))  # (sim/outputs.py)
     summary = read_summary(path / "summary.json")
     return Run(name or path.name, frames["requests.csv"], frames["steps.csv"], summary)
 

@@ -21,6 +21,7 @@ from typing import Any
 from sim.config.checks import json_object
 from sim.config.errors import ScenarioError
 from sim.files import write_file
+from sim.outputs import read_json
 from sim.reporting.analysis import as_written, load_run
 
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
@@ -171,7 +172,7 @@ def write_report(folder: str | Path) -> Path:
             stem, kind, rows_of = (("plan", "plan", headline) if (folder / "plan.json").is_file()
                                    else ("search", "configuration search", search_headline))
             path = folder / f"{stem}.json"
-            r = json_object(path.read_text(encoding="utf-8", errors="replace"), str(path), f"a {kind}")
+            r = read_json(path, f"a {kind}")  # (strict: NaN or Infinity is damage)
             if "scenario" not in r:
                 raise ScenarioError(f"{path}: not a servesim {kind} (no scenario key)")
             fleet = stem == "plan" and "static" in r and "policy" in r  # a fleet plan (sim/planning/fleet_plan.py)

@@ -20,9 +20,9 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from sim.config.checks import read_json_object
 from sim.config.errors import ScenarioError
 from sim.files import plain_text, save_figure
+from sim.outputs import read_json, read_summary
 from sim.reporting.analysis import (
     Run,
     as_written,
@@ -485,14 +485,14 @@ def save_folder_plots(folder: str | Path, out: str | Path | None = None, x: str 
         first = next((folder / "runs" / str(r) / "summary.json" for r in rows["run_id"]
                       if (folder / "runs" / str(r) / "summary.json").is_file()), None)
         if first is not None:
-            title = describe(Run(title, None, None, read_json_object(first, "a run summary")))
+            title = describe(Run(title, None, None, read_summary(first)))
         fig = sweep_plot(rows, x, y or "ttft_ms.p99", hue, title)
         path = out / f"sweep_{(y or 'ttft_ms.p99').replace('.', '_')}.png"
         save_figure(fig, path, dpi=110)
         return [path]
     if (folder / "plan.json").is_file():
         from sim.planning.plan_report import _plots
-        plan = read_json_object(folder / "plan.json", "a plan")
+        plan = read_json(folder / "plan.json", "a plan")
         with as_written(folder / "plan.json", "a plan"):
             if "static" in plan and "policy" in plan:  # a fleet plan (sim/planning/fleet_plan.py)
                 from sim.planning.fleet_report import FLEET_PNG, fleet_figure
@@ -500,7 +500,7 @@ def save_folder_plots(folder: str | Path, out: str | Path | None = None, x: str 
             return _plots(plan, out)
     if (folder / "search.json").is_file():
         from sim.planning.search_report import PARETO_PNG, pareto_plot
-        search = read_json_object(folder / "search.json", "a configuration search")
+        search = read_json(folder / "search.json", "a configuration search")
         with as_written(folder / "search.json", "a configuration search"):
             pareto = pareto_plot(search, out / PARETO_PNG)
         return [pareto] if pareto else []

@@ -1,4 +1,4 @@
-"""sim/reporting/outputs.py: a run folder servesim wrote, then damaged (a line cut short, a hand edit,
+"""sim/outputs.py: a run folder servesim wrote, then damaged (a line cut short, a hand edit,
 a strict-JSON rule broken), is one error naming the file, the line or key; the commands that read a
 folder back (report, plot, export, compare) say it in one line with exit 2. Each case below was a
 traceback, or a silent wrong answer, before the reader."""
@@ -136,3 +136,65 @@ def test_every_command_that_reads_a_run_back_says_it_in_one_line(run_dir, tmp_pa
         lines = result.output.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(f"error: {folder}"), lines
         assert not (tmp_path / case / "out").exists() and not (folder / "report.html").exists()
+
+
+@pytest.fixture(scope="module")
+def sweep_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("outputs") / "sweep"
+    result = CliRunner().invoke(app, ["sweep", str(ROOT / "scenarios/quickstart.yaml"), "--grid",
+                                      "engine.max_num_seqs=16,32", "--set", "workload.num_requests=20", "-o", str(out),
+                                      "-q", "--workers", "1"])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def _results(folder: Path, edit) -> None:
+    lines = (folder / "results.csv").read_text().split("\n")
+    (folder / "results.csv").write_text("\n".join(edit(lines)))
+
+
+def _drop_column(name: str):
+    def edit(lines):
+        i = lines[0].split(",").index(name)
+        return [",".join(x for j, x in enumerate(line.split(",")) if j != i) if line else line for line in lines]
+    return edit
+
+
+def _set_p99(value: str):
+    def edit(lines):
+        i = lines[0].split(",").index("ttft_ms.p99")
+        row = lines[1].split(",")
+        row[i] = value
+        return [lines[0], ",".join(row), *lines[2:]]
+    return edit
+
+
+SWEEPS = [  # an edit of results.csv, what report, plot and the sweep's resume say
+    (_drop_column("scenario_sha256"), "no scenario_sha256 column"),  # was KeyError: 'scenario_sha256'
+    (_set_p99("inf"), "line 2, column ttft_ms.p99: 'inf' is not a finite number"),  # was drawn as inf
+    (lambda lines: [lines[0], lines[1], lines[1], *lines[2:]], "line 3: run_id "),  # was counted twice
+]
+
+
+@pytest.mark.parametrize("edit, said", SWEEPS)
+def test_a_damaged_sweep_is_one_line_for_report_plot_and_resume(sweep_dir, tmp_path, edit, said):
+    folder = tmp_path / "sweep"
+    shutil.copytree(sweep_dir, folder)
+    _results(folder, edit)
+    for args in (["report", str(folder)], ["plot", str(folder), "-o", str(tmp_path / "plots")],
+                 ["sweep", str(ROOT / "scenarios/quickstart.yaml"), "--grid", "engine.max_num_seqs=16,32", "--set",
+                  "workload.num_requests=20", "-o", str(folder), "-q", "--workers", "1"]):
+        result = CliRunner().invoke(app, args)
+        lines = result.output.strip().splitlines()
+        assert result.exit_code == 2 and len(lines) == 1 and said in lines[0], (args[0], lines)
+    assert not (folder / ".servesim.lock").exists()
+
+
+def test_a_plan_json_with_nan_is_not_json_servesim_writes(tmp_path):
+    folder = tmp_path / "plan"
+    folder.mkdir()
+    (folder / "plan.json").write_text('{"scenario": "x", "sustained": NaN}')
+    for args in (["report", str(folder)], ["plot", str(folder), "-o", str(tmp_path / "p")]):
+        result = CliRunner().invoke(app, args)  # (report was: Out of range float values are not JSON compliant)
+        assert result.exit_code == 2
+        assert result.output.strip() == f"error: {folder / 'plan.json'}: NaN is not JSON servesim writes (a missing value is null)"

@@ -72,7 +72,7 @@ def check_frame(df: pd.DataFrame, columns: dict[str, Column], path: Path) -> pd.
     if "request_id" in df.columns and df["request_id"].duplicated().any():
         row = int(np.flatnonzero(df["request_id"].duplicated().to_numpy())[0])
         raise ScenarioError(f"{path}: line {row + 2}: request_id {int(df['request_id'].iloc[row])} appears "
-                            "twice; not a run as servesim writes it")
+                            "twice; not as servesim writes it")
     return df
 
 
@@ -81,7 +81,7 @@ def _refuse(path: Path, raw: pd.Series, name: str, mask: np.ndarray, reason: str
     cell = "" if pd.isna(raw.iloc[row]) else str(raw.iloc[row])
     shown = cell if len(cell) <= 40 else cell[:40] + "..."
     what = f"{shown!r} " if cell else ""
-    raise ScenarioError(f"{path}: line {row + 2}, column {name}: {what}{reason}; not a run as servesim writes it")
+    raise ScenarioError(f"{path}: line {row + 2}, column {name}: {what}{reason}; not as servesim writes it")
 
 
 # summary.json: the kinds of the keys servesim writes (absent keys are not checked: earlier
@@ -99,15 +99,16 @@ REQUIRED = ("scenario", "completed", "duration_s", "run")  # every run's summary
 LATENCY = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")      # each: statistic -> ms (or null)
 
 
-def read_summary(path: Path) -> dict:
-    """summary.json held to SUMMARY; ScenarioError naming the file and the key."""
+def read_json(path: Path, what: str) -> dict:
+    """The JSON object servesim wrote at `path` (`what`: "a run summary", "a plan"), strict: NaN or
+    Infinity is damage, since servesim writes null for a missing value."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise ScenarioError(f"{path}: cannot read a run summary ({getattr(e, 'strerror', None) or type(e).__name__})") \
+        raise ScenarioError(f"{path}: cannot read {what} ({getattr(e, 'strerror', None) or type(e).__name__})") \
             from None
 
-    def constant(name: str) -> float:  # NaN, Infinity: servesim writes strict JSON
+    def constant(name: str) -> float:
         raise ScenarioError(f"{path}: {name} is not JSON servesim writes (a missing value is null)")
     try:
         doc = json.loads(text, parse_constant=constant)
@@ -116,9 +117,15 @@ def read_summary(path: Path) -> dict:
     except ValueError as e:
         raise ScenarioError(f"{path}: not valid JSON ({getattr(e, 'msg', str(e))[:120]})") from None
     except RecursionError:
-        raise ScenarioError(f"{path}: nested too deeply to be a run summary") from None
+        raise ScenarioError(f"{path}: nested too deeply to be {what}") from None
     if not isinstance(doc, dict):
-        raise ScenarioError(f"{path}: expected a JSON object (a run summary)")
+        raise ScenarioError(f"{path}: expected a JSON object ({what})")
+    return doc
+
+
+def read_summary(path: Path) -> dict:
+    """summary.json held to SUMMARY; ScenarioError naming the file and the key."""
+    doc = read_json(path, "a run summary")
     for key in REQUIRED:
         if doc.get(key) is None:
             raise ScenarioError(f"{path}: no {key}; not a run summary as servesim writes it")
@@ -148,3 +155,23 @@ def _is(value: Any, kind: str) -> bool:
 def _shown(value: Any) -> str:
     text = json.dumps(value)
     return text if len(text) <= 40 else text[:40] + "..."
+
+
+# a sweep's results.csv: the columns every sweep writes before its grid keys and metrics
+SWEEP_COLUMNS = ("run_id", "scenario", "scenario_sha256", "repeat", "seed", "error")
+SWEEP_COUNTS = {"repeat": _COUNT, "seed": _COUNT}
+_METRIC = Column(empty=True, low=-math.inf)  # a summary metric, flattened: a finite number, or empty
+
+
+def check_results(rows: pd.DataFrame, numeric: list[str], path: Path) -> pd.DataFrame:
+    """results.csv (read as text where it holds ids) with its columns there, its metric columns
+    (`numeric`) finite numbers or empty, repeat and seed whole numbers and each run_id once."""
+    lacking = [c for c in SWEEP_COLUMNS if c not in rows.columns]
+    if lacking:
+        raise ScenarioError(f"{path}: not a sweep results table as servesim writes it (no {lacking[0]} column)")
+    check_frame(rows, {**{c: _METRIC for c in numeric}, **SWEEP_COUNTS}, path)
+    twice = rows["run_id"].duplicated()
+    if twice.any():
+        row = int(np.flatnonzero(twice.to_numpy())[0])
+        raise ScenarioError(f"{path}: line {row + 2}: run_id {rows['run_id'].iloc[row]} appears twice")
+    return rows
