@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sim.config.checks import json_object
 from sim.config.errors import ScenarioError
 
 WHOLE_MAX = 2 ** 53  # a count beyond this is not one servesim wrote (float64 holds whole numbers exactly to here)
@@ -107,20 +108,7 @@ def read_json(path: Path, what: str) -> dict:
     except (OSError, UnicodeDecodeError) as e:
         raise ScenarioError(f"{path}: cannot read {what} ({getattr(e, 'strerror', None) or type(e).__name__})") \
             from None
-
-    def constant(name: str) -> float:
-        raise ScenarioError(f"{path}: {name} is not JSON servesim writes (a missing value is null)")
-    try:
-        doc = json.loads(text, parse_constant=constant)
-    except ScenarioError:
-        raise
-    except ValueError as e:
-        raise ScenarioError(f"{path}: not valid JSON ({getattr(e, 'msg', str(e))[:120]})") from None
-    except RecursionError:
-        raise ScenarioError(f"{path}: nested too deeply to be {what}") from None
-    if not isinstance(doc, dict):
-        raise ScenarioError(f"{path}: expected a JSON object ({what})")
-    return doc
+    return json_object(text, str(path), what, expected=f"a JSON object ({what})", strict=True)
 
 
 def read_summary(path: Path) -> dict:

@@ -330,11 +330,15 @@ def read_json_object(path: Path, what: str) -> dict:
     return json_object(text, str(path), what)
 
 
-def json_object(text: str, where: str, what: str, expected: str = "a JSON object") -> dict:
+def json_object(text: str, where: str, what: str, expected: str = "a JSON object", strict: bool = False) -> dict:
     """`text` parsed as one JSON object; errors name `where` (a file, or file:line) and `what`
-    (e.g. "a config.json")."""
+    (e.g. "a config.json"). `strict`: NaN and Infinity refused (JSON that servesim wrote has null)."""
+    def constant(name: str) -> float:
+        raise ScenarioError(f"{where}: {name} is not JSON servesim writes (a missing value is null)")
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_constant=constant if strict else None)
+    except ScenarioError:
+        raise
     except ValueError as e:
         raise ScenarioError(f"{where}: not valid JSON ({getattr(e, 'msg', str(e))[:120]})") from None
     except RecursionError:
