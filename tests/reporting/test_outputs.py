@@ -87,7 +87,7 @@ def test_a_line_cut_short_and_a_repeated_request(run_dir, tmp_path):
 
 SUMMARIES = [  # an edit of summary.json, what the error says
     (lambda s: s.update(duration_s=None), "no duration_s"),
-    (lambda s: s.pop("run"), "no run"),
+    (lambda s: s.pop("completed"), "no completed"),
     (lambda s: s.update(run="x"), 'run: "x" is not an object or null'),
     (lambda s: s["run"].update(cost_model=3), "run.cost_model: 3 is not an object or null"),
     (lambda s: s.update(ttft_ms="fast"), 'ttft_ms: "fast" is not an object or null'),
