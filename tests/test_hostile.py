@@ -786,7 +786,7 @@ def test_an_edited_sweep_table_is_one_error_line(tmp_path, command):
             "sweep": ["sweep", str(sc), "--grid", "engine.max_num_seqs=4,8", "--out", str(out)]}[command]
     r = _invoke_entry(args)
     assert_clean(r, None, ok=False)
-    assert "results.csv: column ttft_ms.p99, row 2: 'oops' is not a number" in r.stderr
+    assert "results.csv: line 2, column ttft_ms.p99: 'oops' is not a number" in r.stderr
 
 
 def test_a_profile_with_a_heldout_mape_of_100_percent_or_more_is_refused(tmp_path):
