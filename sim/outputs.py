@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.config.checks import json_object
+from sim.config.checks import read_json_object
 from sim.config.errors import ScenarioError
 
 WHOLE_MAX = 2 ** 53  # a count beyond this is not one servesim wrote (float64 holds whole numbers exactly to here)
@@ -86,7 +86,7 @@ def _refuse(path: Path, raw: pd.Series, name: str, mask: np.ndarray, reason: str
 
 
 # summary.json: the kinds of the keys servesim writes (absent keys are not checked: earlier
-# releases wrote fewer). "number?" may be null (a statistic of no requests).
+# releases wrote fewer). "a number or null": null is a statistic of no requests.
 _NUMBER, _NUMBER_OR_NULL, _WHOLE, _TEXT, _SECTION = "a number", "a number or null", "a whole number >= 0", "text", \
     "an object or null"
 SUMMARY = {"scenario": _TEXT, "completed": _WHOLE, "duration_s": _NUMBER, "iterations": _WHOLE,
@@ -103,12 +103,7 @@ LATENCY = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")      # each: statistic -> 
 def read_json(path: Path, what: str) -> dict:
     """The JSON object servesim wrote at `path` (`what`: "a run summary", "a plan"), strict: NaN or
     Infinity is damage, since servesim writes null for a missing value."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ScenarioError(f"{path}: cannot read {what} ({getattr(e, 'strerror', None) or type(e).__name__})") \
-            from None
-    return json_object(text, str(path), what, expected=f"a JSON object ({what})", strict=True)
+    return read_json_object(path, what, expected=f"a JSON object ({what})", strict=True)
 
 
 def read_summary(path: Path) -> dict:

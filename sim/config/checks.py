@@ -320,14 +320,14 @@ def like_open(fd: int) -> None:
     os.fchmod(fd, 0o666 & ~_UMASK)
 
 
-def read_json_object(path: Path, what: str) -> dict:
+def read_json_object(path: Path, what: str, expected: str = "a JSON object", strict: bool = False) -> dict:
     """The JSON object in the file `path` (json_object's checks; an unreadable file is one error)."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         why = getattr(e, "strerror", None) or type(e).__name__
         raise ScenarioError(f"{path}: cannot read {what} ({why})") from None
-    return json_object(text, str(path), what)
+    return json_object(text, str(path), what, expected, strict)
 
 
 def json_object(text: str, where: str, what: str, expected: str = "a JSON object", strict: bool = False) -> dict:
