@@ -280,7 +280,7 @@ _command("plot", "sim.commands.plot:PlotRequest", "sim.commands.plot:plot",
     side. A sweep folder: a metric against a grid key, one line per another; a plan or search
     folder: its plots again.""")
 
-_command("calibrate", "calibrate.requests:CalibrateRequest", "calibrate.command:calibrate",
+_command("calibrate", "calibrate.command_requests:CalibrateRequest", "calibrate.command:calibrate",
          "Time a real model step over batch shapes; fit a profile.",
          """Time a real model step over a grid of batch shapes, fit the step-cost model and write a
     [bold]profile YAML[/] (for [bold]cost_model: {profile: FILE}[/]) plus the raw CSV; or, with
@@ -288,7 +288,7 @@ _command("calibrate", "calibrate.requests:CalibrateRequest", "calibrate.command:
     [bold]--from-bench[/], fit the engine overheads on top of them to your own server's
     benchmarks. See docs/calibration.md and docs/cost_models.md.""")
 
-_command("validate", "calibrate.requests:ValidateRequest", "calibrate.command:validate",
+_command("validate", "calibrate.command_requests:ValidateRequest", "calibrate.command:validate",
          "Real engine vs simulator on the same requests.",
          """Run the [bold]real engine[/] (a real model step under the simulator's own scheduler) and
     the simulator (cost model: --profile) on the same requests; write real/ and sim/ outputs and

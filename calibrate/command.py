@@ -1,12 +1,12 @@
 """`servesim calibrate` and `servesim validate`: what each does with its request
-(calibrate/requests.py), printed through sim/reporting/console.py. torch and the calibration
+(calibrate/command_requests.py), printed through sim/reporting/console.py. torch and the calibration
 modules load inside the functions: the command line is built without them."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from calibrate.requests import CalibrateRequest, ValidateRequest
+from calibrate.command_requests import CalibrateRequest, ValidateRequest
 from sim.config.errors import CommandFailed, ScenarioError, os_message
 from sim.reporting.console import err, esc, fmt, out, show
 from sim.reporting.progress import Progress

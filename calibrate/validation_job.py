@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from calibrate import validate as V
-from calibrate.requests import ValidateRequest
+from calibrate.command_requests import ValidateRequest
 from sim.config.errors import ScenarioError
 from sim.config.scenario import Scenario, load_scenario
 

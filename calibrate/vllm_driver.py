@@ -255,5 +255,14 @@ def main() -> None:
     print(f"progress {len(job['requests'])} {len(job['requests'])}", file=sys.stderr, flush=True)
 
 
+def own_folder_off_path() -> None:
+    """Run as a script, Python puts this file's folder (calibrate/) first on sys.path, where
+    servesim's own modules would shadow what vLLM imports (calibrate/requests.py once hid PyPI's
+    `requests`, and vLLM failed with "No module named 'sim'"). The driver needs nothing from there."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+
+
 if __name__ == "__main__":
+    own_folder_off_path()
     main()

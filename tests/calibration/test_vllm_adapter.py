@@ -220,6 +220,36 @@ def test_compare_only_on_the_fixture(fixture, tmp_path):
     assert (tmp_path / "v" / "profile.yaml").exists()
 
 
+def test_the_driver_run_as_a_script_imports_nothing_from_its_folder(tmp_path):
+    """The driver runs in vLLM's venv as `python calibrate/vllm_driver.py`, which puts calibrate/
+    first on sys.path: a calibrate/requests.py once hid PyPI's `requests` from vLLM, and every real
+    run failed with "No module named 'sim'". A stand-in vLLM here records where the modules it
+    imports come from, then stops the driver (exit 3)."""
+    fake = tmp_path / "site" / "vllm"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(
+        "import json, os, sys\n"
+        "import importlib.util as u\n"
+        "calibrate = os.environ['CALIBRATE_DIR']\n"
+        "spots = {n: (u.find_spec(n).origin if u.find_spec(n) else None) for n in json.loads(os.environ['NAMES'])}\n"
+        "open(os.environ['SEEN'], 'w').write(json.dumps({'path': sys.path, 'spots': spots}))\n"
+        "sys.exit(3)\n")
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"model_dir": str(tmp_path), "engine": {}, "requests": [], "seed": 0,
+                               "clock": "cpu", "vocab_size": 10, "prefix": None}))
+    calibrate = ROOT / "calibrate"
+    names = sorted(p.stem for p in calibrate.glob("*.py") if p.stem != "__init__")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path / "site"), "CALIBRATE_DIR": str(calibrate),
+           "NAMES": json.dumps(names), "SEEN": str(tmp_path / "seen.json")}
+    done = subprocess.run([sys.executable, str(calibrate / "vllm_driver.py"), str(job), str(tmp_path / "out.json")],
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, done.stderr[-2000:]  # it reached `import vllm`, the stand-in's exit
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    assert str(calibrate) not in [str(Path(p or ".").resolve()) for p in seen["path"]]
+    shadowed = {n: where for n, where in seen["spots"].items() if where and Path(where).parent == calibrate}
+    assert shadowed == {}
+
+
 @pytest.mark.vllm
 def test_real_vllm_end_to_end(tmp_path):
     """Real vLLM on the fixture's scenario (about 1.5 min: engine start-up and compilation)."""
