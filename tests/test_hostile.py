@@ -882,3 +882,28 @@ def test_a_binary_profile_names_cost_model_and_a_huge_resolution_names_itself(tm
                                  "--resolution", "1e9", "--out", str(out)])
     assert_clean(r, out, ok=False)
     assert "--resolution: 1e+09 is not a fraction under 1" in r.stderr
+
+
+@pytest.mark.parametrize("column, cell, says", [
+    ("send_time_us", "abc", "blis.csv:2: send_time_us 'abc' is not a non-negative number (microseconds)"),
+    ("first_chunk_time_us", "-5", "blis.csv:2: first_chunk_time_us '-5' is not a non-negative number"),
+    ("last_chunk_time_us", "1732431234000000", "blis.csv:2: last_chunk_time_us '1732431234000000' is not at "
+                                               "or after first_chunk_time_us"),
+    ("output_tokens", "1.5", "blis.csv:2: output_tokens '1.5' is not a non-negative integer")])
+def test_compare_with_a_damaged_blis_v2_trace_names_the_line(tmp_path, column, cell, says):
+    """A BLIS trace v2 whose measured times hold text (or times out of order) was a ValueError
+    traceback in `compare`; now the trace reader's own checks, naming the line and column, and
+    the run folder is left as it was (no compare.json)."""
+    rows = (ROOT / "scenarios" / "traces" / "blis_trace_v2.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    first = rows[1].split(",")
+    first[header.index(column)] = cell
+    bad = tmp_path / "blis.csv"
+    bad.write_text("\n".join([rows[0], ",".join(first), *rows[2:]]) + "\n")
+    run = tmp_path / "run"
+    assert CliRunner().invoke(app, ["run", str(scenario_file(tmp_path, QUICK)), "--out", str(run), "-q"]).exit_code == 0
+    before = sorted(p.name for p in run.iterdir())
+    r = CliRunner().invoke(app, ["compare", str(bad), str(run)])
+    assert_clean(r, None, ok=False)
+    assert says in r.stderr
+    assert sorted(p.name for p in run.iterdir()) == before

@@ -21,7 +21,7 @@ import pandas as pd
 from sim.config.errors import ScenarioError
 from sim.files import plain_text, save_figure
 from sim.reporting.analysis import Run
-from sim.workload.traces import BLIS_V2
+from sim.workload.traces import BLIS_V2, blis_v2_timings
 
 METRICS = ("ttft", "tpot", "itl", "e2el")
 STATS = (("mean", "mean"), ("median", "p50"), ("p99", "p99"))  # vLLM's name, summary.json's
@@ -67,7 +67,7 @@ def measured_doc(path: Path) -> dict:
     if not set(BLIS_V2 + timing) <= {h.strip() for h in header}:
         raise ScenarioError(f"{path}: not a JSON file (vllm bench serve --save-result output) nor a BLIS trace "
                             f"v2 CSV with {', '.join(BLIS_V2 + timing)}")
-    return blis_v2_doc(pd.read_csv(path, skipinitialspace=True, low_memory=False))
+    return blis_v2_doc(*blis_v2_timings(path))
 
 
 # vllm bench serve's per-request lists (seconds; token counts), one entry per request each
@@ -109,13 +109,13 @@ def _number(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
 
 
-def blis_v2_doc(df: pd.DataFrame) -> dict:
+def blis_v2_doc(ok: pd.DataFrame, failed: int) -> dict:
     """A BLIS trace v2's measured latencies in vllm bench serve's keys, from its requests with
-    status ok: TTFT = first chunk - send, E2EL = last chunk - send, TPOT = (E2EL - TTFT) /
-    (output tokens - 1) for outputs of 2+ tokens (vLLM's definition), throughput = completed
-    requests (output tokens) / (last chunk - first send). No per-token times: no ITL."""
-    ok = df[df["status"].astype(str).str.strip() == "ok"]
-    send, first, last = (ok[c].to_numpy(np.float64) / 1e6 for c in
+    status ok (sim/workload/traces.blis_v2_timings, seconds): TTFT = first chunk - send, E2EL = last
+    chunk - send, TPOT = (E2EL - TTFT) / (output tokens - 1) for outputs of 2+ tokens (vLLM's
+    definition), throughput = completed requests (output tokens) / (last chunk - first send). No
+    per-token times: no ITL."""
+    send, first, last = (ok[c].to_numpy(np.float64) for c in
                          ("send_time_us", "first_chunk_time_us", "last_chunk_time_us"))
     ttft, e2el = first - send, last - send
     out_tokens = ok["output_tokens"].to_numpy(np.int64)
@@ -125,7 +125,7 @@ def blis_v2_doc(df: pd.DataFrame) -> dict:
             "tpots": ((e2el[many] - ttft[many]) / (out_tokens[many] - 1)).tolist(),
             "request_throughput": len(ok) / span if span > 0 else None,
             "output_throughput": float(out_tokens.sum()) / span if span > 0 else None,
-            "completed": len(ok), "failed": int(len(df) - len(ok))}
+            "completed": len(ok), "failed": failed}
 
 
 def compare(doc: dict, run: Run) -> pd.DataFrame:

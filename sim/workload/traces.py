@@ -494,6 +494,32 @@ def _read_blis_v2(df: pd.DataFrame, lines: np.ndarray, name: str, _: int = 0) ->
     return table
 
 
+def blis_v2_timings(path: Path) -> tuple[pd.DataFrame, int]:
+    """What a BLIS trace v2 measured, for `servesim compare`: the requests with status ok, each
+    one's send_time_us, first_chunk_time_us and last_chunk_time_us in seconds (microseconds on any
+    clock, so not made relative) and output_tokens, checked as the trace reader checks its own
+    columns (a bad cell is one error naming the file's line); with the count of rows not ok."""
+    name = shown(path)
+    df, lines = _frame(path, name)
+    ok = (df["status"].astype(str).str.strip() == "ok").to_numpy()
+    df, lines = df[ok].reset_index(drop=True), lines[ok]
+    times = {}
+    for c in ("send_time_us", "first_chunk_time_us", "last_chunk_time_us"):
+        us = pd.to_numeric(df[c], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+        good = np.isfinite(us) & (us >= 0)
+        if not good.all():
+            _fail(df[c], lines, name, c, good, "a non-negative number (microseconds)")
+        times[c] = us
+    origin = times["send_time_us"].min() if len(df) else 0.0  # epoch us in real traces: exact in float64
+    times = {c: (us - origin) / 1e6 for c, us in times.items()}
+    for before, after in (("send_time_us", "first_chunk_time_us"), ("first_chunk_time_us", "last_chunk_time_us")):
+        order = times[after] >= times[before]
+        if not order.all():
+            _fail(df[after], lines, name, after, order, f"at or after {before} (a request ok)")
+    frame = pd.DataFrame({**times, "output_tokens": _ints(df["output_tokens"], lines, name, "output_tokens", 0)})
+    return frame, int((~ok).sum())
+
+
 def _parser_detail(message: str) -> str:
     """pandas' "... Expected 3 fields in line 7, saw 4" (file lines) -> "7: expected 3 fields, saw 4"."""
     found = re.search(r"Expected (\d+) fields in line (\d+), saw (\d+)", message)
