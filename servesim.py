@@ -287,9 +287,11 @@ def step_terms(model: Any, gpu: Any, batch: Any, tp: int = 1) -> dict[str, float
     """Milliseconds of each part of one iteration of `batch` (servesim.Batch) as the measured
     cost model composes it from the GPU's kernel tables (GEMMs, attention, communication, ...)."""
     from sim.cost.composer import SYSTEMS, TABLES, KernelTables, StepComposer
+    from sim.reporting.capacity import check_capacity_options
 
-    hardware = _preset("GPU", gpu)
+    hardware, m = _preset("GPU", gpu), _preset("model", model)
+    check_capacity_options(m, tp, None, None, None)  # the CLI's --tp check, its line
     if hardware.name not in SYSTEMS:
         raise ScenarioError(f"GPU {hardware.name!r}: no kernel tables; tables for: {', '.join(sorted(SYSTEMS))}")
     tables = KernelTables.load(TABLES / SYSTEMS[hardware.name], hardware.hbm_bandwidth)
-    return StepComposer(tables, _preset("model", model), tp).terms(batch)
+    return StepComposer(tables, m, tp).terms(batch)

@@ -168,8 +168,12 @@ def test_presets_by_name_and_a_wrong_name_lists_them():
 @pytest.mark.parametrize("call, says", [
     (lambda s: s.kv_budget("llama-3-8b", "h100-sxm", block_size=3), "--block-size: 3 is not a power of two"),
     (lambda s: s.kv_budget("llama-3-8b", "h100-sxm", pp=1000), "--pp: 1000 is not a number of pipeline stages"),
-    (lambda s: s.kv_budget("llama-3-8b", "h100-sxm", dp=2, ep=True), "--dp: data-parallel ranks are modelled for a "
-                                                                     "mixture-of-experts model"),
+    (lambda s: s.kv_budget("llama-3-8b", "h100-sxm", dp=2), "--dp: data-parallel ranks are modelled for a "
+                                                             "mixture-of-experts model"),
+    (lambda s: s.kv_budget("llama-3-8b", "h100-sxm", ep=True), "--ep: llama-3-8b is not a mixture of experts"),
+    (lambda s: s.kv_budget("llama-3-8b", "h100-sxm", dp=2, ep=True), "--ep: llama-3-8b is not a mixture of experts"),
+    (lambda s: s.step_terms("llama-3-8b", "h100-sxm", s.Batch(num_decodes=4, decode_context_sum=400), tp=-1),
+     "--tp: -1 does not divide"),
     (lambda s: s.kv_budget("llama-3-8b", "h100-sxm", tp=3), "--tp: 3 does not divide the 32 attention heads"),
     (lambda s: s.kv_budget("llama-3-8b", "h100-sxm", gpu_memory_utilization=1.5), "--gpu-memory-utilization: 1.5"),
     (lambda s: s.kv_budget("llama-3-8b", "h100-sxm").max_concurrent_seqs(0), "seq_len: 0 is not a whole number"),

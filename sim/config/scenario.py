@@ -691,6 +691,10 @@ def _check_data_parallel(engine: EngineConfig, model: ModelSpec, w: Where) -> No
     """Data parallelism is modelled where vLLM uses it for serving: DP attention in front of one
     expert-parallel group of a MoE model (sim/cost/expert_parallel.py), on iteration-level engines."""
     d = engine.data_parallel_size
+    if engine.enable_expert_parallel and model.moe is None:
+        raise ScenarioError(f"{w('engine.enable_expert_parallel')}: {model.name} is not a mixture of experts; "
+                            "expert parallelism has no experts to place (vLLM ignores it on a dense model): "
+                            "leave it off")
     if d == 1:
         if engine.all2all_backend != EngineConfig.all2all_backend:
             raise ScenarioError(f"{w('engine.all2all_backend')}: {engine.all2all_backend!r} is used by expert "

@@ -89,6 +89,9 @@ def check_layout(m: Any, pp: int, dp: int, ep: bool) -> None:
                             f"({m.name} has {m.num_layers} layers)")
     if dp < 1:
         raise ScenarioError(f"--dp: {dp} is not an integer >= 1")
+    if ep and m.moe is None:
+        raise ScenarioError(f"--ep: {m.name} is not a mixture of experts; expert parallelism has no experts "
+                            "to place (vLLM ignores the flag on a dense model): leave it off")
     if dp > 1 and (m.moe is None or not ep):
         raise ScenarioError("--dp: data-parallel ranks are modelled for a mixture-of-experts model with "
                             "--ep (expert parallelism); for a dense model each rank is a replica")

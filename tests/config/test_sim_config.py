@@ -75,11 +75,18 @@ def test_null_means_default(tmp_path):
     assert (sc.name, sc.seed, sc.cost_model.name, sc.slo, sc.engine) == ("chat", 0, "measured", None, EngineConfig())
 
 
+def test_expert_parallelism_on_a_dense_model_is_refused(tmp_path):
+    """vLLM ignores --enable-expert-parallel on a dense model; a scenario that sets it has mistaken
+    the model, so it is one line naming the key, not a run that silently means nothing."""
+    with pytest.raises(ScenarioError, match=r"engine.enable_expert_parallel: .* is not a mixture of experts"):
+        load_scenario(write(tmp_path, with_(engine={"enable_expert_parallel": True})))
+
+
 def test_every_key_given(tmp_path):
     engine = dict(scheduler="chunked", max_num_seqs=128, max_num_batched_tokens=2048, block_size=32,
                   gpu_memory_utilization=0.8, num_gpu_blocks=5000, tensor_parallel_size=2,
                   replicas=3, router="weighted", policy="sjf", batch_timeout_s=0.25,
-                  kv_cache_dtype="fp8", enable_expert_parallel=True, enable_prefix_caching=False,
+                  kv_cache_dtype="fp8", enable_expert_parallel=False, enable_prefix_caching=False,
                   scheduler_reserve_full_isl=False, enforce_eager=True,
                   speculative={"method": "eagle", "num_speculative_tokens": 2, "acceptance_rate": [0.8, 0.6]},
                   routing={"staleness_s": 0.05, "weights": {"prefix_affinity": 1.0, "queue_depth": 0.0,
