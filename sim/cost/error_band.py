@@ -267,7 +267,7 @@ def one_line(b: dict | None) -> str:
 
     def cell(metric: str, stat: str, label: str, unit: str, scale: float = 1.0) -> str:
         v = b.get(metric, {}).get(stat)
-        return "" if v is None else f"{label} {v[0] * scale:.3g}-{v[1] * scale:.3g} {unit}"
+        return "" if v is None else f"{label} {_figure(v[0] * scale)}-{_figure(v[1] * scale)} {unit}"
     cells = [c for c in (cell("ttft_ms", "p50", "TTFT p50", "ms"), cell("ttft_ms", "p99", "p99", "ms"),
                          cell("tpot_ms", "mean", "TPOT", "ms"), cell("e2el_ms", "p50", "E2E p50", "s", 1e-3))
              if c]
@@ -275,6 +275,13 @@ def one_line(b: dict | None) -> str:
     tag = ("estimated, not validated" if basis["estimated"] else "validated path" if basis["validated"]
            else "widened: " + "; ".join(basis["widened_for"]))
     return "real vLLM expected within: " + ", ".join(cells) + f" ({tag})"
+
+
+def _figure(x: float) -> str:
+    """Three significant figures, never in exponent form (a wide band's 1,120 ms read as 1.12e+03)."""
+    if x >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:.3g}" if x >= 1e-3 or x == 0 else f"{x:.2e}"
 
 
 def serving_error_band() -> dict | None:

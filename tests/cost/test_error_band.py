@@ -145,3 +145,13 @@ def test_unit_slips_are_warned_and_a_replaced_run_is_said(tmp_path):
     assert "SLO: p99 TTFT <= 0.5 ms" in r.output  # the target as written, not rounded to 0
     r = CliRunner().invoke(app, args)
     assert f"note: replaced the earlier run in {out}" in r.output
+
+
+def test_the_printed_band_never_uses_exponent_form():
+    """A wide tail band (a 135 ms p99 that real vLLM may serve at 1,120 ms) printed as 1.12e+03;
+    the line writes figures as a person reads them: 3 significant figures, thousands grouped."""
+    b = {"ttft_ms": {"p50": [37.61, 46.5], "p99": [35.5, 1123.4]}, "tpot_ms": {"mean": [7.6, 9.32]},
+         "e2el_ms": {"p50": [1630.0, 19870.0]},
+         "basis": {"estimated": False, "validated": True, "widened_for": []}}
+    assert eb.one_line(b) == ("real vLLM expected within: TTFT p50 37.6-46.5 ms, p99 35.5-1,123 ms, TPOT 7.6-9.32 ms, "
+                              "E2E p50 1.63-19.9 s (validated path)")
