@@ -14,6 +14,9 @@ the central files call these hooks for every registered feature and branch on no
     columns(config, state) -> dict   requests.csv columns of its own (name -> array, one per request)
     summarize(config, state, view)   its summary.json section (None: none)
     line(section) -> str | None      the line `servesim run` prints about it
+    unfinished(section) -> int       requests its model leaves unfinished by design (faults: failed
+                                     with no retry left), which `servesim run` does not count against
+                                     the run
     figures(run) -> dict             its own figures for `servesim plot` (name -> matplotlib Figure)
     vllm_flags(config) -> list[str]  what it adds to the `vllm serve` command (deploy files)
 
@@ -99,6 +102,7 @@ class Feature(Protocol):
     def columns(self, config: Any, state: Any) -> dict[str, np.ndarray]: ...
     def summarize(self, config: Any, state: Any, view: RunView) -> dict | None: ...
     def line(self, section: dict) -> str | None: ...
+    def unfinished(self, section: dict) -> int: ...
     def figures(self, run: Any) -> dict: ...
     def vllm_flags(self, config: Any) -> list[str]: ...
 
@@ -136,6 +140,9 @@ class FeatureBase:
 
     def line(self, section: dict) -> str | None:
         return None
+
+    def unfinished(self, section: dict) -> int:
+        return 0
 
     def figures(self, run: Any) -> dict:
         return {}

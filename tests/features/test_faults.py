@@ -134,6 +134,7 @@ def test_availability_counts_the_minutes_that_met_the_slo():
     ({"spot": {"replicas": 3, "preemptions_per_h": 1}}, {}, "faults.spot.replicas: 3 but engine.replicas is 2"),
     ({"spot": {"replicas": 1}}, {}, "give preemptions_per_h"),
     ({"failures": {"mtbf_h": 0, "repair_s": 1}}, {}, "faults.failures.mtbf_h: 0 is not a number > 0"),
+    ({"failures": {"mtbf_h": 1e-300, "repair_s": 1}}, {}, "faults.failures.mtbf_h: 1e-300 h is under one second"),
     ({"on_failure": "retry"}, {}, "faults: names no fault"),
     ({"outages": [{"replica": 0, "at_s": 1, "down_s": 1}], "minute_s": 1e-300}, {}, "faults.minute_s: 1e-300 s is under"),
     ({"outages": [{"replica": 0, "at_s": 1e300, "down_s": 1}]}, {}, "faults.outages[0].at_s: 1e+300 is more than"),
@@ -363,3 +364,38 @@ def test_an_idle_replica_of_an_autoscaled_fleet_does_not_fail():
                                         "engine": {"scheduler": "chunked", "replicas": 1, "autoscaling": auto}}),
                     workload=make_workload([0.0, 0.5], 4, [10, 3]))
     assert r.requests[list(free.requests.columns)].equals(free.requests) and r.steps.equals(free.steps)
+
+
+def test_a_spot_rate_so_low_it_never_strikes_is_the_run_without_it():
+    """1e-300 preemptions an hour: the first would come ~1e304 s in. Its timeout was put on the
+    clock, which the run then carried there after its last request, and the run was refused as
+    'the simulated clock reached 1.19e+304 s'. Now the run is the fault-free one, clock included."""
+    w = make_workload(np.arange(20) * 0.5, 4, 6)
+    never = simulate(scenario({"spot": {"replicas": 1, "preemptions_per_h": 1e-300}}), workload=w)
+    plain = simulate(scenario(None), workload=w)
+    assert never.requests["finish_s"].tolist() == plain.requests["finish_s"].tolist()
+    assert never.summary["duration_s"] == plain.summary["duration_s"]
+    assert never.summary["faults"]["preemptions"] == 0
+
+
+def test_requests_the_faults_fail_for_good_are_the_runs_outcome_not_its_failure(tmp_path):
+    """on_failure: fail loses r0 by design (the client gets an error): `servesim run` writes the
+    run, says so in the faults line and exits 0 (it was 'only 1 of 2 admitted requests completed',
+    exit 1, as if the simulation had broken)."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from cli import app
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,4,10\n0.5,4,3\n")
+    raw = {"name": "t", "model": "llama-3-8b", "hardware": "h100-sxm", "cost_model": "unit",
+           "engine": {"scheduler": "chunked", "replicas": 2}, "workload": {"trace": str(trace)},
+           "faults": {"outages": [{"replica": 0, "at_s": 4.2, "down_s": 100}], "on_failure": "fail"}}
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    r = CliRunner().invoke(app, ["run", str(path), "--out", str(tmp_path / "o")])
+    assert r.exit_code == 0, r.output
+    assert "1 failed" in r.output and "admitted requests completed" not in r.output
+    raw["faults"] = None  # the same run without faults completes both
+    path.write_text(yaml.safe_dump(raw))
+    assert CliRunner().invoke(app, ["run", str(path), "--out", str(tmp_path / "o2")]).exit_code == 0

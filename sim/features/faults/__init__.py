@@ -108,6 +108,9 @@ class Faults(FeatureBase):
         from sim.features.faults.summary import one_line
         return one_line(section)
 
+    def unfinished(self, section: dict) -> int:
+        return int(section.get("requests_failed") or 0)  # lost with no retry left: the model's outcome
+
     def figures(self, run: Any) -> dict:
         from sim.features.faults.plot import faults_figure
         return {"faults": faults_figure(run)}

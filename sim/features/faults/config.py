@@ -92,6 +92,8 @@ class FaultsConfig:
         return out
 
 
+MIN_MTBF_H = 1 / 3600  # h: one second; a shorter mean time between failures is a unit slip, not a fleet
+
 KEYS = ("failures", "outages", "drains", "spot", "on_failure", "retry_delay_s", "max_retries", "minute_s", "seed")
 
 
@@ -108,8 +110,11 @@ def parse_faults(v: Any, where: str) -> FaultsConfig | None:
     if v.get("failures") is not None:
         f, at = v["failures"], f"{where}.failures"
         check_fields(f, at, ("mtbf_h", "repair_s"), ("mtbf_h", "repair_s"))
-        failures = Failures(_num(f["mtbf_h"], f"{at}.mtbf_h", 0, open_lo=True, cap=1e7),
-                            _secs(f["repair_s"], f"{at}.repair_s"))
+        mtbf_h = _num(f["mtbf_h"], f"{at}.mtbf_h", 0, open_lo=True, cap=1e7)
+        if mtbf_h < MIN_MTBF_H:  # (1e-300 h ran to a day of nothing but failures, every request lost)
+            raise ScenarioError(f"{at}.mtbf_h: {mtbf_h:g} h is under one second between failures of a replica, "
+                                "no server's; the unit is hours (48 is two days)")
+        failures = Failures(mtbf_h, _secs(f["repair_s"], f"{at}.repair_s"))
     if v.get("outages") is not None:
         if not isinstance(v["outages"], list) or not v["outages"]:
             raise ScenarioError(f"{where}.outages: must be a non-empty list of {{replica, at_s, down_s}}")
