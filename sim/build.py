@@ -32,7 +32,6 @@ from sim.cost.speculative import SpeculativeCost
 from sim.features import registry as features
 from sim.features.contract import Wiring
 from sim.kv.cache import PagedKVCache, StateKVCache, WindowedKVCache
-from sim.kv.offload import CpuOffload, OffloadSpec
 from sim.kv.prefix_cache import PrefixKVCache, request_chains
 from sim.presets import models
 from sim.presets.memory import kv_bytes_per_token_per_rank
@@ -102,13 +101,14 @@ def build_scheduler(e: EngineConfig, requests: RequestTable, num_blocks: int,
                     workload: Workload, rng: np.random.Generator | None = None,
                     layout: KVLayout | None = None,
                     handoff: Callable[[int, float], None] | None = None,
-                    offload: OffloadSpec | None = None) -> Scheduler:
+                    parts: Callable[[object], dict] | None = None) -> Scheduler:
     """One replica's scheduler with its own KV cache of `num_blocks` blocks and waiting queue.
     `rng`: the run's seeded generator (speculative decoding draws its acceptances from it);
     `layout`: a sliding-window model's KV-cache groups (sim/config/scenario.py turned prefix caching,
     speculative decoding and disaggregation off or away for it); `handoff(rid, now)`: where a
     disaggregated prefill replica sends each computed prompt (sim/runtime/disaggregation.py);
-    `offload`: a CPU tier behind its prefix cache (offload_spec; sim/kv/offload.py)."""
+    `parts(kv)`: the features' collaborators over this replica's KV cache, by the scheduler's
+    keyword (sim/features/registry.scheduler_parts: e.g. a CPU tier, "connector")."""
     cls = SCHEDULERS[e.scheduler]
     caching = prefix_caching(e, workload)
     if caching and e.speculative is not None:
@@ -137,8 +137,8 @@ def build_scheduler(e: EngineConfig, requests: RequestTable, num_blocks: int,
     extra: dict = {} if handoff is None else {"handoff": handoff}  # (a disaggregated prefill replica's)
     if isinstance(kv, WindowedKVCache):  # what a sliding window changes in a step, and its decode pool
         extra["window"] = SlidingWindow(kv, WindowedDecodePool(requests, kv))
-    if offload is not None:  # (the scenario checked it runs over prefix caching: a PrefixKVCache)
-        extra["connector"] = CpuOffload(offload, kv)
+    if parts is not None:  # what the features hand this replica's scheduler (sim/features/)
+        extra.update(parts(kv))
     if e.lora is not None:  # adapter slots: which requests may join, what each iteration loads
         adapter = workload.adapter if workload.adapter is not None else np.full(len(requests), -1, np.int64)
         extra["lora"] = LoRASlots(e.lora.max_loras, adapter)
@@ -149,17 +149,6 @@ def build_scheduler(e: EngineConfig, requests: RequestTable, num_blocks: int,
                max_num_batched_tokens=e.max_num_batched_tokens * e.pipeline_parallel_size,
                reserve_full_isl=e.scheduler_reserve_full_isl, batch_timeout_s=e.batch_timeout_s,
                max_output_tokens=int(workload.output_tokens.max(initial=1)))
-
-
-def offload_spec(scenario: Scenario) -> OffloadSpec | None:
-    """The CPU tier each replica gets (engine.kv_offloading_size), None if off."""
-    e = scenario.engine
-    if e.kv_offloading_size is None:
-        return None
-    per_block = kv_bytes_per_token_per_rank(scenario.stage_model, e.tensor_parallel_size,
-                                            e.kv_cache_dtype) * e.block_size
-    return OffloadSpec.resolve(e.kv_offloading_size, per_block, e.tensor_parallel_size,
-                               scenario.hardware.host_bandwidth)
 
 
 def caching_on(e: EngineConfig) -> bool:
@@ -325,8 +314,8 @@ def build_replicas(env, scenario: Scenario, req: RequestTable, workload: Workloa
     # ranks are engines of their own, each behind the router like a replica (vLLM's DP front end
     # balances requests over them)
     built = (e.replicas if a is None else a.max_replicas) * e.data_parallel_size
-    offload = offload_spec(scenario)
-    schedulers = [build_scheduler(e, req, blocks, workload, rng, layout, offload=offload) for _ in range(built)]
+    parts = features.scheduler_parts(scenario)
+    schedulers = [build_scheduler(e, req, blocks, workload, rng, layout, parts=parts) for _ in range(built)]
     fleet = None
     router: Router
     routing = e.routing

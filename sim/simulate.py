@@ -118,6 +118,7 @@ class _Run:
     steps: pd.DataFrame = dataclasses.field(init=False)
     requests: pd.DataFrame = dataclasses.field(init=False)
     states: dict = dataclasses.field(default_factory=dict)  # each active feature's run state
+    view: RunView = dataclasses.field(init=False)       # what the features' summaries read
 
 
 def _workload(scenario: Scenario, workload: Workload | None, rng: np.random.Generator) -> Workload:
@@ -219,13 +220,10 @@ def _summary(run: _Run, itl: InterTokenGaps) -> dict:
                         classes=offered.class_names if offered.classes is not None else ())
     if fleet is not None:
         summary["autoscaling"] = fleet
+    run.view = RunView(sc, run.requests, run.steps, summary, replicas, gpus)
     for section in SECTIONS:
         section(run, summary)
-    view = RunView(sc, run.requests, run.steps, summary, replicas, gpus)
-    for key, f in features.active(sc):  # each feature's own section (sim/features/: energy, faults, ...)
-        part = f.summarize(sc.features[key], run.states[key], view)
-        if part is not None:
-            summary[key] = part
+    _feature_sections(run, summary, "")  # each top-level feature's own (sim/features/: energy, faults, ...)
     if "ttft_ms" in summary:  # where the real server's latencies are expected (sim/cost/error_band.py)
         queued = error_band.queued_share(run.requests["queue_s"].to_numpy(dtype=float),
                                          run.requests["ttft_s"].to_numpy(dtype=float))
@@ -281,18 +279,18 @@ def _lora(run: _Run, summary: dict) -> None:
                            "adapter_loads": sum(x.loads for x in slots)}
 
 
-def _kv_offloading(run: _Run, summary: dict) -> None:
-    schedulers = run.built.schedulers
-    tiers = [s.connector for s in schedulers if getattr(s, "connector", None) is not None]
-    if tiers:  # KV offloading: the CPU tier's share of the lookups (the GPU's: prefix_cache_hit_rate)
-        queried = sum(s.kv.queried_tokens for s in schedulers)
-        hit = sum(t.hit_tokens for t in tiers)
-        summary["kv_offloading"] = {
-            "cpu_blocks_per_replica": tiers[0].capacity, "cpu_hit_rate": hit / queried if queried else 0.0,
-            "cpu_hit_tokens": hit, "loads": sum(t.loads for t in tiers),
-            "load_ms": distribution(np.array([x for t in tiers for x in t.load_seconds], dtype=np.float64)),
-            "stored_blocks": sum(t.stored_blocks for t in tiers),
-            "evicted_blocks": sum(t.evicted_blocks for t in tiers)}
+def _engine_features(run: _Run, summary: dict) -> None:
+    _feature_sections(run, summary, "engine")  # (an engine feature's, e.g. kv_offloading: among the engine's)
+
+
+def _feature_sections(run: _Run, summary: dict, section: str) -> None:
+    """The summary section of each active feature whose knobs live in `section` ("": its own)."""
+    sc = run.scenario
+    for key, f in features.active(sc):
+        if f.section == section:
+            part = f.summarize(sc.features[key], run.states[key], run.view)
+            if part is not None:
+                summary[key] = part
 
 
 def _users(run: _Run, summary: dict) -> None:
@@ -316,7 +314,7 @@ def _kv_transfers(run: _Run, summary: dict) -> None:
                                                        d.decode_replicas)
 
 
-SECTIONS: tuple[Callable[[_Run, dict], None], ...] = (_admission, _prefix_cache, _lora, _kv_offloading, _users,
+SECTIONS: tuple[Callable[[_Run, dict], None], ...] = (_admission, _prefix_cache, _lora, _engine_features, _users,
                                                         _kv_transfers)
 
 

@@ -96,7 +96,7 @@ class EngineConfig:
     # vLLM V1); acts on workloads that say what prompts share (sim/kv/prefix_cache.py)
     enable_prefix_caching: bool | None = None
     # vLLM's KV offloading to CPU memory (--kv-offloading-size, GiB over all TP ranks together;
-    # sim/kv/offload.py): None = off. Only the "native" backend (vLLM's OffloadingConnector).
+    # sim/features/kv_offloading/): None = off. Only the "native" backend (vLLM's OffloadingConnector).
     kv_offloading_size: float | None = None
     kv_offloading_backend: str = "native"
     # vLLM's scheduler_reserve_full_isl (on by default in vLLM 0.32): a waiting or preempted request
@@ -237,7 +237,8 @@ class Scenario:
                                 reserved_bytes=memory.lora_slot_bytes(self.model, e.lora, e.tensor_parallel_size))
 
 
-TOP_KEYS = ("name", "seed", "model", "hardware", "cost_model", "engine", "workload", "slo", *features.FEATURES)
+TOP_KEYS = ("name", "seed", "model", "hardware", "cost_model", "engine", "workload", "slo",
+            *features.top_level_keys())
 MAX_BLOCK_SIZE = 1024  # tokens; bigger "pages" make paging pointless and usually mean a typo
 # (a hybrid model's blocks are raised past it, to multiples of 16: vLLM's, sim/presets/memory.hybrid_block_size)
 MAX_HYBRID_BLOCK_SIZE = 8192
@@ -302,7 +303,6 @@ def _scenario_from_dict(raw: Mapping[str, Any], source: str | Path | None, base_
     _check_lora(engine, model, hw, w)
     _check_network(engine, hw, w)
     budget = _check_fits(engine, stage, hw, w)
-    _check_offloading(engine, stage, hw, w)
     if engine.disaggregation is not None:  # each pool's TP and memory must fit too
         for name in ("prefill", "decode"):
             def pool_where(k: str, name: str = name) -> str:
@@ -326,7 +326,7 @@ def _scenario_from_dict(raw: Mapping[str, Any], source: str | Path | None, base_
     work = _delegate(overridden, "workload", lambda: workload.parse_workload(
         raw["workload"], label, base_dir))  # its messages read "<label>: workload.<key>: ..."
     slo = _parse_slo(raw.get("slo"), w)
-    sections = features.parse_sections(raw, w)
+    sections = features.parse_sections(raw, engine, w)
     if work.adapters is not None and engine.lora is None:
         raise ScenarioError(f"{w('workload.adapters')}: the requests name LoRA adapters but the engine serves "
                             "none; set engine.lora (e.g. {max_loras: 4, max_lora_rank: 16})")
@@ -749,35 +749,6 @@ def _check_lora(engine: EngineConfig, model: ModelSpec, hw: HardwareSpec, w: Whe
     if model.moe is not None:
         raise ScenarioError(f"{at}: LoRA adapters on {model.name}'s experts are not modelled (a dense model's are)")
     _refuse_beside(engine, at, "LoRA", ("speculative", "disaggregation", "kv_offloading_size"), stages=True)
-
-
-def _check_offloading(engine: EngineConfig, model: ModelSpec, hw: HardwareSpec, w: Where) -> None:
-    """KV offloading (sim/kv/offload.py) is modelled over vLLM V1's prefix cache on one engine that
-    does both phases, for the native backend, across a known host link."""
-    if engine.kv_offloading_size is None:
-        if engine.kv_offloading_backend != "native":
-            raise ScenarioError(f"{w('engine.kv_offloading_backend')}: {engine.kv_offloading_backend!r} without "
-                                "engine.kv_offloading_size (GiB of CPU memory), which turns offloading on")
-        return
-    at = w("engine.kv_offloading_size")
-    if engine.kv_offloading_backend != "native":
-        raise ScenarioError(f"{w('engine.kv_offloading_backend')}: {engine.kv_offloading_backend!r} is not "
-                            "modelled; only 'native' (vLLM's OffloadingConnector) is")
-    cls = SCHEDULERS[engine.scheduler]
-    if not (cls.iteration_level and cls.prefix_caching) or engine.enable_prefix_caching is False:
-        raise ScenarioError(f"{at}: offloading is modelled over prefix caching (blocks are found by their "
-                            "hashes), which is off here"
-                            + ("" if cls.prefix_caching else f" (the {engine.scheduler} scheduler has none)"))
-    _refuse_beside(engine, at, "offloading", ("speculative", "disaggregation"), stages=False)
-    if hw.host_bandwidth <= 0:
-        raise ScenarioError(f"{at}: {hw.name} has no host link bandwidth (hardware.host_bandwidth, bytes/s per "
-                            "direction: what loads from CPU memory cross); give it in the hardware mapping")
-    tp = engine.tensor_parallel_size
-    block = memory.kv_bytes_per_token_per_rank(model, tp, engine.kv_cache_dtype) * engine.block_size
-    if engine.kv_offloading_size * 2**30 / tp < block:
-        raise ScenarioError(f"{at}: {engine.kv_offloading_size:g} GiB over {tp} GPU(s) holds no KV block "
-                            f"({block:,} bytes per GPU for {model.name}); give at least "
-                            f"{block * tp / 2**30:.3g} GiB")
 
 
 def _check_fits(engine: EngineConfig, model: ModelSpec, hw: HardwareSpec, w: Where) -> MemoryBudget:

@@ -1,13 +1,22 @@
 """The one contract a feature meets (issue 49), like vLLM's KV connector or a scheduler plug-in:
 the central files call these hooks for every registered feature and branch on none.
 
-    parse(raw, where) -> config      its own top-level scenario section (None when absent), checked
+    section                          "" : its own top-level scenario section `key:`; "engine": its
+                                     knobs are engine keys (vLLM's flags, parsed with the engine's),
+                                     and parse reads them off the resolved EngineConfig
+    at                               the scenario key path its errors name ("": its key)
+    parse(raw, where) -> config      its own top-level scenario section (None when absent), checked;
+                                     an engine feature's: the EngineConfig
     unvalidated                      its name in the error band when on, if no real run checked it
     rules                            what it cannot run with, as data: checked once the scenario is
                                      parsed, printed by docs/features.md (`compatibility`)
     as_yaml(config) -> dict | None   the section the resolved scenario.yaml writes (None: nothing)
     check(config, scenario, where)   cross-checks against the rest of the scenario (a replica index)
     on(config) -> bool               does it change the run (an absent section: no)
+    scheduler_parts(config, scenario) -> make | None
+                                     at build time: make(kv) gives each replica's scheduler its
+                                     collaborators over that replica's KV cache (name -> object,
+                                     e.g. "connector": a CPU tier), like vLLM's KV connector
     wire(config, wiring) -> state    at build time, before the replicas: may replace the routing of
                                      open-loop arrivals and the replicas' class, and start processes
     observe(config, state, ran)      after the run, before the metrics take the recorder's arrays
@@ -89,12 +98,15 @@ class RunView:
 
 class Feature(Protocol):
     key: str                 # its top-level scenario key (and summary.json section)
+    section: str             # "" (its own top-level section) or "engine" (its knobs are engine keys)
+    at: str                  # the key path its errors name ("": key)
     title: str               # one line for the docs' table
     rules: tuple[Rule, ...]
     unvalidated: str         # what the error band names while it is on ("": it changes no latency)
 
     def parse(self, raw: Any, where: str) -> Any: ...
     def check(self, config: Any, scenario: Scenario, where: str) -> None: ...
+    def scheduler_parts(self, config: Any, scenario: Scenario) -> Callable[[Any], dict] | None: ...
     def as_yaml(self, config: Any) -> dict | None: ...
     def on(self, config: Any) -> bool: ...
     def wire(self, config: Any, wiring: Wiring) -> Any: ...
@@ -110,6 +122,8 @@ class Feature(Protocol):
 class FeatureBase:
     """Every hook's default: the feature does nothing there."""
     key = ""
+    section = ""
+    at = ""
     title = ""
     rules: tuple[Rule, ...] = ()
     unvalidated = ""
@@ -118,6 +132,9 @@ class FeatureBase:
         return raw
 
     def check(self, config: Any, scenario: Scenario, where: str) -> None:
+        return None
+
+    def scheduler_parts(self, config: Any, scenario: Scenario) -> Callable[[Any], dict] | None:
         return None
 
     def as_yaml(self, config: Any) -> dict | None:

@@ -4,34 +4,51 @@ A new feature is a sub-package with a `FEATURE` object (sim/features/contract.Fe
 line here; nothing else in servesim names it (docs/simulator.md, "Adding a feature")."""
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from sim.config.errors import ScenarioError
-from sim.features import energy, faults
+from sim.features import energy, faults, kv_offloading
 from sim.features.contract import Feature
 
 if TYPE_CHECKING:
-    from sim.config.scenario import Scenario
+    from sim.config.scenario import EngineConfig, Scenario
 
 FEATURES: dict[str, Feature] = {
+    "kv_offloading": kv_offloading.FEATURE,
     "energy": energy.FEATURE,
     "faults": faults.FEATURE,
 }
 
 
-def parse_sections(raw: dict, where) -> dict[str, Any]:
-    """Each feature's config from its top-level section of `raw` (`where(key)`: the error prefix)."""
-    return {key: f.parse(raw.get(key), where(key)) for key, f in FEATURES.items()}
+def top_level_keys() -> tuple[str, ...]:
+    """The scenario's top-level keys the features own (an engine feature's knobs are engine keys)."""
+    return tuple(key for key, f in FEATURES.items() if not f.section)
+
+
+def parse_sections(raw: dict, engine: EngineConfig, where) -> dict[str, Any]:
+    """Each feature's config: from its top-level section of `raw`, or (an engine feature) read off
+    the resolved `engine` (`where(path)`: the error prefix)."""
+    return {key: f.parse(engine if f.section == "engine" else raw.get(key), where(f.at or key))
+            for key, f in FEATURES.items()}
 
 
 def check_rules(scenario: Scenario, where) -> None:
     """A feature switched on beside something it cannot run with: refused, naming both."""
     for key, f in active(scenario):
-        f.check(scenario.features[key], scenario, where(key))
+        f.check(scenario.features[key], scenario, where(f.at or key))
         for rule in f.rules:
             if rule.clashes(scenario):
-                raise ScenarioError(f"{where(key)}: not modelled together with {rule.other} ({rule.why})")
+                raise ScenarioError(f"{where(f.at or key)}: not modelled together with {rule.other} ({rule.why})")
+
+
+def scheduler_parts(scenario: Scenario) -> Callable[[Any], dict] | None:
+    """make(kv): every active feature's collaborators for one replica's scheduler over its KV cache
+    (None: no feature supplies any)."""
+    makers = [m for key, f in active(scenario) if (m := f.scheduler_parts(scenario.features[key], scenario))]
+    if not makers:
+        return None
+    return lambda kv: {name: part for make in makers for name, part in make(kv).items()}
 
 
 def active(scenario: Scenario) -> Iterator[tuple[str, Feature]]:
@@ -53,10 +70,11 @@ def compatibility_markdown() -> str:
     rows = ["| feature | section | cannot run with | why |", "|---|---|---|---|"]
     for key, f in FEATURES.items():
         rules = f.rules or ()
+        section = f"`{f.at}`" if f.section else f"`{key}:`"
         if not rules:
-            rows.append(f"| {key} | `{key}:` | (nothing) | |")
+            rows.append(f"| {key} | {section} | (nothing) | |")
         for rule in rules:
-            rows.append(f"| {key} | `{key}:` | {rule.other} | {rule.why} |")
+            rows.append(f"| {key} | {section} | {rule.other} | {rule.why} |")
     return "\n".join(rows) + "\n"
 
 

@@ -57,11 +57,6 @@ def summary_table(name: str, s: dict) -> Any:
                        ("MFU", "mfu"), ("MBU", "mbu"), ("prefix cache hit rate", "prefix_cache_hit_rate")):
         if isinstance(s.get(key), (int, float)):
             run.add_row(label, f"{s[key]:.1%}")
-    offload = s.get("kv_offloading")
-    if isinstance(offload, dict):  # a CPU tier behind the GPU's prefix cache
-        load = offload.get("load_ms") or {}
-        run.add_row("CPU KV hit rate (offloading)", f"{offload['cpu_hit_rate']:.1%}; {offload['loads']:,} loads, "
-                                                    f"p99 {fmt(load.get('p99'), 1)} ms")
     lora = s.get("lora")
     if isinstance(lora, dict):  # multi-LoRA serving
         run.add_row("LoRA adapters", f"{lora['adapters_used']:,} used; {lora['adapter_loads']:,} loads into "

@@ -53,8 +53,8 @@ class IterationLevelScheduler:
         # a disaggregated prefill replica's: where a computed prompt's KV goes instead of decoding
         # here, handoff(rid, now) (like vLLM's KV connector handed to its scheduler)
         self.handoff = handoff
-        # KV offloading to CPU memory (sim/kv/offload.CpuOffload), like vLLM's KV connector: consulted
-        # as requests are admitted, computed and leave; None: no tier behind the GPU cache
+        # KV offloading to CPU memory (sim/features/kv_offloading/cpu_tier.CpuOffload), like vLLM's KV
+        # connector: consulted as requests are admitted, computed and leave; None: no tier behind the GPU cache
         self.connector: Any = connector
         self.loading: dict[int, float] = {}  # admitted, waiting for its load from CPU -> when it is in
         # multi-LoRA serving (sim/schedulers/lora.LoRASlots): which adapters a batch may use, which

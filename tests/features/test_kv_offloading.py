@@ -1,4 +1,4 @@
-"""KV offloading to CPU memory (sim/kv/offload.py; vLLM's --kv-offloading-size): timelines worked
+"""KV offloading to CPU memory (sim/features/kv_offloading/cpu_tier.py; vLLM's --kv-offloading-size): timelines worked
 by hand with the unit cost model, the LRU rules, and the knobs' refusals."""
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from sim.build import offload_spec
 from sim.config.errors import ScenarioError
 from sim.config.scenario import scenario_from_dict
-from sim.kv.offload import CpuOffload, OffloadSpec
+from sim.features.kv_offloading import offload_spec
+from sim.features.kv_offloading.cpu_tier import CpuOffload, OffloadSpec
 from sim.planning.vllm_command import vllm_serve
 from sim.presets.hardware import HARDWARE_PRESETS, is_preset
 from sim.simulate import simulate
@@ -143,11 +143,12 @@ def test_the_tier_size_and_load_cost_follow_vllm_and_the_host_link():
     2 MiB / 64 GB/s. vLLM's size is over all TP ranks: at TP2 each rank keeps 32 GiB of 1 MiB
     half-blocks, 32,768 again, each half loaded over its own link in half the time."""
     def spec(tp):
-        return offload_spec(scenario_from_dict({"model": "llama-3-8b", "hardware": "h100-sxm", "workload": _ONE,
-                                                "engine": {"kv_offloading_size": 64, "tensor_parallel_size": tp}}))
+        sc = scenario_from_dict({"model": "llama-3-8b", "hardware": "h100-sxm", "workload": _ONE,
+                                 "engine": {"kv_offloading_size": 64, "tensor_parallel_size": tp}})
+        return offload_spec(sc.features["kv_offloading"], sc)
     assert spec(1) == OffloadSpec(32_768, 2 * 2**20 / 64e9)
     assert spec(2) == OffloadSpec(32_768, 2**20 / 64e9)
-    assert offload_spec(_scenario(None)) is None
+    assert _scenario(None).features["kv_offloading"] is None
 
 
 def test_the_knobs_refusals_and_the_vllm_command():
@@ -160,7 +161,9 @@ def test_the_knobs_refusals_and_the_vllm_command():
             ({"kv_offloading_size": 8, "scheduler": "static"}, "(the static scheduler has none)"),
             ({"kv_offloading_size": 8, "speculative": {"method": "ngram", "num_speculative_tokens": 2,
                                                                     "acceptance_rate": 0.5}},
-             "offloading with engine.speculative is not modelled"),
+             "engine.kv_offloading_size: not modelled together with engine.speculative"),
+            ({"kv_offloading_size": 8, "disaggregation": {"prefill_replicas": 1, "decode_replicas": 1}},
+             "engine.kv_offloading_size: not modelled together with engine.disaggregation"),
             ({"kv_offloading_size": 0.001}, "holds no KV block (2,097,152 bytes per GPU for llama-3-8b)")):
         with pytest.raises(ScenarioError, match=message.replace("(", r"\(").replace(")", r"\)")):
             scenario_from_dict({"model": "llama-3-8b", "hardware": "h100-sxm", "workload": _ONE, "engine": engine})
