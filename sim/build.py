@@ -25,7 +25,6 @@ from sim.config.scenario import EngineConfig, Scenario
 from sim.cost import registry as cost
 from sim.cost.eager import EagerCost, launch_floor_s
 from sim.cost.expert_parallel import ExpertParallelCost
-from sim.cost.lora import LoRACost
 from sim.cost.pipeline import PipelineCost, hop_link
 from sim.cost.registry import check_kv_cache_dtype, parse_cost_model
 from sim.cost.speculative import SpeculativeCost
@@ -38,7 +37,6 @@ from sim.presets.memory import kv_bytes_per_token_per_rank
 from sim.runtime.routers import Router, Signals, make_router
 from sim.schedulers import SCHEDULERS, Scheduler
 from sim.schedulers.decode_pool import WindowedDecodePool
-from sim.schedulers.lora import LoRASlots
 from sim.schedulers.queues import make_queue
 from sim.schedulers.speculative import SpeculativePool
 from sim.schedulers.window import SlidingWindow
@@ -66,8 +64,7 @@ def cost_model(scenario: Scenario):
     if e.data_parallel_size > 1:  # DP attention in front of one expert-parallel group: its all-to-all
         return ExpertParallelCost(target, scenario.model, scenario.hardware, tp, e.data_parallel_size,
                                   e.all2all_backend)
-    if e.lora is not None:  # adapters loaded into slots and run beside the base model (sim/cost/lora.py)
-        target = LoRACost(target, scenario.model, scenario.hardware, tp, e.lora.max_lora_rank)
+    target = features.wrap_cost(scenario, target)  # what the features add to an iteration (LoRA's adapters)
     if e.pipeline_parallel_size > 1:
         bandwidth, latency = hop_link(scenario.hardware, e.gpus_per_replica)
         m = scenario.model
@@ -139,9 +136,6 @@ def build_scheduler(e: EngineConfig, requests: RequestTable, num_blocks: int,
         extra["window"] = SlidingWindow(kv, WindowedDecodePool(requests, kv))
     if parts is not None:  # what the features hand this replica's scheduler (sim/features/)
         extra.update(parts(kv))
-    if e.lora is not None:  # adapter slots: which requests may join, what each iteration loads
-        adapter = workload.adapter if workload.adapter is not None else np.full(len(requests), -1, np.int64)
-        extra["lora"] = LoRASlots(e.lora.max_loras, adapter)
     # pipeline parallelism: an iteration is S of vLLM's batches in flight, each with its own budget
     # (sim/cost/pipeline.py)
     return make(requests=requests, kv=kv, pool=pool, queue=make_queue(e.policy, requests), **extra,
@@ -314,7 +308,7 @@ def build_replicas(env, scenario: Scenario, req: RequestTable, workload: Workloa
     # ranks are engines of their own, each behind the router like a replica (vLLM's DP front end
     # balances requests over them)
     built = (e.replicas if a is None else a.max_replicas) * e.data_parallel_size
-    parts = features.scheduler_parts(scenario)
+    parts = features.scheduler_parts(scenario, workload)
     schedulers = [build_scheduler(e, req, blocks, workload, rng, layout, parts=parts) for _ in range(built)]
     fleet = None
     router: Router

@@ -270,17 +270,8 @@ def _prefix_cache(run: _Run, summary: dict) -> None:
         summary["prefix_cache_hit_rate"] = sum(c.hit_tokens for c in run.caches) / queried if queried else 0.0
 
 
-def _lora(run: _Run, summary: dict) -> None:
-    slots = [s.lora for s in run.built.schedulers if getattr(s, "lora", None) is not None]
-    lora, adapter = run.scenario.engine.lora, run.offered.adapter
-    if slots and lora is not None:  # multi-LoRA serving: adapters loaded into GPU slots over the run
-        summary["lora"] = {"max_loras": lora.max_loras, "max_lora_rank": lora.max_lora_rank,
-                           "adapters_used": int(len(np.unique(adapter[adapter >= 0]))) if adapter is not None else 0,
-                           "adapter_loads": sum(x.loads for x in slots)}
-
-
 def _engine_features(run: _Run, summary: dict) -> None:
-    _feature_sections(run, summary, "engine")  # (an engine feature's, e.g. kv_offloading: among the engine's)
+    _feature_sections(run, summary, "engine")  # (an engine feature's, e.g. lora, kv_offloading: among the engine's)
 
 
 def _feature_sections(run: _Run, summary: dict, section: str) -> None:
@@ -314,7 +305,7 @@ def _kv_transfers(run: _Run, summary: dict) -> None:
                                                        d.decode_replicas)
 
 
-SECTIONS: tuple[Callable[[_Run, dict], None], ...] = (_admission, _prefix_cache, _lora, _engine_features, _users,
+SECTIONS: tuple[Callable[[_Run, dict], None], ...] = (_admission, _prefix_cache, _engine_features, _users,
                                                         _kv_transfers)
 
 

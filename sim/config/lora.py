@@ -1,5 +1,5 @@
 """engine.lora as data: vLLM's multi-LoRA serving knobs (--enable-lora, --max-loras, --max-lora-rank);
-what is simulated: sim/schedulers/lora.py (adapter slots, admission) and sim/cost/lora.py (load and
+what is simulated: sim/features/lora/slots.py (adapter slots, admission) and sim/features/lora/cost.py (load and
 extra kernels)."""
 from __future__ import annotations
 

@@ -300,7 +300,6 @@ def _scenario_from_dict(raw: Mapping[str, Any], source: str | Path | None, base_
     engine = _check_hybrid(engine, model, hw, w)
     stage = _check_pipeline(engine, model, w)  # (the model itself without pipeline parallelism)
     _check_data_parallel(engine, model, w)
-    _check_lora(engine, model, hw, w)
     _check_network(engine, hw, w)
     budget = _check_fits(engine, stage, hw, w)
     if engine.disaggregation is not None:  # each pool's TP and memory must fit too
@@ -311,9 +310,8 @@ def _scenario_from_dict(raw: Mapping[str, Any], source: str | Path | None, base_
                         getattr(engine.disaggregation, f"{name}_hardware") or hw, pool_where)
     cost_model = _delegate(overridden, "cost_model", lambda: _parse_cost_model(
         raw.get("cost_model"), w, base_dir, stage, hw, engine))
-    if engine.lora is not None and cost_model.name != "unit":  # a stated model: say so
-        said = ("LoRA adapters' loads and kernels are a stated model (host link and HBM reads, FLOPs at the peak: "
-                "sim/cost/lora.py), not measured")
+    sections = features.parse_sections(raw, engine, w)
+    for said in features.notices(sections) if cost_model.name != "unit" else ():  # a stated model: say so
         cost_model = _say(cost_model, said)
     if stage.linear_attention is not None and cost_model.name != "unit":  # say what priced those layers
         from sim.cost import linear_attention  # (the cost layer's: its kernels' source)
@@ -326,7 +324,6 @@ def _scenario_from_dict(raw: Mapping[str, Any], source: str | Path | None, base_
     work = _delegate(overridden, "workload", lambda: workload.parse_workload(
         raw["workload"], label, base_dir))  # its messages read "<label>: workload.<key>: ..."
     slo = _parse_slo(raw.get("slo"), w)
-    sections = features.parse_sections(raw, engine, w)
     if work.adapters is not None and engine.lora is None:
         raise ScenarioError(f"{w('workload.adapters')}: the requests name LoRA adapters but the engine serves "
                             "none; set engine.lora (e.g. {max_loras: 4, max_lora_rank: 16})")
@@ -735,20 +732,6 @@ def _check_network(engine: EngineConfig, hw: HardwareSpec, w: Where) -> None:
         raise ScenarioError(f"{w('engine.' + key)}: {span} GPUs a replica span nodes of {hw.nvlink_domain}, and "
                             f"{hw.name} has no network figure to cross them (give hardware.network_bandwidth, "
                             "bytes/s per GPU per direction)")
-
-
-def _check_lora(engine: EngineConfig, model: ModelSpec, hw: HardwareSpec, w: Where) -> None:
-    """Multi-LoRA serving (sim/schedulers/lora.py, sim/cost/lora.py) is modelled for a dense model on
-    one iteration-level engine that does both phases, loading adapters across a known host link."""
-    if engine.lora is None:
-        return
-    at = w("engine.lora")
-    if hw.host_bandwidth <= 0:
-        raise ScenarioError(f"{at}: {hw.name} has no host link bandwidth (hardware.host_bandwidth, bytes/s per "
-                            "direction: what an adapter loaded into a slot crosses); give it in the hardware mapping")
-    if model.moe is not None:
-        raise ScenarioError(f"{at}: LoRA adapters on {model.name}'s experts are not modelled (a dense model's are)")
-    _refuse_beside(engine, at, "LoRA", ("speculative", "disaggregation", "kv_offloading_size"), stages=True)
 
 
 def _check_fits(engine: EngineConfig, model: ModelSpec, hw: HardwareSpec, w: Where) -> MemoryBudget:

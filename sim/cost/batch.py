@@ -32,8 +32,8 @@ class BatchStats(NamedTuple):
     # iteration, and the sum of their contexts (their verification is in prefill_lens above).
     draft_seqs: int = 0
     draft_context_sum: int = 0
-    # Multi-LoRA serving (sim/schedulers/lora.py): distinct adapters the batch uses, and how many of
-    # them are loaded into the GPU's slots before this iteration (sim/cost/lora.py prices both).
+    # Multi-LoRA serving (sim/features/lora/slots.py): distinct adapters the batch uses, and how many of
+    # them are loaded into the GPU's slots before this iteration (sim/features/lora/cost.py prices both).
     lora_adapters: int = 0
     lora_loads: int = 0
 

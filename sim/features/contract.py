@@ -13,7 +13,12 @@ the central files call these hooks for every registered feature and branch on no
     as_yaml(config) -> dict | None   the section the resolved scenario.yaml writes (None: nothing)
     check(config, scenario, where)   cross-checks against the rest of the scenario (a replica index)
     on(config) -> bool               does it change the run (an absent section: no)
-    scheduler_parts(config, scenario) -> make | None
+    notice(config) -> str | None     what a run says once about how it prices the feature's work
+                                     (a stated model, not measured), added to the cost model's notice
+    wrap_cost(config, cost, scenario) -> cost
+                                     at build time: the step-cost model with what the feature adds
+                                     to an iteration (LoRA: adapter loads and kernels)
+    scheduler_parts(config, scenario, workload) -> make | None
                                      at build time: make(kv) gives each replica's scheduler its
                                      collaborators over that replica's KV cache (name -> object,
                                      e.g. "connector": a CPU tier), like vLLM's KV connector
@@ -106,7 +111,9 @@ class Feature(Protocol):
 
     def parse(self, raw: Any, where: str) -> Any: ...
     def check(self, config: Any, scenario: Scenario, where: str) -> None: ...
-    def scheduler_parts(self, config: Any, scenario: Scenario) -> Callable[[Any], dict] | None: ...
+    def notice(self, config: Any) -> str | None: ...
+    def wrap_cost(self, config: Any, cost: Any, scenario: Scenario) -> Any: ...
+    def scheduler_parts(self, config: Any, scenario: Scenario, workload: Any) -> Callable[[Any], dict] | None: ...
     def as_yaml(self, config: Any) -> dict | None: ...
     def on(self, config: Any) -> bool: ...
     def wire(self, config: Any, wiring: Wiring) -> Any: ...
@@ -134,7 +141,13 @@ class FeatureBase:
     def check(self, config: Any, scenario: Scenario, where: str) -> None:
         return None
 
-    def scheduler_parts(self, config: Any, scenario: Scenario) -> Callable[[Any], dict] | None:
+    def notice(self, config: Any) -> str | None:
+        return None
+
+    def wrap_cost(self, config: Any, cost: Any, scenario: Scenario) -> Any:
+        return cost
+
+    def scheduler_parts(self, config: Any, scenario: Scenario, workload: Any) -> Callable[[Any], dict] | None:
         return None
 
     def as_yaml(self, config: Any) -> dict | None:

@@ -8,13 +8,14 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from sim.config.errors import ScenarioError
-from sim.features import energy, faults, kv_offloading
+from sim.features import energy, faults, kv_offloading, lora
 from sim.features.contract import Feature
 
 if TYPE_CHECKING:
     from sim.config.scenario import EngineConfig, Scenario
 
 FEATURES: dict[str, Feature] = {
+    "lora": lora.FEATURE,
     "kv_offloading": kv_offloading.FEATURE,
     "energy": energy.FEATURE,
     "faults": faults.FEATURE,
@@ -42,10 +43,24 @@ def check_rules(scenario: Scenario, where) -> None:
                 raise ScenarioError(f"{where(f.at or key)}: not modelled together with {rule.other} ({rule.why})")
 
 
-def scheduler_parts(scenario: Scenario) -> Callable[[Any], dict] | None:
+def notices(sections: dict[str, Any]) -> list[str]:
+    """What the active features say about how they are priced (before the Scenario is whole: its
+    cost model's notice carries them)."""
+    return [said for key, f in FEATURES.items() if f.on(sections.get(key)) and (said := f.notice(sections[key]))]
+
+
+def wrap_cost(scenario: Scenario, cost: Any) -> Any:
+    """The step-cost model with every active feature's additions, in registry order."""
+    for key, f in active(scenario):
+        cost = f.wrap_cost(scenario.features[key], cost, scenario)
+    return cost
+
+
+def scheduler_parts(scenario: Scenario, workload: Any) -> Callable[[Any], dict] | None:
     """make(kv): every active feature's collaborators for one replica's scheduler over its KV cache
     (None: no feature supplies any)."""
-    makers = [m for key, f in active(scenario) if (m := f.scheduler_parts(scenario.features[key], scenario))]
+    makers = [m for key, f in active(scenario)
+              if (m := f.scheduler_parts(scenario.features[key], scenario, workload))]
     if not makers:
         return None
     return lambda kv: {name: part for make in makers for name, part in make(kv).items()}

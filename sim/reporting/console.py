@@ -57,10 +57,6 @@ def summary_table(name: str, s: dict) -> Any:
                        ("MFU", "mfu"), ("MBU", "mbu"), ("prefix cache hit rate", "prefix_cache_hit_rate")):
         if isinstance(s.get(key), (int, float)):
             run.add_row(label, f"{s[key]:.1%}")
-    lora = s.get("lora")
-    if isinstance(lora, dict):  # multi-LoRA serving
-        run.add_row("LoRA adapters", f"{lora['adapters_used']:,} used; {lora['adapter_loads']:,} loads into "
-                                     f"{lora['max_loras']} slot(s) a replica")
     sessions = s.get("sessions")
     if isinstance(sessions, dict):  # multi-turn closed loop
         run.add_row("conversations (mean turns)", f"{sessions['conversations']:,} ({sessions['turns_mean']:.2f})")

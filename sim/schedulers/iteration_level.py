@@ -57,7 +57,7 @@ class IterationLevelScheduler:
         # connector: consulted as requests are admitted, computed and leave; None: no tier behind the GPU cache
         self.connector: Any = connector
         self.loading: dict[int, float] = {}  # admitted, waiting for its load from CPU -> when it is in
-        # multi-LoRA serving (sim/schedulers/lora.LoRASlots): which adapters a batch may use, which
+        # multi-LoRA serving (sim/features/lora/slots.LoRASlots): which adapters a batch may use, which
         # it must load; None: every request on the base model
         self.lora: Any = lora
         # a sliding-window model's blocks (sim/schedulers/window.py, over a WindowedKVCache and its

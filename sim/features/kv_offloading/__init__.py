@@ -76,7 +76,7 @@ class KVOffloading(FeatureBase):
                                 f"({block:,} bytes per GPU for {scenario.stage_model.name}); give at least "
                                 f"{block * tp / 2**30:.3g} GiB")
 
-    def scheduler_parts(self, config: Offloading, scenario: Scenario) -> Callable[[Any], dict]:
+    def scheduler_parts(self, config: Offloading, scenario: Scenario, workload: Any) -> Callable[[Any], dict]:
         spec = offload_spec(config, scenario)
         # (the scenario's checks put it over prefix caching: each replica's kv is a PrefixKVCache)
         return lambda kv: {"connector": CpuOffload(spec, kv)}

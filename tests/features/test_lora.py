@@ -9,10 +9,10 @@ import pytest
 
 from sim.config.errors import ScenarioError
 from sim.config.scenario import scenario_from_dict
+from sim.features.lora.slots import LoRASlots
 from sim.planning.vllm_command import vllm_serve
 from sim.presets.memory import lora_adapter_bytes
 from sim.presets.models import MODEL_PRESETS
-from sim.schedulers.lora import LoRASlots
 from sim.simulate import simulate
 from sim.workload.generators import SharedAdapters, Workload
 
@@ -105,7 +105,7 @@ def test_adapters_in_the_workload_and_the_refusals():
         and words[words.index("--max-lora-rank") + 1] == "32"
     for model, engine, message in (
             ("mixtral-8x7b", {"lora": {}, "tensor_parallel_size": 2}, "LoRA adapters on mixtral-8x7b's experts"),
-            ("llama-3-8b", {"lora": {}, "scheduler": "static"}, "LoRA with the static scheduler"),
+            ("llama-3-8b", {"lora": {}, "scheduler": "static"}, "engine.lora: not modelled together with engine.scheduler: static"),
             ("llama-3-8b", {"lora": {"max_loras": 0}}, "engine.lora.max_loras: 0"),
             ("llama-3-8b", {"lora": {"rank": 8}}, "engine.lora.rank: unknown key")):
         with pytest.raises(ScenarioError, match=message):
@@ -155,7 +155,7 @@ def test_capacity_of_a_scenario_sets_its_adapter_slots_aside(tmp_path):
     assert got["activation_reserve_bytes"] == plain.activation_reserve_bytes + 2 * ADAPTER
 
 
-def test_the_run_table_says_how_many_adapters_and_loads(tmp_path):
+def test_the_run_says_how_many_adapters_and_loads(tmp_path):
     from typer.testing import CliRunner
 
     from cli import app
@@ -170,7 +170,7 @@ def test_the_run_table_says_how_many_adapters_and_loads(tmp_path):
     import json
     s = json.loads((tmp_path / "run" / "summary.json").read_text())["lora"]
     assert s["adapters_used"] == 3
-    assert f"3 used; {s['adapter_loads']} loads into 2 slot(s) a replica" in out.output
+    assert f"LoRA: 3 adapters used; {s['adapter_loads']} loads into 2 slot(s) a replica (rank 16)" in out.output
 
 
 def test_a_gpu_without_a_host_link_cannot_load_adapters_and_the_model_is_said_stated():

@@ -7,7 +7,7 @@ As vLLM V1 does it:
   requests behind it may join), as vLLM's scheduler skips it.
 - The GPU holds `max_loras` adapter slots, least recently used first out. An iteration whose batch
   uses an adapter not in a slot loads it first, synchronously (vLLM activates a batch's adapters
-  before its forward pass): `lora_loads` in the iteration's BatchStats, priced by sim/cost/lora.py.
+  before its forward pass): `lora_loads` in the iteration's BatchStats, priced by sim/features/lora/cost.py.
 
 Not modelled: the CPU-side adapter cache (`--max-cpu-loras`) and the first read of an adapter from
 storage (every adapter is taken as in host memory already), adapters of different ranks (each is

@@ -1,4 +1,4 @@
-"""What multi-LoRA serving adds to an iteration (engine.lora; the scheduler's part: sim/schedulers/lora.py).
+"""What multi-LoRA serving adds to an iteration (engine.lora; the scheduler's part: sim/features/lora/slots.py).
 
 An adapter of rank r on every linear layer of a dense model holds r x (in + out) weights per
 projection (q, k, v, o, gate, up, down), per layer: `adapter_bytes` below (Llama-3-8B at r = 16:
