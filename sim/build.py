@@ -23,7 +23,7 @@ import numpy as np
 from sim.config.errors import ScenarioError
 from sim.config.scenario import EngineConfig, Scenario
 from sim.cost import registry as cost
-from sim.cost.eager import EagerCost, launch_floor_s
+from sim.cost.eager import EagerCost, capture_limit, graph_limited, launch_floor_s
 from sim.cost.expert_parallel import ExpertParallelCost
 from sim.cost.pipeline import PipelineCost, hop_link
 from sim.cost.registry import check_kv_cache_dtype, parse_cost_model
@@ -59,8 +59,14 @@ def cost_model(scenario: Scenario):
     tp = e.tensor_parallel_size
     target = scenario.cost_model.build(scenario.stage_model, scenario.hardware, tp, e.kv_cache_dtype,
                                        e.data_parallel_size)
+    floor = launch_floor_s(scenario.stage_model, tp)
     if e.enforce_eager:  # no CUDA graphs: no iteration shorter than the host's launches (sim/cost/eager.py)
-        target = EagerCost(target, launch_floor_s(scenario.stage_model, tp))
+        target = EagerCost(target, floor)
+    else:  # an iteration too large for a CUDA graph: the same floor (where it can bind)
+        query = 1 + (e.speculative.num_speculative_tokens if e.speculative is not None else 0)
+        limit = capture_limit(e.max_cudagraph_capture_size, e.max_num_seqs, e.max_num_batched_tokens, query,
+                              scenario.hardware.name)
+        target = graph_limited(target, floor, limit)
     if e.data_parallel_size > 1:  # DP attention in front of one expert-parallel group: its all-to-all
         return ExpertParallelCost(target, scenario.model, scenario.hardware, tp, e.data_parallel_size,
                                   e.all2all_backend)

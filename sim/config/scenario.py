@@ -105,6 +105,9 @@ class EngineConfig:
     scheduler_reserve_full_isl: bool = True
     # vLLM's --enforce-eager: no CUDA graphs, every kernel launched from the host (sim/cost/eager.py)
     enforce_eager: bool = False
+    # vLLM's --max-cudagraph-capture-size: the largest iteration (tokens) run from a CUDA graph; a
+    # larger one runs without (sim/cost/eager.py). None: vLLM's default (eager.capture_limit)
+    max_cudagraph_capture_size: int | None = None
     # speculative decoding (sim/config/speculative.py): None = off
     speculative: SpeculativeConfig | None = None
     # disaggregated prefill/decode pools (sim/config/disaggregation.py): None = every replica does both
@@ -568,6 +571,8 @@ def _engine_fields(m: dict, w: Where) -> EngineConfig:
             m["enable_prefix_caching"], at("enable_prefix_caching")),
         scheduler_reserve_full_isl=_bool(get("scheduler_reserve_full_isl"), at("scheduler_reserve_full_isl")),
         enforce_eager=_bool(get("enforce_eager"), at("enforce_eager")),
+        max_cudagraph_capture_size=None if m.get("max_cudagraph_capture_size") is None else _int(
+            m["max_cudagraph_capture_size"], at("max_cudagraph_capture_size"), lo=1, cap=MAX_TOKENS),
         kv_offloading_size=None if m.get("kv_offloading_size") is None else _num(
             m["kv_offloading_size"], at("kv_offloading_size"), 0, cap=MAX_OFFLOAD_GIB, open_lo=True),
         kv_offloading_backend=_choice(get("kv_offloading_backend"), at("kv_offloading_backend"),
@@ -584,6 +589,9 @@ def _engine_fields(m: dict, w: Where) -> EngineConfig:
 
 def _check_engine(engine: EngineConfig, at: Callable[[str], str]) -> None:
     """The combinations of engine keys that are not modelled, or that vLLM refuses."""
+    if engine.enforce_eager and engine.max_cudagraph_capture_size is not None:
+        raise ScenarioError(f"{at('max_cudagraph_capture_size')}: {engine.max_cudagraph_capture_size} with "
+                            "engine.enforce_eager, which captures no CUDA graph: leave one of them out")
     if engine.autoscaling is not None and engine.disaggregation is not None:
         raise ScenarioError(f"{at('autoscaling')}: autoscaling disaggregated pools is not modelled")
     d = engine.disaggregation

@@ -86,6 +86,8 @@ def vllm_serve(scenario, setting: dict | None = None) -> str | None:
         args.append("--no-scheduler-reserve-full-isl")
     if e.enforce_eager:
         args.append("--enforce-eager")
+    if e.max_cudagraph_capture_size is not None:
+        args += ["--max-cudagraph-capture-size", str(e.max_cudagraph_capture_size)]
     spec = e.speculative
     if spec is not None:  # vLLM's --speculative-config (JSON); EAGLE needs its head's weights
         config = {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens}

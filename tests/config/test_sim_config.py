@@ -102,7 +102,8 @@ def test_every_key_given(tmp_path):
                               "routing": engine["routing"]}.items()
             if k not in ("disaggregation", "autoscaling", "admission", "lora",  # (their own tests; offloading
                          "kv_offloading_size", "kv_offloading_backend",  # needs prefix caching, pipeline
-                         "pipeline_parallel_size", "data_parallel_size", "all2all_backend")} == engine  # parallelism no
+                         "pipeline_parallel_size", "data_parallel_size", "all2all_backend",  # parallelism no
+                         "max_cudagraph_capture_size")} == engine  # (not with enforce_eager: tests/cost/test_eager.py)
     # speculative decoding, data parallelism a MoE model)
     assert sc.slo == SLOConfig(ttft_ms=300.0, tpot_ms=40.0, percentile=90.0)
 
