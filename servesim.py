@@ -43,8 +43,8 @@ from sim.version import __version__
 if TYPE_CHECKING:
     import pandas as pd
 
-    from sim.config.scenario import Scenario
     from sim.reporting.analysis import Run
+    from sim.scenario import Scenario
 
 # (and plots, analysis, claims, models, gpus, Batch, model_from_hf_config: loaded by __getattr__ below)
 __all__ = ["Result", "ScenarioError", "__version__", "cost_model", "headline", "kv_budget", "load_run",
@@ -96,8 +96,8 @@ def load_scenario(scenario: str | Path | Mapping[str, Any], overrides: Iterable[
                   *, seed: int | None = None, **settings: Any) -> Scenario:
     """A scenario, checked and resolved: from a YAML file, or from a mapping as the YAML would give
     it (relative paths in it are read from the current folder)."""
-    from sim.config.scenario import load_scenario as from_file
-    from sim.config.scenario import scenario_from_dict
+    from sim.scenario import load_scenario as from_file
+    from sim.scenario import scenario_from_dict
 
     lines = _override_lines(overrides, settings)
     if isinstance(scenario, Mapping):
@@ -140,7 +140,7 @@ def run(scenario: str | Path | Mapping[str, Any] | Scenario, overrides: Iterable
         *, seed: int | None = None, **settings: Any) -> Result:
     """Simulate a scenario (a YAML path, a mapping, or a loaded Scenario) to completion, as
     `servesim run` does, without writing anything (Result.write does)."""
-    from sim.config.scenario import Scenario
+    from sim.scenario import Scenario
     from sim.simulate import simulate
 
     if isinstance(scenario, Scenario):

@@ -37,7 +37,7 @@ import sys, time
 sys.path.insert(0, {root!r})
 import numpy as np
 try:
-    from sim.config.scenario import load_scenario
+    from sim.scenario import load_scenario
     from sim.workload.generators import build_workload
 except ImportError:  # a revision from before sim/ was split into sub-packages
     from sim.config import load_scenario

@@ -166,7 +166,7 @@ def real_overloaded(stage: dict) -> bool:
 
 def simulate_stage(runs: dict, stage: dict, measured: dict, folder: Path, keep_times: bool = False) -> Result:
     """One stage simulated with `measured` as the cost model's options (None: the default)."""
-    from sim.config.scenario import scenario_from_dict
+    from sim.scenario import scenario_from_dict
     from sim.simulate import simulate
     folder.mkdir(parents=True, exist_ok=True)
     trace = folder / f"{stage['stage']}.jsonl"

@@ -71,7 +71,7 @@ def main() -> int:
                    help="a summary.json key (dotted) left out of the comparison, e.g. energy.power_over_time")
     args = p.parse_args()
     from sim.config.errors import ScenarioError
-    from sim.config.scenario import load_scenario
+    from sim.scenario import load_scenario
     from sim.simulate import simulate, write_outputs
 
     results = {}

@@ -26,10 +26,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sim.config.scenario import load_scenario
 from sim.planning.evaluator import PlanOptions
 from sim.planning.parallel import default_workers
 from sim.planning.planner import plan
+from sim.scenario import load_scenario
 from sim.simulate import simulate
 
 

@@ -20,10 +20,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sim.config.scenario import SLOConfig  # noqa: E402
 from sim.planning.config_search import search_configs  # noqa: E402
 from sim.planning.evaluator import Evaluator, PlanOptions  # noqa: E402
 from sim.planning.load_search import load_knob, max_load  # noqa: E402
+from sim.scenario import SLOConfig  # noqa: E402
 
 
 def cpu_s() -> float:

@@ -20,7 +20,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sim.config.scenario import load_scenario  # noqa: E402
+from sim.scenario import load_scenario  # noqa: E402
 from sim.simulate import simulate  # noqa: E402
 from sim.workload.generators import build_workload  # noqa: E402
 

@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 import sim  # noqa: E402
-from sim.config.scenario import load_scenario  # noqa: E402
+from sim.scenario import load_scenario  # noqa: E402
 from sim.simulate import simulate, write_outputs  # noqa: E402
 from sim.workload.generators import build_workload  # noqa: E402
 

@@ -56,8 +56,8 @@ import pandas as pd  # noqa: E402
 
 from bench.sim_speed import OVERRIDES  # noqa: E402
 from sim.build import cost_model
-from sim.config.scenario import load_scenario  # noqa: E402
 from sim.cost.batch import BatchStats  # noqa: E402
+from sim.scenario import load_scenario  # noqa: E402
 from sim.workload.generators import build_workload  # noqa: E402
 
 VIDUR = "vidur==0.0.26"

@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sim.build import cost_model  # noqa: E402
-from sim.config.scenario import load_scenario  # noqa: E402
 from sim.cost.step_cost import ScaledCost  # noqa: E402
+from sim.scenario import load_scenario  # noqa: E402
 from sim.simulate import simulate  # noqa: E402
 
 

@@ -36,9 +36,9 @@ import pandas as pd
 
 from sim.build import build_scheduler, check_servable
 from sim.config.errors import ScenarioError
-from sim.config.scenario import Scenario
 from sim.runtime.metrics import inter_token_latencies, requests_frame, steps_frame, summarize
 from sim.runtime.recorder import Recorder
+from sim.scenario import Scenario
 from sim.schedulers import SCHEDULERS
 from sim.schedulers.step import Schedule
 from sim.workload.generators import Workload

@@ -367,8 +367,8 @@ def fit_bench(benches: list[Path], model, gpu: str, tp: int, overrides: tuple[st
     overheads) and after, and the scenario of the first run (to build the profile from).
     ScenarioError for unusable inputs."""
     from sim.config.errors import ScenarioError
-    from sim.config.scenario import scenario_from_dict
     from sim.reporting.compare import measured_doc
+    from sim.scenario import scenario_from_dict
     from sim.simulate import simulate
 
     real = []

@@ -17,8 +17,8 @@ import numpy as np
 import pandas as pd
 
 from sim.config.errors import ScenarioError
-from sim.config.scenario import EngineConfig, Scenario
 from sim.files import write_file
+from sim.scenario import EngineConfig, Scenario
 from sim.workload.generators import Workload, build_workload
 
 from .engine import EngineResult, num_blocks

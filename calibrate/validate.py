@@ -27,9 +27,9 @@ from pathlib import Path
 import numpy as np
 
 from sim.config.errors import ScenarioError
-from sim.config.scenario import Scenario
 from sim.cost.registry import ProfileCost, load_profile
 from sim.files import probe_writable
+from sim.scenario import Scenario
 from sim.workload.generators import Workload, build_workload
 
 from .comparison import Validation, compare, full_compare, saturation_warning, write  # noqa: F401  (for callers)

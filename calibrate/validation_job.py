@@ -22,7 +22,7 @@ import numpy as np
 from calibrate import validate as V
 from calibrate.command_requests import ValidateRequest
 from sim.config.errors import ScenarioError
-from sim.config.scenario import Scenario, load_scenario
+from sim.scenario import Scenario, load_scenario
 
 Progress = Callable[[str, str], AbstractContextManager]
 

@@ -31,11 +31,11 @@ import numpy as np
 import pandas as pd
 
 from sim.config.errors import ScenarioError
-from sim.config.scenario import Scenario
 from sim.cost.batch import BatchStats
 from sim.cost.registry import prefill_attention_work
 from sim.runtime.metrics import REQUEST_COLUMNS, distribution
 from sim.runtime.recorder import STEP_COLUMNS
+from sim.scenario import Scenario
 from sim.workload.generators import Workload
 
 from .engine import EngineResult, check_engine_scenario, check_workload, num_blocks

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from sim.config.errors import ScenarioError
-from sim.config.scenario import EngineConfig, Scenario
 from sim.cost import registry as cost
 from sim.cost.eager import EagerCost, capture_limit, graph_limited, launch_floor_s
 from sim.cost.expert_parallel import ExpertParallelCost
@@ -35,6 +34,7 @@ from sim.kv.prefix_cache import PrefixKVCache, request_chains
 from sim.presets import models
 from sim.presets.memory import kv_bytes_per_token_per_rank
 from sim.runtime.routers import Router, Signals, make_router
+from sim.scenario import EngineConfig, Scenario
 from sim.schedulers import SCHEDULERS, Scheduler
 from sim.schedulers.decode_pool import WindowedDecodePool
 from sim.schedulers.queues import make_queue
@@ -107,7 +107,7 @@ def build_scheduler(e: EngineConfig, requests: RequestTable, num_blocks: int,
                     parts: Callable[[object], dict] | None = None) -> Scheduler:
     """One replica's scheduler with its own KV cache of `num_blocks` blocks and waiting queue.
     `rng`: the run's seeded generator (speculative decoding draws its acceptances from it);
-    `layout`: a sliding-window model's KV-cache groups (sim/config/scenario.py turned prefix caching,
+    `layout`: a sliding-window model's KV-cache groups (sim/scenario.py turned prefix caching,
     speculative decoding and disaggregation off or away for it); `handoff(rid, now)`: where a
     disaggregated prefill replica sends each computed prompt (sim/runtime/disaggregation.py);
     `parts(kv)`: the features' collaborators over this replica's KV cache, by the scheduler's

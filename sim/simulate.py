@@ -22,7 +22,6 @@ import simpy
 from sim.build import build_replicas, check_servable, cost_model
 from sim.config.checks import MAX_SECONDS
 from sim.config.errors import ScenarioError
-from sim.config.scenario import Scenario, resolved_yaml
 from sim.cost import error_band
 from sim.cost.step_cost import CostModel
 from sim.features import registry as features
@@ -41,6 +40,7 @@ from sim.runtime.metrics import (
     summarize,
 )
 from sim.runtime.recorder import Recorder
+from sim.scenario import Scenario, resolved_yaml
 from sim.version import __version__
 from sim.workload.generators import Agents, Workload, build_workload
 from sim.workload.request import RequestTable

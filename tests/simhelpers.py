@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sim.config.scenario import Scenario, scenario_from_dict
+from sim.scenario import Scenario, scenario_from_dict
 from sim.simulate import SimResult, simulate
 from sim.workload.generators import Workload
 

@@ -55,7 +55,7 @@ pytestmark = pytest.mark.skipif(bool(os.environ.get("SERVESIM_PURE_PYTHON")),
 
 def write_runs(out: Path) -> None:
     """Simulate every run and write its files under out/NAME (both processes call this)."""
-    from sim.config.scenario import load_scenario
+    from sim.scenario import load_scenario
     from sim.simulate import simulate, write_outputs
 
     for name, (path, overrides) in RUNS.items():

@@ -264,8 +264,8 @@ def test_a_second_run_or_plan_writing_into_a_folder_waits_for_the_first_files_to
     left behind. The turn is an flock on the folder: held here by the test (another open file)."""
     import threading
 
-    from sim.config.scenario import scenario_from_dict
     from sim.files import writing
+    from sim.scenario import scenario_from_dict
     from sim.simulate import simulate, write_outputs
 
     out = tmp_path / "run"

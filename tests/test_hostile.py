@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from cli import app
 from sim.config.errors import ScenarioError
-from sim.config.scenario import load_scenario
+from sim.scenario import load_scenario
 from sim.workload.traces import read_trace
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,15 +14,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 # Highest first: a module may import from its own layer and the layers below it, never above.
-# config/scenario.py validates the plug-ins' names against their registries (schedulers, routers,
-# cost models), so it sits above them; the config sections it is made of sit at the bottom.
+# sim/scenario.py validates the plug-ins' names against their registries (schedulers, routers,
+# cost models), so it sits above them; the config sections it is made of (sim/config/) sit at the bottom.
 LAYERS = (
     "sim.commands",
     "sim.reporting",
     "sim.planning",
     "sim.simulate",
     "sim.build",
-    "sim.config.scenario",
+    "sim.scenario",
     "sim.features",
     "sim.runtime",
     "sim.schedulers",
@@ -59,6 +59,15 @@ def test_every_module_sits_in_a_layer(graph):
     loose = [m for m in graph.modules if m.startswith("sim.") and m not in outside
              and not any(m == n or m.startswith(n + ".") for n in named)]
     assert not loose, f"modules in no layer: {loose}"
+
+
+def test_config_imports_nothing_above_it(graph):
+    """sim/config/ is plain data: its modules import nothing of sim/ but sim/config/ itself (issue
+    49: config/ once imported the cost, presets, runtime, schedulers and workload layers above it)."""
+    config = {m for m in graph.modules if m == "sim.config" or m.startswith("sim.config.")}
+    up = sorted(f"{m} imports {i}" for m in config for i in graph.find_modules_directly_imported_by(m)
+                if i.startswith("sim") and i not in config)
+    assert not up, "\n".join(up)
 
 
 def test_no_import_circle(graph):

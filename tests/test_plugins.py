@@ -7,10 +7,10 @@ import pandas as pd
 import pytest
 
 from sim.config.errors import ScenarioError
-from sim.config.scenario import scenario_from_dict
 from sim.cost.registry import COST_MODELS, CostModelKind
 from sim.presets.hardware import HARDWARE_PRESETS, HardwareSpec
 from sim.runtime.routers import ROUTERS
+from sim.scenario import scenario_from_dict
 from sim.simulate import simulate
 from sim.workload.traces import TRACE_FORMATS, TraceFormat
 

@@ -34,9 +34,9 @@ def run(r: RunRequest) -> None:
     request completed (the folder is written) or on an interruption (saying what was written)."""
     from sim.config.checks import check_out_dir
     from sim.config.errors import CommandFailed, os_message
-    from sim.config.scenario import load_scenario
     from sim.reporting.console import err, out
     from sim.reporting.progress import Progress
+    from sim.scenario import load_scenario
 
     written = False  # the run's files are in out_dir: from here an interruption must not say otherwise
     trace_unwritten = r.trace

@@ -26,11 +26,11 @@ class SparesRequest:
 def spares(r: SparesRequest) -> None:
     """Search N+k, print its lines, and write spares.json when --out is given."""
     from sim.config.checks import check_out_dir
-    from sim.config.scenario import load_scenario
     from sim.files import write_json
     from sim.planning.spares import lines, plan_spares
     from sim.reporting.console import out
     from sim.reporting.progress import Progress
+    from sim.scenario import load_scenario
     from sim.simulate import finite
 
     sc = load_scenario(r.scenario, overrides=r.overrides)

@@ -38,10 +38,10 @@ def sweep(r: SweepRequest) -> None:
     """Run the sweep into its folder (results.csv as runs finish) and print one row per grid point."""
     from sim.config.checks import check_out_dir
     from sim.config.errors import CommandFailed, os_message
-    from sim.config.scenario import load_scenario
     from sim.planning.sweep import parse_grid, run_sweep
     from sim.reporting.console import out, show, sweep_table
     from sim.reporting.progress import Progress
+    from sim.scenario import load_scenario
 
     try:
         points = parse_grid(r.grid)

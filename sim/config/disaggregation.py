@@ -2,12 +2,12 @@
 carries KV between them (what is simulated: sim/runtime/disaggregation.py)."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from sim.config.checks import MAX_REPLICAS, _int, _num, _section
 from sim.config.errors import ScenarioError
-from sim.presets.hardware import HARDWARE_PRESETS
 
 # name -> (bytes/s per GPU, latency s). Nominal link rates, one direction:
 LINKS = {
@@ -45,9 +45,11 @@ class DisaggregationConfig:
         return self.link_latency_s + tokens * kv_bytes_per_token / (self.bandwidth(hardware) * links)
 
 
-def parse_disaggregation(v: Any, where, engine_raw: dict, parse_engine) -> DisaggregationConfig | None:
+def parse_disaggregation(v: Any, where, engine_raw: dict, parse_engine, gpus: Mapping[str, Any]) -> \
+        DisaggregationConfig | None:
     """engine.disaggregation as written; `parse_engine(mapping, where)` validates each pool's engine
-    (the scenario's engine keys with the pool's knobs over them)."""
+    (the scenario's engine keys with the pool's knobs over them); a pool's `hardware` names one of
+    `gpus` (the hardware presets, handed in: config/ imports nothing above it)."""
     if v is None:
         return None
     at = lambda k: where(f"engine.disaggregation.{k}")  # noqa: E731
@@ -59,10 +61,10 @@ def parse_disaggregation(v: Any, where, engine_raw: dict, parse_engine) -> Disag
         knobs = dict(_section(m.get(pool) or {}, pool, lambda k: at(k), (*POOL_KNOBS, "hardware")))
         gpu = knobs.pop("hardware", None)
         if gpu is not None:
-            if gpu not in HARDWARE_PRESETS:
+            if gpu not in gpus:
                 raise ScenarioError(f"{at(pool + '.hardware')}: unknown GPU {gpu!r}; allowed: "
-                                    f"{', '.join(HARDWARE_PRESETS)}")
-            hardware[pool] = HARDWARE_PRESETS[gpu]
+                                    f"{', '.join(gpus)}")
+            hardware[pool] = gpus[gpu]
         base = {k: x for k, x in engine_raw.items() if k not in ("disaggregation", "replicas")}
         def pool_where(k: str, pool: str = pool, knobs: dict = knobs) -> str:  # the pool's own knobs: its key path
             return where(k.replace("engine.", f"engine.disaggregation.{pool}.", 1) if k.split(".")[-1] in knobs else k)

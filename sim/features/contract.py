@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
 
-    from sim.config.scenario import Scenario
+    from sim.scenario import Scenario
 
 
 @dataclass(frozen=True)

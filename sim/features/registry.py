@@ -12,7 +12,7 @@ from sim.features import energy, faults, kv_offloading, lora
 from sim.features.contract import Feature
 
 if TYPE_CHECKING:
-    from sim.config.scenario import EngineConfig, Scenario
+    from sim.scenario import EngineConfig, Scenario
 
 FEATURES: dict[str, Feature] = {
     "lora": lora.FEATURE,

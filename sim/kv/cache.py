@@ -181,7 +181,7 @@ class StateKVCache(PagedKVCache):
     full-attention group, the blocks of its tokens, and in each linear-attention group one block,
     its recurrent state (vLLM's MambaManager with mamba_cache_mode none), from its first computed
     token until it finishes or is preempted. Without prefix caching (vLLM's default for hybrids
-    here: sim/config/scenario.py)."""
+    here: sim/scenario.py)."""
 
     def __init__(self, num_blocks: int, block_size: int, layout):
         super().__init__(num_blocks, block_size)

@@ -47,7 +47,6 @@ from typing import Any
 import yaml
 
 from sim.config.errors import ScenarioError
-from sim.config.scenario import ALL2ALL_BACKENDS, EngineConfig, SLOConfig, load_scenario
 from sim.cost.error_band import step_factors
 from sim.features.energy.power import basis
 from sim.planning.engine_curve import SETTING_KEYS
@@ -60,6 +59,7 @@ from sim.planning.search_report import tp_groups as _units
 from sim.planning.vllm_command import vllm_serve
 from sim.presets.hardware import HARDWARE_PRESETS
 from sim.presets.names import hardware_preset
+from sim.scenario import ALL2ALL_BACKENDS, EngineConfig, SLOConfig, load_scenario
 
 # knobs the search can vary; a disaggregated setting's "replica" is a unit of P + D replicas
 KNOBS = ("pipeline_parallel_size", "data_parallel_size", "enable_expert_parallel", "all2all_backend", "disaggregation",

@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 
 from sim.config.errors import ScenarioError
-from sim.config.scenario import SLO_METRICS, SLOConfig, load_scenario
 from sim.planning import estimator
 from sim.planning.parallel import LocalRunner
 from sim.planning.slo import EarlyStop, simulate_point, summarize_point, targets
+from sim.scenario import SLO_METRICS, SLOConfig, load_scenario
 from sim.workload.generators import Workload, build_workload
 
 

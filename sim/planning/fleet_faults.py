@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from sim.config.errors import ScenarioError
-from sim.config.scenario import SLOConfig, load_scenario
+from sim.scenario import SLOConfig, load_scenario
 
 
 def judge(path: Path, base: tuple[str, ...], slo: SLOConfig, policy: tuple[str, ...], seeds: int,

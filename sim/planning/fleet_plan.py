@@ -45,10 +45,10 @@ from typing import Any
 import numpy as np
 
 from sim.config.errors import ScenarioError
-from sim.config.scenario import SLO_METRICS, SLOConfig, load_scenario
 from sim.planning.parallel import LocalRunner, default_workers
 from sim.planning.planner import concurrently
 from sim.runtime.metrics import judge
+from sim.scenario import SLO_METRICS, SLOConfig, load_scenario
 
 WINDOW_S = 3600.0                     # s of arrivals the SLO is judged in, by default (--window-s)
 MOST_WINDOWS = 10_000               # windows one run is judged in, at most (--window-s)

@@ -18,13 +18,13 @@ from typing import Any
 
 from sim.config.checks import MAX_COUNT, MAX_RATE, check_out_dir
 from sim.config.errors import ScenarioError
-from sim.config.scenario import Scenario, SLOConfig, load_scenario
 from sim.files import write_file, writing
 from sim.planning.evaluator import PlanOptions
 from sim.planning.plan_options import PlanRequest
 from sim.planning.slo import parse_slo
 from sim.presets.hardware import HARDWARE_PRESETS
 from sim.presets.names import hardware_preset
+from sim.scenario import Scenario, SLOConfig, load_scenario
 from sim.schedulers import SCHEDULERS
 
 
@@ -437,7 +437,7 @@ def parse_on_off(flag: str, text: str | None) -> list[bool]:
 
 def parse_backends(text: str | None) -> list[str]:
     """'allgather_reducescatter,deepep_low_latency' -> the list (vLLM's --all2all-backend names); None -> []."""
-    from sim.config.scenario import ALL2ALL_BACKENDS
+    from sim.scenario import ALL2ALL_BACKENDS
 
     out = [c.strip() for c in text.split(",")] if text else []
     for name in out:

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from sim.config.errors import ScenarioError
-from sim.config.scenario import SLOConfig
 from sim.cost.error_band import step_factors
 from sim.features.energy.power import basis
 from sim.planning.engine_curve import engine_curve, engine_overrides
@@ -32,6 +31,7 @@ from sim.planning.evaluator import Evaluator, PlanOptions
 from sim.planning.load_search import DEFAULT_HORIZON_S, Knob, check_target_unit, load_knob, max_load, replay_stats
 from sim.planning.parallel import LocalRunner
 from sim.planning.slo import SLO_KEYS
+from sim.scenario import SLOConfig
 
 MAX_REPLICAS = 10_000  # the most replicas size_cluster starts at (a cluster that big takes minutes per run)
 

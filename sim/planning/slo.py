@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from sim.config.errors import ScenarioError
-from sim.config.scenario import SLO_METRICS, SLOConfig, split_target
 from sim.runtime.metrics import judge, weighted_percentiles
+from sim.scenario import SLO_METRICS, SLOConfig, split_target
 from sim.schedulers import SCHEDULERS
 from sim.simulate import simulate
 

@@ -5,7 +5,7 @@ one row per run in DIR/results.csv.
     result = run_sweep("scenarios/quickstart.yaml", grid, "runs/sweep", repeats=2)
     result.rows   # DataFrame: run_id, scenario, <grid keys>, repeat, seed, error, ttft_ms.p99, ...
 
-Every point is validated (sim.config.scenario) before any run starts. A run's id hashes the scenario name,
+Every point is validated (sim.scenario) before any run starts. A run's id hashes the scenario name,
 its overrides (the fixed --set ones in order, then the grid's sorted by key) and its seed. Rows are
 appended and fsynced as runs finish, so an interrupted sweep loses only the runs in flight; a rerun
 into the same folder repairs a half-written last line and skips the ids already in the table.
@@ -30,10 +30,10 @@ import yaml
 
 from sim.config.checks import _int, check_out_dir
 from sim.config.errors import ScenarioError
-from sim.config.scenario import Scenario, load_scenario
 from sim.files import folder_lock, write_file
 from sim.outputs import SWEEP_COLUMNS, check_results
 from sim.planning.parallel import run_parallel
+from sim.scenario import Scenario, load_scenario
 
 RESULTS = "results.csv"  # run_id, scenario, scenario_sha256, <grid keys>, repeat, seed, error, metrics
 

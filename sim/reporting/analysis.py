@@ -259,7 +259,7 @@ def iteration_times(steps: pd.DataFrame, replica: int = 0) -> pd.DataFrame:
 
 def scenario_workload(scenario_path: str | Path, overrides: Iterable[str] = ()):
     """The requests a scenario would simulate (its seeded workload), to reuse or modify."""
-    from sim.config.scenario import load_scenario
+    from sim.scenario import load_scenario
     from sim.workload.generators import build_workload
 
     sc = load_scenario(scenario_path, overrides=list(overrides))
@@ -267,7 +267,7 @@ def scenario_workload(scenario_path: str | Path, overrides: Iterable[str] = ()):
 
 
 def _simulate_variant(scenario_path, overrides, workload, name) -> Run:
-    from sim.config.scenario import load_scenario
+    from sim.scenario import load_scenario
     from sim.simulate import simulate
 
     sc = load_scenario(scenario_path, overrides=list(overrides))

@@ -12,7 +12,6 @@ from typing import Any
 
 from sim.config.checks import MAX_TOKENS, _int
 from sim.config.errors import ScenarioError
-from sim.config.scenario import MAX_BLOCK_SIZE, block_size_ok, load_scenario
 from sim.presets.hardware import HARDWARE_PRESETS
 from sim.presets.memory import (
     KV_CACHE_DTYPES,
@@ -23,6 +22,7 @@ from sim.presets.memory import (
     routed_expert_bytes_per_gpu,
 )
 from sim.presets.models import MODEL_PRESETS, model_from_hf_config, pipeline_stage
+from sim.scenario import MAX_BLOCK_SIZE, block_size_ok, load_scenario
 
 
 def capacity_table(model: str | None = None, gpu: str | None = None, tp: int | None = None, seq_len: int = 4096,
@@ -99,7 +99,7 @@ def check_layout(m: Any, pp: int, dp: int, ep: bool) -> None:
 
 def check_capacity_options(m: Any, tp: int | None, util: float | None, block: int | None,
                             tokens: int | None) -> None:
-    """The options given, by the scenario rules (sim/config/scenario.py), in errors that name the option."""
+    """The options given, by the scenario rules (sim/scenario.py), in errors that name the option."""
     heads = m.num_attention_heads
     if tp is not None and (tp < 1 or heads % tp):
         allowed = ", ".join(str(d) for d in range(1, heads + 1) if heads % d == 0)

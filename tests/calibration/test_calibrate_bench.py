@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 from calibrate.overheads import FIT_METRICS, fit_bench
 from cli import app
 from sim.config.errors import ScenarioError
-from sim.config.scenario import scenario_from_dict
 from sim.reporting.analysis import load_run
 from sim.reporting.export import vllm_bench
+from sim.scenario import scenario_from_dict
 from sim.simulate import simulate, write_outputs
 
 KNOWN = {"host_per_iteration_s": 0.0, "per_iteration_s": 0.0005, "tp_sync_per_iteration_s": 0.0,

@@ -16,8 +16,8 @@ import yaml
 from calibrate.engine import BlockTables, RealEngine, run_engine
 from calibrate.model import batch_stats
 from sim.config.errors import ScenarioError
-from sim.config.scenario import scenario_from_dict
 from sim.cost.registry import ProfileCost
+from sim.scenario import scenario_from_dict
 from sim.simulate import simulate
 from sim.workload.generators import Workload, build_workload
 

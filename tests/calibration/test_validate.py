@@ -19,8 +19,8 @@ from calibrate.harness import calibrate
 from calibrate.validate import REAL_FILES, validate, write
 from cli import app
 from sim.config.errors import ScenarioError
-from sim.config.scenario import load_scenario
 from sim.reporting.analysis import load_run
+from sim.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = ROOT / "scenarios" / "validate-tiny-cpu.yaml"

@@ -21,9 +21,9 @@ import pytest
 from calibrate import vllm_engine
 from calibrate.real_run import write_real
 from sim.config.errors import ScenarioError
-from sim.config.scenario import load_scenario
 from sim.runtime.metrics import REQUEST_COLUMNS
 from sim.runtime.recorder import STEP_COLUMNS
+from sim.scenario import load_scenario
 from sim.workload.generators import Workload, build_workload
 
 ROOT = Path(__file__).resolve().parents[2]

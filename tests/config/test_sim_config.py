@@ -1,4 +1,4 @@
-"""sim/config/scenario.py: scenario YAML -> validated Scenario; every bad input is one ScenarioError line."""
+"""sim/scenario.py: scenario YAML -> validated Scenario; every bad input is one ScenarioError line."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from sim.config.errors import ScenarioError
-from sim.config.scenario import EngineConfig, Scenario, SLOConfig, load_scenario, scenario_from_dict
 from sim.presets.models import MODEL_PRESETS
+from sim.scenario import EngineConfig, Scenario, SLOConfig, load_scenario, scenario_from_dict
 
 REPO = Path(__file__).parents[2]
 BUNDLED = sorted((REPO / "scenarios").glob("*.yaml"))

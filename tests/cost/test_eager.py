@@ -16,8 +16,8 @@ def test_launch_floor_by_hand():
 
 
 def test_eager_steps_are_floored_and_the_serve_line_says_so(tmp_path):
-    from sim.config.scenario import scenario_from_dict
     from sim.planning.vllm_command import vllm_serve
+    from sim.scenario import scenario_from_dict
     from sim.simulate import simulate
     raw = {"name": "e", "model": "tiny", "hardware": "h100-sxm", "cost_model": {"roofline": {"overhead_s": 0.0, "overhead_per_seq_s": 0.0}},
            "engine": {"scheduler": "chunked"},
@@ -91,8 +91,8 @@ def test_a_small_models_large_iterations_run_without_graphs_and_the_serve_line_s
     max_cudagraph_capture_size 2048 (the whole token budget) every iteration runs from a graph, as
     measured. Decodes (16 tokens) never change."""
     from sim.config.errors import ScenarioError
-    from sim.config.scenario import scenario_from_dict
     from sim.planning.vllm_command import vllm_serve
+    from sim.scenario import scenario_from_dict
     from sim.simulate import simulate
     raw = {"name": "g", "model": "tiny", "hardware": "h100-sxm",
            "cost_model": {"roofline": {"overhead_s": 0.0, "overhead_per_seq_s": 0.0}},

@@ -120,7 +120,7 @@ def test_every_run_carries_the_band_and_run_prints_it(tmp_path):
 
 
 def test_planner_band_is_per_path():
-    from sim.config.scenario import scenario_from_dict
+    from sim.scenario import scenario_from_dict
     w = {"num_requests": 5, "arrival": {"process": "poisson", "rate": 1.0},
          "prompt_tokens": {"dist": "fixed", "value": 10}, "output_tokens": {"dist": "fixed", "value": 10}}
     h100 = eb.step_factors(scenario_from_dict({"name": "a", "model": "llama-3-8b", "hardware": "h100-sxm",

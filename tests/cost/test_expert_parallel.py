@@ -9,7 +9,6 @@ import pytest
 
 from sim.build import cost_model
 from sim.config.errors import ScenarioError
-from sim.config.scenario import scenario_from_dict
 from sim.cost.batch import BatchStats
 from sim.cost.composer import TABLES
 from sim.cost.expert_parallel import all_to_all_bytes_per_token, allgather_bytes_per_token, moe_layers
@@ -17,6 +16,7 @@ from sim.cost.step_cost import RooflineCost
 from sim.planning.vllm_command import vllm_serve
 from sim.presets.hardware import HARDWARE_PRESETS
 from sim.presets.models import MODEL_PRESETS
+from sim.scenario import scenario_from_dict
 from sim.simulate import simulate
 
 DS = MODEL_PRESETS["deepseek-v3"]  # 61 layers (3 dense), 256 routed experts, 8 a token, hidden 7,168

@@ -11,7 +11,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim.config.scenario import scenario_from_dict
 from sim.cost.batch import BatchStats
 from sim.cost.composer import SYSTEMS, TABLES, KernelTables, StepComposer
 from sim.cost.linear_attention import LinearAttentionCost, MeasuredKernels, RooflineKernels, kernels_for
@@ -19,6 +18,7 @@ from sim.cost.step_cost import UnitCost
 from sim.presets.hardware import HARDWARE_PRESETS
 from sim.presets.memory import linear_state_bytes
 from sim.presets.models import MODEL_PRESETS, model_from_hf_config
+from sim.scenario import scenario_from_dict
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf_configs"
 H100 = HARDWARE_PRESETS["h100-sxm"]

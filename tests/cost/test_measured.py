@@ -13,7 +13,6 @@ import yaml
 from calibrate.measured import SYSTEMS, TABLES
 from sim.build import cost_model
 from sim.config.errors import ScenarioError
-from sim.config.scenario import scenario_from_dict
 from sim.cost.batch import BatchStats
 from sim.cost.composer import (
     KernelTables,
@@ -28,6 +27,7 @@ from sim.cost.measured import PROFILES, load_table_profile, shipped_index
 from sim.cost.table_cost import TableProfileCost
 from sim.presets.hardware import HARDWARE_PRESETS
 from sim.presets.models import MODEL_PRESETS
+from sim.scenario import scenario_from_dict
 from sim.simulate import simulate
 from simhelpers import make_workload
 

@@ -8,9 +8,9 @@ import pytest
 
 from sim.build import cost_model
 from sim.config.errors import ScenarioError
-from sim.config.scenario import scenario_from_dict
 from sim.cost.batch import BatchStats
 from sim.cost.overheads import EngineOverheads, default_overheads, scheduling_lag
+from sim.scenario import scenario_from_dict
 from sim.simulate import simulate
 from simhelpers import make_workload
 

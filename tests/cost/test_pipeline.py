@@ -9,7 +9,6 @@ import pytest
 
 from sim.build import cost_model
 from sim.config.errors import ScenarioError
-from sim.config.scenario import scenario_from_dict
 from sim.cost.batch import BatchStats
 from sim.cost.pipeline import PipelineCost, hop_link
 from sim.cost.step_cost import RooflineCost, UnitCost
@@ -18,6 +17,7 @@ from sim.planning.vllm_command import vllm_serve
 from sim.presets.hardware import HARDWARE_PRESETS
 from sim.presets.memory import kv_bytes_per_token_per_rank
 from sim.presets.models import MODEL_PRESETS, pipeline_stage
+from sim.scenario import scenario_from_dict
 from sim.simulate import simulate
 
 H100 = HARDWARE_PRESETS["h100-sxm"]

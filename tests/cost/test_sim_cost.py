@@ -375,7 +375,7 @@ def test_a_preset_gpu_with_its_own_price_keeps_the_measured_costs():
     same as the preset's (it fell back to the roofline before); another memory size is not."""
     from dataclasses import asdict
 
-    from sim.config.scenario import scenario_from_dict
+    from sim.scenario import scenario_from_dict
 
     fields = {**asdict(H100), "usd_per_hour": 2.0}
     work = {"arrival": {"process": "poisson", "rate": 5}, "num_requests": 10,

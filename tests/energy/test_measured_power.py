@@ -12,10 +12,10 @@ import yaml
 
 from calibrate.aic_import import POWER_COLUMNS, Source, _power
 from sim.config.errors import ScenarioError
-from sim.config.scenario import load_scenario
 from sim.features.energy.measured import BusyPower, curve, shipped, utilisation
 from sim.features.energy.power import EnergyConfig, parse_energy, run_energy
 from sim.presets.hardware import HARDWARE_PRESETS
+from sim.scenario import load_scenario
 from sim.simulate import simulate
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from sim.config.errors import ScenarioError
-from sim.config.scenario import scenario_from_dict
 from sim.presets.models import MODEL_PRESETS
+from sim.scenario import scenario_from_dict
 from sim.simulate import simulate
 
 TINY = MODEL_PRESETS["tiny"]

@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 
 from sim.config.errors import ScenarioError
-from sim.config.scenario import resolved_yaml, scenario_from_dict
 from sim.features import registry
 from sim.features.contract import Feature, FeatureBase
+from sim.scenario import resolved_yaml, scenario_from_dict
 from tests.simhelpers import _PLACEHOLDER_WORKLOAD
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from sim.config.errors import ScenarioError
-from sim.config.scenario import scenario_from_dict
+from sim.scenario import scenario_from_dict
 from sim.simulate import simulate
 from tests.simhelpers import _PLACEHOLDER_WORKLOAD, _numbers, assert_same_run, make_workload
 

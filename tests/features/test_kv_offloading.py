@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from sim.config.errors import ScenarioError
-from sim.config.scenario import scenario_from_dict
 from sim.features.kv_offloading import offload_spec
 from sim.features.kv_offloading.cpu_tier import CpuOffload, OffloadSpec
 from sim.planning.vllm_command import vllm_serve
 from sim.presets.hardware import HARDWARE_PRESETS, is_preset
+from sim.scenario import scenario_from_dict
 from sim.simulate import simulate
 from sim.workload.generators import Workload
 from simhelpers import make_workload

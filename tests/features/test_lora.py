@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from sim.config.errors import ScenarioError
-from sim.config.scenario import scenario_from_dict
 from sim.features.lora.slots import LoRASlots
 from sim.planning.vllm_command import vllm_serve
 from sim.presets.memory import lora_adapter_bytes
 from sim.presets.models import MODEL_PRESETS
+from sim.scenario import scenario_from_dict
 from sim.simulate import simulate
 from sim.workload.generators import SharedAdapters, Workload
 

@@ -277,7 +277,7 @@ import numpy as np
 import pytest
 
 from sim.config.errors import ScenarioError
-from sim.config.scenario import scenario_from_dict
+from sim.scenario import scenario_from_dict
 from sim.simulate import simulate
 from sim.workload.generators import Workload
 from sim.workload.traces import read_trace
@@ -438,7 +438,7 @@ def test_prefix_aware_gives_way_to_load():
 def test_a_csv_hash_ids_column_drives_prefix_caching(tmp_path):
     import yaml
 
-    from sim.config.scenario import load_scenario
+    from sim.scenario import load_scenario
 
     trace = Path(__file__).parents[2] / "scenarios" / "traces" / "shared_prefix.csv"
     raw = {"name": "csv-hashes", "model": "llama-3-8b", "hardware": "h100-sxm", "cost_model": "roofline",

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from sim.config.scenario import SLOConfig, load_scenario
 from sim.planning.fleet_plan import judge_day
 from sim.planning.slo import EarlyStop, Stopped, simulate_point
+from sim.scenario import SLOConfig, load_scenario
 from sim.simulate import simulate
 
 REPO = Path(__file__).parents[2]

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 import servesim
 from cli import app
 from sim.config.errors import ScenarioError
-from sim.config.scenario import SLOConfig, load_scenario
 from sim.planning.fleet_plan import GRID, _fewest_static, _largest_meeting, floor_schedule, judge_day
+from sim.scenario import SLOConfig, load_scenario
 from sim.simulate import simulate
 from simhelpers import assert_one_line_error
 

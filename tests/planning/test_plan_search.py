@@ -17,12 +17,12 @@ from typer.testing import CliRunner
 
 from cli import app
 from sim.config.errors import ScenarioError
-from sim.config.scenario import SLOConfig, load_scenario
 from sim.planning.config_search import search_configs
 from sim.planning.evaluator import Evaluator, PlanOptions
 from sim.planning.load_search import load_knob, max_load
 from sim.planning.planner import plan
 from sim.planning.vllm_command import vllm_serve
+from sim.scenario import SLOConfig, load_scenario
 from sim.simulate import simulate
 
 REPO = Path(__file__).parents[2]

@@ -19,7 +19,6 @@ from typer.testing import CliRunner
 
 from cli import app
 from sim.config.errors import ScenarioError
-from sim.config.scenario import SLOConfig, load_scenario
 from sim.planning import planner
 from sim.planning.engine_curve import engine_curve
 from sim.planning.evaluator import Evaluator, PlanOptions, deterministic
@@ -28,6 +27,7 @@ from sim.planning.plan_report import headline, write_report
 from sim.planning.planner import size_cluster
 from sim.planning.slo import parse_slo
 from sim.runtime.metrics import goodput
+from sim.scenario import SLOConfig, load_scenario
 from sim.simulate import simulate
 from sim.workload.generators import build_workload
 from sim.workload.traces import read_trace

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from sim.config.scenario import SLOConfig
 from sim.planning.config_search import search_configs
 from sim.planning.evaluator import Evaluator, PlanOptions
 from sim.planning.load_search import load_knob
 from sim.planning.search_report import candidate_point, search_headline, write_search_report
+from sim.scenario import SLOConfig
 
 REPO = Path(__file__).parents[2]
 QUICKSTART = REPO / "scenarios" / "quickstart.yaml"
@@ -96,10 +96,10 @@ def test_each_confirmed_cluster_carries_its_own_paths_band():
     is bracketed more widely than the validated H100, and the headline says so."""
     import math
 
-    from sim.config.scenario import load_scenario
     from sim.cost.error_band import step_factors
     from sim.planning.config_search import _replica_band
     from sim.planning.search_report import search_headline
+    from sim.scenario import load_scenario
 
     path = "scenarios/plan-llama3-70b-gpus.yaml"
     h100 = load_scenario(path, ["hardware=h100-sxm", "engine.tensor_parallel_size=4"])

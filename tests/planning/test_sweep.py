@@ -18,10 +18,10 @@ from typer.testing import CliRunner
 
 from cli import app
 from sim.config.errors import ScenarioError
-from sim.config.scenario import load_scenario
 from sim.planning.parallel import run_parallel
 from sim.planning.sweep import ResultsTable, flatten, parse_grid, read_results, run_sweep
 from sim.reporting.console import sweep_table
+from sim.scenario import load_scenario
 from sim.simulate import simulate
 
 REPO = Path(__file__).parents[2]

@@ -405,7 +405,7 @@ def test_qwen2_moe_by_hand():
 def test_new_model_types_simulate_on_composed_kernel_costs():
     """Granite on an A100, Gemma on an L40S, OLMo-2 on an H100 get step costs composed from the GPU's
     measured kernel tables, as a Llama config does (no roofline notice)."""
-    from sim.config.scenario import scenario_from_dict
+    from sim.scenario import scenario_from_dict
     for name, gpu in (("transformers--GraniteConfig-defaults", "a100-80gb"),
                       ("transformers--GemmaConfig-defaults", "l40s"),
                       ("transformers--Olmo2Config-defaults", "h100-sxm")):

@@ -12,11 +12,11 @@ import pytest
 from typer.testing import CliRunner
 
 from sim.config.errors import ScenarioError
-from sim.config.scenario import scenario_from_dict
 from sim.kv.cache import StateKVCache
 from sim.presets import memory
 from sim.presets.hardware import HARDWARE_PRESETS
 from sim.presets.models import MODEL_PRESETS, KVLayout, LinearAttentionSpec, model_from_hf_config, pipeline_stage
+from sim.scenario import scenario_from_dict
 from sim.simulate import simulate
 from simhelpers import make_workload
 

@@ -114,7 +114,7 @@ def test_modelopt_nvfp4_moe_keeps_routers_and_lm_head_in_bf16():
     ("nvidia--Qwen3-235B-A22B-NVFP4", "b200", False),
 ])
 def test_they_run(fixture, gpu, measured, tmp_path):
-    from sim.config.scenario import scenario_from_dict
+    from sim.scenario import scenario_from_dict
     from sim.simulate import simulate
     tp = 8 if "235B" in fixture else 1
     sc = scenario_from_dict({"name": "q", "model": {"hf_config": str(FIXTURES / f"{fixture}.json")},

@@ -240,7 +240,7 @@ def test_kv_budget_bad_arguments(kw, message):
 
 def test_a_gpu_without_kernel_tables_is_estimated_and_says_so():
     """mi300x has no measured tables: the default cost model falls back to the roofline, with a notice."""
-    from sim.config.scenario import scenario_from_dict
+    from sim.scenario import scenario_from_dict
 
     raw = {"name": "amd", "model": "llama-3-70b", "hardware": "mi300x", "engine": {"tensor_parallel_size": 2},
            "workload": {"arrival": {"process": "poisson", "rate": 1.0}, "num_requests": 10,

@@ -11,9 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from cli import app
-from sim.config.scenario import load_scenario
 from sim.reporting.analysis import Run
 from sim.reporting.export import request_itls, vllm_bench
+from sim.scenario import load_scenario
 from sim.simulate import simulate
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,6 @@ from typer.testing import CliRunner
 
 from cli import app
 from sim.config.errors import ScenarioError
-from sim.config.scenario import load_scenario
 from sim.reporting.analysis import (
     Run,
     iteration_of,
@@ -21,6 +20,7 @@ from sim.reporting.analysis import (
     slot_utilization_from_slots,
 )
 from sim.reporting.plots import batch_kv, compare_bars, latency_cdfs, save_plots, slot_timeline
+from sim.scenario import load_scenario
 from sim.simulate import simulate, write_outputs
 from sim.workload.generators import Workload, build_workload
 

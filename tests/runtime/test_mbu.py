@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from sim.config.scenario import scenario_from_dict
 from sim.presets.hardware import HARDWARE_PRESETS
 from sim.presets.memory import linear_state_bytes
 from sim.presets.models import MODEL_PRESETS
+from sim.scenario import scenario_from_dict
 from sim.simulate import simulate
 from simhelpers import make_workload, run
 

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from sim.config.errors import ScenarioError
-from sim.config.scenario import load_scenario
+from sim.scenario import load_scenario
 from sim.simulate import simulate, write_outputs
 from sim.workload.generators import ClosedLoop, Users, Workload, build_workload, parse_workload
 from simhelpers import assert_same_run, make_scenario

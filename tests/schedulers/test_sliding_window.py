@@ -13,12 +13,12 @@ from typer.testing import CliRunner
 
 from cli import app
 from sim.config.errors import ScenarioError
-from sim.config.scenario import scenario_from_dict
 from sim.cost.batch import WindowedBatchStats
 from sim.cost.registry import WindowedCost
 from sim.presets.hardware import HARDWARE_PRESETS
 from sim.presets.memory import kv_budget
 from sim.presets.models import MODEL_PRESETS, KVLayout, model_from_fields, model_from_hf_config
+from sim.scenario import scenario_from_dict
 from simhelpers import assert_one_line_error, make_scenario, run
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf_configs"

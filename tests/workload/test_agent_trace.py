@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sim.config.errors import ScenarioError
-from sim.config.scenario import scenario_from_dict
+from sim.scenario import scenario_from_dict
 from sim.simulate import simulate
 from sim.workload.traces import read_trace
 

@@ -86,9 +86,9 @@ def test_the_load_search_over_agents_varies_the_session_rate_and_scales_the_sess
     import yaml
 
     import servesim
-    from sim.config.scenario import load_scenario
     from sim.planning.evaluator import PlanOptions
     from sim.planning.load_search import load_knob
+    from sim.scenario import load_scenario
 
     raw = {"name": "a", "model": "llama-3-8b", "hardware": "h100-sxm", "cost_model": "roofline", "workload": agents(),
            "slo": {"ttft_ms": 500}}
@@ -141,7 +141,7 @@ def test_a_fan_out_of_one_is_the_plain_session():
 
 
 def test_fan_out_counts_in_the_expected_calls():
-    from sim.config.scenario import scenario_from_dict
+    from sim.scenario import scenario_from_dict
 
     w = agents(sessions=10, steps={"dist": "uniform", "low": 2, "high": 4}, fan_out={"dist": "fixed", "value": 3})
     sc = scenario_from_dict({"model": "llama-3-8b", "hardware": "h100-sxm", "workload": w})

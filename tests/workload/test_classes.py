@@ -11,8 +11,8 @@ import yaml
 
 import servesim
 from sim.config.errors import ScenarioError
-from sim.config.scenario import SLOConfig
 from sim.runtime.metrics import judge
+from sim.scenario import SLOConfig
 from sim.workload.generators import build_workload
 from simhelpers import make_scenario
 

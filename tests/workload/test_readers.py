@@ -13,9 +13,9 @@ from typer.testing import CliRunner
 
 from cli import app
 from sim.config.errors import ScenarioError, ServesimWarning
-from sim.config.scenario import load_scenario
 from sim.reporting.analysis import Run, load_run
 from sim.reporting.export import chrome_trace, vllm_bench
+from sim.scenario import load_scenario
 from sim.simulate import simulate
 from sim.workload.generators import bench_arrivals, build_workload
 from sim.workload.traces import TIME_UNITS, read_trace
@@ -137,7 +137,7 @@ def test_the_scenario_keys_run_a_mapped_log(tmp_path):
 
 
 def _write(path: Path, result) -> Path:
-    from sim.config.scenario import resolved_yaml
+    from sim.scenario import resolved_yaml
 
     path.write_text(resolved_yaml(result.scenario))
     return path

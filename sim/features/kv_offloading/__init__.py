@@ -21,7 +21,7 @@ from sim.runtime.metrics import distribution
 from sim.schedulers import SCHEDULERS
 
 if TYPE_CHECKING:
-    from sim.config.scenario import EngineConfig, Scenario
+    from sim.scenario import EngineConfig, Scenario
 
 
 @dataclass(frozen=True)

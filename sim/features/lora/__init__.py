@@ -22,7 +22,7 @@ from sim.schedulers import SCHEDULERS
 
 if TYPE_CHECKING:
     from sim.config.lora import LoRAConfig
-    from sim.config.scenario import EngineConfig, Scenario
+    from sim.scenario import EngineConfig, Scenario
 
 NOT_TOGETHER = "LoRA adapters' slots and loads beside it are not modelled"
 

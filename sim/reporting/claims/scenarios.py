@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.config.scenario import load_scenario
+from sim.scenario import load_scenario
 from sim.simulate import SimResult, simulate
 
 SCENARIOS = Path(__file__).resolve().parents[3] / "scenarios" / "claims"
