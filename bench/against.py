@@ -36,10 +36,16 @@ WORKER = """
 import sys, time
 sys.path.insert(0, {root!r})
 import numpy as np
-try:
+import os
+# by the tree's files, not by trying imports: this checkout's editable install answers for any
+# module name the other tree lacks
+if os.path.exists({root!r} + "/sim/scenario.py"):
     from sim.scenario import load_scenario
     from sim.workload.generators import build_workload
-except ImportError:  # a revision from before sim/ was split into sub-packages
+elif os.path.exists({root!r} + "/sim/config/scenario.py"):  # before the scenario left sim/config/
+    from sim.config.scenario import load_scenario
+    from sim.workload.generators import build_workload
+else:  # a revision from before sim/ was split into sub-packages
     from sim.config import load_scenario
     from sim.workload import build_workload
 from sim.simulate import simulate

@@ -70,8 +70,12 @@ def main() -> int:
     p.add_argument("--ignore", action="append", default=[], metavar="KEY",
                    help="a summary.json key (dotted) left out of the comparison, e.g. energy.power_over_time")
     args = p.parse_args()
+    import sim
     from sim.config.errors import ScenarioError
-    from sim.scenario import load_scenario
+    if (Path(sim.__file__).parent / "scenario.py").exists():
+        from sim.scenario import load_scenario
+    else:  # (PYTHONPATH at a tree from before the scenario left sim/config/)
+        from sim.config.scenario import load_scenario
     from sim.simulate import simulate, write_outputs
 
     results = {}
