@@ -590,6 +590,12 @@ def _engine_fields(m: dict, w: Where) -> EngineConfig:
 
 def _check_engine(engine: EngineConfig, at: Callable[[str], str]) -> None:
     """The combinations of engine keys that are not modelled, or that vLLM refuses."""
+    if engine.kv_offloading_backend != "native":  # (offloading itself: sim/features/kv_offloading/)
+        if engine.kv_offloading_size is None:
+            raise ScenarioError(f"{at('kv_offloading_backend')}: {engine.kv_offloading_backend!r} without "
+                                "engine.kv_offloading_size (GiB of CPU memory), which turns offloading on")
+        raise ScenarioError(f"{at('kv_offloading_backend')}: {engine.kv_offloading_backend!r} is not modelled; "
+                            "only 'native' (vLLM's OffloadingConnector) is")
     if engine.enforce_eager and engine.max_cudagraph_capture_size is not None:
         raise ScenarioError(f"{at('max_cudagraph_capture_size')}: {engine.max_cudagraph_capture_size} with "
                             "engine.enforce_eager, which captures no CUDA graph: leave one of them out")

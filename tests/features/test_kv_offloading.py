@@ -198,3 +198,18 @@ def test_offloading_under_pressure_keeps_every_invariant():
     queried = k["cpu_hit_tokens"] / cpu
     assert on.requests["cached_tokens"].sum() == pytest.approx(k["cpu_hit_tokens"] + gpu * queried, rel=1e-12)
     assert k["stored_blocks"] - k["evicted_blocks"] <= 2048  # what the tier holds at the end
+
+
+def test_a_refused_knob_names_the_set_that_gave_it():
+    """The --set that turned a knob bad is what the line names (the feature's own knob checks once
+    blamed the scenario file for a --set engine.kv_offloading_backend)."""
+    from sim.scenario import load_scenario
+    for sets, says in ((["engine.kv_offloading_backend=lmcache"], "--set engine.kv_offloading_backend: 'lmcache' "
+                                                                 "without engine.kv_offloading_size"),
+                       (["engine.kv_offloading_size=0.001"], "--set engine.kv_offloading_size: 0.001 GiB over 1 "
+                                                             "GPU(s) holds no KV block"),
+                       (["engine.kv_offloading_size=8", "engine.enable_prefix_caching=false"],
+                        "--set engine.kv_offloading_size: offloading is modelled over prefix caching")):
+        with pytest.raises(ScenarioError) as e:
+            load_scenario("scenarios/quickstart.yaml", overrides=sets)
+        assert str(e.value).startswith(says), str(e.value)

@@ -45,22 +45,15 @@ class KVOffloading(FeatureBase):
     )
 
     def parse(self, raw: EngineConfig, where: str) -> Offloading | None:
-        engine = raw  # (an engine feature is handed the resolved engine)
-        if engine.kv_offloading_size is None:
-            if engine.kv_offloading_backend != "native":
-                raise ScenarioError(f"{where.replace('kv_offloading_size', 'kv_offloading_backend')}: "
-                                    f"{engine.kv_offloading_backend!r} without engine.kv_offloading_size (GiB of "
-                                    "CPU memory), which turns offloading on")
-            return None
-        return Offloading(engine.kv_offloading_size, engine.kv_offloading_backend)
+        # (an engine feature is handed the resolved engine; its knobs' values were checked with the
+        # engine's: sim/scenario._check_engine)
+        return None if raw.kv_offloading_size is None else Offloading(raw.kv_offloading_size,
+                                                                      raw.kv_offloading_backend)
 
     def check(self, config: Offloading, scenario: Scenario, where: str) -> None:
         """Modelled over vLLM V1's prefix cache (blocks are found by their hashes) on an engine
-        that has one, for the native backend, across a known host link, with room for a block."""
+        that has one, across a known host link, with room for a block."""
         engine, hw = scenario.engine, scenario.hardware
-        if config.backend != "native":
-            raise ScenarioError(f"{where.replace('kv_offloading_size', 'kv_offloading_backend')}: "
-                                f"{config.backend!r} is not modelled; only 'native' (vLLM's OffloadingConnector) is")
         cls = SCHEDULERS[engine.scheduler]
         if not (cls.iteration_level and cls.prefix_caching) or engine.enable_prefix_caching is False:
             raise ScenarioError(f"{where}: offloading is modelled over prefix caching (blocks are found by their "
