@@ -21,8 +21,11 @@ import io
 import json
 import math
 import os
+import shutil
+import signal
 import stat
 import tempfile
+import threading
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
@@ -218,3 +221,56 @@ def writing(folder: Path):
         yield
     finally:
         os.close(fd)  # (releases the flock)
+
+
+@contextmanager
+def signals_held():
+    """SIGINT and SIGTERM wait until the block is done, then act as they would have. In the main
+    thread a Python handler records them: blocking them with pthread_sigmask there is not enough,
+    since a process-directed signal goes to any thread that does not block it (pyarrow's and
+    OpenBLAS's workers), whose C handler still raises in the main thread at the next bytecode (a
+    SIGTERM then landed between two renames of a run's files under load). Elsewhere (signal
+    handlers belong to the main thread) the calling thread's mask."""
+    held = (signal.SIGINT, signal.SIGTERM)
+    if threading.current_thread() is not threading.main_thread():
+        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+        try:
+            yield
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        return
+    caught: list[int] = []
+    old = {sig: signal.signal(sig, lambda signum, frame: caught.append(signum)) for sig in held}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():  # (None: a handler not set from Python; the default)
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        if caught:
+            signal.raise_signal(caught[0])
+
+
+@contextmanager
+def staged(folder: Path):
+    """A command's set of files written whole or not at all: the block writes them into a hidden
+    folder inside `folder` (yielded); only when it ends without an exception are they moved into
+    `folder`, with SIGINT and SIGTERM held for those renames. A failure on the way (a full disk, a
+    figure that cannot be drawn, a signal) leaves `folder` as it was: an earlier plan there is not
+    left half replaced (a new plan.json beside the old plan.md). The hidden folder never outlives
+    the block. Call inside `writing(folder)`."""
+    stage = Path(tempfile.mkdtemp(dir=folder, prefix=".staging-"))
+    try:
+        yield stage
+        items = sorted(stage.iterdir())
+        for item in items:  # (checked before any rename: none is made if one cannot be)
+            target = folder / item.name
+            if target.is_dir() and not target.is_symlink():
+                raise IsADirectoryError(errno.EISDIR, "is a folder, not a file", str(target))
+            mode = target_mode(target)  # a file replaced keeps its mode, as write_file's do
+            if mode is not None:
+                os.chmod(item, mode)
+        with signals_held():
+            for item in items:
+                os.replace(item, folder / item.name)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)

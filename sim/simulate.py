@@ -5,12 +5,9 @@ import dataclasses
 import json
 import math
 import os
-import signal
 import tempfile
-import threading
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +23,7 @@ from sim.cost import error_band
 from sim.cost.step_cost import CostModel
 from sim.features import registry as features
 from sim.features.contract import Ran, RunView
-from sim.files import give_mode, writing
+from sim.files import give_mode, signals_held, writing
 from sim.kv.prefix_cache import PrefixKVCache
 from sim.presets import memory
 from sim.runtime.disaggregation import pool_utilization
@@ -432,33 +429,6 @@ def write_outputs(result: SimResult, out_dir: Path) -> None:
     finally:
         for _, tmp in temps:
             tmp.unlink(missing_ok=True)
-
-
-@contextmanager
-def signals_held():
-    """SIGINT and SIGTERM wait until the block is done, then act as they would have. In the main
-    thread a Python handler records them: blocking them with pthread_sigmask there is not enough,
-    since a process-directed signal goes to any thread that does not block it (pyarrow's and
-    OpenBLAS's workers), whose C handler still raises in the main thread at the next bytecode (a
-    SIGTERM then landed between two renames of a run's files under load). Elsewhere (signal
-    handlers belong to the main thread) the calling thread's mask."""
-    held = (signal.SIGINT, signal.SIGTERM)
-    if threading.current_thread() is not threading.main_thread():
-        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, held)
-        try:
-            yield
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-        return
-    caught: list[int] = []
-    old = {sig: signal.signal(sig, lambda signum, frame: caught.append(signum)) for sig in held}
-    try:
-        yield
-    finally:
-        for sig, handler in old.items():  # (None: a handler not set from Python; the default)
-            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
-        if caught:
-            signal.raise_signal(caught[0])
 
 
 def write_csv(frame: pd.DataFrame, f, rows: int = 1 << 18) -> None:

@@ -286,7 +286,7 @@ def test_a_second_run_or_plan_writing_into_a_folder_waits_for_the_first_files_to
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(SCENARIO))
     job = prepare(PlanRequest(tmp_path / "s.yaml", slo="ttft_ms=500", out=tmp_path / "plan"))
     calls: list[dict] = []
-    monkeypatch.setattr(PlanJob, "_write", lambda self, result: calls.append(result) or ("t", [], "x"))
+    monkeypatch.setattr(PlanJob, "_write", lambda self, result, out: calls.append(result) or ("t", [], "x"))
     finished = threading.Event()
     job.out_dir.mkdir()
     other = threading.Thread(target=lambda: (job.write({"r": 1}), finished.set()))

@@ -582,7 +582,7 @@ def test_signals_wait_for_the_renames_and_then_act_even_from_another_thread():
     when another thread of the process takes it (as pyarrow's and OpenBLAS's workers may)."""
     import threading
 
-    from sim.simulate import signals_held
+    from sim.files import signals_held
     seen: list[str] = []
     old = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append("handled"))
     go, done = threading.Event(), threading.Event()
@@ -907,3 +907,67 @@ def test_compare_with_a_damaged_blis_v2_trace_names_the_line(tmp_path, column, c
     assert_clean(r, None, ok=False)
     assert says in r.stderr
     assert sorted(p.name for p in run.iterdir()) == before
+
+
+@pytest.mark.parametrize("kind, breaks", [("plan", "sim.planning.plan_report.markdown"),
+                                          ("search", "sim.planning.search_report.markdown")])
+def test_a_plan_the_disk_cannot_hold_leaves_the_earlier_one_whole(tmp_path, written_plans, monkeypatch, kind, breaks):
+    """A full disk while a plan's files were written left a new plan.json beside the earlier
+    plan.md, and said only 'No space left on device'. Now the files land whole or not at all: the
+    earlier plan stays as it was, no staging folder is left, and the line names the folder and
+    what was kept (here the second file's write fails as a full disk's does: ENOSPC, no file named)."""
+    import errno
+    import shutil
+
+    out = tmp_path / kind
+    shutil.copytree(written_plans[kind], out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def full(*_args, **_kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(breaks, full)
+    short = ROOT / "scenarios" / "short-trace-replay.yaml"
+    extra = ["--target-rate", "5"] if kind == "plan" else ["--gpus", "h100-sxm", "--target-rate", "5"]
+    r = CliRunner().invoke(app, ["plan", str(short), "--slo", "ttft_ms=2000,tpot_ms=50", "--no-band",
+                                 "--resolution", "0.1", "--out", str(out), "-q", *extra])
+    assert r.exit_code == 1, r.output
+    lines = [line for line in r.stderr.splitlines() if line.strip() and not line.startswith("note:")]
+    assert lines == [f"error: {out}: No space left on device; no plan written: the simulations done are kept in "
+                     f"{out / 'simulations.jsonl'}, and the same command resumes from them"], r.stderr
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # (the journal: every simulation was read back)
+
+
+def test_a_run_or_sweep_the_disk_cannot_hold_names_its_folder(tmp_path, monkeypatch):
+    """'error: No space left on device' named nothing (a write on a full disk names no file). A run
+    names its folder and says the earlier run there is untouched; a sweep names its folder and
+    says its finished runs are kept for the same command to resume."""
+    import errno
+
+    def full(*_args, **_kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    scn = scenario_file(tmp_path, QUICK)
+    out = tmp_path / "run"
+    assert CliRunner().invoke(app, ["run", str(scn), "--out", str(out), "-q"]).exit_code == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with monkeypatch.context() as m:
+        m.setattr("sim.simulate.write_csv", full)
+        r = CliRunner().invoke(app, ["run", str(scn), "--out", str(out), "-q"])
+    assert r.exit_code == 1 and r.stderr.splitlines() == [
+        f"error: {out}: No space left on device; nothing was written (an earlier run there is untouched)"], r.stderr
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    sweep = tmp_path / "sweep"
+    from sim.planning.sweep import ResultsTable
+    real, calls = ResultsTable.append, []
+
+    def full_after_one(self, row):
+        calls.append(row)
+        if len(calls) > 1:
+            full()
+        return real(self, row)
+    monkeypatch.setattr("sim.planning.sweep.ResultsTable.append", full_after_one)
+    r = CliRunner().invoke(app, ["sweep", str(scn), "--grid", "engine.max_num_seqs=8,16,32", "--out", str(sweep),
+                                 "-q", "--workers", "1"])
+    assert r.exit_code == 1 and r.stderr.splitlines() == [
+        f"error: {sweep}: No space left on device; finished runs are kept in its results.csv: rerun the same "
+        "command to resume"], r.stderr
+    assert not (sweep / ".servesim.lock").exists()

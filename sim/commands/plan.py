@@ -14,14 +14,21 @@ def plan(request: PlanRequest) -> None:
     from sim.reporting.progress import Progress
 
     note = lambda text: err(f"note: {text}")  # noqa: E731
+    reported = False
     try:
         job = prepare(request, note=note)
         with Progress(job.label, "simulations", enabled=not request.quiet) as progress:
             result = job.run(progress, note=None if request.quiet else note)
         title, rows, written = job.write(result)
+        reported = True
         emitted = job.emit(result)
-    except OSError as e:
-        raise CommandFailed(os_message(e)) from None
+    except OSError as e:  # (a full disk: a write names no file, so the folder is named)
+        kept = job.out_dir / "simulations.jsonl" if "job" in locals() else None
+        where = request.emit if reported else kept.parent if kept else request.out
+        said = ("; the plan's report was written, its deploy files not" if reported else
+                f"; no plan written: the simulations done are kept in {kept}, and the same command resumes "
+                "from them" if kept is not None and kept.exists() else "")
+        raise CommandFailed(os_message(e, where) + said) from None
     except KeyboardInterrupt:
         kept = job.out_dir / "simulations.jsonl" if "job" in locals() else None
         raise CommandFailed("interrupted; no plan written" + (

@@ -51,8 +51,11 @@ def sweep(r: SweepRequest) -> None:
         with Progress("sweep", "runs", enabled=not r.quiet) as progress:
             result = run_sweep(r.scenario, points, out_dir, sets=r.overrides, seed=r.seed, repeats=r.repeats,
                                workers=r.workers, cluster=r.cluster, progress=progress, force=r.force)
-    except OSError as e:
-        raise CommandFailed(os_message(e)) from None
+    except OSError as e:  # (a full disk: a write names no file, so the folder is named)
+        where = out_dir if "out_dir" in locals() else r.out
+        said = ("; finished runs are kept in its results.csv: rerun the same command to resume"
+                if not e.filename and where is not None and (Path(where) / "results.csv").exists() else "")
+        raise CommandFailed(os_message(e, where) + said) from None
     except KeyboardInterrupt:
         raise CommandFailed("interrupted; finished runs are kept in the --out folder's results.csv: "
                             "rerun the same command to resume", 130) from None

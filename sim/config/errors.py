@@ -28,9 +28,10 @@ class CommandFailed(Exception):
         self.message, self.code = message, code
 
 
-def os_message(e: OSError) -> str:
-    """An OSError in one line: the file it concerns and what went wrong."""
-    return f"{e.filename or ''}: {e.strerror or e}".lstrip(": ")
+def os_message(e: OSError, where: object = None) -> str:
+    """An OSError in one line: the file it concerns (else `where`, e.g. the output folder: a write
+    that fails on a full disk names no file) and what went wrong."""
+    return f"{e.filename or where or ''}: {e.strerror or e}".lstrip(": ")
 
 
 @contextmanager

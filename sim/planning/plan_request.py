@@ -18,7 +18,7 @@ from typing import Any
 
 from sim.config.checks import MAX_COUNT, MAX_RATE, check_out_dir
 from sim.config.errors import ScenarioError
-from sim.files import write_file, writing
+from sim.files import staged, write_file, writing
 from sim.planning.evaluator import PlanOptions
 from sim.planning.plan_options import PlanRequest
 from sim.planning.slo import parse_slo
@@ -204,33 +204,36 @@ class PlanJob:
             * int(answer.get("data_parallel_size") or 1)  # per pod
         files = deploy_files(answer["vllm_serve"], int(answer.get("replicas", 1)), gpus, self.scenario.name)
         self.request.emit.mkdir(parents=True, exist_ok=True)
-        with writing(self.request.emit):  # (one plan's files whole, not a mix of two)
-            return [write_file(self.request.emit / name, text, executable=name.endswith(".sh"))
-                    for name, text in files.items()]
+        emit = self.request.emit
+        with writing(emit), staged(emit) as stage:  # (one plan's files whole, not a mix of two)
+            for name, text in files.items():
+                write_file(stage / name, text, executable=name.endswith(".sh"))
+        return [emit / name for name in files]
 
     def write(self, result: dict) -> tuple[str, list[tuple[str, str]], str]:
         """Write the report; (the headline table's title, its rows, what was written). Another
-        plan writing into the same folder waits for this one's files, or this for its."""
+        plan writing into the same folder waits for this one's files, or this for its; the files
+        land whole or not at all (a full disk leaves an earlier plan there as it was)."""
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        with writing(self.out_dir):
-            return self._write(result)
+        with writing(self.out_dir), staged(self.out_dir) as stage:
+            return self._write(result, stage)
 
-    def _write(self, result: dict) -> tuple[str, list[tuple[str, str]], str]:
+    def _write(self, result: dict, out: Path) -> tuple[str, list[tuple[str, str]], str]:
         if self.fleet:
             from sim.planning.fleet_report import FLEET_PNG, fleet_headline, write_fleet_report
 
-            write_fleet_report(result, self.out_dir)
+            write_fleet_report(result, out)
             return (f"servesim plan (a fleet): {result['scenario']}", fleet_headline(result),
                     f"plan.md, plan.json, {FLEET_PNG}")
         if self.request.searches:
             from sim.planning.search_report import search_headline, write_search_report
 
-            write_search_report(result, self.out_dir)
+            write_search_report(result, out)
             return (f"servesim plan --gpus/--tp: {result['scenario']}", search_headline(result),
                     "search.md, search.json, pareto.png")
         from sim.planning.plan_report import headline, write_report
 
-        write_report(result, self.out_dir)
+        write_report(result, out)
         return f"servesim plan: {result['scenario']}", headline(result), "plan.md, plan.json, plots"
 
 
