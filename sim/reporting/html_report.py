@@ -95,10 +95,30 @@ def _run_rows(s: dict) -> list[tuple[str, Any]]:  # (label, value shown as str()
         rows.append(("GPU-hours (autoscaled)", f"{fleet.get('gpu_hours', 0):,.2f} (${fleet.get('usd', 0):,.2f}); "
                                                f"{fleet.get('mean_replicas', 0):.2f} replicas on average, at most "
                                                f"{fleet.get('peak_replicas')}"))
+    rows += _feature_rows(s)
     rec = s.get("run") or {}
     rows += [("model / GPU", f"{rec.get('model')} / {rec.get('hardware')}"),
              ("cost model", str((rec.get("cost_model") or {}).get("name"))),
              ("servesim", str(rec.get("servesim_version")))]
+    return rows
+
+
+def _feature_rows(s: dict) -> list[tuple[str, Any]]:
+    """Each feature's own line, as `servesim run` prints it (sim/features/: LoRA, KV offloading,
+    energy, faults), under its name. A section edited out of shape is said, not guessed at."""
+    from sim.features.registry import FEATURES
+
+    rows: list[tuple[str, Any]] = []
+    for key, feature in FEATURES.items():
+        section = s.get(key)
+        if not isinstance(section, dict) or not section:
+            continue
+        try:
+            said = feature.line(section)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            said = "(the summary's section is not as servesim writes it)"
+        if said:
+            rows.append((key, said))
     return rows
 
 

@@ -187,3 +187,25 @@ def test_a_plans_latency_past_saturation_and_a_far_off_gpu_get_log_axes_and_lege
     assert (star["x"], star["y"]) == ([108.0], [468.0])
     search["candidates"][3]["usd_per_gpu_hour"] = 1.8  # all within a decade: linear
     assert search_figures(search)[0].to_dict()["layout"]["xaxis"].get("type") in (None, "linear", "-")
+
+
+def test_a_run_page_shows_each_features_line_and_says_an_edited_section(tmp_path):
+    """The page's summary table carries what `servesim run` prints of each feature (LoRA, KV
+    offloading, energy, faults: sim/features/), which it once left out; a section edited out of
+    shape is said, not guessed at, and the page is still written."""
+    import html as html_lib
+
+    from sim.features.registry import FEATURES
+    out = tmp_path / "lora"
+    done = runner.invoke(app, ["run", str(QUICKSTART), "--out", str(out), "-q", "--set", "workload.num_requests=60",
+                               "--set", "engine.lora={max_loras: 2}", "--set", "workload.adapters={count: 3, share: 1}"])
+    assert done.exit_code == 0, done.output
+    assert runner.invoke(app, ["report", str(out)]).exit_code == 0
+    page = html_lib.unescape((out / "report.html").read_text())
+    summary = json.loads((out / "summary.json").read_text())
+    for key in ("lora", "energy"):
+        assert FEATURES[key].line(summary[key]) in page, key
+    summary["lora"] = {"adapters_used": "x"}  # (kinds of the keys inside a section are not the reader's)
+    (out / "summary.json").write_text(json.dumps(summary))
+    assert runner.invoke(app, ["report", str(out)]).exit_code == 0
+    assert "(the summary's section is not as servesim writes it)" in html_lib.unescape((out / "report.html").read_text())
