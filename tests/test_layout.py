@@ -70,6 +70,22 @@ def test_config_imports_nothing_above_it(graph):
     assert not up, "\n".join(up)
 
 
+def test_functions_stay_short():
+    """Issue 49's bounds, held: no function in sim/ over 80 lines, simulate() under 60 (a function
+    that grew past them once assembled the summary branch by branch)."""
+    import ast
+
+    long = []
+    for path in sorted((ROOT / "sim").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                limit = 59 if (path.name, node.name) == ("simulate.py", "simulate") else 80
+                if lines > limit:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {lines} lines (at most {limit})")
+    assert not long, "\n".join(long)
+
+
 def test_no_import_circle(graph):
     """No two modules import each other, however indirectly (a circle is what made 12 lazy imports
     necessary before the redesign)."""
