@@ -369,12 +369,12 @@ def save_plots(run_dir: str | Path, compare: Sequence[str | Path] = (), out: str
                "batch_kv": batch_kv(main),
                "latency_cdf": latency_cdfs([main])}
     if isinstance(main.summary.get("autoscaling"), dict):  # an autoscaled fleet: it over the run
-        figures["fleet"] = fleet_plot(main)
+        figures.update(_section_figures(paths[0], "autoscaling", lambda: {"fleet": fleet_plot(main)}))
     from sim.features.registry import FEATURES
 
     for key, feature in FEATURES.items():  # a feature's own figures (sim/features/), where its section is
         if isinstance(main.summary.get(key), dict):
-            figures.update(feature.figures(main))
+            figures.update(_section_figures(paths[0], key, lambda f=feature: f.figures(main)))
     if len(runs) > 1:
         figures["compare_bars"] = compare_bars(runs)
         figures["compare_cdf"] = latency_cdfs(runs)
@@ -386,6 +386,18 @@ def save_plots(run_dir: str | Path, compare: Sequence[str | Path] = (), out: str
         save_figure(fig, path, dpi=110)
         written.append(path)
     return written
+
+
+def _section_figures(folder: Path, key: str, draw) -> dict:
+    """draw()'s figures of summary.json's section `key`; a section edited out of shape (the one
+    reader holds a section to be an object, not its insides) is one line naming the file and key,
+    not a traceback from deep in the figure."""
+    try:
+        return draw()
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+        raise ScenarioError(f"{folder / 'summary.json'}: {key}: not as servesim writes it (its figure could not "
+                            f"be drawn: {type(e).__name__}: {str(e)[:80]}); write the run again with servesim run"
+                            ) from None
 
 
 # ---------------------------------------------------------------- sweeps and plans

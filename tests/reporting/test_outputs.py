@@ -198,3 +198,45 @@ def test_a_plan_json_with_nan_is_not_json_servesim_writes(tmp_path):
         result = CliRunner().invoke(app, args)  # (report was: Out of range float values are not JSON compliant)
         assert result.exit_code == 2
         assert result.output.strip() == f"error: {folder / 'plan.json'}: NaN is not JSON servesim writes (a missing value is null)"
+
+
+@pytest.fixture(scope="module")
+def faults_dir(tmp_path_factory):
+    """A faults run (two replicas, exponential failures), with its energy section and figures."""
+    out = tmp_path_factory.mktemp("outputs") / "faults"
+    result = CliRunner().invoke(app, ["run", str(ROOT / "scenarios/chat-2x-faults.yaml"), "-o", str(out), "-q",
+                                      "--set", "workload.num_requests=120"])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.mark.parametrize("command", ["plot", "report"])
+@pytest.mark.parametrize("key, edit", [
+    ("faults", lambda s: s["faults"].update(timeline=[{"t_s": "a"}])),     # an event without its state
+    ("faults", lambda s: s["faults"].pop("capacity")),
+    ("energy", lambda s: s["energy"].update(power_over_time={"gpu_w": "x"})),
+])
+def test_a_features_section_edited_out_of_shape_is_one_line_naming_it(faults_dir, tmp_path, command, key, edit):
+    """The one reader holds a summary section to be an object; what is inside it is its feature's.
+    A hand edit inside one was a KeyError traceback from the feature's figure (plot, report): now one
+    line naming summary.json and the section."""
+    folder = _copy(faults_dir, tmp_path)
+    summary = json.loads((folder / "summary.json").read_text())
+    edit(summary)
+    (folder / "summary.json").write_text(json.dumps(summary))
+    r = CliRunner().invoke(app, [command, str(folder)])
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"error: {folder / 'summary.json'}: {key}: not as servesim writes it")
+
+
+def test_a_summary_section_the_page_cannot_show_is_one_line(run_dir, tmp_path):
+    """report of a run whose agents section holds text where a count is: one line naming summary.json
+    (was a ValueError traceback from the page's summary table)."""
+    folder = _copy(run_dir, tmp_path)
+    summary = json.loads((folder / "summary.json").read_text())
+    summary["agents"] = {"sessions": "x"}
+    (folder / "summary.json").write_text(json.dumps(summary))
+    r = CliRunner().invoke(app, ["report", str(folder)])
+    assert r.exit_code == 2 and r.stderr.startswith(f"error: {folder / 'summary.json'}: not as servesim writes it")
+    assert len(r.stderr.strip().splitlines()) == 1 and not (folder / "report.html").exists()
