@@ -171,11 +171,11 @@ def write_report(folder: str | Path) -> Path:
             s = run.summary
             title = f"servesim run: {s.get('scenario')}"
             try:
-                rows = _run_rows(s)
+                summary_rows = _run_rows(s)
             except (KeyError, TypeError, ValueError, AttributeError) as e:  # a section edited out of shape
                 raise ScenarioError(f"{folder / 'summary.json'}: not as servesim writes it ({type(e).__name__}: "
                                     f"{str(e)[:80]}); write the run again with servesim run") from None
-            body += ["<h2>Summary</h2>", _table(rows)]
+            body += ["<h2>Summary</h2>", _table(summary_rows)]
             live = interactive.run_figures(run)
             figures = save_plots(folder, out=tmp)
             data = {"kind": "run", "summary": s}
