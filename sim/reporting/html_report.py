@@ -103,6 +103,16 @@ def _run_rows(s: dict) -> list[tuple[str, Any]]:  # (label, value shown as str()
     return rows
 
 
+def _summary_rows(s: dict, folder: Path) -> list[tuple[str, Any]]:
+    """_run_rows(s); a section edited out of shape (text where a count is) is one line naming the
+    file, not a traceback from a format string."""
+    try:
+        return _run_rows(s)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ScenarioError(f"{folder / 'summary.json'}: not as servesim writes it ({type(e).__name__}: "
+                            f"{str(e)[:80]}); write the run again with servesim run") from None
+
+
 def _feature_rows(s: dict) -> list[tuple[str, Any]]:
     """Each feature's own line, as `servesim run` prints it (sim/features/: LoRA, KV offloading,
     energy, faults), under its name. A section edited out of shape is said, not guessed at."""
@@ -170,12 +180,7 @@ def write_report(folder: str | Path) -> Path:
             run = load_run(folder)  # (a damaged folder: one error naming the file)
             s = run.summary
             title = f"servesim run: {s.get('scenario')}"
-            try:
-                summary_rows = _run_rows(s)
-            except (KeyError, TypeError, ValueError, AttributeError) as e:  # a section edited out of shape
-                raise ScenarioError(f"{folder / 'summary.json'}: not as servesim writes it ({type(e).__name__}: "
-                                    f"{str(e)[:80]}); write the run again with servesim run") from None
-            body += ["<h2>Summary</h2>", _table(summary_rows)]
+            body += ["<h2>Summary</h2>", _table(_summary_rows(s, folder))]
             live = interactive.run_figures(run)
             figures = save_plots(folder, out=tmp)
             data = {"kind": "run", "summary": s}
