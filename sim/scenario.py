@@ -27,12 +27,8 @@ import yaml
 from sim.config.admission import AdmissionConfig, parse_admission
 from sim.config.autoscaling import AutoscalingConfig, parse_autoscaling
 from sim.config.checks import (
-    MAX_BLOCKS,
-    MAX_COUNT,
-    MAX_OFFLOAD_GIB,
     MAX_REPLICAS,
     MAX_SECONDS,
-    MAX_TOKENS,
     Where,
     _bool,
     _check_keys,
@@ -50,6 +46,7 @@ from sim.config.checks import (
 )
 from sim.config.disaggregation import DisaggregationConfig, parse_disaggregation
 from sim.config.errors import ScenarioError, held_warnings
+from sim.config.knobs import ENGINE_KNOBS, MAX_BLOCK_SIZE, MAX_HYBRID_BLOCK_SIZE, Knob, power_of_two_block
 from sim.config.lora import LoRAConfig, parse_lora
 from sim.config.routing import RoutingConfig, parse_routing
 from sim.config.speculative import SpeculativeConfig, parse_speculative
@@ -242,20 +239,6 @@ class Scenario:
 
 TOP_KEYS = ("name", "seed", "model", "hardware", "cost_model", "engine", "workload", "slo",
             *features.top_level_keys())
-MAX_BLOCK_SIZE = 1024  # tokens; bigger "pages" make paging pointless and usually mean a typo
-# (a hybrid model's blocks are raised past it, to multiples of 16: vLLM's, sim/presets/memory.hybrid_block_size)
-MAX_HYBRID_BLOCK_SIZE = 8192
-
-
-def _power_of_two_block(block: int) -> bool:
-    return 1 <= block <= MAX_BLOCK_SIZE and not block & (block - 1)
-
-
-def block_size_ok(block: int) -> bool:
-    """A power of two in [1, MAX_BLOCK_SIZE], or a multiple of 16 up to MAX_HYBRID_BLOCK_SIZE (a hybrid's)."""
-    return _power_of_two_block(block) or (0 < block <= MAX_HYBRID_BLOCK_SIZE and block % 16 == 0)
-
-
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # the name becomes the folder runs/<name>
 
 
@@ -533,50 +516,42 @@ def _parse_engine(v: Any, w: Where) -> EngineConfig:
     return engine
 
 
+# the names a "choice" knob takes (sim/config/knobs.py), by the registry it names; read at each
+# parse, so a plug-in registered later is accepted
+CHOICES: dict[str, Callable[[], Iterable[str]]] = {
+    "schedulers": lambda: SCHEDULERS, "routers": lambda: ROUTERS, "policies": lambda: POLICIES,
+    "kv_cache_dtypes": lambda: memory.KV_CACHE_DTYPES, "all2all_backends": lambda: ALL2ALL_BACKENDS,
+    "offloading_backends": lambda: OFFLOADING_BACKENDS}
+
+
+def _knob(k: Knob, m: dict, where: str) -> Any:
+    """One scalar knob's value from the engine mapping `m`, checked as its row of the table says."""
+    raw = m.get(k.name)
+    if k.optional and raw is None:
+        return None
+    v = _or(raw, getattr(EngineConfig, k.name))
+    if k.kind == "int":
+        value: Any = _int(v, where, lo=int(k.lo), hi=None if k.hi is None else int(k.hi),
+                          cap=None if k.cap is None else int(k.cap))
+    elif k.kind == "number":
+        value = _num(v, where, k.lo, k.hi, open_lo=k.open_lo, cap=k.cap)
+    elif k.kind == "bool":
+        value = _bool(v, where)
+    else:
+        value = _choice(v, where, CHOICES[k.choices]())
+    if k.rule is not None and not k.rule(value):
+        raise ScenarioError(f"{where}: {value} {k.rule_says}")
+    return value
+
+
 def _engine_fields(m: dict, w: Where) -> EngineConfig:
-    """The engine section's keys, each read and range-checked (no check across keys yet)."""
+    """The engine section's keys, each read and range-checked (no check across keys yet): the
+    scalar knobs by their table (sim/config/knobs.py), in its order, then the sections."""
     get = lambda key: _or(m.get(key), getattr(EngineConfig, key))
     at = lambda key: w("engine." + key)
-    block_size = _int(get("block_size"), at("block_size"), lo=1, hi=MAX_HYBRID_BLOCK_SIZE)
-    if not block_size_ok(block_size):
-        raise ScenarioError(f"{at('block_size')}: {block_size} is not a power of two "
-                            f"in [1, {MAX_BLOCK_SIZE}] (vLLM uses 16)")
-    blocks = get("num_gpu_blocks")
-    engine = EngineConfig(
-        # names: the plug-ins' registries, read now (a scheduler registered later is accepted)
-        scheduler=_choice(get("scheduler"), at("scheduler"), SCHEDULERS),
-        max_num_seqs=_int(get("max_num_seqs"), at("max_num_seqs"), lo=1, cap=MAX_COUNT),
-        max_num_batched_tokens=_int(get("max_num_batched_tokens"), at("max_num_batched_tokens"), lo=1,
-                                    cap=MAX_TOKENS),
-        block_size=block_size,
-        gpu_memory_utilization=_num(get("gpu_memory_utilization"), at("gpu_memory_utilization"),
-                                    0, 1, open_lo=True),
-        num_gpu_blocks=None if blocks is None else _int(blocks, at("num_gpu_blocks"), lo=1,
-                                                        cap=MAX_BLOCKS),
-        tensor_parallel_size=_int(get("tensor_parallel_size"), at("tensor_parallel_size"), lo=1,
-                                  cap=MAX_COUNT),
-        pipeline_parallel_size=_int(get("pipeline_parallel_size"), at("pipeline_parallel_size"), lo=1,
-                                    cap=MAX_COUNT),
-        data_parallel_size=_int(get("data_parallel_size"), at("data_parallel_size"), lo=1, cap=MAX_COUNT),
-        all2all_backend=_choice(get("all2all_backend"), at("all2all_backend"), ALL2ALL_BACKENDS),
-        replicas=_int(get("replicas"), at("replicas"), lo=1, cap=MAX_REPLICAS),
-        # router (replicas > 1) and batch_timeout_s (static) are accepted and ignored where they do
-        # not apply, so that a sweep over replicas or schedulers can start from any scenario.
-        router=_choice(get("router"), at("router"), ROUTERS),
-        policy=_choice(get("policy"), at("policy"), POLICIES),
-        batch_timeout_s=_num(get("batch_timeout_s"), at("batch_timeout_s"), 0, cap=MAX_SECONDS),
-        kv_cache_dtype=_choice(get("kv_cache_dtype"), at("kv_cache_dtype"), memory.KV_CACHE_DTYPES),
-        enable_expert_parallel=_bool(get("enable_expert_parallel"), at("enable_expert_parallel")),
-        enable_prefix_caching=None if m.get("enable_prefix_caching") is None else _bool(
-            m["enable_prefix_caching"], at("enable_prefix_caching")),
-        scheduler_reserve_full_isl=_bool(get("scheduler_reserve_full_isl"), at("scheduler_reserve_full_isl")),
-        enforce_eager=_bool(get("enforce_eager"), at("enforce_eager")),
-        max_cudagraph_capture_size=None if m.get("max_cudagraph_capture_size") is None else _int(
-            m["max_cudagraph_capture_size"], at("max_cudagraph_capture_size"), lo=1, cap=MAX_TOKENS),
-        kv_offloading_size=None if m.get("kv_offloading_size") is None else _num(
-            m["kv_offloading_size"], at("kv_offloading_size"), 0, cap=MAX_OFFLOAD_GIB, open_lo=True),
-        kv_offloading_backend=_choice(get("kv_offloading_backend"), at("kv_offloading_backend"),
-                                      OFFLOADING_BACKENDS),
+    knobs = {k.name: _knob(k, m, at(k.name)) for k in ENGINE_KNOBS}
+    return EngineConfig(
+        **knobs,
         speculative=parse_speculative(m.get("speculative"), at("speculative"), models.MODEL_PRESETS),
         disaggregation=parse_disaggregation(m.get("disaggregation"), w, dict(m), _parse_engine,
                                             hardware.HARDWARE_PRESETS),
@@ -585,7 +560,6 @@ def _engine_fields(m: dict, w: Where) -> EngineConfig:
         lora=parse_lora(m.get("lora"), at),
         routing=parse_routing(m.get("routing"), at, str(get("router"))),
     )
-    return engine
 
 
 def _check_engine(engine: EngineConfig, at: Callable[[str], str]) -> None:
@@ -660,7 +634,7 @@ def _check_hybrid(engine: EngineConfig, model: ModelSpec, hw: HardwareSpec, w: W
     (said in the run's notice and docs/simulator.md), asked for it is an error. The attention block
     grows to hold one layer's state, as vLLM sets it (memory.hybrid_block_size)."""
     if model.linear_attention is None:
-        if not _power_of_two_block(engine.block_size):  # (multiples of 16 are a hybrid's: vLLM sets them)
+        if not power_of_two_block(engine.block_size):  # (multiples of 16 are a hybrid's: vLLM sets them)
             raise ScenarioError(f"{w('engine.block_size')}: {engine.block_size} is not a power of two "
                                 f"in [1, {MAX_BLOCK_SIZE}] (vLLM uses 16)")
         return engine

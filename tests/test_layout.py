@@ -30,7 +30,7 @@ LAYERS = (
     "sim.workload",
     "sim.kv",
     "sim.config.speculative | sim.config.disaggregation | sim.config.autoscaling | sim.config.admission"
-    " | sim.config.routing | sim.config.lora",
+    " | sim.config.routing | sim.config.lora | sim.config.knobs",
     "sim.presets",
     "sim.files | sim.outputs",
     "sim.config.checks",

@@ -12,6 +12,7 @@ from typing import Any
 
 from sim.config.checks import MAX_TOKENS, _int
 from sim.config.errors import ScenarioError
+from sim.config.knobs import MAX_BLOCK_SIZE, block_size_ok
 from sim.presets.hardware import HARDWARE_PRESETS
 from sim.presets.memory import (
     KV_CACHE_DTYPES,
@@ -22,7 +23,7 @@ from sim.presets.memory import (
     routed_expert_bytes_per_gpu,
 )
 from sim.presets.models import MODEL_PRESETS, model_from_hf_config, pipeline_stage
-from sim.scenario import MAX_BLOCK_SIZE, block_size_ok, load_scenario
+from sim.scenario import load_scenario
 
 
 def capacity_table(model: str | None = None, gpu: str | None = None, tp: int | None = None, seq_len: int = 4096,
