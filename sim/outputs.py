@@ -106,6 +106,15 @@ def read_json(path: Path, what: str) -> dict:
     return read_json_object(path, what, expected=f"a JSON object ({what})", strict=True)
 
 
+def damaged_summary(folder: Path, key: str | None, e: Exception) -> ScenarioError:
+    """A summary.json whose `key` section (None: some section) holds something servesim does not
+    write there, found when a figure or page reads it (this reader holds each section to be an
+    object, not its insides): one line naming the file and the section."""
+    where = f"{Path(folder) / 'summary.json'}: " + (f"{key}: " if key else "")
+    return ScenarioError(f"{where}not as servesim writes it ({type(e).__name__}: {str(e)[:80]}); write the run "
+                         "again with servesim run")
+
+
 def read_summary(path: Path) -> dict:
     """summary.json held to SUMMARY; ScenarioError naming the file and the key."""
     doc = read_json(path, "a run summary")

@@ -24,7 +24,7 @@ def plan(request: PlanRequest) -> None:
         emitted = job.emit(result)
     except OSError as e:  # (a full disk: a write names no file, so the folder is named)
         kept = job.out_dir / "simulations.jsonl" if "job" in locals() else None
-        where = request.emit if reported else kept.parent if kept else request.out
+        where = request.emit if reported else job.out_dir if "job" in locals() else request.out
         said = ("; the plan's report was written, its deploy files not" if reported else
                 f"; no plan written: the simulations done are kept in {kept}, and the same command resumes "
                 "from them" if kept is not None and kept.exists() else "")

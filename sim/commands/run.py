@@ -72,9 +72,10 @@ def run(r: RunRequest) -> None:
             _print_summary(sc.name, result.summary)
     except OSError as e:  # e.g. the output directory is not writable, or its disk full (a write names no file)
         folder = out_dir if "out_dir" in locals() else r.out
-        said = ("" if written or "out_dir" not in locals() else
-                "; nothing was written (an earlier run there is untouched)")
-        raise CommandFailed(os_message(e, folder) + (said if not e.filename else "")) from None
+        # a write that failed before the renames (write_outputs) left nothing: say so where no file is named
+        untouched = not e.filename and not written and "out_dir" in locals()
+        raise CommandFailed(os_message(e, folder) + (
+            "; nothing was written (an earlier run there is untouched)" if untouched else "")) from None
     except KeyboardInterrupt as e:
         # (written_to: the signal came during write_outputs' renames, held until they were done)
         if written or getattr(e, "written_to", None) is not None:

@@ -280,7 +280,8 @@ def one_line(b: dict | None) -> str:
 
 
 def _figure(x: float) -> str:
-    """Three significant figures, never in exponent form (a wide band's 1,120 ms read as 1.12e+03)."""
+    """Three significant figures, thousands grouped rather than in exponent form (a wide band's 1,120 ms
+    read 1.12e+03); only a figure under 0.001 (of the line's unit) keeps the exponent."""
     if x >= 1000:
         return f"{x:,.0f}"
     return f"{x:.3g}" if x >= 1e-3 or x == 0 else f"{x:.2e}"

@@ -21,7 +21,7 @@ from typing import Any
 from sim.config.checks import json_object
 from sim.config.errors import ScenarioError
 from sim.files import write_file
-from sim.outputs import read_json
+from sim.outputs import damaged_summary, read_json
 from sim.reporting.analysis import as_written, load_run
 
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
@@ -109,8 +109,7 @@ def _summary_rows(s: dict, folder: Path) -> list[tuple[str, Any]]:
     try:
         return _run_rows(s)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise ScenarioError(f"{folder / 'summary.json'}: not as servesim writes it ({type(e).__name__}: "
-                            f"{str(e)[:80]}); write the run again with servesim run") from None
+        raise damaged_summary(folder, None, e) from None
 
 
 def _feature_rows(s: dict) -> list[tuple[str, Any]]:

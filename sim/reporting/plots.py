@@ -22,7 +22,7 @@ from matplotlib.ticker import MaxNLocator
 
 from sim.config.errors import ScenarioError
 from sim.files import plain_text, save_figure
-from sim.outputs import read_json, read_summary
+from sim.outputs import damaged_summary, read_json, read_summary
 from sim.reporting.analysis import (
     Run,
     as_written,
@@ -395,9 +395,7 @@ def _section_figures(folder: Path, key: str, draw) -> dict:
     try:
         return draw()
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
-        raise ScenarioError(f"{folder / 'summary.json'}: {key}: not as servesim writes it (its figure could not "
-                            f"be drawn: {type(e).__name__}: {str(e)[:80]}); write the run again with servesim run"
-                            ) from None
+        raise damaged_summary(folder, key, e) from None
 
 
 # ---------------------------------------------------------------- sweeps and plans

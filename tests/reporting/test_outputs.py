@@ -16,13 +16,18 @@ from sim.reporting.analysis import load_run
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("outputs") / "run"
-    result = CliRunner().invoke(app, ["run", str(ROOT / "scenarios/quickstart.yaml"), "-o", str(out), "-q",
-                                      "--set", "workload.num_requests=30"])
+def _written_run(tmp_path_factory, name: str, scenario: str, requests: int) -> Path:
+    """A run folder as `servesim run` writes it, of a bundled scenario cut to `requests`."""
+    out = tmp_path_factory.mktemp("outputs") / name
+    result = CliRunner().invoke(app, ["run", str(ROOT / "scenarios" / scenario), "-o", str(out), "-q",
+                                      "--set", f"workload.num_requests={requests}"])
     assert result.exit_code == 0, result.output
     return out
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    return _written_run(tmp_path_factory, "run", "quickstart.yaml", 30)
 
 
 def _copy(run_dir: Path, tmp_path: Path) -> Path:
@@ -203,11 +208,7 @@ def test_a_plan_json_with_nan_is_not_json_servesim_writes(tmp_path):
 @pytest.fixture(scope="module")
 def faults_dir(tmp_path_factory):
     """A faults run (two replicas, exponential failures), with its energy section and figures."""
-    out = tmp_path_factory.mktemp("outputs") / "faults"
-    result = CliRunner().invoke(app, ["run", str(ROOT / "scenarios/chat-2x-faults.yaml"), "-o", str(out), "-q",
-                                      "--set", "workload.num_requests=120"])
-    assert result.exit_code == 0, result.output
-    return out
+    return _written_run(tmp_path_factory, "faults", "chat-2x-faults.yaml", 120)
 
 
 @pytest.mark.parametrize("command", ["plot", "report"])
